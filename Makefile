@@ -1,0 +1,60 @@
+# The one entry point: `make demo`, `make test`, `make bench`, `make lint`.
+# Installs what is missing (redis-server via apt-get, a .venv with the dev tools), builds once in release mode.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+PYTHON ?= python3
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: all deps redis-server venv build test test-rust test-python demo bench bench-quick lint fmt clean
+
+all: build
+
+redis-server:
+	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null && command -v redis-benchmark >/dev/null || { \
+	  echo "installing redis-server and redis-tools with apt-get"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null; }
+
+$(VENV)/.deps: requirements-dev.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements-dev.txt
+	@touch $@
+
+venv: $(VENV)/.deps
+
+deps: redis-server venv
+
+build: venv
+	$(VENV)/bin/maturin develop --release -q
+
+test-rust: redis-server
+	cargo test --no-default-features -q
+
+test-python: deps build
+	$(PY) -m pytest -q
+
+test: deps build test-rust test-python
+
+demo: deps build
+	$(PY) -m redmutex demo
+
+bench: deps build
+	$(PY) benchmarks/run.py
+
+bench-quick: deps build
+	$(PY) benchmarks/run.py --quick
+
+lint: venv
+	cargo fmt --check
+	cargo clippy -q --all-targets -- -D warnings
+	cargo clippy -q --all-targets --no-default-features -- -D warnings
+	$(VENV)/bin/ruff check python tests benchmarks
+	$(VENV)/bin/ruff format --check python tests benchmarks
+
+fmt: venv
+	cargo fmt
+	$(VENV)/bin/ruff format python tests benchmarks
+
+clean:
+	rm -rf target $(VENV)

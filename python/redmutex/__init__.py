@@ -1,0 +1,32 @@
+"""redmutex: distributed locks, semaphores and a stampede-safe cache on Redis, with a Rust core."""
+
+from __future__ import annotations
+
+from ._core import Client, Lock, __version__
+from ._recipes import acquire_lock, locked, redis_lock, release_lock
+from .errors import (
+    ConnectionError,
+    LockError,
+    LockException,
+    LockLostError,
+    LockNotOwnedError,
+    LockTimeoutError,
+    QuorumError,
+)
+
+__all__ = [
+    "Client",
+    "ConnectionError",
+    "Lock",
+    "LockError",
+    "LockException",
+    "LockLostError",
+    "LockNotOwnedError",
+    "LockTimeoutError",
+    "QuorumError",
+    "__version__",
+    "acquire_lock",
+    "locked",
+    "redis_lock",
+    "release_lock",
+]

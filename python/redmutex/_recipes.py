@@ -1,0 +1,94 @@
+"""The classic recipe (Redis in Action): acquire_lock / release_lock / redis_lock, and @locked.
+
+The book's functions keep their names, arguments and results, so code written for them runs
+unchanged; underneath they use redmutex's atomic scripts and wait without polling.
+"""
+
+from __future__ import annotations
+
+import functools
+import secrets
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Literal, ParamSpec, TypeVar
+
+from . import _core
+from ._callkeys import compile_template
+from .errors import LockError, LockLostError
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def acquire_lock(
+    conn: Any,
+    lockname: str,
+    identifier: str | None = None,
+    atime: float = 10,
+    ltime: float = 10,
+) -> str | Literal[False]:
+    """Take `lockname` for up to `atime` seconds with a lease of `ltime` seconds.
+
+    Returns the identifier (a fresh random one unless given), or False if not acquired in time.
+    """
+    if identifier is None:
+        identifier = secrets.token_hex(16)
+    fence = _core.acquire_token(conn, lockname, identifier, atime, ltime)
+    return identifier if fence is not None else False
+
+
+def release_lock(conn: Any, lockname: str, identifier: str) -> bool:
+    """Release `lockname` if `identifier` holds it; False means "we lost the lock"."""
+    return bool(_core.release_token(conn, lockname, identifier))
+
+
+@contextmanager
+def redis_lock(conn: Any, lockname: str, atime: float = 10, ltime: float = 10) -> Iterator[str]:
+    """`with redis_lock(conn, name) as identifier:` — raises LockError("could not acquire lock")
+    when not acquired within `atime`, and LockLostError("lock was lost") on leaving if the lease
+    ended meanwhile."""
+    identifier = acquire_lock(conn, lockname, atime=atime, ltime=ltime)
+    if not identifier:
+        raise LockError("could not acquire lock")
+    try:
+        yield identifier
+    finally:
+        if not release_lock(conn, lockname, identifier):
+            raise LockLostError("lock was lost")
+
+
+def locked(
+    client: Any,
+    name: str,
+    *,
+    ttl: float = 10.0,
+    timeout: float | None = None,
+    auto_renew: bool = False,
+    fair: bool = False,
+) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Decorator: run the function holding the lock `name`, whose `{param}` placeholders are
+    filled from each call's arguments (`"lock:{sender}"`). Each call uses its own Lock object."""
+    if not isinstance(name, str):
+        raise TypeError(f"name: expected a str, not {type(name).__name__}")
+    # Validate the options once, at decoration time, with a throwaway object.
+    _core.Lock(client, name or "_", ttl=ttl, timeout=timeout, auto_renew=auto_renew, fair=fair)
+
+    def decorate(func: Callable[P, R]) -> Callable[P, R]:
+        lock_name = compile_template(name, func)
+
+        @functools.wraps(func)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            lock = _core.Lock(
+                client,
+                lock_name(args, kwargs),
+                ttl=ttl,
+                timeout=timeout,
+                auto_renew=auto_renew,
+                fair=fair,
+            )
+            with lock:
+                return func(*args, **kwargs)
+
+        return wrapper
+
+    return decorate

@@ -1,0 +1,42 @@
+"""The exceptions of redmutex. The Rust core raises these very classes (it imports them)."""
+
+from __future__ import annotations
+
+import builtins
+
+__all__ = [
+    "ConnectionError",
+    "LockError",
+    "LockException",
+    "LockLostError",
+    "LockNotOwnedError",
+    "LockTimeoutError",
+    "QuorumError",
+]
+
+
+class LockError(Exception):
+    """Base class of every redmutex error."""
+
+
+LockException = LockError
+
+
+class LockTimeoutError(LockError, TimeoutError):
+    """Not acquired within the timeout."""
+
+
+class LockNotOwnedError(LockError):
+    """release()/extend() of a hold this object does not have."""
+
+
+class LockLostError(LockError):
+    """The lease expired, or another owner took the lock, while we held it."""
+
+
+class QuorumError(LockError):
+    """Redlock: no majority of the masters answered."""
+
+
+class ConnectionError(LockError, builtins.ConnectionError):
+    """Redis is unreachable, or did not answer within the timeout."""

@@ -1,0 +1,73 @@
+//! The engine's one error type; the binding maps each variant to one Python exception.
+
+use std::fmt;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Error {
+    /// Redis unreachable, the connection dropped, or a reply did not come in time.
+    Connection(String),
+    /// Redis answered with an error, or with a reply the protocol does not expect.
+    Server(String),
+    /// Not acquired within the timeout.
+    Timeout(String),
+    /// release/extend of a hold this object does not have.
+    NotOwned(String),
+    /// The lease expired or another owner holds the lock.
+    Lost(String),
+    /// Misuse of a lock object, e.g. acquire while it already holds.
+    Usage(String),
+    /// A bad argument; the message names it.
+    Invalid(String),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Connection(m)
+            | Error::Server(m)
+            | Error::Timeout(m)
+            | Error::NotOwned(m)
+            | Error::Lost(m)
+            | Error::Usage(m)
+            | Error::Invalid(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl Error {
+    /// Whether the failure concerns the connection rather than what Redis said.
+    pub fn is_connection(&self) -> bool {
+        matches!(self, Error::Connection(_))
+    }
+}
+
+impl From<redis::RedisError> for Error {
+    fn from(err: redis::RedisError) -> Self {
+        // Messages of redis-rs name addresses and server replies, never the password.
+        if err.is_io_error()
+            || err.is_timeout()
+            || err.is_connection_dropped()
+            || err.is_connection_refusal()
+            || err.is_unrecoverable_error()
+        {
+            Error::Connection(format!("Redis connection failed: {err}"))
+        } else if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
+            || err.code() == Some("WRONGPASS")
+            || err.code() == Some("NOAUTH")
+        {
+            Error::Connection(format!("Redis refused the credentials: {err}"))
+        } else {
+            Error::Server(format!("Redis error: {err}"))
+        }
+    }
+}
+
+impl From<crate::protocol::replies::UnexpectedReply> for Error {
+    fn from(err: crate::protocol::replies::UnexpectedReply) -> Self {
+        Error::Server(err.to_string())
+    }
+}

@@ -1,0 +1,13 @@
+//! I/O without Python: the tokio runtime, connections, waiting, renewal and fork safety.
+
+pub mod client;
+pub mod error;
+pub mod lock;
+pub mod node;
+pub mod renew;
+pub mod runtime;
+pub mod token;
+pub mod wake;
+
+pub use client::{Client, ClientConfig, Shared};
+pub use error::{Error, Result};

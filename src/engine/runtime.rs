@@ -1,0 +1,71 @@
+//! One lazily built tokio runtime per process. A forked child gets a new one: the parent's worker
+//! threads do not exist there, so its runtime and everything bound to it is leaked, never used
+//! nor dropped (dropping would touch the parent's epoll set, which the child shares).
+
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use tokio::runtime::{Builder, Handle, Runtime};
+
+use super::error::{Error, Result};
+
+struct ProcessRuntime {
+    pid: u32,
+    runtime: Runtime,
+}
+
+static CURRENT: AtomicPtr<ProcessRuntime> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The id of this process, to tell a forked child from its parent.
+pub fn pid() -> u32 {
+    std::process::id()
+}
+
+/// The runtime of this process, built on first use (and again after a fork).
+pub fn handle() -> Result<&'static Handle> {
+    let current = CURRENT.load(Ordering::Acquire);
+    // SAFETY: pointers stored in CURRENT come from Box::leak and are never freed.
+    if let Some(rt) = unsafe { current.as_ref() } {
+        if rt.pid == pid() {
+            return Ok(rt.runtime.handle());
+        }
+    }
+    let built = build()?;
+    let fresh: &'static mut ProcessRuntime = Box::leak(Box::new(built));
+    match CURRENT.compare_exchange(current, fresh, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => Ok(fresh.runtime.handle()),
+        Err(winner) => {
+            // Another thread installed one first: use it, and let ours go (it never ran a task).
+            // SAFETY: `fresh` was leaked just above and is not shared; `winner` is never freed.
+            drop(unsafe { Box::from_raw(fresh as *mut ProcessRuntime) });
+            match unsafe { winner.as_ref() } {
+                Some(rt) => Ok(rt.runtime.handle()),
+                None => Err(Error::Usage("runtime vanished".into())),
+            }
+        }
+    }
+}
+
+fn build() -> Result<ProcessRuntime> {
+    // rustls needs a process-wide crypto provider for rediss:// URLs; a second install is a no-op.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("redmutex")
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Usage(format!("cannot start the I/O runtime: {e}")))?;
+    Ok(ProcessRuntime {
+        pid: pid(),
+        runtime,
+    })
+}
+
+/// Runs `fut` on the runtime in the background (cleanup that must outlive its caller).
+pub fn spawn<F>(fut: F)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    if let Ok(handle) = handle() {
+        handle.spawn(fut);
+    }
+}

@@ -1,0 +1,278 @@
+//! Wake-ups without polling: one subscriber connection per Redis node, shared by every waiter of
+//! a client in this process. A release publishes on the lock's channel; the hub wakes the waiters
+//! registered for that channel (all of them, or only the one whose token the message names).
+//! If the subscriber connection breaks, every waiter is woken to look again, and the channels are
+//! subscribed anew before they wait, so a lost message never strands anybody.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use futures_util::StreamExt;
+use redis::aio::{PubSubSink, PubSubStream};
+use tokio::sync::Notify;
+
+use super::error::{Error, Result};
+use super::node::{within, Timeouts};
+
+/// Channels kept subscribed after their last waiter left, before they are dropped in a batch.
+const IDLE_CHANNELS_KEPT: usize = 256;
+
+pub struct WakeHub {
+    core: Arc<HubCore>,
+}
+
+struct HubCore {
+    client: redis::Client,
+    timeouts: Timeouts,
+    state: Mutex<HubState>,
+    /// Serialises connecting, subscribing and unsubscribing, so they reach Redis in order.
+    subscribing: tokio::sync::Mutex<()>,
+}
+
+#[derive(Default)]
+struct HubState {
+    generation: u64,
+    sink: Option<PubSubSink>,
+    channels: HashMap<Vec<u8>, Channel>,
+    next_id: u64,
+}
+
+#[derive(Default)]
+struct Channel {
+    /// The connection generation on which this channel is subscribed.
+    subscribed_on: Option<u64>,
+    waiters: Vec<Waiter>,
+}
+
+struct Waiter {
+    id: u64,
+    /// Only messages naming this token (or naming nobody) wake the waiter; None: every message.
+    token: Option<Vec<u8>>,
+    notify: Arc<Notify>,
+}
+
+/// A waiter's place on a channel; leaving it (drop) unregisters the waiter.
+pub struct Registration {
+    core: Arc<HubCore>,
+    channel: Vec<u8>,
+    id: u64,
+    notify: Arc<Notify>,
+}
+
+impl WakeHub {
+    pub fn new(client: redis::Client, timeouts: Timeouts) -> Self {
+        WakeHub {
+            core: Arc::new(HubCore {
+                client,
+                timeouts,
+                state: Mutex::new(HubState::default()),
+                subscribing: tokio::sync::Mutex::new(()),
+            }),
+        }
+    }
+
+    /// Registers a waiter on `channel`; call `ready()` before looking at the lock, so that any
+    /// release after that look is heard.
+    pub fn register(&self, channel: Vec<u8>, token: Option<&str>) -> Registration {
+        let notify = Arc::new(Notify::new());
+        let mut state = self.core.lock_state();
+        state.next_id += 1;
+        let id = state.next_id;
+        state
+            .channels
+            .entry(channel.clone())
+            .or_default()
+            .waiters
+            .push(Waiter {
+                id,
+                token: token.map(|t| t.as_bytes().to_vec()),
+                notify: notify.clone(),
+            });
+        Registration {
+            core: self.core.clone(),
+            channel,
+            id,
+            notify,
+        }
+    }
+}
+
+impl HubCore {
+    fn lock_state(&self) -> std::sync::MutexGuard<'_, HubState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn is_subscribed(&self, channel: &[u8]) -> bool {
+        let state = self.lock_state();
+        state.sink.is_some()
+            && state
+                .channels
+                .get(channel)
+                .is_some_and(|c| c.subscribed_on == Some(state.generation))
+    }
+
+    async fn ensure_subscribed(self: &Arc<Self>, channel: &[u8]) -> Result<()> {
+        if self.is_subscribed(channel) {
+            return Ok(());
+        }
+        let limit = self.timeouts.connect + self.timeouts.command;
+        let _serial = tokio::time::timeout(limit, self.subscribing.lock())
+            .await
+            .map_err(|_| Error::Connection("timed out waiting to subscribe to Redis".into()))?;
+        if self.is_subscribed(channel) {
+            return Ok(());
+        }
+        let (generation, mut sink) = self.connected().await?;
+        let missing: Vec<Vec<u8>> = {
+            let state = self.lock_state();
+            state
+                .channels
+                .iter()
+                .filter(|(_, c)| c.subscribed_on != Some(generation))
+                .map(|(name, _)| name.clone())
+                .collect()
+        };
+        if missing.is_empty() {
+            return Ok(());
+        }
+        if let Err(err) = within(self.timeouts.command, "SUBSCRIBE", sink.subscribe(&missing)).await
+        {
+            self.disconnected(generation);
+            return Err(err);
+        }
+        let mut state = self.lock_state();
+        for name in &missing {
+            if let Some(c) = state.channels.get_mut(name) {
+                c.subscribed_on = Some(generation);
+            }
+        }
+        Ok(())
+    }
+
+    /// The live subscriber connection, opened if there is none. Call with `subscribing` held.
+    async fn connected(self: &Arc<Self>) -> Result<(u64, PubSubSink)> {
+        {
+            let state = self.lock_state();
+            if let Some(sink) = &state.sink {
+                return Ok((state.generation, sink.clone()));
+            }
+        }
+        let limit = self.timeouts.connect + self.timeouts.command;
+        let pubsub = within(
+            limit,
+            "the subscriber connection",
+            self.client.get_async_pubsub(),
+        )
+        .await?;
+        let (sink, stream) = pubsub.split();
+        let generation = {
+            let mut state = self.lock_state();
+            state.generation += 1;
+            state.sink = Some(sink.clone());
+            for channel in state.channels.values_mut() {
+                channel.subscribed_on = None;
+            }
+            state.generation
+        };
+        tokio::spawn(self.clone().dispatch(stream, generation));
+        Ok((generation, sink))
+    }
+
+    /// Delivers messages until the connection ends, then wakes everybody to look again.
+    async fn dispatch(self: Arc<Self>, mut stream: PubSubStream, generation: u64) {
+        while let Some(msg) = stream.next().await {
+            let Ok(channel) = msg.get_channel::<Vec<u8>>() else {
+                continue;
+            };
+            let named = msg.get_payload_bytes();
+            let state = self.lock_state();
+            if let Some(c) = state.channels.get(&channel) {
+                for waiter in &c.waiters {
+                    let meant = match &waiter.token {
+                        None => true,
+                        Some(token) => named.is_empty() || named == token.as_slice(),
+                    };
+                    if meant {
+                        waiter.notify.notify_one();
+                    }
+                }
+            }
+        }
+        self.disconnected(generation);
+    }
+
+    fn disconnected(&self, generation: u64) {
+        let mut state = self.lock_state();
+        if state.generation != generation {
+            return;
+        }
+        state.sink = None;
+        for channel in state.channels.values_mut() {
+            channel.subscribed_on = None;
+            for waiter in &channel.waiters {
+                waiter.notify.notify_one();
+            }
+        }
+    }
+
+    fn unregister(self: &Arc<Self>, channel: &[u8], id: u64) {
+        let idle = {
+            let mut state = self.lock_state();
+            if let Some(c) = state.channels.get_mut(channel) {
+                c.waiters.retain(|w| w.id != id);
+            }
+            state
+                .channels
+                .values()
+                .filter(|c| c.waiters.is_empty())
+                .count()
+        };
+        if idle > IDLE_CHANNELS_KEPT {
+            let core = self.clone();
+            super::runtime::spawn(async move { core.drop_idle_channels().await });
+        }
+    }
+
+    async fn drop_idle_channels(self: Arc<Self>) {
+        let _serial = self.subscribing.lock().await;
+        let (idle, sink) = {
+            let mut state = self.lock_state();
+            let idle: Vec<Vec<u8>> = state
+                .channels
+                .iter()
+                .filter(|(_, c)| c.waiters.is_empty())
+                .map(|(name, _)| name.clone())
+                .collect();
+            for name in &idle {
+                state.channels.remove(name);
+            }
+            (idle, state.sink.clone())
+        };
+        if let (Some(mut sink), false) = (sink, idle.is_empty()) {
+            let _ = within(
+                self.timeouts.command,
+                "UNSUBSCRIBE",
+                sink.unsubscribe(&idle),
+            )
+            .await;
+        }
+    }
+}
+
+impl Registration {
+    /// Makes sure the channel is subscribed on a live connection.
+    pub async fn ready(&self) -> Result<()> {
+        self.core.ensure_subscribed(&self.channel).await
+    }
+
+    /// Resolves on the next wake-up meant for this waiter (or at once if one came since the last).
+    pub async fn notified(&self) {
+        self.notify.notified().await
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.core.unregister(&self.channel, self.id);
+    }
+}

@@ -1,0 +1,85 @@
+//! The key layout, fixed by the contract: every key of the primitive named N starts with
+//! `prefix + "{" + N + "}"`, so all of them share one cluster hash slot. This is the only place
+//! where keys and channel names are built.
+
+/// The keys and channels of one named primitive.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Keys {
+    base: Vec<u8>,
+}
+
+impl Keys {
+    /// `prefix{name}`; the name is taken byte for byte (it may hold NUL or braces).
+    pub fn new(prefix: &[u8], name: &[u8]) -> Self {
+        let mut base = Vec::with_capacity(prefix.len() + name.len() + 2);
+        base.extend_from_slice(prefix);
+        base.push(b'{');
+        base.extend_from_slice(name);
+        base.push(b'}');
+        Keys { base }
+    }
+
+    fn with_suffix(&self, suffix: &[u8]) -> Vec<u8> {
+        let mut key = Vec::with_capacity(self.base.len() + suffix.len());
+        key.extend_from_slice(&self.base);
+        key.extend_from_slice(suffix);
+        key
+    }
+
+    /// The common start of every key of this primitive.
+    pub fn base(&self) -> &[u8] {
+        &self.base
+    }
+
+    /// String holding the current owner's token, with the lease as its expiry.
+    pub fn lock(&self) -> Vec<u8> {
+        self.with_suffix(b":lock")
+    }
+
+    /// Fencing counter: the only key that outlives a release.
+    pub fn fence(&self) -> Vec<u8> {
+        self.with_suffix(b":fence")
+    }
+
+    /// Fair queue: list of waiting tokens in arrival order.
+    pub fn queue(&self) -> Vec<u8> {
+        self.with_suffix(b":queue")
+    }
+
+    /// Fair queue: zset of token -> deadline (server ms) of the waiter's place.
+    pub fn queue_deadlines(&self) -> Vec<u8> {
+        self.with_suffix(b":queue:deadlines")
+    }
+
+    /// Pub/sub channel on which releases wake waiters (a channel, not a key).
+    pub fn wake_channel(&self) -> Vec<u8> {
+        self.with_suffix(b":wake")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_key_starts_with_prefix_and_braced_name() {
+        let keys = Keys::new(b"redmutex:", b"acct:1");
+        for key in [
+            keys.lock(),
+            keys.fence(),
+            keys.queue(),
+            keys.queue_deadlines(),
+            keys.wake_channel(),
+        ] {
+            assert!(key.starts_with(b"redmutex:{acct:1}"), "{key:?}");
+        }
+        assert_eq!(keys.lock(), b"redmutex:{acct:1}:lock");
+        assert_eq!(keys.fence(), b"redmutex:{acct:1}:fence");
+    }
+
+    #[test]
+    fn names_are_binary_safe() {
+        let keys = Keys::new(b"p:", b"a\0{b}");
+        assert_eq!(keys.lock(), b"p:{a\0{b}}:lock");
+    }
+}

@@ -1,0 +1,114 @@
+//! Conversion and validation of arguments: bad input becomes a ValueError or TypeError naming
+//! the argument, never an OverflowError or a panic.
+
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
+
+use super::errors::{type_error, value_error};
+use crate::protocol::lease::MAX_MS;
+
+/// The longest time accepted (in seconds): what the wire can carry as milliseconds.
+const MAX_SECONDS: f64 = (MAX_MS / 1000) as f64;
+
+/// A number of seconds as f64; ints of any size and floats, not bools or anything else.
+fn number(arg: &str, value: &Bound<'_, PyAny>) -> PyResult<f64> {
+    if value.is_instance_of::<PyBool>() {
+        return Err(type_error(arg, "a number of seconds", value));
+    }
+    if value.is_instance_of::<PyFloat>() {
+        return value.extract::<f64>();
+    }
+    if value.is_instance_of::<PyInt>() {
+        return match value.extract::<i64>() {
+            Ok(n) => Ok(n as f64),
+            Err(_) => Err(value_error(arg, "too large")),
+        };
+    }
+    Err(type_error(arg, "a number of seconds", value))
+}
+
+/// A finite duration of at least `min` seconds.
+pub fn duration(arg: &str, value: &Bound<'_, PyAny>, min: f64) -> PyResult<Duration> {
+    match forever_or_duration(arg, value, min)? {
+        Some(d) => Ok(d),
+        None => Err(value_error(arg, "must be finite")),
+    }
+}
+
+/// A duration of at least `min` seconds, or `None` for `math.inf` (forever).
+pub fn forever_or_duration(
+    arg: &str,
+    value: &Bound<'_, PyAny>,
+    min: f64,
+) -> PyResult<Option<Duration>> {
+    let seconds = number(arg, value)?;
+    if seconds.is_nan() {
+        return Err(value_error(arg, "must be a number, not NaN"));
+    }
+    if seconds == f64::INFINITY {
+        return Ok(None);
+    }
+    if seconds < min {
+        return Err(value_error(
+            arg,
+            &format!("must be at least {min} seconds, got {seconds}"),
+        ));
+    }
+    if seconds > MAX_SECONDS {
+        return Err(value_error(
+            arg,
+            &format!("too large (at most {MAX_SECONDS} seconds)"),
+        ));
+    }
+    Ok(Some(Duration::from_secs_f64(seconds)))
+}
+
+/// An optional timeout: `None` passes through as "not given".
+pub fn timeout(arg: &str, value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Option<Duration>>> {
+    match value {
+        None => Ok(None),
+        Some(v) if v.is_none() => Ok(None),
+        Some(v) => forever_or_duration(arg, v, 0.0).map(Some),
+    }
+}
+
+/// A non-empty `str`, as the UTF-8 bytes used in keys. A lone surrogate cannot be encoded: ValueError.
+pub fn name(arg: &str, value: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+    let s = value
+        .cast::<PyString>()
+        .map_err(|_| type_error(arg, "a str", value))?;
+    let text = s.to_str().map_err(|_| {
+        value_error(
+            arg,
+            "must be valid Unicode (a lone surrogate cannot be stored)",
+        )
+    })?;
+    if text.is_empty() {
+        return Err(value_error(arg, "must not be empty"));
+    }
+    Ok(text.as_bytes().to_vec())
+}
+
+/// A whole number within `0..=max`.
+pub fn count(arg: &str, value: &Bound<'_, PyAny>, min: u64, max: u64) -> PyResult<u64> {
+    if value.is_instance_of::<PyBool>() || !value.is_instance_of::<PyInt>() {
+        return Err(type_error(arg, "an int", value));
+    }
+    match value.extract::<i64>() {
+        Ok(n) if n >= min as i64 && (n as u64) <= max => Ok(n as u64),
+        _ => Err(value_error(
+            arg,
+            &format!("must be between {min} and {max}"),
+        )),
+    }
+}
+
+/// A bool (strictly).
+pub fn flag(arg: &str, value: &Bound<'_, PyAny>) -> PyResult<bool> {
+    value
+        .cast::<PyBool>()
+        .map(|b| b.is_true())
+        .map_err(|_| type_error(arg, "a bool", value))
+}

@@ -1,0 +1,23 @@
+//! The pyo3 binding: classes and functions of `redmutex._core`. Only conversion lives here; the
+//! behaviour is the engine's.
+
+mod args;
+mod blocking;
+mod client;
+mod errors;
+mod lock;
+mod log;
+mod recipes;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+#[pyo3(name = "_core")]
+fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<client::PyClient>()?;
+    m.add_class::<lock::PyLock>()?;
+    m.add_function(wrap_pyfunction!(recipes::acquire_token, m)?)?;
+    m.add_function(wrap_pyfunction!(recipes::release_token, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

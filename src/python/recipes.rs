@@ -1,0 +1,67 @@
+//! The classic recipe's two steps (Redis in Action's acquire_lock/release_lock) for a
+//! caller-chosen identifier; the Python functions around them live in `redmutex/_recipes.py`.
+
+use pyo3::prelude::*;
+
+use super::args;
+use super::blocking;
+use super::client::coerce_client;
+use crate::engine::lock::{self, LockSpec, Wait};
+
+fn spec_for(
+    client: &Bound<'_, PyAny>,
+    name: &Bound<'_, PyAny>,
+    lease: std::time::Duration,
+) -> PyResult<(std::sync::Arc<crate::engine::Client>, LockSpec)> {
+    let name = args::name("lockname", name)?;
+    let client = coerce_client(client)?.get().inner.clone();
+    let keys = client.keys(&name);
+    Ok((
+        client,
+        LockSpec {
+            name,
+            keys,
+            lease,
+            fair: false,
+            replicas: 0,
+        },
+    ))
+}
+
+/// Takes `lockname` for `identifier` with a lease of `ltime` s, trying for `atime` s.
+/// Returns the fence, or None when not acquired in time.
+#[pyfunction]
+pub fn acquire_token(
+    py: Python<'_>,
+    conn: &Bound<'_, PyAny>,
+    lockname: &Bound<'_, PyAny>,
+    identifier: &Bound<'_, PyAny>,
+    atime: &Bound<'_, PyAny>,
+    ltime: &Bound<'_, PyAny>,
+) -> PyResult<Option<i64>> {
+    let lease = args::duration("ltime", ltime, 0.001)?;
+    let wait = Wait::from_timeout(args::forever_or_duration("atime", atime, 0.0)?);
+    let token = String::from_utf8(args::name("identifier", identifier)?).unwrap_or_default();
+    let (client, spec) = spec_for(conn, lockname, lease)?;
+    let granted = blocking::wait(py, async move {
+        let shared = client.shared()?;
+        lock::acquire(&shared, &spec, &token, wait).await
+    })??;
+    Ok(granted.map(|g| g.fence))
+}
+
+/// Compare-and-delete for `identifier`; False when it did not hold the lock ("we lost it").
+#[pyfunction]
+pub fn release_token(
+    py: Python<'_>,
+    conn: &Bound<'_, PyAny>,
+    lockname: &Bound<'_, PyAny>,
+    identifier: &Bound<'_, PyAny>,
+) -> PyResult<bool> {
+    let token = String::from_utf8(args::name("identifier", identifier)?).unwrap_or_default();
+    let (client, spec) = spec_for(conn, lockname, std::time::Duration::from_secs(1))?;
+    Ok(blocking::wait(py, async move {
+        let shared = client.shared()?;
+        lock::release(&shared, &spec.keys, &token).await
+    })??)
+}
