@@ -51,6 +51,17 @@ impl Keys {
         self.with_suffix(b":queue:deadlines")
     }
 
+    /// Cache entry: the stored payload, expiring (PX) with the entry's ttl.
+    pub fn cache_value(&self) -> Vec<u8> {
+        self.with_suffix(b":value")
+    }
+
+    /// Cache entry: the fill claim (owner token, expiring with the claim's lease), held by the
+    /// one caller that fills or refreshes the entry.
+    pub fn cache_fill(&self) -> Vec<u8> {
+        self.with_suffix(b":fill")
+    }
+
     /// Pub/sub channel on which releases wake waiters (a channel, not a key).
     pub fn wake_channel(&self) -> Vec<u8> {
         self.with_suffix(b":wake")
@@ -69,12 +80,16 @@ mod tests {
             keys.fence(),
             keys.queue(),
             keys.queue_deadlines(),
+            keys.cache_value(),
+            keys.cache_fill(),
             keys.wake_channel(),
         ] {
             assert!(key.starts_with(b"redmutex:{acct:1}"), "{key:?}");
         }
         assert_eq!(keys.lock(), b"redmutex:{acct:1}:lock");
         assert_eq!(keys.fence(), b"redmutex:{acct:1}:fence");
+        assert_eq!(keys.cache_value(), b"redmutex:{acct:1}:value");
+        assert_eq!(keys.cache_fill(), b"redmutex:{acct:1}:fill");
     }
 
     #[test]
