@@ -5,7 +5,10 @@ use std::sync::{Arc, Mutex, Weak};
 
 use redis::ConnectionInfo;
 
+use super::cache::Flight;
+use super::direct::DirectPool;
 use super::error::{Error, Result};
+use super::gates::Gates;
 use super::node::{Node, Timeouts};
 use super::runtime::pid;
 use super::wake::WakeHub;
@@ -27,6 +30,10 @@ pub struct Shared {
     pub wait_node: Node,
     pub hub: WakeHub,
     gates: Mutex<HashMap<Vec<u8>, Weak<tokio::sync::Mutex<()>>>>,
+    /// The same for cache entries, each gate guarding the value its last waiter read.
+    pub cache_flights: Gates<Flight>,
+    /// Blocking connections for single-round-trip calls of threads that block anyway.
+    pub direct: DirectPool,
 }
 
 impl Shared {
@@ -96,8 +103,10 @@ impl Client {
         let shared = Arc::new(Shared {
             node: Node::new(redis_client.clone(), self.config.timeouts),
             wait_node: Node::new(redis_client.clone(), self.config.timeouts),
+            direct: DirectPool::new(redis_client.clone(), self.config.timeouts),
             hub: WakeHub::new(redis_client, self.config.timeouts),
             gates: Mutex::new(HashMap::new()),
+            cache_flights: Gates::new(),
         });
         *slot = Some((me, shared.clone()));
         Ok(shared)

@@ -42,7 +42,7 @@ impl Wait {
         }
     }
 
-    fn deadline(self) -> Option<Instant> {
+    pub fn deadline(self) -> Option<Instant> {
         match self {
             Wait::Once => Some(Instant::now()),
             Wait::Until(d) => Some(d),
@@ -50,7 +50,7 @@ impl Wait {
         }
     }
 
-    fn expired(self, now: Instant) -> bool {
+    pub fn expired(self, now: Instant) -> bool {
         match self {
             Wait::Once => true,
             Wait::Until(d) => now >= d,

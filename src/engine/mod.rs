@@ -1,7 +1,10 @@
 //! I/O without Python: the tokio runtime, connections, waiting, renewal and fork safety.
 
+pub mod cache;
 pub mod client;
+pub mod direct;
 pub mod error;
+pub mod gates;
 pub mod lock;
 pub mod node;
 pub mod renew;
