@@ -3,6 +3,7 @@
 
 mod args;
 mod blocking;
+mod cache;
 mod client;
 mod errors;
 mod lock;
@@ -16,6 +17,11 @@ use pyo3::prelude::*;
 fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::PyClient>()?;
     m.add_class::<lock::PyLock>()?;
+    m.add_class::<cache::PyCacheStore>()?;
+    m.add_class::<cache::PyFillClaim>()?;
+    m.add("CACHE_HIT", cache::HIT)?;
+    m.add("CACHE_CLAIMED", cache::CLAIMED)?;
+    m.add("CACHE_BUSY", cache::BUSY)?;
     m.add_function(wrap_pyfunction!(recipes::acquire_token, m)?)?;
     m.add_function(wrap_pyfunction!(recipes::release_token, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
