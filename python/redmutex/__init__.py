@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._cache import cached, get_or_fill
 from ._core import Client, Lock, __version__
 from ._recipes import acquire_lock, locked, redis_lock, release_lock
 from .errors import (
@@ -26,6 +27,8 @@ __all__ = [
     "QuorumError",
     "__version__",
     "acquire_lock",
+    "cached",
+    "get_or_fill",
     "locked",
     "redis_lock",
     "release_lock",
