@@ -1,0 +1,793 @@
+"""The stampede-safe cache (get_or_fill, @cached) against a real redis-server on loopback."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import json
+import logging
+import math
+import multiprocessing
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+import redmutex
+from redmutex import _core
+from redmutex._codec import make_codec
+from redmutex._server import RedisServer
+
+FORK = multiprocessing.get_context("fork")
+_counter = itertools.count()
+
+
+# --------------------------------------------------------------------------------------------
+# Fixtures: one server per module, a fresh prefix per test
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    with RedisServer() as srv:
+        yield srv
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"tc{next(_counter)}-{uuid.uuid4().hex[:8]}:"
+
+
+@pytest.fixture
+def client(server: RedisServer, prefix: str) -> Iterator[redmutex.Client]:
+    with redmutex.Client(server.url, prefix=prefix) as c:
+        yield c
+
+
+@pytest.fixture
+def r(server: RedisServer) -> Iterator[redis.Redis]:
+    conn = redis.Redis.from_url(server.url)
+    yield conn
+    conn.close()
+
+
+def value_key(prefix: str, name: str) -> str:
+    return f"{prefix}{{{name}}}:value"
+
+
+def fill_key(prefix: str, name: str) -> str:
+    return f"{prefix}{{{name}}}:fill"
+
+
+class Procs:
+    """Forked children that are always reaped (killed by their PID if still alive)."""
+
+    def __init__(self) -> None:
+        self.procs: list[Any] = []
+
+    def start(self, target: Callable[..., None], *args: Any) -> Any:
+        proc = FORK.Process(target=target, args=args, daemon=True)
+        proc.start()
+        self.procs.append(proc)
+        return proc
+
+    def reap(self) -> None:
+        for proc in self.procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+
+
+@pytest.fixture
+def procs() -> Iterator[Procs]:
+    p = Procs()
+    try:
+        yield p
+    finally:
+        p.reap()
+
+
+def run_threads(n: int, target: Callable[[int], None], timeout: float = 60) -> None:
+    threads = [threading.Thread(target=target, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(timeout=max(deadline - time.monotonic(), 0.1))
+    assert not any(t.is_alive() for t in threads), "threads did not finish in time"
+
+
+# --------------------------------------------------------------------------------------------
+# Basics
+# --------------------------------------------------------------------------------------------
+
+
+def test_miss_fills_and_stores_then_hits(client: redmutex.Client, r: redis.Redis, prefix: str):
+    calls = []
+
+    def fill() -> dict[str, int]:
+        calls.append(1)
+        return {"answer": 42}
+
+    assert redmutex.get_or_fill(client, "k", fill, ttl=30) == {"answer": 42}
+    assert redmutex.get_or_fill(client, "k", fill, ttl=30) == {"answer": 42}
+    assert len(calls) == 1
+    # Only the value key remains, expiring with the ttl; the claim is gone.
+    assert r.keys(f"{prefix}*") == [value_key(prefix, "k").encode()]
+    assert 29_000 < r.pttl(value_key(prefix, "k")) <= 30_000
+
+
+def test_none_is_cached_like_any_value(client: redmutex.Client):
+    calls = []
+
+    def fill() -> None:
+        calls.append(1)
+
+    assert redmutex.get_or_fill(client, "none", fill, ttl=30) is None
+    assert redmutex.get_or_fill(client, "none", fill, ttl=30) is None
+    assert len(calls) == 1
+
+
+def test_value_expires_after_ttl(client: redmutex.Client):
+    values = iter(range(10))
+    first = redmutex.get_or_fill(client, "short", lambda: next(values), ttl=0.2, beta=0)
+    time.sleep(0.3)
+    assert redmutex.get_or_fill(client, "short", lambda: next(values), ttl=0.2, beta=0) == first + 1
+
+
+def test_accepts_url_and_redis_py_clients(server: RedisServer, r: redis.Redis, prefix: str):
+    name = prefix + "by-url"
+    assert redmutex.get_or_fill(server.url, name, lambda: "url", ttl=30) == "url"
+    # The redis-py client reaches the same server (default prefix), so this is a hit.
+    assert redmutex.get_or_fill(r, name, lambda: "other", ttl=30) == "url"
+    assert r.exists(value_key("redmutex:", name))
+
+
+def test_exports():
+    assert "get_or_fill" in redmutex.__all__ and "cached" in redmutex.__all__
+
+
+# --------------------------------------------------------------------------------------------
+# The stampede: exactly one fill among threads and processes
+# --------------------------------------------------------------------------------------------
+
+
+def _stampede_call(url: str, prefix: str, barrier: Any, out: Any, fill_s: float) -> None:
+    client = redmutex.Client(url, prefix=prefix)
+    conn = redis.Redis.from_url(url)
+    client.ping()
+
+    def fill() -> str:
+        n = conn.incr(prefix + "fills")
+        time.sleep(fill_s)
+        return f"value-{n}-{uuid.uuid4().hex}"
+
+    barrier.wait(timeout=30)
+    started = time.monotonic()
+    try:
+        value = redmutex.get_or_fill(client, "cold", fill, ttl=60)
+        out.put(("ok", value, time.monotonic() - started))
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which fails the test
+        out.put(("error", repr(exc), time.monotonic() - started))
+
+
+def test_stampede_32_threads_and_8_processes_fill_once(
+    server: RedisServer, r: redis.Redis, prefix: str, procs: Procs
+):
+    n_threads, n_procs, fill_s = 32, 8, 0.3
+    barrier = FORK.Barrier(n_threads + n_procs)
+    out = FORK.Queue()
+    for _ in range(n_procs):
+        procs.start(_stampede_call, server.url, prefix, barrier, out, fill_s)
+    run_threads(
+        n_threads, lambda _i: _stampede_call(server.url, prefix, barrier, out, fill_s), timeout=90
+    )
+    results = [out.get(timeout=30) for _ in range(n_threads + n_procs)]
+    procs.reap()
+    assert all(kind == "ok" for kind, _, _ in results), results
+    assert int(r.get(prefix + "fills") or 0) == 1
+    assert len({value for _, value, _ in results}) == 1
+    # Nobody polled their way to a late answer: all are done shortly after the one fill.
+    slowest = max(elapsed for _, _, elapsed in results)
+    assert slowest < fill_s + 5, slowest
+    assert not r.exists(fill_key(prefix, "cold"))
+
+
+def test_waiters_are_woken_by_the_store_not_by_a_timer(client: redmutex.Client):
+    """With a 60 s claim lease, waiters can only learn of the value through the wake-up."""
+    release = threading.Event()
+    results: dict[int, tuple[str, float]] = {}
+
+    def fill() -> str:
+        release.wait(10)
+        return "stored"
+
+    def call(i: int) -> None:
+        if i:
+            time.sleep(0.1)  # let caller 0 claim first
+        value = redmutex.get_or_fill(client, "wake", fill, ttl=30, lock_ttl=60)
+        results[i] = (value, time.monotonic())
+
+    t = threading.Thread(target=run_threads, args=(8, call))
+    t.start()
+    time.sleep(0.5)
+    assert not results
+    stored_at = time.monotonic()
+    release.set()
+    t.join(30)
+    assert {v for v, _ in results.values()} == {"stored"}
+    assert max(at for _, at in results.values()) - stored_at < 2.0
+
+
+# --------------------------------------------------------------------------------------------
+# Failure hand-over
+# --------------------------------------------------------------------------------------------
+
+
+def _handover_call(url: str, prefix: str, barrier: Any, out: Any) -> None:
+    client = redmutex.Client(url, prefix=prefix)
+    conn = redis.Redis.from_url(url)
+    client.ping()
+
+    def fill() -> str:
+        n = conn.incr(prefix + "fills")
+        time.sleep(0.2)
+        if n == 1:
+            raise RuntimeError("the first fill fails")
+        return f"filled-by-{n}"
+
+    barrier.wait(timeout=30)
+    try:
+        out.put(("ok", redmutex.get_or_fill(client, "fragile", fill, ttl=60)))
+    except RuntimeError as exc:
+        out.put(("raised", str(exc)))
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which fails the test
+        out.put(("error", repr(exc)))
+
+
+def test_fill_raising_hands_over_to_exactly_one_waiter(
+    server: RedisServer, r: redis.Redis, prefix: str, procs: Procs
+):
+    n_threads, n_procs = 12, 4
+    barrier = FORK.Barrier(n_threads + n_procs)
+    out = FORK.Queue()
+    for _ in range(n_procs):
+        procs.start(_handover_call, server.url, prefix, barrier, out)
+    run_threads(n_threads, lambda _i: _handover_call(server.url, prefix, barrier, out))
+    results = [out.get(timeout=30) for _ in range(n_threads + n_procs)]
+    procs.reap()
+    assert int(r.get(prefix + "fills") or 0) == 2  # the failed fill and one take-over
+    raised = [res for res in results if res[0] == "raised"]
+    ok = [res for res in results if res[0] == "ok"]
+    assert raised == [("raised", "the first fill fails")]
+    assert len(ok) == n_threads + n_procs - 1
+    assert {value for _, value in ok} == {"filled-by-2"}
+
+
+def test_fill_raising_without_waiters_leaves_nothing(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+):
+    def fill() -> None:
+        raise KeyError("nope")
+
+    with pytest.raises(KeyError):
+        redmutex.get_or_fill(client, "k", fill, ttl=30)
+    assert r.keys(f"{prefix}*") == []
+    assert redmutex.get_or_fill(client, "k", lambda: 1, ttl=30, timeout=0) == 1
+
+
+def _filler_that_hangs(url: str, prefix: str, lock_ttl: float) -> None:
+    client = redmutex.Client(url, prefix=prefix)
+    conn = redis.Redis.from_url(url)
+
+    def fill() -> str:
+        conn.incr(prefix + "fills")
+        conn.set(prefix + "started", "1")
+        time.sleep(600)
+        return "never"
+
+    redmutex.get_or_fill(client, "victim", fill, ttl=60, lock_ttl=lock_ttl)
+
+
+def test_killed_filler_is_replaced_once_its_lease_ends(
+    server: RedisServer, client: redmutex.Client, r: redis.Redis, prefix: str, procs: Procs
+):
+    lock_ttl = 1.0
+    child = procs.start(_filler_that_hangs, server.url, prefix, lock_ttl)
+    deadline = time.monotonic() + 30
+    while not r.get(prefix + "started"):
+        assert time.monotonic() < deadline, "the child never started filling"
+        time.sleep(0.01)
+    result: dict[str, Any] = {}
+
+    def waiter() -> None:
+        result["value"] = redmutex.get_or_fill(
+            client, "victim", lambda: "refilled", ttl=60, lock_ttl=lock_ttl
+        )
+        result["at"] = time.monotonic()
+
+    t = threading.Thread(target=waiter, daemon=True)
+    t.start()
+    # The fill outlives lock_ttl while its process lives: the claim is renewed meanwhile.
+    time.sleep(2.5 * lock_ttl)
+    assert "value" not in result
+    assert int(r.get(prefix + "fills") or 0) == 1
+    os.kill(child.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    t.join(30)
+    assert result["value"] == "refilled"
+    waited = result["at"] - killed_at
+    # Renewed every lock_ttl/3, the dead filler's claim ends within lock_ttl of the kill.
+    assert 0.3 * lock_ttl < waited < lock_ttl + 2.0, waited
+
+
+def test_a_claim_dropped_unsettled_is_given_back(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+):
+    store = _core.CacheStore(client, ttl=30, lock_ttl=60)
+    state, payload, _pttl, claim = store.fetch("dropped")
+    assert state == _core.CACHE_CLAIMED and payload is None and claim.held
+    assert r.get(fill_key(prefix, "dropped")) == claim.token.encode()
+    del claim
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while r.exists(fill_key(prefix, "dropped")):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    state, _payload, _pttl, claim = store.fetch("dropped", timeout=0)
+    assert state == _core.CACHE_CLAIMED
+    assert claim.abandon() is True
+    with pytest.raises(redmutex.LockError):
+        claim.abandon()
+
+
+# --------------------------------------------------------------------------------------------
+# Timeouts and long fills
+# --------------------------------------------------------------------------------------------
+
+
+def test_timeout_waiting_for_another_fill(client: redmutex.Client):
+    release = threading.Event()
+    filling = threading.Event()
+
+    def slow() -> str:
+        filling.set()
+        release.wait(10)
+        return "slow"
+
+    t = threading.Thread(
+        target=lambda: redmutex.get_or_fill(client, "busy", slow, ttl=30), daemon=True
+    )
+    t.start()
+    assert filling.wait(10)
+    try:
+        started = time.monotonic()
+        with pytest.raises(redmutex.LockTimeoutError, match="busy"):
+            redmutex.get_or_fill(client, "busy", lambda: "mine", ttl=30, timeout=0.3)
+        assert 0.25 < time.monotonic() - started < 3
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):  # LockTimeoutError is a TimeoutError too
+            redmutex.get_or_fill(client, "busy", lambda: "mine", ttl=30, timeout=0)
+        assert time.monotonic() - started < 1
+    finally:
+        release.set()
+        t.join(10)
+    assert redmutex.get_or_fill(client, "busy", lambda: "mine", ttl=30, timeout=0) == "slow"
+
+
+def test_a_fill_longer_than_lock_ttl_keeps_its_claim(client: redmutex.Client, r: redis.Redis):
+    fills = []
+
+    def fill() -> str:
+        fills.append(1)
+        time.sleep(1.0)
+        return "long"
+
+    results = []
+    run_threads(
+        4,
+        lambda i: (
+            time.sleep(0.05 * i),
+            results.append(redmutex.get_or_fill(client, "long", fill, ttl=30, lock_ttl=0.3)),
+        ),
+    )
+    assert results == ["long"] * 4
+    assert len(fills) == 1
+
+
+# --------------------------------------------------------------------------------------------
+# Payloads: tampering, signing, serializers
+# --------------------------------------------------------------------------------------------
+
+
+def test_tampered_payload_is_a_miss_and_a_warning(
+    client: redmutex.Client, r: redis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
+):
+    assert redmutex.get_or_fill(client, "t", lambda: "good", ttl=30) == "good"
+    r.set(value_key(prefix, "t"), b"garbage written by somebody else")
+    with caplog.at_level(logging.WARNING, logger="redmutex"):
+        assert redmutex.get_or_fill(client, "t", lambda: "refilled", ttl=30) == "refilled"
+    warnings = [rec for rec in caplog.records if rec.name == "redmutex"]
+    assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+    assert "'t'" in warnings[0].getMessage()
+    # The garbage was replaced: the next call is a plain hit.
+    assert redmutex.get_or_fill(client, "t", lambda: "again", ttl=30) == "refilled"
+
+
+def test_tampered_payload_under_concurrency_fills_once(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+):
+    r.set(value_key(prefix, "g"), b"RM\x01\x02garbage")
+    fills = []
+
+    def fill() -> str:
+        fills.append(1)
+        time.sleep(0.2)
+        return "clean"
+
+    results = []
+    run_threads(16, lambda _i: results.append(redmutex.get_or_fill(client, "g", fill, ttl=30)))
+    assert results == ["clean"] * 16
+    assert len(fills) == 1
+
+
+def test_foreign_key_type_is_a_miss(client: redmutex.Client, r: redis.Redis, prefix: str):
+    r.hset(value_key(prefix, "h"), "field", "value")
+    assert redmutex.get_or_fill(client, "h", lambda: "string now", ttl=30) == "string now"
+    assert r.type(value_key(prefix, "h")) == b"string"
+
+
+class _Exploit:
+    ran = False
+
+    def __reduce__(self) -> tuple[Callable[[], None], tuple[()]]:
+        return (_exploit_ran, ())
+
+
+def _exploit_ran() -> None:
+    _Exploit.ran = True
+
+
+def test_unsigned_payload_is_never_unpickled_with_a_secret(
+    client: redmutex.Client, r: redis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
+):
+    forged = make_codec("pickle").encode(_Exploit(), 0.1, context="s")
+    r.set(value_key(prefix, "s"), forged)
+    with caplog.at_level(logging.WARNING, logger="redmutex"):
+        value = redmutex.get_or_fill(client, "s", lambda: "safe", ttl=30, secret=b"k1")
+    assert value == "safe"
+    assert not _Exploit.ran
+    assert any("signed" in rec.getMessage() for rec in caplog.records)
+
+
+def test_signed_payloads(client: redmutex.Client, r: redis.Redis, prefix: str, caplog: Any):
+    assert redmutex.get_or_fill(client, "sig", lambda: [1, 2], ttl=30, secret=b"k1") == [1, 2]
+    payload = r.get(value_key(prefix, "sig"))
+    assert payload is not None and len(payload) > 32
+    # Same secret: a hit. Another secret: a miss (and a warning), filled and signed anew.
+    assert redmutex.get_or_fill(client, "sig", lambda: "x", ttl=30, secret=b"k1") == [1, 2]
+    with caplog.at_level(logging.WARNING, logger="redmutex"):
+        assert redmutex.get_or_fill(client, "sig", lambda: "k2", ttl=30, secret=b"k2") == "k2"
+    assert any("signature" in rec.getMessage() for rec in caplog.records)
+    # A valid signed payload copied to another key fails too: it is bound to its key.
+    r.set(value_key(prefix, "copy"), r.get(value_key(prefix, "sig")))
+    assert redmutex.get_or_fill(client, "copy", lambda: "own", ttl=30, secret=b"k2") == "own"
+
+
+def test_json_and_custom_serializers(client: redmutex.Client, r: redis.Redis, prefix: str):
+    assert redmutex.get_or_fill(client, "j", lambda: {"a": [1, 2]}, ttl=30, serializer="json") == {
+        "a": [1, 2]
+    }
+    payload = r.get(value_key(prefix, "j"))
+    assert payload is not None and b'{"a":[1,2]}' in payload
+    assert redmutex.get_or_fill(client, "j", lambda: 0, ttl=30, serializer="json") == {"a": [1, 2]}
+
+    class Upper:
+        def dumps(self, obj: str) -> bytes:
+            return obj.upper().encode()
+
+        def loads(self, data: bytes) -> str:
+            return data.decode().lower()
+
+    assert redmutex.get_or_fill(client, "c", lambda: "MiXed", ttl=30, serializer=Upper()) == (
+        "MiXed"  # the filler gets its own value; later callers get the stored one
+    )
+    assert redmutex.get_or_fill(client, "c", lambda: "?", ttl=30, serializer=Upper()) == "mixed"
+    # A payload of another serializer is a miss, not a misread.
+    assert redmutex.get_or_fill(client, "c", lambda: "p", ttl=30, serializer="pickle") == "p"
+
+
+def test_unserializable_value_raises_and_releases_the_claim(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+):
+    with pytest.raises(TypeError):
+        redmutex.get_or_fill(client, "bad", lambda: {1, 2}, ttl=30, serializer="json")
+    assert not r.exists(fill_key(prefix, "bad"))
+    assert redmutex.get_or_fill(client, "bad", lambda: [1], ttl=30, serializer="json", timeout=0)
+
+
+# --------------------------------------------------------------------------------------------
+# @cached: keys and invalidate
+# --------------------------------------------------------------------------------------------
+
+
+def test_cached_with_template_key_and_invalidate(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+):
+    calls: list[int] = []
+
+    @redmutex.cached(client, ttl=30, key="user:{user_id}")
+    def load(user_id: int, verbose: bool = False) -> dict[str, int]:
+        calls.append(user_id)
+        return {"id": user_id, "n": len(calls)}
+
+    assert load(1) == {"id": 1, "n": 1}
+    assert load(user_id=1, verbose=True) == {"id": 1, "n": 1}
+    assert load(2) == {"id": 2, "n": 2}
+    assert r.exists(value_key(prefix, "user:1"), value_key(prefix, "user:2")) == 2
+    assert load.invalidate(1) is True
+    assert load.invalidate(1) is False
+    assert load(1) == {"id": 1, "n": 3}
+    assert load(2) == {"id": 2, "n": 2}
+    assert load.__name__ == "load" and load.__wrapped__ is not None
+
+
+def test_constant_key_is_shared_with_get_or_fill(client: redmutex.Client):
+    @redmutex.cached(client, ttl=30, key="stats")
+    def stats() -> str:
+        return "from-decorator"
+
+    assert redmutex.get_or_fill(client, "stats", lambda: "from-function", ttl=30) == (
+        "from-function"
+    )
+    assert stats() == "from-function"
+
+
+def derived(url: str, retries: int = 3, *, tags: tuple[str, ...] = ()) -> str:
+    return f"{url}/{retries}/{tags}"
+
+
+def test_derived_keys_are_stable_and_readable(client: redmutex.Client, r: redis.Redis, prefix: str):
+    fetch = redmutex.cached(client, ttl=30)(derived)
+    assert fetch("http://x") == "http://x/3/()"
+    name = f"{__name__}.derived(url='http://x', retries=3, tags=())"
+    assert r.exists(value_key(prefix, name))
+    # Positional, keyword and defaulted spellings of one call share the entry.
+    assert fetch(url="http://x", retries=3) == "http://x/3/()"
+    assert r.keys(f"{prefix}*") == [value_key(prefix, name).encode()]
+    assert fetch.invalidate("http://x", 3) is True
+
+
+def _derive_in_child(out: Any) -> None:
+    from redmutex._callkeys import derive_key
+
+    out.put(derive_key(derived, ("http://x",), {"tags": ("a", "b")}))
+
+
+def test_derived_keys_match_in_another_process(procs: Procs):
+    from redmutex._callkeys import derive_key
+
+    out = FORK.Queue()
+    procs.start(_derive_in_child, out)
+    here = derive_key(derived, ("http://x",), {"tags": ("a", "b")})
+    assert out.get(timeout=30) == here
+
+
+def test_derived_keys_reject_unstable_arguments(client: redmutex.Client):
+    @redmutex.cached(client, ttl=30)
+    def by_object(thing: object) -> int:
+        return 1
+
+    with pytest.raises(TypeError, match="thing.*key="):
+        by_object(object())
+    with pytest.raises(TypeError, match="key="):
+        by_object.invalidate(object())
+
+
+def test_cached_validates_at_decoration_time(client: redmutex.Client):
+    with pytest.raises(ValueError, match="ttl"):
+        redmutex.cached(client, ttl=-1)
+    with pytest.raises(ValueError, match="nope"):
+
+        @redmutex.cached(client, ttl=1, key="x:{nope}")
+        def f(a: int) -> int:
+            return a
+
+    with pytest.raises(TypeError, match="aio"):
+
+        @redmutex.cached(client, ttl=1)
+        async def g() -> int:
+            return 1
+
+
+# --------------------------------------------------------------------------------------------
+# Invalidation while a fill runs
+# --------------------------------------------------------------------------------------------
+
+
+def test_invalidate_during_a_fill_drops_its_result(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+):
+    filling, release = threading.Event(), threading.Event()
+    got: list[str] = []
+
+    def old() -> str:
+        filling.set()
+        release.wait(10)
+        return "old"
+
+    t = threading.Thread(
+        target=lambda: got.append(redmutex.get_or_fill(client, "inv", old, ttl=30)), daemon=True
+    )
+    t.start()
+    assert filling.wait(10)
+    store = _core.CacheStore(client, ttl=30)
+    assert store.invalidate("inv") is False  # no value yet, but the fill's claim is dropped
+    release.set()
+    t.join(10)
+    assert got == ["old"]  # its caller still gets it...
+    assert not r.exists(value_key(prefix, "inv"))  # ...but it is not stored
+    assert redmutex.get_or_fill(client, "inv", lambda: "new", ttl=30) == "new"
+
+
+# --------------------------------------------------------------------------------------------
+# XFetch: early refresh under a steady stream of calls
+# --------------------------------------------------------------------------------------------
+
+
+def test_xfetch_refreshes_before_expiry_and_nobody_waits(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+):
+    ttl, fill_s, run_s = 1.0, 0.1, 4.0
+    vkey = value_key(prefix, "hot")
+    local = threading.local()
+    fills: list[tuple[int, float, int]] = []  # (generation, value's pttl at fill start, overlap)
+    active = [0]
+    guard = threading.Lock()
+
+    def fill() -> int:
+        local.filled = True
+        with guard:
+            active[0] += 1
+            overlap = active[0]
+        pttl = r.pttl(vkey)
+        time.sleep(fill_s)
+        with guard:
+            active[0] -= 1
+            fills.append((len(fills) + 1, pttl, overlap))
+            return len(fills)
+
+    calls: list[tuple[float, float, bool, int]] = []  # (start, latency, filled, value)
+    stop = time.monotonic() + run_s
+
+    def reader(_i: int) -> None:
+        while time.monotonic() < stop:
+            local.filled = False
+            started = time.monotonic()
+            value = redmutex.get_or_fill(client, "hot", fill, ttl=ttl, beta=1.0)
+            calls.append((started, time.monotonic() - started, local.filled, value))
+            time.sleep(0.002)
+
+    run_threads(4, reader, timeout=run_s + 30)
+    first_done = min(s + lat for s, lat, filled, _ in calls if filled)
+    later = [c for c in calls if c[0] > first_done]
+    assert len(later) > 200
+    # After the first fill nobody waits for a fill: only the refresher itself spends fill time.
+    waited = [lat for _, lat, filled, _ in later if not filled and lat > fill_s / 2]
+    assert not waited, sorted(waited)[-5:]
+    # Every refresh ran while the current value was still there, and one at a time.
+    assert len(fills) >= 3
+    for generation, pttl, overlap in fills[1:]:
+        assert pttl > 0, (generation, pttl)
+        assert overlap == 1
+    # At most one refresh per stored value: fewer refreshes than run_s / (ttl - lead time).
+    assert len(fills) <= math.ceil(run_s / (ttl / 2)) + 1, fills
+    # Each reader sees the value change, and never go back.
+    values = [v for _, _, _, v in sorted(calls)]
+    assert len(set(values)) == len(fills)
+
+
+def test_beta_zero_never_refreshes_early(client: redmutex.Client):
+    fills = []
+
+    def fill() -> int:
+        fills.append(1)
+        return len(fills)
+
+    stop = time.monotonic() + 0.8
+    while time.monotonic() < stop:
+        assert redmutex.get_or_fill(client, "calm", fill, ttl=1.0, beta=0) == 1
+        time.sleep(0.005)
+    assert len(fills) == 1
+
+
+def test_xfetch_decision_uses_redis_time_left_and_the_random_draw(
+    client: redmutex.Client, monkeypatch: pytest.MonkeyPatch
+):
+    """δ = 1000 s and 30 s left: a reader refreshes iff 30 <= 1000·(-ln r), i.e. r <= 0.9704."""
+    from redmutex import _cache
+
+    codec = make_codec("pickle")
+    store = _core.CacheStore(client, ttl=30)
+    state, _p, _t, claim = store.fetch("soon")
+    assert state == _core.CACHE_CLAIMED
+    claim.store(codec.encode("old", 1000.0, context="soon"))
+    monkeypatch.setattr(_cache, "_random", lambda: 0.98)  # just too large: no refresh
+    assert {redmutex.get_or_fill(client, "soon", lambda: "new", ttl=30) for _ in range(5)} == {
+        "old"
+    }
+    assert redmutex.get_or_fill(client, "soon", lambda: "new", ttl=30, beta=0) == "old"
+    draws = iter([0.96, 0.5, 0.5])  # the first draw refreshes; the new value's δ is tiny
+    monkeypatch.setattr(_cache, "_random", lambda: next(draws))
+    assert redmutex.get_or_fill(client, "soon", lambda: "new", ttl=30) == "new"
+    assert redmutex.get_or_fill(client, "soon", lambda: "newer", ttl=30) == "new"
+
+
+# --------------------------------------------------------------------------------------------
+# Arguments
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "name"),
+    [
+        ({"ttl": -1}, ValueError, "ttl"),
+        ({"ttl": 0}, ValueError, "ttl"),
+        ({"ttl": float("nan")}, ValueError, "ttl"),
+        ({"ttl": float("inf")}, ValueError, "ttl"),
+        ({"ttl": True}, TypeError, "ttl"),
+        ({"ttl": "1"}, TypeError, "ttl"),
+        ({"ttl": 10**30}, ValueError, "ttl"),
+        ({"ttl": 1, "lock_ttl": 0}, ValueError, "lock_ttl"),
+        ({"ttl": 1, "lock_ttl": None}, None, None),
+        ({"ttl": 1, "timeout": -1}, ValueError, "timeout"),
+        ({"ttl": 1, "timeout": math.inf}, None, None),
+        ({"ttl": 1, "beta": -0.5}, ValueError, "beta"),
+        ({"ttl": 1, "beta": "1"}, TypeError, "beta"),
+        ({"ttl": 1, "serializer": "yaml"}, ValueError, "serializer"),
+        ({"ttl": 1, "serializer": object()}, TypeError, "serializer"),
+        ({"ttl": 1, "secret": "text"}, TypeError, "secret"),
+        ({"ttl": 1, "secret": b""}, ValueError, "secret"),
+    ],
+)
+def test_arguments_are_checked(
+    client: redmutex.Client, kwargs: dict[str, Any], error: type[Exception] | None, name: str
+):
+    if error is None:
+        assert redmutex.get_or_fill(client, "args", lambda: 1, **kwargs) == 1
+        return
+    with pytest.raises(error, match=name):
+        redmutex.get_or_fill(client, "args", lambda: 1, **kwargs)
+
+
+def test_key_and_fill_are_checked(client: redmutex.Client):
+    with pytest.raises(ValueError, match="key"):
+        redmutex.get_or_fill(client, "", lambda: 1, ttl=1)
+    with pytest.raises(TypeError, match="key"):
+        redmutex.get_or_fill(client, b"bytes", lambda: 1, ttl=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="key"):
+        redmutex.get_or_fill(client, "\ud800", lambda: 1, ttl=1)
+    with pytest.raises(TypeError, match="fill"):
+        redmutex.get_or_fill(client, "k", 42, ttl=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="client"):
+        redmutex.get_or_fill(42, "k", lambda: 1, ttl=1)
+
+
+def test_binary_safe_keys(client: redmutex.Client, r: redis.Redis, prefix: str):
+    name = "a\0{b}:c ü"
+    assert redmutex.get_or_fill(client, name, lambda: "odd", ttl=30) == "odd"
+    assert r.exists(value_key(prefix, name).encode())
+    assert redmutex.get_or_fill(client, name, lambda: "other", ttl=30) == "odd"
+
+
+def test_json_payload_is_what_json_says(client: redmutex.Client, r: redis.Redis, prefix: str):
+    redmutex.get_or_fill(client, "jj", lambda: {"x": 1}, ttl=30, serializer="json")
+    payload = r.get(value_key(prefix, "jj"))
+    assert payload is not None
+    assert json.loads(payload[16:]) == {"x": 1}  # the codec's 16-byte header, then the body
