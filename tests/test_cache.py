@@ -791,3 +791,12 @@ def test_json_payload_is_what_json_says(client: redmutex.Client, r: redis.Redis,
     payload = r.get(value_key(prefix, "jj"))
     assert payload is not None
     assert json.loads(payload[16:]) == {"x": 1}  # the codec's 16-byte header, then the body
+
+
+def test_cache_demo_reports_one_fill(server: RedisServer, capsys: pytest.CaptureFixture[str]):
+    from redmutex._demo_cache import cache_demo
+
+    assert cache_demo(server.url, threads=6, processes=2, fill_seconds=0.2) == 0
+    out = capsys.readouterr().out
+    assert "fills: 1 " in out and "same report: yes" in out
+    assert "redmutex-demo" not in out  # nothing internal leaks into the story
