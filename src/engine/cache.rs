@@ -184,7 +184,25 @@ impl Claim {
         let inv = scripts::cache_store(&self.keys, &self.token, payload, ttl_ms);
         let sent_at = Instant::now();
         let reply = self.shared.node.invoke(&inv, Retry::Once).await?;
-        let stored = parse_flag(&reply)?;
+        self.stored(parse_flag(&reply)?, payload, ttl_ms, sent_at)
+    }
+
+    /// `store` on a direct connection, blocking the calling thread for one round trip.
+    pub fn store_direct(mut self, payload: &[u8], ttl: Duration) -> Result<bool> {
+        let ttl_ms = lease::lease_ms(ttl);
+        let inv = scripts::cache_store(&self.keys, &self.token, payload, ttl_ms);
+        let sent_at = Instant::now();
+        let reply = self.shared.direct.invoke(&inv, Retry::Once)?;
+        self.stored(parse_flag(&reply)?, payload, ttl_ms, sent_at)
+    }
+
+    fn stored(
+        &mut self,
+        stored: bool,
+        payload: &[u8],
+        ttl_ms: u64,
+        sent_at: Instant,
+    ) -> Result<bool> {
         self.settled = true;
         // Waiters of this process need not hear the wake-up and look again: this is the value
         // a lookup would find now, stored after they started asking.
@@ -201,6 +219,14 @@ impl Claim {
     /// `Ok(false)`: it was not ours any more.
     pub async fn abandon(mut self) -> Result<bool> {
         let given_back = abandon(&self.shared, &self.keys, &self.token).await?;
+        self.settled = true;
+        Ok(given_back)
+    }
+
+    /// `abandon` on a direct connection, blocking the calling thread for one round trip.
+    pub fn abandon_direct(mut self) -> Result<bool> {
+        let inv = scripts::cache_abandon(&self.keys, &self.token);
+        let given_back = parse_flag(&self.shared.direct.invoke(&inv, Retry::Once)?)?;
         self.settled = true;
         Ok(given_back)
     }

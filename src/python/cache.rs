@@ -202,7 +202,8 @@ impl PyCacheStore {
 }
 
 /// The fill claim of one entry, held while the fill runs (its lease is renewed meanwhile).
-/// Exactly one of `store` or `abandon` settles it; dropped unsettled, it is given back.
+/// Exactly one of `store` or `abandon` settles it (one round trip on a direct connection);
+/// dropped unsettled, it is given back.
 #[pyclass(frozen, module = "redmutex._core", name = "FillClaim")]
 pub struct PyFillClaim {
     claim: Mutex<Option<Claim>>,
@@ -229,13 +230,13 @@ impl PyFillClaim {
     fn store(&self, py: Python<'_>, payload: &[u8]) -> PyResult<bool> {
         let claim = self.take()?;
         let ttl = self.ttl;
-        Ok(blocking::wait(py, claim.store(payload, ttl))??)
+        Ok(py.detach(|| claim.store_direct(payload, ttl))?)
     }
 
     /// Gives the claim back without a value; one waiter takes the fill over. False: not ours.
     fn abandon(&self, py: Python<'_>) -> PyResult<bool> {
         let claim = self.take()?;
-        Ok(blocking::wait(py, claim.abandon())??)
+        Ok(py.detach(|| claim.abandon_direct())?)
     }
 
     /// True until stored or given back.
