@@ -800,3 +800,41 @@ def test_cache_demo_reports_one_fill(server: RedisServer, capsys: pytest.Capture
     out = capsys.readouterr().out
     assert "fills: 1 " in out and "same report: yes" in out
     assert "redmutex-demo" not in out  # nothing internal leaks into the story
+
+
+def test_a_fill_asking_for_its_own_entry_raises_instead_of_hanging(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+):
+    def fill() -> str:
+        return redmutex.get_or_fill(client, "self", fill, ttl=30)
+
+    with pytest.raises(RuntimeError, match="its own fill"):
+        redmutex.get_or_fill(client, "self", fill, ttl=30)
+    assert not r.exists(fill_key(prefix, "self"))
+    # Other entries may be filled from within a fill.
+    outer = redmutex.get_or_fill(
+        client, "outer", lambda: redmutex.get_or_fill(client, "inner", lambda: 1, ttl=30), ttl=30
+    )
+    assert outer == 1
+
+
+def _store_in_child(claim: Any, out: Any) -> None:
+    try:
+        claim.store(b"from the child")
+        out.put("stored")
+    except redmutex.LockError as exc:
+        out.put(f"refused: {exc}")
+
+
+def test_a_fill_claim_is_not_usable_in_a_forked_child(
+    client: redmutex.Client, r: redis.Redis, prefix: str, procs: Procs
+):
+    store = _core.CacheStore(client, ttl=30)
+    state, _p, _t, claim = store.fetch("forked")
+    assert state == _core.CACHE_CLAIMED
+    out = FORK.Queue()
+    procs.start(_store_in_child, claim, out)
+    assert out.get(timeout=30).startswith("refused: ")
+    procs.reap()
+    assert r.get(fill_key(prefix, "forked")) == claim.token.encode()  # still the parent's
+    assert claim.store(b"from the parent") is True

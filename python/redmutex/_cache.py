@@ -33,7 +33,8 @@ One call
    raises, the claim is given back (waking the waiters, of which exactly one claims the fill
    anew) and the exception propagates to this caller only. A store is token-checked: when the
    claim ended meanwhile (the entry was invalidated, or the process stalled beyond the lease),
-   the value is returned to this caller but not stored.
+   the value is returned to this caller but not stored. A ``fill`` that asks (in its own
+   thread) for the entry it is filling raises ``RuntimeError`` instead of waiting for itself.
 4. ``timeout``: a caller that waited that long for another caller's fill raises
    ``LockTimeoutError`` (``None``: wait as long as fills go on; ``0``: never wait).
 
@@ -54,6 +55,7 @@ import hashlib
 import inspect
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, ParamSpec, Protocol, TypeVar, cast
@@ -92,7 +94,7 @@ class CachedFunction(Protocol[P, R_co]):
 class _Settings:
     """The validated options of one ``get_or_fill`` call or one ``@cached`` function."""
 
-    __slots__ = ("beta", "codec", "store", "timeout")
+    __slots__ = ("beta", "client_id", "codec", "store", "timeout")
 
     def __init__(
         self,
@@ -109,6 +111,23 @@ class _Settings:
         self.codec: Codec = make_codec(serializer, secret)
         self.beta = validate_beta(beta)
         self.timeout = self.store.timeout  # validated: None (forever) or seconds
+        self.client_id = id(self.store.client)  # stable: the store keeps its client alive
+
+
+# The entries each thread is filling right now, as (client id, key): a fill that asks for its
+# own entry would wait for itself (its claim is renewed while it runs), so it raises instead.
+_filling = threading.local()
+
+
+def _fill_guard(settings: _Settings, key: str) -> set[tuple[int, str]]:
+    entries: set[tuple[int, str]] | None = getattr(_filling, "entries", None)
+    if entries is None:
+        entries = _filling.entries = set()
+    if (settings.client_id, key) in entries:
+        raise RuntimeError(
+            f"cache entry {key!r} was asked for from its own fill, which would wait for itself"
+        )
+    return entries
 
 
 def _digest(payload: bytes) -> str:
@@ -143,6 +162,9 @@ def _give_back(claim: _core.FillClaim, key: str) -> None:
 
 def _fill(settings: _Settings, key: str, fill: Callable[[], T], claim: _core.FillClaim) -> T:
     """Runs ``fill`` holding the claim, stores its value (with δ) and wakes the waiters."""
+    entries = _fill_guard(settings, key)
+    entry = (settings.client_id, key)
+    entries.add(entry)
     started = time.monotonic()
     try:
         value = fill()
@@ -151,6 +173,8 @@ def _fill(settings: _Settings, key: str, fill: Callable[[], T], claim: _core.Fil
     except BaseException:
         _give_back(claim, key)
         raise
+    finally:
+        entries.discard(entry)
     try:
         stored = claim.store(payload)
     except LockError as exc:  # Redis trouble: this caller still has its value
@@ -167,6 +191,8 @@ def _fill(settings: _Settings, key: str, fill: Callable[[], T], claim: _core.Fil
 
 def _get(settings: _Settings, key: str, fill: Callable[[], T]) -> T:
     """One cache read: see the module docstring. The hit path is kept short on purpose."""
+    if getattr(_filling, "entries", None):  # inside a fill: refuse to wait for ourselves
+        _fill_guard(settings, key)
     state, payload, pttl, claim = settings.store.fetch(key)
     if state == _HIT:
         try:

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 use super::client::{Client, Shared};
-use super::error::Result;
+use super::error::{Error, Result};
 use super::lock::Wait;
 use super::node::Retry;
 use super::runtime::{self, pid};
@@ -180,6 +180,7 @@ impl Claim {
     /// Stores `payload` for `ttl` and wakes the waiters. `Ok(false)`: not stored, because the
     /// claim is not ours any more (its lease ended, or the entry was invalidated meanwhile).
     pub async fn store(mut self, payload: &[u8], ttl: Duration) -> Result<bool> {
+        self.check_process()?;
         let ttl_ms = lease::lease_ms(ttl);
         let inv = scripts::cache_store(&self.keys, &self.token, payload, ttl_ms);
         let sent_at = Instant::now();
@@ -189,11 +190,23 @@ impl Claim {
 
     /// `store` on a direct connection, blocking the calling thread for one round trip.
     pub fn store_direct(mut self, payload: &[u8], ttl: Duration) -> Result<bool> {
+        self.check_process()?;
         let ttl_ms = lease::lease_ms(ttl);
         let inv = scripts::cache_store(&self.keys, &self.token, payload, ttl_ms);
         let sent_at = Instant::now();
         let reply = self.shared.direct.invoke(&inv, Retry::Once)?;
         self.stored(parse_flag(&reply)?, payload, ttl_ms, sent_at)
+    }
+
+    /// A claim inherited by a forked child is the parent's: the child neither uses the parent's
+    /// connections for it nor gives it back.
+    fn check_process(&self) -> Result<()> {
+        if self.pid == pid() {
+            return Ok(());
+        }
+        Err(Error::Usage(
+            "this fill claim belongs to the process that took it, not to a forked child".into(),
+        ))
     }
 
     fn stored(
@@ -218,6 +231,7 @@ impl Claim {
     /// Gives the claim back without a value, waking the waiters so that one takes the fill over.
     /// `Ok(false)`: it was not ours any more.
     pub async fn abandon(mut self) -> Result<bool> {
+        self.check_process()?;
         let given_back = abandon(&self.shared, &self.keys, &self.token).await?;
         self.settled = true;
         Ok(given_back)
@@ -225,6 +239,7 @@ impl Claim {
 
     /// `abandon` on a direct connection, blocking the calling thread for one round trip.
     pub fn abandon_direct(mut self) -> Result<bool> {
+        self.check_process()?;
         let inv = scripts::cache_abandon(&self.keys, &self.token);
         let given_back = parse_flag(&self.shared.direct.invoke(&inv, Retry::Once)?)?;
         self.settled = true;
@@ -234,11 +249,18 @@ impl Claim {
 
 impl Drop for Claim {
     fn drop(&mut self) {
+        // In a forked child the claim, its renewal task and the runtime are the parent's:
+        // touch none of them.
+        if self.pid != pid() {
+            if let Some(renewal) = self.renewal.take() {
+                std::mem::forget(renewal);
+            }
+            return;
+        }
         if let Some(renewal) = self.renewal.take() {
             renewal.abort();
         }
-        // In a forked child the claim is the parent's business.
-        if self.settled || self.pid != pid() {
+        if self.settled {
             return;
         }
         let shared = self.shared.clone();
