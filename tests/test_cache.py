@@ -838,3 +838,17 @@ def test_a_fill_claim_is_not_usable_in_a_forked_child(
     procs.reap()
     assert r.get(fill_key(prefix, "forked")) == claim.token.encode()  # still the parent's
     assert claim.store(b"from the parent") is True
+
+
+def test_unreachable_server_raises_connection_error_in_time():
+    from redmutex._server import free_port
+
+    client = redmutex.Client(
+        f"redis://127.0.0.1:{free_port()}/0", connect_timeout=0.5, command_timeout=0.5
+    )
+    fills = []
+    started = time.monotonic()
+    with pytest.raises(redmutex.ConnectionError):
+        redmutex.get_or_fill(client, "k", lambda: fills.append(1), ttl=1)
+    assert time.monotonic() - started < 3
+    assert not fills  # nothing is computed when the cache cannot be asked

@@ -49,6 +49,9 @@ impl DirectPool {
     }
 
     fn connect(&self) -> Result<redis::Connection> {
+        // The runtime's start-up also installs the TLS crypto provider that rediss:// needs;
+        // a direct connection may well be the first connection of the process.
+        super::runtime::handle()?;
         let conn = self
             .client
             .get_connection_with_timeout(self.timeouts.connect)
