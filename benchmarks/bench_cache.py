@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import redis
 import redmutex
@@ -89,11 +89,11 @@ def redis_lock_caller(url: str) -> Caller:
     conn = redis.Redis.from_url(url)
 
     def call(key: str, fill: Callable[[], Any]) -> Any:
-        raw = conn.get(key)
+        raw = cast("bytes | None", conn.get(key))
         if raw is not None:
             return pickle.loads(raw)
         with redis_lock.Lock(conn, "lock:" + key, expire=10):
-            raw = conn.get(key)
+            raw = cast("bytes | None", conn.get(key))
             if raw is not None:
                 return pickle.loads(raw)
             value = fill()

@@ -390,13 +390,12 @@ def test_a_fill_longer_than_lock_ttl_keeps_its_claim(client: redmutex.Client, r:
         return "long"
 
     results = []
-    run_threads(
-        4,
-        lambda i: (
-            time.sleep(0.05 * i),
-            results.append(redmutex.get_or_fill(client, "long", fill, ttl=30, lock_ttl=0.3)),
-        ),
-    )
+
+    def call(i: int) -> None:
+        time.sleep(0.05 * i)
+        results.append(redmutex.get_or_fill(client, "long", fill, ttl=30, lock_ttl=0.3))
+
+    run_threads(4, call)
     assert results == ["long"] * 4
     assert len(fills) == 1
 
@@ -476,7 +475,9 @@ def test_signed_payloads(client: redmutex.Client, r: redis.Redis, prefix: str, c
         assert redmutex.get_or_fill(client, "sig", lambda: "k2", ttl=30, secret=b"k2") == "k2"
     assert any("signature" in rec.getMessage() for rec in caplog.records)
     # A valid signed payload copied to another key fails too: it is bound to its key.
-    r.set(value_key(prefix, "copy"), r.get(value_key(prefix, "sig")))
+    signed = r.get(value_key(prefix, "sig"))
+    assert signed is not None
+    r.set(value_key(prefix, "copy"), signed)
     assert redmutex.get_or_fill(client, "copy", lambda: "own", ttl=30, secret=b"k2") == "own"
 
 

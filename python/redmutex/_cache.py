@@ -81,7 +81,11 @@ _random = random.random  # the XFetch draw; module-level so tests can seed or re
 class CachedFunction(Protocol[P, R_co]):
     """What ``@cached`` returns: the function, plus ``invalidate`` with the same parameters."""
 
-    __wrapped__: Callable[P, R_co]
+    __name__: str
+    __qualname__: str
+
+    @property
+    def __wrapped__(self) -> Callable[P, R_co]: ...
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R_co: ...
 
@@ -289,11 +293,28 @@ def cached(
     secret: bytes | None = None,
     beta: float = 1.0,
 ) -> Callable[[Callable[P, T]], CachedFunction[P, T]]:
-    """Decorator: ``get_or_fill`` for every call, keyed by ``key`` (a template such as
-    ``"user:{user_id}"`` filled from the call's arguments, a fixed name, or ``None`` for a key
-    derived from the function's module, qualified name and arguments). The options are those of
-    ``get_or_fill`` and are checked here, at decoration time; ``fetch.invalidate(*args,
-    **kwargs)`` drops the cached value of that call."""
+    """Decorator: ``get_or_fill`` for every call of the function, with the same options
+    (checked here, at decoration time).
+
+    ``key`` names each call's entry:
+
+    * a template such as ``"user:{user_id}"``: ``{param}`` is filled with ``str()`` of the call's
+      argument (bound to the signature, defaults applied; ``{param.attr}``, ``{param[key]}`` and
+      format specs work as in ``str.format``); checked against the signature when decorating;
+    * a string without placeholders: that one entry for every call, shared with
+      ``get_or_fill(client, key, ...)``;
+    * ``None``: derived from the function's module, qualified name and arguments, e.g.
+      ``mymod.fetch(url='http://x', retries=3)`` — the same in every process and Python
+      version (never ``hash()``, ``id()`` or ``repr()`` of arbitrary objects). Positional,
+      keyword and defaulted spellings of a call give one key. Arguments must be ``None``,
+      bool, int, float, str, bytes, enum members, or tuples, lists, dicts, sets and frozensets
+      of those; anything else (an object, a ``self``) raises ``TypeError`` naming the argument:
+      pass ``key="..."`` then. Keys over 200 characters are shortened with a SHA-256 digest.
+      (The full rules: ``redmutex._callkeys``.)
+
+    ``fetch.invalidate(*args, **kwargs)`` drops the cached value of that call (and any fill of
+    it in progress, whose value is then not stored); it returns True when a value was dropped.
+    """
     settings = _Settings(
         client,
         ttl=ttl,
@@ -320,11 +341,11 @@ def cached(
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
             name = constant if constant is not None else key_of(args, kwargs)
             if not args and not kwargs:
-                return _get(settings, name, func)  # type: ignore[arg-type]
+                return _get(settings, name, func)
             return _get(settings, name, functools.partial(func, *args, **kwargs))
 
         def invalidate(*args: P.args, **kwargs: P.kwargs) -> bool:
-            return settings.store.invalidate(key_of(args, kwargs))
+            return bool(settings.store.invalidate(key_of(args, kwargs)))
 
         wrapper.invalidate = invalidate  # type: ignore[attr-defined]
         return cast(CachedFunction[P, T], wrapper)
