@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use redis::ConnectionInfo;
 
+use super::direct::DirectPool;
 use super::error::{Error, Result};
 use super::node::{Node, Timeouts};
 use super::runtime::pid;
@@ -25,6 +26,8 @@ pub struct Shared {
     /// A connection of its own for writes that must be followed by WAIT (replica acknowledgement):
     /// WAIT blocks its connection, so it never runs on the shared one.
     pub wait_node: Node,
+    /// Blocking connections for one-round-trip calls made from the caller's thread.
+    pub direct: DirectPool,
     pub hub: WakeHub,
     gates: Mutex<HashMap<Vec<u8>, Weak<tokio::sync::Mutex<()>>>>,
 }
@@ -96,6 +99,7 @@ impl Client {
         let shared = Arc::new(Shared {
             node: Node::new(redis_client.clone(), self.config.timeouts),
             wait_node: Node::new(redis_client.clone(), self.config.timeouts),
+            direct: DirectPool::new(redis_client.clone(), self.config.timeouts),
             hub: WakeHub::new(redis_client, self.config.timeouts),
             gates: Mutex::new(HashMap::new()),
         });

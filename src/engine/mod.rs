@@ -1,6 +1,7 @@
 //! I/O without Python: the tokio runtime, connections, waiting, renewal and fork safety.
 
 pub mod client;
+pub mod direct;
 pub mod error;
 pub mod lock;
 pub mod node;

@@ -52,7 +52,10 @@ impl PyClient {
             Some(u) if u.is_instance_of::<PyList>() || u.is_instance_of::<PyTuple>() => {
                 let urls: Vec<Bound<'_, PyAny>> = u.try_iter()?.collect::<PyResult<_>>()?;
                 if urls.is_empty() {
-                    return Err(super::errors::value_error("url", "the list of masters is empty"));
+                    return Err(super::errors::value_error(
+                        "url",
+                        "the list of masters is empty",
+                    ));
                 }
                 for item in &urls {
                     if !item.is_instance_of::<PyString>() {
