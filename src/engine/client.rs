@@ -28,12 +28,12 @@ pub struct Shared {
     /// A connection of its own for writes that must be followed by WAIT (replica acknowledgement):
     /// WAIT blocks its connection, so it never runs on the shared one.
     pub wait_node: Node,
+    /// Blocking connections for one-round-trip calls made from the caller's thread.
+    pub direct: DirectPool,
     pub hub: WakeHub,
     gates: Mutex<HashMap<Vec<u8>, Weak<tokio::sync::Mutex<()>>>>,
     /// The same for cache entries, each gate guarding the value its last waiter read.
     pub cache_flights: Gates<Flight>,
-    /// Blocking connections for single-round-trip calls of threads that block anyway.
-    pub direct: DirectPool,
 }
 
 impl Shared {

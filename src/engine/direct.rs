@@ -1,38 +1,23 @@
-//! Direct connections: blocking connections on which the calling thread itself writes a request
-//! and reads its reply, for the single-round-trip steps of callers that block anyway (the
-//! blocking binding's cache lookups). The shared multiplexed connection costs two cross-thread
-//! hand-offs per call (caller → runtime worker → caller), which on a busy machine more than
-//! doubles a round trip; a direct connection costs none.
-//!
-//! Each process keeps a small pool (in its `Shared`, so a forked child starts with none and
-//! `close()` drops them): a call takes an idle connection or opens one, and gives it back when
-//! the call succeeded or failed with a reply from Redis; a connection that failed is dropped,
-//! and so are the idle ones, which a dropped connection suggests are dead too (a restart).
-//! Waiting, wake-ups and everything asynchronous stay on the runtime.
+//! Direct calls: a small pool of plain blocking connections, used from the caller's own thread
+//! for the one-round-trip steps of the blocking API (first acquire attempt, release, extend,
+//! owner look-up). A call through the runtime costs two thread hand-offs on top of the network
+//! round trip; here it costs none, which is what lets a lock + unlock pair approach the
+//! round-trip limit. Waiting and everything in the background still go through the runtime.
 
 use std::sync::Mutex;
 
-use redis::{ScriptInvocation, Value};
+use redis::{Cmd, ConnectionLike, FromRedisValue, ScriptInvocation, Value};
 
 use super::error::{Error, Result};
 use super::node::{Retry, Timeouts};
 
-/// Idle connections kept per process; more are opened under a burst, and closed after it.
-const IDLE_KEPT: usize = 64;
+/// Idle connections kept for reuse; more threads than this open and close their own.
+const KEPT: usize = 16;
 
 pub struct DirectPool {
     client: redis::Client,
     timeouts: Timeouts,
     idle: Mutex<Vec<redis::Connection>>,
-}
-
-/// Whether a failed call leaves its connection unusable (no reply, or a broken stream).
-fn breaks_connection(err: &redis::RedisError) -> bool {
-    err.is_io_error()
-        || err.is_timeout()
-        || err.is_connection_dropped()
-        || err.is_connection_refusal()
-        || err.is_unrecoverable_error()
 }
 
 impl DirectPool {
@@ -44,63 +29,69 @@ impl DirectPool {
         }
     }
 
-    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<redis::Connection>> {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn connect(&self) -> Result<redis::Connection> {
-        // The runtime's start-up also installs the TLS crypto provider that rediss:// needs;
-        // a direct connection may well be the first connection of the process.
-        super::runtime::handle()?;
+    fn take(&self) -> Result<redis::Connection> {
+        if let Some(conn) = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+            return Ok(conn);
+        }
         let conn = self
             .client
-            .get_connection_with_timeout(self.timeouts.connect)
-            .map_err(Error::from)?;
-        conn.set_read_timeout(Some(self.timeouts.command))
-            .map_err(Error::from)?;
-        conn.set_write_timeout(Some(self.timeouts.command))
-            .map_err(Error::from)?;
+            .get_connection_with_timeout(self.timeouts.connect)?;
+        conn.set_read_timeout(Some(self.timeouts.command))?;
+        conn.set_write_timeout(Some(self.timeouts.command))?;
         Ok(conn)
     }
 
     fn give_back(&self, conn: redis::Connection) {
-        let mut idle = self.idle();
-        if idle.len() < IDLE_KEPT {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < KEPT && conn.is_open() {
             idle.push(conn);
         }
     }
 
-    /// Runs a script (EVALSHA, loading it on NOSCRIPT) on a direct connection, blocking the
-    /// calling thread at most the connect and command timeouts; retried once on a fresh
-    /// connection after a dropped one when `retry` allows (every script here is token-checked).
+    /// Runs a script (EVALSHA, loading it on NOSCRIPT), with the same retry rule as the runtime's
+    /// calls: once more on a connection that broke under the call, never after a timeout.
     pub fn invoke(&self, inv: &ScriptInvocation<'_>, retry: Retry) -> Result<Value> {
+        self.call(retry, |conn| inv.invoke::<Value>(conn))
+    }
+
+    pub fn query<T: FromRedisValue>(&self, cmd: &Cmd, retry: Retry) -> Result<T> {
+        self.call(retry, |conn| cmd.query::<T>(conn))
+    }
+
+    fn call<T>(
+        &self,
+        retry: Retry,
+        op: impl Fn(&mut redis::Connection) -> redis::RedisResult<T>,
+    ) -> Result<T> {
         let mut may_retry = retry == Retry::Once;
         loop {
-            let pooled = self.idle().pop();
-            let mut conn = match pooled {
-                Some(conn) => conn,
-                None => self.connect()?,
-            };
-            let err = match inv.invoke::<Value>(&mut conn) {
+            let mut conn = self.take()?;
+            match op(&mut conn) {
                 Ok(value) => {
                     self.give_back(conn);
                     return Ok(value);
                 }
-                Err(err) => err,
-            };
-            if !breaks_connection(&err) {
-                self.give_back(conn);
-                return Err(Error::from(err));
+                Err(err) => {
+                    let dropped = err.is_connection_dropped() && !err.is_timeout();
+                    let err = if err.is_timeout() {
+                        Error::Connection(format!(
+                            "Redis did not answer within {:.3} s",
+                            self.timeouts.command.as_secs_f64()
+                        ))
+                    } else {
+                        Error::from(err)
+                    };
+                    // A connection that failed is closed (dropped), never reused: a late reply
+                    // would otherwise be read as the answer to the next call.
+                    if !err.is_connection() {
+                        self.give_back(conn);
+                    }
+                    if !(dropped && may_retry) {
+                        return Err(err);
+                    }
+                    may_retry = false;
+                }
             }
-            drop(conn);
-            let dropped = err.is_connection_dropped() && !err.is_timeout();
-            if dropped {
-                self.idle().clear();
-            }
-            if !(dropped && may_retry) {
-                return Err(Error::from(err));
-            }
-            may_retry = false;
         }
     }
 }

@@ -94,22 +94,43 @@ impl Cleanup {
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        if !self.armed {
-            return;
+        if self.armed {
+            let token = std::mem::take(&mut self.token);
+            spawn_cleanup(self.shared.clone(), self.keys.clone(), token);
         }
-        let shared = self.shared.clone();
-        let keys = self.keys.clone();
-        let token = std::mem::take(&mut self.token);
-        runtime::spawn(async move {
-            let _ = shared
-                .node
-                .invoke(&scripts::release(&keys, &token), Retry::Once)
-                .await;
-            let _ = shared
-                .node
-                .invoke(&scripts::leave_queue(&keys, &token), Retry::Once)
-                .await;
-        });
+    }
+}
+
+/// Gives back whatever `token` may hold or queue for, in the background (idempotent).
+fn spawn_cleanup(shared: Arc<Shared>, keys: Keys, token: String) {
+    runtime::spawn(async move {
+        let _ = shared
+            .node
+            .invoke(&scripts::release(&keys, &token), Retry::Once)
+            .await;
+        let _ = shared
+            .node
+            .invoke(&scripts::leave_queue(&keys, &token), Retry::Once)
+            .await;
+    });
+}
+
+/// One acquire attempt made directly on the caller's thread (see `direct.rs`).
+pub fn attempt_direct(
+    shared: &Arc<Shared>,
+    spec: &LockSpec,
+    token: &str,
+) -> Result<(Attempt, Instant)> {
+    let fair = spec.fair.then_some(Queueing::TryOnly);
+    let inv = scripts::acquire(&spec.keys, token, lease::lease_ms(spec.lease), fair);
+    let sent_at = Instant::now();
+    match shared.direct.invoke(&inv, Retry::Once) {
+        Ok(reply) => Ok((parse_attempt(&reply)?, sent_at)),
+        Err(err) => {
+            // The script may have run before the connection failed.
+            spawn_cleanup(shared.clone(), spec.keys.clone(), token.to_string());
+            Err(err)
+        }
     }
 }
 
@@ -160,6 +181,17 @@ pub async fn acquire(
     token: &str,
     wait: Wait,
 ) -> Result<Option<Granted>> {
+    acquire_from(shared, spec, token, wait, None).await
+}
+
+/// `acquire`, given the outcome of a first attempt already made (directly) for this token.
+pub async fn acquire_from(
+    shared: &Arc<Shared>,
+    spec: &LockSpec,
+    token: &str,
+    wait: Wait,
+    first: Option<(Attempt, Instant)>,
+) -> Result<Option<Granted>> {
     let cleanup = Cleanup {
         shared: shared.clone(),
         keys: spec.keys.clone(),
@@ -167,10 +199,10 @@ pub async fn acquire(
         armed: true,
     };
     // The first send's time is the lease's start should a retry find this token in place.
-    let first = attempt(shared, spec, token, Queueing::TryOnly).await;
     let (outcome, sent_at) = match first {
-        Ok(found) => found,
-        Err(err) => return Err(err), // `cleanup` runs: the script may have executed.
+        Some(found) => found,
+        // On error `cleanup` runs: the script may have executed.
+        None => attempt(shared, spec, token, Queueing::TryOnly).await?,
     };
     if let Attempt::Granted { fence } = outcome {
         let ok = confirmed(shared, spec, token).await?;
@@ -351,6 +383,59 @@ pub struct LockHandle {
     state: Mutex<State>,
 }
 
+/// An acquire under way (the object is in its Acquiring state). Dropped unsettled — the caller
+/// was interrupted between the steps — it puts the object back to idle.
+pub struct Pending<'a> {
+    handle: &'a LockHandle,
+    token: Option<String>,
+    first: Option<(Attempt, Instant)>,
+}
+
+impl Pending<'_> {
+    fn settle(
+        mut self,
+        shared: &Arc<Shared>,
+        token: String,
+        granted: Result<Option<Granted>>,
+        listener: Option<OnLost>,
+    ) -> Result<bool> {
+        let handle = self.handle;
+        self.token = None;
+        let outcome = match granted {
+            Ok(Some(g)) => {
+                let hold = handle.hold(shared, token, g, listener);
+                *handle.state() = State::Held(hold);
+                Ok(true)
+            }
+            Ok(None) => {
+                *handle.state() = State::Idle { lost: false };
+                Ok(false)
+            }
+            Err(err) => {
+                *handle.state() = State::Idle { lost: false };
+                Err(err)
+            }
+        };
+        std::mem::forget(self);
+        outcome
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        let mut state = self.handle.state();
+        if matches!(*state, State::Acquiring) {
+            *state = State::Idle { lost: false };
+        }
+    }
+}
+
+/// The outcome of `LockHandle::acquire_direct`.
+pub enum Direct<'a> {
+    Done(bool),
+    Wait(Pending<'a>),
+}
+
 /// What the caller needs of a hold to act on it without holding the state lock.
 struct HoldRef {
     token: String,
@@ -420,78 +505,124 @@ impl LockHandle {
 
     /// Takes the lock for this object; `listener` hears from auto-renewal, if it is on.
     pub async fn acquire(&self, wait: Wait, listener: Option<OnLost>) -> Result<bool> {
-        {
-            let mut state = self.state();
-            match &*state {
-                State::Held(_) => {
-                    return Err(Error::Usage(
-                        "this Lock object already holds the lock (it is not re-entrant)".into(),
-                    ))
-                }
-                State::Acquiring => {
-                    return Err(Error::Usage(
-                        "this Lock object is already acquiring in another thread".into(),
-                    ))
-                }
-                State::Idle { .. } => *state = State::Acquiring,
-            }
+        self.begin_acquire()?;
+        let pending = Pending {
+            handle: self,
+            token: None,
+            first: None,
+        };
+        self.acquire_pending(pending, wait, listener).await
+    }
+
+    /// The blocking form's first step, on the caller's thread: one direct attempt. `Done` when
+    /// that settles it (granted, or a single try that failed); otherwise finish with
+    /// `acquire_pending`, which waits through the runtime.
+    pub fn acquire_direct(&self, wait: Wait, listener: Option<OnLost>) -> Result<Direct<'_>> {
+        self.begin_acquire()?;
+        let mut pending = Pending {
+            handle: self,
+            token: None,
+            first: None,
+        };
+        // WAIT must follow the write on the same connection: replicas take the runtime path.
+        if self.spec.replicas > 0 {
+            return Ok(Direct::Wait(pending));
         }
-        // Back to idle if this future is dropped (cancelled) before it settles.
-        struct Settle<'a>(&'a LockHandle, bool);
-        impl Drop for Settle<'_> {
-            fn drop(&mut self) {
-                if !self.1 {
-                    let mut state = self.0.state();
-                    if matches!(*state, State::Acquiring) {
-                        *state = State::Idle { lost: false };
-                    }
-                }
-            }
-        }
-        let mut settle = Settle(self, false);
         let shared = self.client.shared()?;
         let token = new_token()?;
-        let granted = acquire(&shared, &self.spec, &token, wait).await;
-        let mut state = self.state();
-        settle.1 = true;
-        match granted {
-            Ok(Some(g)) => {
-                let status = Arc::new(HoldStatus::new(lease::deadline(g.sent_at, self.spec.lease)));
-                let renewal = match (self.auto_renew, listener) {
-                    (true, listener) => Some(renew::start(
-                        shared.clone(),
-                        self.spec.clone(),
-                        token.clone(),
-                        status.clone(),
-                        listener,
-                    )),
-                    (false, _) => None,
-                };
-                *state = State::Held(Hold {
-                    pid: pid(),
-                    token,
-                    fence: g.fence,
-                    status,
-                    renewal,
-                });
-                Ok(true)
+        let (outcome, sent_at) = attempt_direct(&shared, &self.spec, &token)?;
+        match outcome {
+            Attempt::Granted { fence } => {
+                let granted = Ok(Some(Granted { fence, sent_at }));
+                Ok(Direct::Done(
+                    pending.settle(&shared, token, granted, listener)?,
+                ))
             }
-            Ok(None) => {
-                *state = State::Idle { lost: false };
-                Ok(false)
-            }
-            Err(err) => {
-                *state = State::Idle { lost: false };
-                Err(err)
+            Attempt::Busy { .. } if wait == Wait::Once => Ok(Direct::Done(pending.settle(
+                &shared,
+                token,
+                Ok(None),
+                listener,
+            )?)),
+            Attempt::Busy { .. } => {
+                pending.token = Some(token);
+                pending.first = Some((outcome, sent_at));
+                Ok(Direct::Wait(pending))
             }
         }
     }
 
-    pub async fn release(&self) -> Result<()> {
+    /// Finishes an acquire begun by `acquire_direct` (or `acquire`).
+    pub async fn acquire_pending(
+        &self,
+        mut pending: Pending<'_>,
+        wait: Wait,
+        listener: Option<OnLost>,
+    ) -> Result<bool> {
+        let shared = self.client.shared()?;
+        let token = match pending.token.take() {
+            Some(token) => token,
+            None => new_token()?,
+        };
+        let first = pending.first.take();
+        let granted = acquire_from(&shared, &self.spec, &token, wait, first).await;
+        pending.settle(&shared, token, granted, listener)
+    }
+
+    fn begin_acquire(&self) -> Result<()> {
+        let mut state = self.state();
+        match &*state {
+            State::Held(_) => Err(Error::Usage(
+                "this Lock object already holds the lock (it is not re-entrant)".into(),
+            )),
+            State::Acquiring => Err(Error::Usage(
+                "this Lock object is already acquiring in another thread".into(),
+            )),
+            State::Idle { .. } => {
+                *state = State::Acquiring;
+                Ok(())
+            }
+        }
+    }
+
+    fn hold(
+        &self,
+        shared: &Arc<Shared>,
+        token: String,
+        granted: Granted,
+        listener: Option<OnLost>,
+    ) -> Hold {
+        let status = Arc::new(HoldStatus::new(lease::deadline(
+            granted.sent_at,
+            self.spec.lease,
+        )));
+        let renewal = match (self.auto_renew, listener) {
+            (true, listener) => Some(renew::start(
+                shared.clone(),
+                self.spec.clone(),
+                token.clone(),
+                status.clone(),
+                listener,
+            )),
+            (false, _) => None,
+        };
+        Hold {
+            pid: pid(),
+            token,
+            fence: granted.fence,
+            status,
+            renewal,
+        }
+    }
+
+    /// Marks a release under way and returns the hold to release.
+    fn begin_release(&self) -> Result<HoldRef> {
         let hold = self.current().ok_or_else(not_owned)?;
         hold.status.releasing.store(true, Ordering::Release);
-        let shared = self.client.shared()?;
-        let outcome = release(&shared, &self.spec.keys, &hold.token).await;
+        Ok(hold)
+    }
+
+    fn finish_release(&self, hold: HoldRef, outcome: Result<bool>) -> Result<()> {
         hold.status.releasing.store(false, Ordering::Release);
         let released = outcome?;
         let lost = !released || hold.status.is_lost();
@@ -509,11 +640,34 @@ impl LockHandle {
         }
     }
 
-    pub async fn extend(&self, lease: Option<Duration>) -> Result<()> {
-        let hold = self.current().ok_or_else(not_owned)?;
-        let lease = lease.unwrap_or(self.spec.lease);
-        let shared = self.client.shared()?;
-        match extend(&shared, &self.spec.keys, &hold.token, lease).await? {
+    pub async fn release(&self) -> Result<()> {
+        let hold = self.begin_release()?;
+        let outcome = match self.client.shared() {
+            Ok(shared) => release(&shared, &self.spec.keys, &hold.token).await,
+            Err(err) => Err(err),
+        };
+        self.finish_release(hold, outcome)
+    }
+
+    /// `release` on the caller's thread.
+    pub fn release_direct(&self) -> Result<()> {
+        let hold = self.begin_release()?;
+        let outcome = self.client.shared().and_then(|shared| {
+            let reply = shared
+                .direct
+                .invoke(&scripts::release(&self.spec.keys, &hold.token), Retry::Once)?;
+            Ok(parse_flag(&reply)?)
+        });
+        self.finish_release(hold, outcome)
+    }
+
+    fn finish_extend(
+        &self,
+        hold: &HoldRef,
+        lease: Duration,
+        outcome: Result<Option<Instant>>,
+    ) -> Result<()> {
+        match outcome? {
             Some(sent_at) => {
                 hold.status.set_deadline(lease::deadline(sent_at, lease));
                 Ok(())
@@ -523,6 +677,48 @@ impl LockHandle {
                 Err(lost_error())
             }
         }
+    }
+
+    pub async fn extend(&self, lease: Option<Duration>) -> Result<()> {
+        let hold = self.current().ok_or_else(not_owned)?;
+        let lease = lease.unwrap_or(self.spec.lease);
+        let outcome = match self.client.shared() {
+            Ok(shared) => extend(&shared, &self.spec.keys, &hold.token, lease).await,
+            Err(err) => Err(err),
+        };
+        self.finish_extend(&hold, lease, outcome)
+    }
+
+    /// `extend` on the caller's thread.
+    pub fn extend_direct(&self, lease: Option<Duration>) -> Result<()> {
+        let hold = self.current().ok_or_else(not_owned)?;
+        let lease = lease.unwrap_or(self.spec.lease);
+        let outcome = self.client.shared().and_then(|shared| {
+            let inv = scripts::extend(&self.spec.keys, &hold.token, lease::lease_ms(lease));
+            let sent_at = Instant::now();
+            let reply = shared.direct.invoke(&inv, Retry::Once)?;
+            Ok(parse_flag(&reply)?.then_some(sent_at))
+        });
+        self.finish_extend(&hold, lease, outcome)
+    }
+
+    /// The lock's owner token, looked up on the caller's thread.
+    fn owner_direct(&self) -> Result<Option<Vec<u8>>> {
+        let shared = self.client.shared()?;
+        shared
+            .direct
+            .query(redis::cmd("GET").arg(self.spec.keys.lock()), Retry::Once)
+    }
+
+    pub fn owned_direct(&self) -> Result<bool> {
+        let Some(hold) = self.current() else {
+            return Ok(false);
+        };
+        Ok(self.owner_direct()?.as_deref() == Some(hold.token.as_bytes()))
+    }
+
+    pub fn locked_direct(&self) -> Result<bool> {
+        Ok(self.owner_direct()?.is_some())
     }
 
     pub async fn owned(&self) -> Result<bool> {

@@ -14,3 +14,6 @@ pub mod wake;
 
 pub use client::{Client, ClientConfig, Shared};
 pub use error::{Error, Result};
+
+#[cfg(test)]
+mod tests;

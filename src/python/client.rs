@@ -50,9 +50,21 @@ impl PyClient {
             None => DEFAULT_URL.to_string(),
             Some(u) if u.is_none() => DEFAULT_URL.to_string(),
             Some(u) if u.is_instance_of::<PyList>() || u.is_instance_of::<PyTuple>() => {
+                let urls: Vec<Bound<'_, PyAny>> = u.try_iter()?.collect::<PyResult<_>>()?;
+                if urls.is_empty() {
+                    return Err(super::errors::value_error(
+                        "url",
+                        "the list of masters is empty",
+                    ));
+                }
+                for item in &urls {
+                    if !item.is_instance_of::<PyString>() {
+                        return Err(type_error("url", "a str or a list of str", item));
+                    }
+                }
                 return Err(PyNotImplementedError::new_err(
                     "url: Redlock over several masters is not built yet",
-                ))
+                ));
             }
             Some(u) => u
                 .cast::<PyString>()

@@ -5,13 +5,15 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyTuple, PyWeakrefMethods, PyWeakrefReference};
+use pyo3::IntoPyObjectExt;
 
 use super::args;
+use super::awaitable::{self, OnCancel};
 use super::blocking;
 use super::client::{coerce_client, PyClient};
 use super::errors::{value_error, LockLostError, LockTimeoutError};
 use super::log;
-use crate::engine::lock::{LockHandle, Wait};
+use crate::engine::lock::{Direct, LockHandle, OnLost, Wait};
 use crate::engine::renew::Listener;
 use crate::engine::Error;
 
@@ -75,22 +77,80 @@ impl PyLock {
         Ok(Wait::from_timeout(given.unwrap_or(self.default_timeout)))
     }
 
-    fn acquire_with(slf: &Bound<'_, Self>, wait: Wait) -> PyResult<bool> {
-        let this = slf.get();
-        let listener = if this.handle.auto_renew() {
-            let listener: Arc<dyn Listener> = Arc::new(PyListener {
+    /// The handle and, with auto_renew, the listener that reports to this object.
+    fn prepare_acquire(
+        &self,
+        slf: &Bound<'_, Self>,
+    ) -> PyResult<(Arc<LockHandle>, Option<OnLost>)> {
+        let listener = if self.handle.auto_renew() {
+            let listener: OnLost = Arc::new(PyListener {
                 lock: Arc::new(PyWeakrefReference::new(slf.as_any())?.unbind()),
-                name: this.name.clone(),
-                on_lost: this.on_lost.clone(),
+                name: self.name.clone(),
+                on_lost: self.on_lost.clone(),
             });
             Some(listener)
         } else {
             None
         };
-        let handle = this.handle.clone();
-        Ok(blocking::wait(slf.py(), async move {
-            handle.acquire(wait, listener).await
-        })??)
+        Ok((self.handle.clone(), listener))
+    }
+
+    /// The blocking acquire: one direct attempt on this thread, then, if it must wait, the
+    /// runtime's wait (interruptible by signals).
+    fn acquire_with(slf: &Bound<'_, Self>, wait: Wait) -> PyResult<bool> {
+        let py = slf.py();
+        let (handle, listener) = slf.get().prepare_acquire(slf)?;
+        let first = py.detach(|| handle.acquire_direct(wait, listener.clone()))?;
+        match first {
+            Direct::Done(acquired) => Ok(acquired),
+            Direct::Wait(pending) => Ok(blocking::wait(
+                py,
+                handle.acquire_pending(pending, wait, listener),
+            )??),
+        }
+    }
+
+    fn timeout_message(&self) -> String {
+        let waited = self
+            .default_timeout
+            .map_or(f64::INFINITY, |d| d.as_secs_f64());
+        format!("could not acquire lock '{}' within {waited} s", self.name)
+    }
+}
+
+/// The release on leaving a `with` block; a hold that renewal found lost counts as lost even
+/// if Redis still let us delete it.
+fn exit_outcome(handle: &LockHandle, released: Result<(), Error>) -> Result<(), Error> {
+    match released {
+        Ok(()) if handle.lost() => Err(Error::Lost("lock was lost".into())),
+        other => other,
+    }
+}
+
+async fn release_for_exit(handle: Arc<LockHandle>) -> Result<(), Error> {
+    let released = handle.release().await;
+    exit_outcome(&handle, released)
+}
+
+/// What leaving a block does with the release's outcome: a loss raises LockLostError, unless
+/// the block itself raised — then its exception propagates and the loss is logged.
+pub fn leave_block(
+    py: Python<'_>,
+    name: &str,
+    body_raised: bool,
+    outcome: Result<(), Error>,
+) -> PyResult<bool> {
+    match outcome {
+        Ok(()) => Ok(false),
+        Err(err) if body_raised => {
+            log::warning(
+                py,
+                &format!("lock '{name}': on leaving a block that raised: {err}"),
+            );
+            Ok(false)
+        }
+        Err(Error::Lost(_)) => Err(LockLostError::new_err("lock was lost")),
+        Err(err) => Err(err.into()),
     }
 }
 
@@ -159,8 +219,7 @@ impl PyLock {
     }
 
     fn release(&self, py: Python<'_>) -> PyResult<()> {
-        let handle = self.handle.clone();
-        Ok(blocking::wait(py, async move { handle.release().await })??)
+        Ok(py.detach(|| self.handle.release_direct())?)
     }
 
     /// The lease now ends `ttl` (default: the lock's ttl) from now.
@@ -170,23 +229,17 @@ impl PyLock {
             Some(t) if !t.is_none() => Some(args::duration("ttl", t, 0.001)?),
             _ => None,
         };
-        let handle = self.handle.clone();
-        Ok(blocking::wait(
-            py,
-            async move { handle.extend(lease).await },
-        )??)
+        Ok(py.detach(|| self.handle.extend_direct(lease))?)
     }
 
     /// Somebody holds the lock.
     fn locked(&self, py: Python<'_>) -> PyResult<bool> {
-        let handle = self.handle.clone();
-        Ok(blocking::wait(py, async move { handle.locked().await })??)
+        Ok(py.detach(|| self.handle.locked_direct())?)
     }
 
     /// This object holds the lock, checked against Redis.
     fn owned(&self, py: Python<'_>) -> PyResult<bool> {
-        let handle = self.handle.clone();
-        Ok(blocking::wait(py, async move { handle.owned().await })??)
+        Ok(py.detach(|| self.handle.owned_direct())?)
     }
 
     /// Seconds left on this object's lease; None if not held, 0.0 once the local deadline passed.
@@ -242,29 +295,111 @@ impl PyLock {
     #[pyo3(signature = (*exc))]
     fn __exit__(&self, py: Python<'_>, exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
         let body_raised = exc.get_item(0).is_ok_and(|t| !t.is_none());
+        let outcome = py.detach(|| self.handle.release_direct());
+        leave_block(
+            py,
+            &self.name,
+            body_raised,
+            exit_outcome(&self.handle, outcome),
+        )
+    }
+
+    // The asyncio side (`redmutex.aio.Lock`) awaits these; same semantics as the blocking ones.
+
+    #[pyo3(signature = (blocking=None, timeout=None))]
+    fn _acquire_async<'py>(
+        slf: &Bound<'py, Self>,
+        blocking: Option<&Bound<'py, PyAny>>,
+        timeout: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let blocking = blocking.map_or(Ok(true), |b| args::flag("blocking", b))?;
+        let wait = slf.get().wait_for(blocking, timeout)?;
+        let (handle, listener) = slf.get().prepare_acquire(slf)?;
+        awaitable::spawn(
+            slf.py(),
+            OnCancel::Abort,
+            async move { handle.acquire(wait, listener).await },
+            |py, v| v.into_bound_py_any(py),
+        )
+    }
+
+    fn _enter_async<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let this = slf.get();
+        let wait = Wait::from_timeout(this.default_timeout);
+        let (handle, listener) = this.prepare_acquire(slf)?;
+        let message = this.timeout_message();
+        awaitable::spawn(
+            slf.py(),
+            OnCancel::Abort,
+            async move { handle.acquire(wait, listener).await },
+            move |py, v| {
+                if v {
+                    Ok(py.None().into_bound(py))
+                } else {
+                    Err(LockTimeoutError::new_err(message))
+                }
+            },
+        )
+    }
+
+    fn _release_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let handle = self.handle.clone();
-        let released = blocking::wait(py, async move {
-            let outcome = handle.release().await;
-            match outcome {
-                Ok(()) if handle.lost() => Err(Error::Lost("lock was lost".into())),
-                other => other,
-            }
-        })?;
-        match released {
-            Ok(()) => Ok(false),
-            Err(err) if body_raised => {
-                log::warning(
-                    py,
-                    &format!(
-                        "lock '{}': on leaving a block that raised: {err}",
-                        self.name
-                    ),
-                );
-                Ok(false)
-            }
-            Err(Error::Lost(_)) => Err(LockLostError::new_err("lock was lost")),
-            Err(err) => Err(err.into()),
-        }
+        awaitable::spawn(
+            py,
+            OnCancel::Finish,
+            async move { handle.release().await },
+            |py, ()| Ok(py.None().into_bound(py)),
+        )
+    }
+
+    #[pyo3(signature = (ttl=None))]
+    fn _extend_async<'py>(
+        &self,
+        py: Python<'py>,
+        ttl: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let lease = match ttl {
+            Some(t) if !t.is_none() => Some(args::duration("ttl", t, 0.001)?),
+            _ => None,
+        };
+        let handle = self.handle.clone();
+        awaitable::spawn(
+            py,
+            OnCancel::Finish,
+            async move { handle.extend(lease).await },
+            |py, ()| Ok(py.None().into_bound(py)),
+        )
+    }
+
+    fn _locked_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let handle = self.handle.clone();
+        awaitable::spawn(
+            py,
+            OnCancel::Abort,
+            async move { handle.locked().await },
+            |py, v| v.into_bound_py_any(py),
+        )
+    }
+
+    fn _owned_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let handle = self.handle.clone();
+        awaitable::spawn(
+            py,
+            OnCancel::Abort,
+            async move { handle.owned().await },
+            |py, v| v.into_bound_py_any(py),
+        )
+    }
+
+    fn _exit_async<'py>(&self, py: Python<'py>, body_raised: bool) -> PyResult<Bound<'py, PyAny>> {
+        let name = self.name.clone();
+        let outcome = release_for_exit(self.handle.clone());
+        awaitable::spawn(
+            py,
+            OnCancel::Finish,
+            async move { Ok(outcome.await) },
+            move |py, outcome| leave_block(py, &name, body_raised, outcome)?.into_bound_py_any(py),
+        )
     }
 
     fn __repr__(&self) -> String {

@@ -2,6 +2,7 @@
 //! behaviour is the engine's.
 
 mod args;
+mod awaitable;
 mod blocking;
 mod cache;
 mod client;
