@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import itertools
 import json
 import logging
 import math
@@ -13,8 +12,8 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
@@ -23,37 +22,15 @@ from redmutex import _core
 from redmutex._codec import make_codec
 from redmutex._server import RedisServer
 
+if TYPE_CHECKING:
+    from conftest import MpProcs
+
 FORK = multiprocessing.get_context("fork")
-_counter = itertools.count()
 
 
 # --------------------------------------------------------------------------------------------
-# Fixtures: one server per module, a fresh prefix per test
+# Helpers (the fixtures redis_server, prefix, client, r and mp_procs come from conftest.py)
 # --------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    with RedisServer() as srv:
-        yield srv
-
-
-@pytest.fixture
-def prefix() -> str:
-    return f"tc{next(_counter)}-{uuid.uuid4().hex[:8]}:"
-
-
-@pytest.fixture
-def client(server: RedisServer, prefix: str) -> Iterator[redmutex.Client]:
-    with redmutex.Client(server.url, prefix=prefix) as c:
-        yield c
-
-
-@pytest.fixture
-def r(server: RedisServer) -> Iterator[redis.Redis]:
-    conn = redis.Redis.from_url(server.url)
-    yield conn
-    conn.close()
 
 
 def value_key(prefix: str, name: str) -> str:
@@ -62,35 +39,6 @@ def value_key(prefix: str, name: str) -> str:
 
 def fill_key(prefix: str, name: str) -> str:
     return f"{prefix}{{{name}}}:fill"
-
-
-class Procs:
-    """Forked children that are always reaped (killed by their PID if still alive)."""
-
-    def __init__(self) -> None:
-        self.procs: list[Any] = []
-
-    def start(self, target: Callable[..., None], *args: Any) -> Any:
-        proc = FORK.Process(target=target, args=args, daemon=True)
-        proc.start()
-        self.procs.append(proc)
-        return proc
-
-    def reap(self) -> None:
-        for proc in self.procs:
-            proc.join(timeout=30)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(timeout=5)
-
-
-@pytest.fixture
-def procs() -> Iterator[Procs]:
-    p = Procs()
-    try:
-        yield p
-    finally:
-        p.reap()
 
 
 def run_threads(n: int, target: Callable[[int], None], timeout: float = 60) -> None:
@@ -141,9 +89,9 @@ def test_value_expires_after_ttl(client: redmutex.Client):
     assert redmutex.get_or_fill(client, "short", lambda: next(values), ttl=0.2, beta=0) == first + 1
 
 
-def test_accepts_url_and_redis_py_clients(server: RedisServer, r: redis.Redis, prefix: str):
+def test_accepts_url_and_redis_py_clients(redis_server: RedisServer, r: redis.Redis, prefix: str):
     name = prefix + "by-url"
-    assert redmutex.get_or_fill(server.url, name, lambda: "url", ttl=30) == "url"
+    assert redmutex.get_or_fill(redis_server.url, name, lambda: "url", ttl=30) == "url"
     # The redis-py client reaches the same server (default prefix), so this is a hit.
     assert redmutex.get_or_fill(r, name, lambda: "other", ttl=30) == "url"
     assert r.exists(value_key("redmutex:", name))
@@ -178,18 +126,19 @@ def _stampede_call(url: str, prefix: str, barrier: Any, out: Any, fill_s: float)
 
 
 def test_stampede_32_threads_and_8_processes_fill_once(
-    server: RedisServer, r: redis.Redis, prefix: str, procs: Procs
+    redis_server: RedisServer, r: redis.Redis, prefix: str, mp_procs: MpProcs
 ):
     n_threads, n_procs, fill_s = 32, 8, 0.3
     barrier = FORK.Barrier(n_threads + n_procs)
     out = FORK.Queue()
     for _ in range(n_procs):
-        procs.start(_stampede_call, server.url, prefix, barrier, out, fill_s)
+        mp_procs.start(_stampede_call, redis_server.url, prefix, barrier, out, fill_s)
     run_threads(
-        n_threads, lambda _i: _stampede_call(server.url, prefix, barrier, out, fill_s), timeout=90
+        n_threads,
+        lambda _i: _stampede_call(redis_server.url, prefix, barrier, out, fill_s),
+        timeout=90,
     )
     results = [out.get(timeout=30) for _ in range(n_threads + n_procs)]
-    procs.reap()
     assert all(kind == "ok" for kind, _, _ in results), results
     assert int(r.get(prefix + "fills") or 0) == 1
     assert len({value for _, value, _ in results}) == 1
@@ -252,16 +201,15 @@ def _handover_call(url: str, prefix: str, barrier: Any, out: Any) -> None:
 
 
 def test_fill_raising_hands_over_to_exactly_one_waiter(
-    server: RedisServer, r: redis.Redis, prefix: str, procs: Procs
+    redis_server: RedisServer, r: redis.Redis, prefix: str, mp_procs: MpProcs
 ):
     n_threads, n_procs = 12, 4
     barrier = FORK.Barrier(n_threads + n_procs)
     out = FORK.Queue()
     for _ in range(n_procs):
-        procs.start(_handover_call, server.url, prefix, barrier, out)
-    run_threads(n_threads, lambda _i: _handover_call(server.url, prefix, barrier, out))
+        mp_procs.start(_handover_call, redis_server.url, prefix, barrier, out)
+    run_threads(n_threads, lambda _i: _handover_call(redis_server.url, prefix, barrier, out))
     results = [out.get(timeout=30) for _ in range(n_threads + n_procs)]
-    procs.reap()
     assert int(r.get(prefix + "fills") or 0) == 2  # the failed fill and one take-over
     raised = [res for res in results if res[0] == "raised"]
     ok = [res for res in results if res[0] == "ok"]
@@ -296,10 +244,14 @@ def _filler_that_hangs(url: str, prefix: str, lock_ttl: float) -> None:
 
 
 def test_killed_filler_is_replaced_once_its_lease_ends(
-    server: RedisServer, client: redmutex.Client, r: redis.Redis, prefix: str, procs: Procs
+    redis_server: RedisServer,
+    client: redmutex.Client,
+    r: redis.Redis,
+    prefix: str,
+    mp_procs: MpProcs,
 ):
     lock_ttl = 1.0
-    child = procs.start(_filler_that_hangs, server.url, prefix, lock_ttl)
+    child = mp_procs.start(_filler_that_hangs, redis_server.url, prefix, lock_ttl)
     deadline = time.monotonic() + 30
     while not r.get(prefix + "started"):
         assert time.monotonic() < deadline, "the child never started filling"
@@ -318,6 +270,7 @@ def test_killed_filler_is_replaced_once_its_lease_ends(
     time.sleep(2.5 * lock_ttl)
     assert "value" not in result
     assert int(r.get(prefix + "fills") or 0) == 1
+    assert child.pid is not None
     os.kill(child.pid, signal.SIGKILL)
     killed_at = time.monotonic()
     t.join(30)
@@ -571,11 +524,11 @@ def _derive_in_child(out: Any) -> None:
     out.put(derive_key(derived, ("http://x",), {"tags": ("a", "b")}))
 
 
-def test_derived_keys_match_in_another_process(procs: Procs):
+def test_derived_keys_match_in_another_process(mp_procs: MpProcs):
     from redmutex._callkeys import derive_key
 
     out = FORK.Queue()
-    procs.start(_derive_in_child, out)
+    mp_procs.start(_derive_in_child, out)
     here = derive_key(derived, ("http://x",), {"tags": ("a", "b")})
     assert out.get(timeout=30) == here
 
@@ -794,10 +747,10 @@ def test_json_payload_is_what_json_says(client: redmutex.Client, r: redis.Redis,
     assert json.loads(payload[16:]) == {"x": 1}  # the codec's 16-byte header, then the body
 
 
-def test_cache_demo_reports_one_fill(server: RedisServer, capsys: pytest.CaptureFixture[str]):
+def test_cache_demo_reports_one_fill(redis_server: RedisServer, capsys: pytest.CaptureFixture[str]):
     from redmutex._demo_cache import cache_demo
 
-    assert cache_demo(server.url, threads=6, processes=2, fill_seconds=0.2) == 0
+    assert cache_demo(redis_server.url, threads=6, processes=2, fill_seconds=0.2) == 0
     out = capsys.readouterr().out
     assert "fills: 1 " in out and "same report: yes" in out
     assert "redmutex-demo" not in out  # nothing internal leaks into the story
@@ -828,15 +781,15 @@ def _store_in_child(claim: Any, out: Any) -> None:
 
 
 def test_a_fill_claim_is_not_usable_in_a_forked_child(
-    client: redmutex.Client, r: redis.Redis, prefix: str, procs: Procs
+    client: redmutex.Client, r: redis.Redis, prefix: str, mp_procs: MpProcs
 ):
     store = _core.CacheStore(client, ttl=30)
     state, _p, _t, claim = store.fetch("forked")
     assert state == _core.CACHE_CLAIMED
     out = FORK.Queue()
-    procs.start(_store_in_child, claim, out)
+    child = mp_procs.start(_store_in_child, claim, out)
     assert out.get(timeout=30).startswith("refused: ")
-    procs.reap()
+    mp_procs.kill(child)  # reaped (it has exited by now): its exit touched nothing either
     assert r.get(fill_key(prefix, "forked")) == claim.token.encode()  # still the parent's
     assert claim.store(b"from the parent") is True
 
