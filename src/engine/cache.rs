@@ -558,70 +558,11 @@ mod tests {
     }
 }
 
-/// Against a real redis-server on a free loopback port (stopped by its PID when dropped).
+/// Against a real redis-server on a free loopback port (the engine tests' helper).
 #[cfg(test)]
 mod server_tests {
-    use std::net::TcpListener;
-    use std::process::{Child, Command, Stdio};
-
     use super::*;
-    use crate::engine::node::Timeouts;
-    use crate::engine::ClientConfig;
-
-    struct Server {
-        child: Child,
-        port: u16,
-    }
-
-    impl Server {
-        fn start() -> Server {
-            let port = TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port();
-            let child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("redis-server must be installed (make deps)");
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-                assert!(Instant::now() < deadline, "redis-server did not start");
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Server { child, port }
-        }
-
-        fn client(&self, prefix: &str) -> Arc<Client> {
-            let url = format!("redis://127.0.0.1:{}/0", self.port);
-            let timeouts = Timeouts {
-                connect: Duration::from_secs(2),
-                command: Duration::from_secs(2),
-            };
-            Arc::new(
-                Client::new(ClientConfig {
-                    info: crate::protocol::url::parse(&url).unwrap(),
-                    prefix: prefix.as_bytes().to_vec(),
-                    timeouts,
-                })
-                .unwrap(),
-            )
-        }
-    }
-
-    impl Drop for Server {
-        fn drop(&mut self) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-
-    fn block_on<F: std::future::Future>(fut: F) -> F::Output {
-        runtime::handle().unwrap().block_on(fut)
-    }
+    use crate::engine::tests::{block_on, Server};
 
     fn spec(client: &Client, name: &str, lease_ms: u64) -> CacheSpec {
         CacheSpec::new(client, name.as_bytes(), Duration::from_millis(lease_ms))
