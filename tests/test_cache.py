@@ -619,6 +619,16 @@ def test_xfetch_refreshes_before_expiry_and_nobody_waits(
 
     calls: list[tuple[float, float, bool, int]] = []  # (start, latency, filled, value)
     stop = time.monotonic() + run_s
+    gaps: list[float] = []  # times at which the value was missing after the first store
+
+    def monitor() -> None:
+        seen = False
+        while time.monotonic() < stop:
+            if r.exists(vkey):
+                seen = True
+            elif seen:
+                gaps.append(time.monotonic())
+            time.sleep(0.002)
 
     def reader(_i: int) -> None:
         while time.monotonic() < stop:
@@ -628,21 +638,26 @@ def test_xfetch_refreshes_before_expiry_and_nobody_waits(
             calls.append((started, time.monotonic() - started, local.filled, value))
             time.sleep(0.002)
 
+    watcher = threading.Thread(target=monitor, daemon=True)
+    watcher.start()
     run_threads(4, reader, timeout=run_s + 30)
+    watcher.join(10)
     first_done = min(s + lat for s, lat, filled, _ in calls if filled)
     later = [c for c in calls if c[0] > first_done]
     assert len(later) > 200
-    # After the first fill nobody waits for a fill: only the refresher itself spends fill time.
-    waited = [lat for _, lat, filled, _ in later if not filled and lat > fill_s / 2]
-    assert not waited, sorted(waited)[-5:]
-    # Every refresh ran while the current value was still there, and one at a time.
+    # After the first store the value never went missing, so nobody could wait for a fill (a
+    # caller waits only when there is no value); every refresh ran while it was there, one at a
+    # time, and the value changed before it expired.
+    assert not gaps, f"the value was missing at {len(gaps)} samples"
     assert len(fills) >= 3
     for generation, pttl, overlap in fills[1:]:
         assert pttl > 0, (generation, pttl)
         assert overlap == 1
-    # At most one refresh per stored value: fewer refreshes than run_s / (ttl - lead time).
+    # Readers that did not refill were served from the cache (a generous bound for slow CI).
+    slow = [lat for _, lat, filled, _ in later if not filled and lat > 1.0]
+    assert not slow, slow
+    # At most one refresh per stored value: far fewer refreshes than calls, one per lifetime.
     assert len(fills) <= math.ceil(run_s / (ttl / 2)) + 1, fills
-    # Each reader sees the value change, and never go back.
     values = [v for _, _, _, v in sorted(calls)]
     assert len(set(values)) == len(fills)
 
