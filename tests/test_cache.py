@@ -339,14 +339,14 @@ def test_a_fill_longer_than_lock_ttl_keeps_its_claim(client: redmutex.Client, r:
 
     def fill() -> str:
         fills.append(1)
-        time.sleep(1.0)
+        time.sleep(1.5)
         return "long"
 
     results = []
 
     def call(i: int) -> None:
         time.sleep(0.05 * i)
-        results.append(redmutex.get_or_fill(client, "long", fill, ttl=30, lock_ttl=0.3))
+        results.append(redmutex.get_or_fill(client, "long", fill, ttl=30, lock_ttl=0.6))
 
     run_threads(4, call)
     assert results == ["long"] * 4

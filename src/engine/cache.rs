@@ -766,9 +766,9 @@ mod server_tests {
         let client = server.client("c7:");
         block_on(async {
             let shared = client.shared().unwrap();
-            let s = spec(&client, "e", 300);
+            let s = spec(&client, "e", 600);
             let claim = claimed(fetch(&shared, &s, Wait::Once, None).await.unwrap());
-            tokio::time::sleep(Duration::from_millis(1_000)).await;
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
             assert!(matches!(
                 fetch(&shared, &s, Wait::Once, None).await.unwrap(),
                 Fetched::Busy
