@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 import redis
@@ -600,8 +600,11 @@ def test_xfetch_refreshes_before_expiry_and_nobody_waits(
 ):
     ttl, fill_s, run_s = 1.0, 0.1, 4.0
     vkey = value_key(prefix, "hot")
+    codec = make_codec("pickle")
     local = threading.local()
-    fills: list[tuple[int, float, int]] = []  # (generation, value's pttl at fill start, overlap)
+    # Per fill: (generation it makes, value's pttl at its start, fills running, generation
+    # stored when it started).
+    fills: list[tuple[int, float, int, int | None]] = []
     active = [0]
     guard = threading.Lock()
 
@@ -611,10 +614,12 @@ def test_xfetch_refreshes_before_expiry_and_nobody_waits(
             active[0] += 1
             overlap = active[0]
         pttl = r.pttl(vkey)
+        payload = cast("bytes | None", r.get(vkey))
+        replaced = None if payload is None else codec.decode(payload, context="hot").value
         time.sleep(fill_s)
         with guard:
             active[0] -= 1
-            fills.append((len(fills) + 1, pttl, overlap))
+            fills.append((len(fills) + 1, pttl, overlap, replaced))
             return len(fills)
 
     calls: list[tuple[float, float, bool, int]] = []  # (start, latency, filled, value)
@@ -650,14 +655,17 @@ def test_xfetch_refreshes_before_expiry_and_nobody_waits(
     # time, and the value changed before it expired.
     assert not gaps, f"the value was missing at {len(gaps)} samples"
     assert len(fills) >= 3
-    for generation, pttl, overlap in fills[1:]:
+    assert fills[0][3] is None
+    for generation, pttl, overlap, replaced in fills[1:]:
         assert pttl > 0, (generation, pttl)
         assert overlap == 1
+        assert replaced == generation - 1  # it refreshed the value stored just before it
+    # Exactly one refresh per stored value (each generation was replaced once, by the next).
+    replaced_ones = [replaced for *_, replaced in fills[1:]]
+    assert len(set(replaced_ones)) == len(replaced_ones), fills
     # Readers that did not refill were served from the cache (a generous bound for slow CI).
     slow = [lat for _, lat, filled, _ in later if not filled and lat > 1.0]
     assert not slow, slow
-    # At most one refresh per stored value: far fewer refreshes than calls, one per lifetime.
-    assert len(fills) <= math.ceil(run_s / (ttl / 2)) + 1, fills
     values = [v for _, _, _, v in sorted(calls)]
     assert len(set(values)) == len(fills)
 
