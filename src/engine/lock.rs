@@ -1,63 +1,21 @@
-//! Lock operations: the acquire loop that waits without polling, release, extend, and the state
-//! of one lock object's hold (shared by the blocking and the asyncio bindings).
+//! Lock operations: acquire (waiting without polling, see `waiting`), release, extend, and the
+//! lock object's hold (shared by the blocking and the asyncio bindings).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::client::{Client, Shared};
-use super::error::{Error, Result};
+use super::error::Result;
+use super::hold::{Holder, Leased, Naming};
 use super::node::Retry;
-use super::renew::{self, Renewal};
-use super::runtime::{self, pid};
-use super::token::new_token;
+use super::waiting::{self, Contender, Detached, Outcome, Plan};
 use crate::protocol::keys::Keys;
 use crate::protocol::lease;
 use crate::protocol::replies::{parse_attempt, parse_flag, Attempt};
 use crate::protocol::scripts::{self, Queueing};
 
-/// How long a silent fair waiter keeps its place: a waiter that died stops holding back the
-/// queue within this time (the contract allows 10 s). Live waiters refresh it every third.
-pub const QUEUE_PLACE: Duration = Duration::from_secs(6);
-/// How long a waiter sleeps when Redis gives no lease to wait for (a key without expiry).
-const NO_HINT_LOOK: Duration = Duration::from_millis(500);
-
-/// How long `acquire` may wait.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Wait {
-    /// One attempt, no waiting.
-    Once,
-    Until(Instant),
-    Forever,
-}
-
-impl Wait {
-    pub fn from_timeout(timeout: Option<Duration>) -> Wait {
-        match timeout {
-            None => Wait::Forever,
-            Some(t) if t.is_zero() => Wait::Once,
-            Some(t) => Instant::now()
-                .checked_add(t)
-                .map_or(Wait::Forever, Wait::Until),
-        }
-    }
-
-    fn deadline(self) -> Option<Instant> {
-        match self {
-            Wait::Once => Some(Instant::now()),
-            Wait::Until(d) => Some(d),
-            Wait::Forever => None,
-        }
-    }
-
-    fn expired(self, now: Instant) -> bool {
-        match self {
-            Wait::Once => true,
-            Wait::Until(d) => now >= d,
-            Wait::Forever => false,
-        }
-    }
-}
+pub use super::hold::{HoldStatus, OnLost};
+pub use super::waiting::{Wait, QUEUE_PLACE};
 
 /// What identifies a lock in Redis and how it is leased.
 #[derive(Clone, Debug)]
@@ -75,58 +33,6 @@ pub struct LockSpec {
 pub struct Granted {
     pub fence: i64,
     pub sent_at: Instant,
-}
-
-/// Sends best-effort cleanup for `token` if dropped while armed: an acquire whose outcome is
-/// unknown (cancelled mid-flight, or its reply lost) must not leave a lock or a queue place.
-struct Cleanup {
-    shared: Arc<Shared>,
-    keys: Keys,
-    token: String,
-    armed: bool,
-}
-
-impl Cleanup {
-    fn disarm(mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let shared = self.shared.clone();
-        let keys = self.keys.clone();
-        let token = std::mem::take(&mut self.token);
-        runtime::spawn(async move {
-            let _ = shared
-                .node
-                .invoke(&scripts::release(&keys, &token), Retry::Once)
-                .await;
-            let _ = shared
-                .node
-                .invoke(&scripts::leave_queue(&keys, &token), Retry::Once)
-                .await;
-        });
-    }
-}
-
-async fn attempt(
-    shared: &Shared,
-    spec: &LockSpec,
-    token: &str,
-    queueing: Queueing,
-) -> Result<(Attempt, Instant)> {
-    let fair = spec.fair.then_some(queueing);
-    let inv = scripts::acquire(&spec.keys, token, lease::lease_ms(spec.lease), fair);
-    let sent_at = Instant::now();
-    let reply = shared
-        .node_for(spec.replicas)
-        .invoke(&inv, Retry::Once)
-        .await?;
-    Ok((parse_attempt(&reply)?, sent_at))
 }
 
 /// With `replicas` > 0, a grant counts only once that many replicas acknowledged it (WAIT on
@@ -152,6 +58,77 @@ async fn confirmed(shared: &Shared, spec: &LockSpec, token: &str) -> Result<bool
     Ok(false)
 }
 
+/// One waiter's attempts on a lock.
+struct LockContender<'a> {
+    shared: &'a Arc<Shared>,
+    spec: &'a LockSpec,
+    token: &'a str,
+}
+
+impl Contender for LockContender<'_> {
+    type Grant = Granted;
+
+    async fn attempt(&self, join: bool) -> Result<Outcome<Granted>> {
+        let queueing = if join {
+            Queueing::Join {
+                place_ms: lease::lease_ms(QUEUE_PLACE),
+            }
+        } else {
+            Queueing::TryOnly
+        };
+        let fair = self.spec.fair.then_some(queueing);
+        let inv = scripts::acquire(
+            &self.spec.keys,
+            self.token,
+            lease::lease_ms(self.spec.lease),
+            fair,
+        );
+        let sent_at = Instant::now();
+        let reply = self
+            .shared
+            .node_for(self.spec.replicas)
+            .invoke(&inv, Retry::Once)
+            .await?;
+        match parse_attempt(&reply)? {
+            Attempt::Busy { retry_ms } => Ok(Outcome::Busy { retry_ms }),
+            Attempt::Granted { fence } => {
+                if confirmed(self.shared, self.spec, self.token).await? {
+                    Ok(Outcome::Granted(Granted { fence, sent_at }))
+                } else {
+                    Ok(Outcome::Refused)
+                }
+            }
+        }
+    }
+
+    async fn leave(&self) -> Result<()> {
+        self.shared
+            .node
+            .invoke(
+                &scripts::leave_queue(&self.spec.keys, self.token),
+                Retry::Once,
+            )
+            .await?;
+        Ok(())
+    }
+
+    fn undo(&self) -> Detached {
+        let shared = self.shared.clone();
+        let keys = self.spec.keys.clone();
+        let token = self.token.to_string();
+        Box::pin(async move {
+            let _ = shared
+                .node
+                .invoke(&scripts::release(&keys, &token), Retry::Once)
+                .await;
+            let _ = shared
+                .node
+                .invoke(&scripts::leave_queue(&keys, &token), Retry::Once)
+                .await;
+        })
+    }
+}
+
 /// Tries to take the lock for `token`, waiting as `wait` allows. Waiting never polls: it sleeps
 /// until a release is published or the holder's lease ends, whichever comes first.
 pub async fn acquire(
@@ -160,100 +137,21 @@ pub async fn acquire(
     token: &str,
     wait: Wait,
 ) -> Result<Option<Granted>> {
-    let cleanup = Cleanup {
-        shared: shared.clone(),
-        keys: spec.keys.clone(),
-        token: token.to_string(),
-        armed: true,
+    let contender = LockContender {
+        shared,
+        spec,
+        token,
     };
-    // The first send's time is the lease's start should a retry find this token in place.
-    let first = attempt(shared, spec, token, Queueing::TryOnly).await;
-    let (outcome, sent_at) = match first {
-        Ok(found) => found,
-        Err(err) => return Err(err), // `cleanup` runs: the script may have executed.
-    };
-    if let Attempt::Granted { fence } = outcome {
-        let ok = confirmed(shared, spec, token).await?;
-        cleanup.disarm();
-        return Ok(ok.then_some(Granted { fence, sent_at }));
-    }
-    if wait.expired(Instant::now()) {
-        cleanup.disarm();
-        return Ok(None);
-    }
-    let mut granted = wait_for_turn(shared, spec, token, wait).await;
-    if let Ok(Some(_)) = granted {
-        match confirmed(shared, spec, token).await {
-            Ok(true) => {}
-            Ok(false) => granted = Ok(None),
-            Err(err) => granted = Err(err),
-        }
-    }
-    match granted {
-        Ok(Some(_)) => cleanup.disarm(),
-        Ok(None) if !spec.fair && spec.replicas == 0 => cleanup.disarm(),
-        // A fair waiter that gives up leaves the queue now, not when its place lapses.
-        Ok(None) => {
-            let left = shared
-                .node
-                .invoke(&scripts::leave_queue(&spec.keys, token), Retry::Once)
-                .await;
-            if left.is_ok() {
-                cleanup.disarm();
-            }
-        }
-        Err(_) => {}
-    }
-    granted
-}
-
-async fn wait_for_turn(
-    shared: &Arc<Shared>,
-    spec: &LockSpec,
-    token: &str,
-    wait: Wait,
-) -> Result<Option<Granted>> {
     // Unfair: one competitor per name in this process; the others queue here, in FIFO order.
     // Fair: every waiter takes its own place in the Redis queue, which orders them all.
-    let gate = (!spec.fair).then(|| shared.gate(&spec.name));
-    let _turn = match &gate {
-        Some(gate) => match wait.deadline() {
-            None => Some(gate.lock().await),
-            Some(d) => match tokio::time::timeout_at(d.into(), gate.lock()).await {
-                Ok(turn) => Some(turn),
-                Err(_) => return Ok(None),
-            },
-        },
-        None => None,
+    let plan = Plan {
+        shared,
+        channel: spec.keys.wake_channel(),
+        wake_token: spec.fair.then_some(token),
+        gate: (!spec.fair).then_some(spec.name.as_slice()),
+        queued: spec.fair,
     };
-    let registration = shared
-        .hub
-        .register(spec.keys.wake_channel(), spec.fair.then_some(token));
-    let queueing = Queueing::Join {
-        place_ms: lease::lease_ms(QUEUE_PLACE),
-    };
-    loop {
-        // Subscribed before looking, so a release after the look is always heard.
-        registration.ready().await?;
-        let (outcome, sent_at) = attempt(shared, spec, token, queueing).await?;
-        let retry_ms = match outcome {
-            Attempt::Granted { fence } => return Ok(Some(Granted { fence, sent_at })),
-            Attempt::Busy { retry_ms } => retry_ms,
-        };
-        let now = Instant::now();
-        if wait.expired(now) {
-            return Ok(None);
-        }
-        let mut nap = lease::next_look(retry_ms, NO_HINT_LOOK, wait.deadline(), now);
-        if spec.fair {
-            // Refresh the queue place well before it lapses.
-            nap = nap.min(QUEUE_PLACE / 3);
-        }
-        tokio::select! {
-            _ = registration.notified() => {}
-            _ = tokio::time::sleep(nap) => {}
-        }
-    }
+    waiting::acquire(&contender, &plan, wait).await
 }
 
 /// Compare-and-delete; `Ok(false)` when the lock was not ours (any more).
@@ -286,75 +184,53 @@ pub async fn owner(shared: &Shared, keys: &Keys) -> Result<Option<Vec<u8>>> {
         .await
 }
 
-/// Shared between a hold and its renewal task.
-#[derive(Debug)]
-pub struct HoldStatus {
-    deadline: Mutex<Instant>,
-    lost: AtomicBool,
-    /// Set while a release is under way, so renewal does not mistake it for a loss.
-    releasing: AtomicBool,
-}
+impl Leased for LockSpec {
+    type Detail = i64;
+    type Args = ();
 
-impl HoldStatus {
-    pub fn new(deadline: Instant) -> Self {
-        HoldStatus {
-            deadline: Mutex::new(deadline),
-            lost: AtomicBool::new(false),
-            releasing: AtomicBool::new(false),
+    fn naming(&self) -> Naming {
+        Naming {
+            object: "Lock",
+            held: "the lock",
         }
     }
 
-    pub fn deadline(&self) -> Instant {
-        *self.deadline.lock().unwrap_or_else(|p| p.into_inner())
+    fn lease(&self) -> Duration {
+        self.lease
     }
 
-    pub fn set_deadline(&self, deadline: Instant) {
-        *self.deadline.lock().unwrap_or_else(|p| p.into_inner()) = deadline;
+    async fn acquire(
+        &self,
+        shared: &Arc<Shared>,
+        token: &str,
+        wait: Wait,
+        _args: &(),
+    ) -> Result<Option<(Instant, i64)>> {
+        let granted = acquire(shared, self, token, wait).await?;
+        Ok(granted.map(|g| (g.sent_at, g.fence)))
     }
 
-    pub fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::Acquire)
+    async fn release(&self, shared: &Shared, token: &str) -> Result<bool> {
+        release(shared, &self.keys, token).await
     }
 
-    /// Marks the hold lost; true only for the first caller (who reports it).
-    pub fn mark_lost(&self) -> bool {
-        !self.lost.swap(true, Ordering::AcqRel)
+    async fn extend(
+        &self,
+        shared: &Shared,
+        token: &str,
+        lease: Duration,
+    ) -> Result<Option<Instant>> {
+        extend(shared, &self.keys, token, lease).await
     }
 
-    pub fn is_releasing(&self) -> bool {
-        self.releasing.load(Ordering::Acquire)
+    async fn owned(&self, shared: &Shared, token: &str) -> Result<bool> {
+        Ok(owner(shared, &self.keys).await?.as_deref() == Some(token.as_bytes()))
     }
-}
-
-/// Told by renewal when a hold is lost or renewal falters.
-pub type OnLost = Arc<dyn renew::Listener>;
-
-struct Hold {
-    pid: u32,
-    token: String,
-    fence: i64,
-    status: Arc<HoldStatus>,
-    renewal: Option<Renewal>,
-}
-
-enum State {
-    Idle { lost: bool },
-    Acquiring,
-    Held(Hold),
 }
 
 /// One lock object: at most one hold at a time, owned by the object (not by a thread).
 pub struct LockHandle {
-    client: Arc<Client>,
-    spec: LockSpec,
-    auto_renew: bool,
-    state: Mutex<State>,
-}
-
-/// What the caller needs of a hold to act on it without holding the state lock.
-struct HoldRef {
-    token: String,
-    status: Arc<HoldStatus>,
+    holder: Holder<LockSpec>,
 }
 
 impl LockHandle {
@@ -374,207 +250,57 @@ impl LockHandle {
             replicas,
         };
         LockHandle {
-            client,
-            spec,
-            auto_renew,
-            state: Mutex::new(State::Idle { lost: false }),
+            holder: Holder::new(client, spec, auto_renew),
         }
     }
 
     pub fn auto_renew(&self) -> bool {
-        self.auto_renew
+        self.holder.auto_renew()
     }
 
     pub fn spec(&self) -> &LockSpec {
-        &self.spec
+        self.holder.primitive()
     }
 
     pub fn client(&self) -> &Arc<Client> {
-        &self.client
-    }
-
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        // In a forked child the parent's hold is not ours: forget it without touching it.
-        if let State::Held(hold) = &*state {
-            if hold.pid != pid() {
-                if let State::Held(inherited) =
-                    std::mem::replace(&mut *state, State::Idle { lost: false })
-                {
-                    std::mem::forget(inherited);
-                }
-            }
-        }
-        state
-    }
-
-    fn current(&self) -> Option<HoldRef> {
-        match &*self.state() {
-            State::Held(h) => Some(HoldRef {
-                token: h.token.clone(),
-                status: h.status.clone(),
-            }),
-            _ => None,
-        }
+        self.holder.client()
     }
 
     /// Takes the lock for this object; `listener` hears from auto-renewal, if it is on.
     pub async fn acquire(&self, wait: Wait, listener: Option<OnLost>) -> Result<bool> {
-        {
-            let mut state = self.state();
-            match &*state {
-                State::Held(_) => {
-                    return Err(Error::Usage(
-                        "this Lock object already holds the lock (it is not re-entrant)".into(),
-                    ))
-                }
-                State::Acquiring => {
-                    return Err(Error::Usage(
-                        "this Lock object is already acquiring in another thread".into(),
-                    ))
-                }
-                State::Idle { .. } => *state = State::Acquiring,
-            }
-        }
-        // Back to idle if this future is dropped (cancelled) before it settles.
-        struct Settle<'a>(&'a LockHandle, bool);
-        impl Drop for Settle<'_> {
-            fn drop(&mut self) {
-                if !self.1 {
-                    let mut state = self.0.state();
-                    if matches!(*state, State::Acquiring) {
-                        *state = State::Idle { lost: false };
-                    }
-                }
-            }
-        }
-        let mut settle = Settle(self, false);
-        let shared = self.client.shared()?;
-        let token = new_token()?;
-        let granted = acquire(&shared, &self.spec, &token, wait).await;
-        let mut state = self.state();
-        settle.1 = true;
-        match granted {
-            Ok(Some(g)) => {
-                let status = Arc::new(HoldStatus::new(lease::deadline(g.sent_at, self.spec.lease)));
-                let renewal = match (self.auto_renew, listener) {
-                    (true, listener) => Some(renew::start(
-                        shared.clone(),
-                        self.spec.clone(),
-                        token.clone(),
-                        status.clone(),
-                        listener,
-                    )),
-                    (false, _) => None,
-                };
-                *state = State::Held(Hold {
-                    pid: pid(),
-                    token,
-                    fence: g.fence,
-                    status,
-                    renewal,
-                });
-                Ok(true)
-            }
-            Ok(None) => {
-                *state = State::Idle { lost: false };
-                Ok(false)
-            }
-            Err(err) => {
-                *state = State::Idle { lost: false };
-                Err(err)
-            }
-        }
+        self.holder.acquire(wait, listener, &()).await
     }
 
     pub async fn release(&self) -> Result<()> {
-        let hold = self.current().ok_or_else(not_owned)?;
-        hold.status.releasing.store(true, Ordering::Release);
-        let shared = self.client.shared()?;
-        let outcome = release(&shared, &self.spec.keys, &hold.token).await;
-        hold.status.releasing.store(false, Ordering::Release);
-        let released = outcome?;
-        let lost = !released || hold.status.is_lost();
-        {
-            let mut state = self.state();
-            if matches!(&*state, State::Held(h) if h.token == hold.token) {
-                *state = State::Idle { lost };
-            }
-        }
-        if released {
-            Ok(())
-        } else {
-            hold.status.mark_lost();
-            Err(lost_error())
-        }
+        self.holder.release().await
     }
 
     pub async fn extend(&self, lease: Option<Duration>) -> Result<()> {
-        let hold = self.current().ok_or_else(not_owned)?;
-        let lease = lease.unwrap_or(self.spec.lease);
-        let shared = self.client.shared()?;
-        match extend(&shared, &self.spec.keys, &hold.token, lease).await? {
-            Some(sent_at) => {
-                hold.status.set_deadline(lease::deadline(sent_at, lease));
-                Ok(())
-            }
-            None => {
-                hold.status.mark_lost();
-                Err(lost_error())
-            }
-        }
+        self.holder.extend(lease).await
     }
 
     pub async fn owned(&self) -> Result<bool> {
-        let Some(hold) = self.current() else {
-            return Ok(false);
-        };
-        let shared = self.client.shared()?;
-        Ok(owner(&shared, &self.spec.keys).await?.as_deref() == Some(hold.token.as_bytes()))
+        self.holder.owned().await
     }
 
     pub async fn locked(&self) -> Result<bool> {
-        let shared = self.client.shared()?;
-        Ok(owner(&shared, &self.spec.keys).await?.is_some())
+        let shared = self.holder.client().shared()?;
+        Ok(owner(&shared, &self.spec().keys).await?.is_some())
     }
 
     pub fn token(&self) -> Option<String> {
-        self.current().map(|h| h.token)
+        self.holder.token()
     }
 
     pub fn fence(&self) -> Option<i64> {
-        match &*self.state() {
-            State::Held(h) => Some(h.fence),
-            _ => None,
-        }
+        self.holder.detail()
     }
 
     pub fn lost(&self) -> bool {
-        match &*self.state() {
-            State::Held(h) => h.status.is_lost(),
-            State::Idle { lost } => *lost,
-            State::Acquiring => false,
-        }
+        self.holder.lost()
     }
 
     pub fn remaining(&self) -> Option<Duration> {
-        self.current()
-            .map(|h| lease::remaining(h.status.deadline(), Instant::now()))
+        self.holder.remaining()
     }
-}
-
-impl Drop for Hold {
-    fn drop(&mut self) {
-        if let Some(renewal) = self.renewal.take() {
-            renewal.stop();
-        }
-    }
-}
-
-fn not_owned() -> Error {
-    Error::NotOwned("this Lock object does not hold the lock".into())
-}
-
-fn lost_error() -> Error {
-    Error::Lost("lock was lost".into())
 }

@@ -1,0 +1,365 @@
+//! The state of one object's hold on a leased primitive (a lock, a semaphore permit, a read or
+//! write lock), shared by the blocking and the asyncio bindings: at most one hold at a time,
+//! owned by the object (not by a thread), forgotten in a forked child, renewed in the background
+//! when asked, and marked lost once renewal, extend or release finds the lease gone.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::client::{Client, Shared};
+use super::error::{Error, Result};
+use super::renew::{self, Renewal};
+use super::runtime::pid;
+use super::token::new_token;
+use super::waiting::Wait;
+use crate::protocol::lease;
+
+/// Shared between a hold and its renewal task.
+#[derive(Debug)]
+pub struct HoldStatus {
+    deadline: Mutex<Instant>,
+    lost: AtomicBool,
+    /// Set while a release is under way, so renewal does not mistake it for a loss.
+    releasing: AtomicBool,
+}
+
+impl HoldStatus {
+    pub fn new(deadline: Instant) -> Self {
+        HoldStatus {
+            deadline: Mutex::new(deadline),
+            lost: AtomicBool::new(false),
+            releasing: AtomicBool::new(false),
+        }
+    }
+
+    pub fn deadline(&self) -> Instant {
+        *self.deadline.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn set_deadline(&self, deadline: Instant) {
+        *self.deadline.lock().unwrap_or_else(|p| p.into_inner()) = deadline;
+    }
+
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+
+    /// Marks the hold lost; true only for the first caller (who reports it).
+    pub fn mark_lost(&self) -> bool {
+        !self.lost.swap(true, Ordering::AcqRel)
+    }
+
+    pub fn is_releasing(&self) -> bool {
+        self.releasing.load(Ordering::Acquire)
+    }
+
+    pub fn set_releasing(&self, releasing: bool) {
+        self.releasing.store(releasing, Ordering::Release);
+    }
+}
+
+/// Told by renewal when a hold is lost or renewal falters.
+pub type OnLost = Arc<dyn renew::Listener>;
+
+/// How an object and what it holds are called in messages: "this {object} object does not hold
+/// {held}".
+#[derive(Clone, Copy, Debug)]
+pub struct Naming {
+    pub object: &'static str,
+    pub held: &'static str,
+}
+
+/// A primitive whose holds are leases, every change checked by owner token.
+pub trait Leased: Send + Sync + 'static {
+    /// What a hold keeps beside its token (the lock's fence; nothing for the others).
+    type Detail: Clone + Send + Sync + 'static;
+    /// What one acquire is told beyond the wait (the read lock: whether it re-enters).
+    type Args: Sync;
+
+    fn naming(&self) -> Naming;
+
+    /// The lease of an acquire, and of extend and renewal when they are not told one.
+    fn lease(&self) -> Duration;
+
+    /// Takes a hold for `token`: when the winning request was sent (the lease's start), and the
+    /// detail; None when not granted in time.
+    fn acquire(
+        &self,
+        shared: &Arc<Shared>,
+        token: &str,
+        wait: Wait,
+        args: &Self::Args,
+    ) -> impl Future<Output = Result<Option<(Instant, Self::Detail)>>> + Send;
+
+    /// Gives the hold back; false when it was not ours (any more).
+    fn release(&self, shared: &Shared, token: &str) -> impl Future<Output = Result<bool>> + Send;
+
+    /// The lease now ends `lease` from now; Some(sent_at) when extended, None when not ours.
+    fn extend(
+        &self,
+        shared: &Shared,
+        token: &str,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Option<Instant>>> + Send;
+
+    /// Whether `token` holds it, checked against Redis.
+    fn owned(&self, shared: &Shared, token: &str) -> impl Future<Output = Result<bool>> + Send;
+}
+
+struct Hold<D> {
+    pid: u32,
+    token: String,
+    detail: D,
+    status: Arc<HoldStatus>,
+    renewal: Option<Renewal>,
+}
+
+impl<D> Drop for Hold<D> {
+    fn drop(&mut self) {
+        if let Some(renewal) = self.renewal.take() {
+            renewal.stop();
+        }
+    }
+}
+
+enum State<D> {
+    Idle { lost: bool },
+    Acquiring,
+    Held(Hold<D>),
+}
+
+/// What the caller needs of a hold to act on it without holding the state lock.
+struct HoldRef {
+    token: String,
+    status: Arc<HoldStatus>,
+}
+
+/// One object's hold on a primitive `P`.
+pub struct Holder<P: Leased> {
+    client: Arc<Client>,
+    primitive: Arc<P>,
+    auto_renew: bool,
+    state: Mutex<State<P::Detail>>,
+}
+
+impl<P: Leased> Holder<P> {
+    pub fn new(client: Arc<Client>, primitive: P, auto_renew: bool) -> Self {
+        Holder {
+            client,
+            primitive: Arc::new(primitive),
+            auto_renew,
+            state: Mutex::new(State::Idle { lost: false }),
+        }
+    }
+
+    pub fn client(&self) -> &Arc<Client> {
+        &self.client
+    }
+
+    pub fn primitive(&self) -> &P {
+        &self.primitive
+    }
+
+    pub fn auto_renew(&self) -> bool {
+        self.auto_renew
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State<P::Detail>> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        // In a forked child the parent's hold is not ours: forget it without touching it.
+        if let State::Held(hold) = &*state {
+            if hold.pid != pid() {
+                if let State::Held(inherited) =
+                    std::mem::replace(&mut *state, State::Idle { lost: false })
+                {
+                    std::mem::forget(inherited);
+                }
+            }
+        }
+        state
+    }
+
+    fn current(&self) -> Option<HoldRef> {
+        match &*self.state() {
+            State::Held(h) => Some(HoldRef {
+                token: h.token.clone(),
+                status: h.status.clone(),
+            }),
+            _ => None,
+        }
+    }
+
+    /// Takes a hold for this object; `listener` hears from auto-renewal, if it is on.
+    pub async fn acquire(
+        &self,
+        wait: Wait,
+        listener: Option<OnLost>,
+        args: &P::Args,
+    ) -> Result<bool> {
+        let naming = self.primitive.naming();
+        {
+            let mut state = self.state();
+            match &*state {
+                State::Held(_) => {
+                    return Err(Error::Usage(format!(
+                        "this {} object already holds {} (it is not re-entrant)",
+                        naming.object, naming.held
+                    )))
+                }
+                State::Acquiring => {
+                    return Err(Error::Usage(format!(
+                        "this {} object is already acquiring in another thread",
+                        naming.object
+                    )))
+                }
+                State::Idle { .. } => *state = State::Acquiring,
+            }
+        }
+        // Back to idle if this future is dropped (cancelled) before it settles.
+        struct Settle<'a, P: Leased>(&'a Holder<P>, bool);
+        impl<P: Leased> Drop for Settle<'_, P> {
+            fn drop(&mut self) {
+                if !self.1 {
+                    let mut state = self.0.state();
+                    if matches!(*state, State::Acquiring) {
+                        *state = State::Idle { lost: false };
+                    }
+                }
+            }
+        }
+        let mut settle = Settle(self, false);
+        let shared = self.client.shared()?;
+        let token = new_token()?;
+        let granted = self.primitive.acquire(&shared, &token, wait, args).await;
+        let mut state = self.state();
+        settle.1 = true;
+        match granted {
+            Ok(Some((sent_at, detail))) => {
+                let lease = self.primitive.lease();
+                let status = Arc::new(HoldStatus::new(lease::deadline(sent_at, lease)));
+                let renewal = self
+                    .auto_renew
+                    .then(|| self.start_renewal(&shared, &token, &status, listener));
+                *state = State::Held(Hold {
+                    pid: pid(),
+                    token,
+                    detail,
+                    status,
+                    renewal,
+                });
+                Ok(true)
+            }
+            Ok(None) => {
+                *state = State::Idle { lost: false };
+                Ok(false)
+            }
+            Err(err) => {
+                *state = State::Idle { lost: false };
+                Err(err)
+            }
+        }
+    }
+
+    fn start_renewal(
+        &self,
+        shared: &Arc<Shared>,
+        token: &str,
+        status: &Arc<HoldStatus>,
+        listener: Option<OnLost>,
+    ) -> Renewal {
+        let primitive = self.primitive.clone();
+        let shared = shared.clone();
+        let token = token.to_string();
+        let extend = move |lease: Duration| {
+            let primitive = primitive.clone();
+            let shared = shared.clone();
+            let token = token.clone();
+            async move { primitive.extend(&shared, &token, lease).await }
+        };
+        renew::start(extend, self.primitive.lease(), status.clone(), listener)
+    }
+
+    pub async fn release(&self) -> Result<()> {
+        let hold = self.current().ok_or_else(|| self.not_owned())?;
+        hold.status.set_releasing(true);
+        let shared = self.client.shared()?;
+        let outcome = self.primitive.release(&shared, &hold.token).await;
+        hold.status.set_releasing(false);
+        let released = outcome?;
+        let lost = !released || hold.status.is_lost();
+        {
+            let mut state = self.state();
+            if matches!(&*state, State::Held(h) if h.token == hold.token) {
+                *state = State::Idle { lost };
+            }
+        }
+        if released {
+            Ok(())
+        } else {
+            hold.status.mark_lost();
+            Err(lost_error())
+        }
+    }
+
+    pub async fn extend(&self, lease: Option<Duration>) -> Result<()> {
+        let hold = self.current().ok_or_else(|| self.not_owned())?;
+        let lease = lease.unwrap_or(self.primitive.lease());
+        let shared = self.client.shared()?;
+        match self.primitive.extend(&shared, &hold.token, lease).await? {
+            Some(sent_at) => {
+                hold.status.set_deadline(lease::deadline(sent_at, lease));
+                Ok(())
+            }
+            None => {
+                hold.status.mark_lost();
+                Err(lost_error())
+            }
+        }
+    }
+
+    pub async fn owned(&self) -> Result<bool> {
+        let Some(hold) = self.current() else {
+            return Ok(false);
+        };
+        let shared = self.client.shared()?;
+        self.primitive.owned(&shared, &hold.token).await
+    }
+
+    pub fn token(&self) -> Option<String> {
+        self.current().map(|h| h.token)
+    }
+
+    pub fn detail(&self) -> Option<P::Detail> {
+        match &*self.state() {
+            State::Held(h) => Some(h.detail.clone()),
+            _ => None,
+        }
+    }
+
+    pub fn lost(&self) -> bool {
+        match &*self.state() {
+            State::Held(h) => h.status.is_lost(),
+            State::Idle { lost } => *lost,
+            State::Acquiring => false,
+        }
+    }
+
+    pub fn remaining(&self) -> Option<Duration> {
+        self.current()
+            .map(|h| lease::remaining(h.status.deadline(), Instant::now()))
+    }
+
+    fn not_owned(&self) -> Error {
+        let naming = self.primitive.naming();
+        Error::NotOwned(format!(
+            "this {} object does not hold {}",
+            naming.object, naming.held
+        ))
+    }
+}
+
+pub fn lost_error() -> Error {
+    Error::Lost("lock was lost".into())
+}
