@@ -4,16 +4,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyTuple, PyWeakrefMethods, PyWeakrefReference};
+use pyo3::types::PyTuple;
 
 use super::args;
 use super::blocking;
 use super::client::{coerce_client, PyClient};
-use super::errors::{value_error, LockLostError, LockTimeoutError};
-use super::log;
+use super::hold;
 use crate::engine::lock::{LockHandle, Wait};
-use crate::engine::renew::Listener;
-use crate::engine::Error;
 
 #[pyclass(frozen, weakref, module = "redmutex", name = "Lock")]
 pub struct PyLock {
@@ -26,67 +23,19 @@ pub struct PyLock {
     on_lost: Option<Arc<Py<PyAny>>>,
 }
 
-/// Tells the Python side what renewal finds, from a thread of its own (never a runtime worker).
-struct PyListener {
-    lock: Arc<Py<PyWeakrefReference>>,
-    name: String,
-    on_lost: Option<Arc<Py<PyAny>>>,
-}
-
-impl Listener for PyListener {
-    fn lost(&self) {
-        let lock = self.lock.clone();
-        let on_lost = self.on_lost.clone();
-        let message = format!(
-            "lock '{}' was lost: its lease ended before renewal",
-            self.name
-        );
-        std::thread::spawn(move || {
-            Python::attach(|py| {
-                log::warning(py, &message);
-                let (Some(callback), Some(target)) = (on_lost, lock.bind(py).upgrade()) else {
-                    return;
-                };
-                if let Err(err) = callback.bind(py).call1((target,)) {
-                    log::error_with(py, "on_lost callback raised", &err);
-                }
-            })
-        });
-    }
-
-    fn warn(&self, message: &str) {
-        let message = format!("lock '{}': {message}", self.name);
-        std::thread::spawn(move || Python::attach(|py| log::warning(py, &message)));
-    }
-}
-
 impl PyLock {
-    fn wait_for(&self, blocking: bool, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<Wait> {
-        let given = args::timeout("timeout", timeout)?;
-        if !blocking {
-            if given.is_some() {
-                return Err(value_error(
-                    "timeout",
-                    "cannot be given for a non-blocking acquire",
-                ));
-            }
-            return Ok(Wait::Once);
-        }
-        Ok(Wait::from_timeout(given.unwrap_or(self.default_timeout)))
+    fn label(&self) -> String {
+        format!("lock '{}'", self.name)
     }
 
     fn acquire_with(slf: &Bound<'_, Self>, wait: Wait) -> PyResult<bool> {
         let this = slf.get();
-        let listener = if this.handle.auto_renew() {
-            let listener: Arc<dyn Listener> = Arc::new(PyListener {
-                lock: Arc::new(PyWeakrefReference::new(slf.as_any())?.unbind()),
-                name: this.name.clone(),
-                on_lost: this.on_lost.clone(),
-            });
-            Some(listener)
-        } else {
-            None
-        };
+        let listener = hold::listener(
+            slf.as_any(),
+            this.handle.auto_renew(),
+            this.label(),
+            this.on_lost.clone(),
+        )?;
         let handle = this.handle.clone();
         Ok(blocking::wait(slf.py(), async move {
             handle.acquire(wait, listener).await
@@ -110,23 +59,12 @@ impl PyLock {
         on_lost: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let name_bytes = args::name("name", name)?;
-        let ttl = match ttl {
-            Some(t) if !t.is_none() => args::duration("ttl", t, 0.001)?,
-            _ => Duration::from_secs(10),
-        };
+        let ttl = hold::ttl_arg(ttl)?;
         let default_timeout = args::timeout("timeout", timeout)?.unwrap_or(None);
         let auto_renew = auto_renew.map_or(Ok(false), |v| args::flag("auto_renew", v))?;
         let fair = fair.map_or(Ok(false), |v| args::flag("fair", v))?;
         let replicas = replicas.map_or(Ok(0), |v| args::count("replicas", v, 0, 1_000_000))?;
-        let on_lost = match on_lost {
-            Some(cb) if !cb.is_none() => {
-                if !cb.is_callable() {
-                    return Err(super::errors::type_error("on_lost", "a callable", cb));
-                }
-                Some(Arc::new(cb.clone().unbind()))
-            }
-            _ => None,
-        };
+        let on_lost = hold::on_lost_arg(on_lost)?;
         let client = coerce_client(client)?;
         let engine_client = client.get().inner.clone();
         Ok(PyLock {
@@ -153,8 +91,7 @@ impl PyLock {
         blocking: Option<&Bound<'_, PyAny>>,
         timeout: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
-        let blocking = blocking.map_or(Ok(true), |b| args::flag("blocking", b))?;
-        let wait = slf.get().wait_for(blocking, timeout)?;
+        let wait = hold::wait_for(blocking, timeout, slf.get().default_timeout)?;
         Self::acquire_with(slf, wait)
     }
 
@@ -166,10 +103,7 @@ impl PyLock {
     /// The lease now ends `ttl` (default: the lock's ttl) from now.
     #[pyo3(signature = (ttl=None))]
     fn extend(&self, py: Python<'_>, ttl: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-        let lease = match ttl {
-            Some(t) if !t.is_none() => Some(args::duration("ttl", t, 0.001)?),
-            _ => None,
-        };
+        let lease = hold::extend_lease(ttl)?;
         let handle = self.handle.clone();
         Ok(blocking::wait(
             py,
@@ -230,41 +164,12 @@ impl PyLock {
         if Self::acquire_with(slf, wait)? {
             return Ok(slf.clone());
         }
-        let waited = this
-            .default_timeout
-            .map_or(f64::INFINITY, |d| d.as_secs_f64());
-        Err(LockTimeoutError::new_err(format!(
-            "could not acquire lock '{}' within {waited} s",
-            this.name
-        )))
+        Err(hold::enter_timeout(&this.label(), this.default_timeout))
     }
 
     #[pyo3(signature = (*exc))]
     fn __exit__(&self, py: Python<'_>, exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
-        let body_raised = exc.get_item(0).is_ok_and(|t| !t.is_none());
-        let handle = self.handle.clone();
-        let released = blocking::wait(py, async move {
-            let outcome = handle.release().await;
-            match outcome {
-                Ok(()) if handle.lost() => Err(Error::Lost("lock was lost".into())),
-                other => other,
-            }
-        })?;
-        match released {
-            Ok(()) => Ok(false),
-            Err(err) if body_raised => {
-                log::warning(
-                    py,
-                    &format!(
-                        "lock '{}': on leaving a block that raised: {err}",
-                        self.name
-                    ),
-                );
-                Ok(false)
-            }
-            Err(Error::Lost(_)) => Err(LockLostError::new_err("lock was lost")),
-            Err(err) => Err(err.into()),
-        }
+        hold::exit(py, &self.handle, exc, &self.label())
     }
 
     fn __repr__(&self) -> String {
