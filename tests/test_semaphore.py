@@ -801,3 +801,17 @@ def test_200_workers_8_processes_10_percent_killed(
     assert not probe.exists(key)
     assert set(probe.scan_iter(match=prefix.encode() + b"*")) == set()
     probe.close()
+
+
+# ---------------------------------------------------------------------------------- demo
+
+
+@pytest.mark.timeout(120)
+def test_semaphore_demo(redis_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from redmutex._demo_semaphore import LIMIT, semaphore_demo
+
+    assert semaphore_demo(redis_url) == 0
+    out = capsys.readouterr().out
+    peak = int(re.search(r"peak concurrency:\s+(\d+)", out).group(1))  # type: ignore[union-attr]
+    assert 1 <= peak <= LIMIT
+    assert "result:            ok" in out
