@@ -333,6 +333,17 @@ def test_bad_limit(client: redmutex.Client, limit: object, error: type[Exception
         redmutex.Semaphore(client, "bad", limit)  # type: ignore[arg-type]
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("fair", [True, False])
+def test_largest_limit(client: redmutex.Client, fair: bool) -> None:
+    # counts pass through Lua numbers (doubles): the largest limit accepted still works exactly
+    a, b = (redmutex.Semaphore(client, "big", 2**52, fair=fair) for _ in range(2))
+    assert a.acquire(timeout=5) and b.acquire(timeout=5)
+    assert a.holders() == 2
+    a.release()
+    b.release()
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "arg"),
     [

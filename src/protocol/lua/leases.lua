@@ -46,7 +46,7 @@ local function wake_semaphore(holders, queue, deadlines, limit, channel, now, or
   end
   if redis.call('EXISTS', queue) == 1 then
     prune_queue(queue, deadlines, now)
-    local first = redis.call('LRANGE', queue, 0, free - 1)
+    local first = redis.call('LRANGE', queue, 0, int(free - 1))
     for _, token in ipairs(first) do
       redis.call('PUBLISH', channel, token)
     end

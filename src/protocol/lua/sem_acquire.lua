@@ -26,7 +26,7 @@ if free > 0 then
   else
     prune_queue(KEYS[2], KEYS[3], now)
     -- FIFO: the first `free` waiters may enter; anybody else only if all waiters fit before it.
-    local first = redis.call('LRANGE', KEYS[2], 0, free - 1)
+    local first = redis.call('LRANGE', KEYS[2], 0, int(free - 1))
     admitted = #first < free
     for _, waiting in ipairs(first) do
       if waiting == token then
