@@ -8,8 +8,10 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyTuple, PyWeakrefMethods, PyWeakrefReference};
+use pyo3::IntoPyObjectExt;
 
 use super::args;
+use super::awaitable::{self, OnCancel};
 use super::blocking;
 use super::errors::{type_error, value_error, LockLostError, LockTimeoutError};
 use super::log;
@@ -126,9 +128,19 @@ pub fn enter_timeout(label: &str, default_timeout: Option<Duration>) -> PyErr {
     LockTimeoutError::new_err(format!("could not acquire {label} within {waited} s"))
 }
 
-/// An engine hold that a `with` block gives back on leaving.
+/// An engine hold that a `with` block gives back on leaving, and that asyncio drives.
 pub trait Releasable: Send + Sync + 'static {
+    /// What one acquire is told beyond the wait (the read/write locks: the caller's context).
+    type Context: Send + 'static;
+    fn acquire(
+        &self,
+        wait: Wait,
+        listener: Option<OnLost>,
+        context: Self::Context,
+    ) -> impl Future<Output = Result<bool>> + Send;
     fn release(&self) -> impl Future<Output = Result<()>> + Send;
+    fn extend(&self, lease: Option<Duration>) -> impl Future<Output = Result<()>> + Send;
+    fn owned(&self) -> impl Future<Output = Result<bool>> + Send;
     fn lost(&self) -> bool;
     /// The release on the caller's thread, when the primitive offers one.
     fn release_direct(&self) -> Option<Result<()>> {
@@ -137,8 +149,24 @@ pub trait Releasable: Send + Sync + 'static {
 }
 
 impl Releasable for LockHandle {
+    type Context = ();
+    #[allow(clippy::unused_unit)]
+    fn acquire(
+        &self,
+        wait: Wait,
+        listener: Option<OnLost>,
+        _context: (),
+    ) -> impl Future<Output = Result<bool>> + Send {
+        LockHandle::acquire(self, wait, listener)
+    }
     fn release(&self) -> impl Future<Output = Result<()>> + Send {
         LockHandle::release(self)
+    }
+    fn extend(&self, lease: Option<Duration>) -> impl Future<Output = Result<()>> + Send {
+        LockHandle::extend(self, lease)
+    }
+    fn owned(&self) -> impl Future<Output = Result<bool>> + Send {
+        LockHandle::owned(self)
     }
     fn lost(&self) -> bool {
         LockHandle::lost(self)
@@ -149,8 +177,24 @@ impl Releasable for LockHandle {
 }
 
 impl Releasable for SemaphoreHandle {
+    type Context = ();
+    #[allow(clippy::unused_unit)]
+    fn acquire(
+        &self,
+        wait: Wait,
+        listener: Option<OnLost>,
+        _context: (),
+    ) -> impl Future<Output = Result<bool>> + Send {
+        SemaphoreHandle::acquire(self, wait, listener)
+    }
     fn release(&self) -> impl Future<Output = Result<()>> + Send {
         SemaphoreHandle::release(self)
+    }
+    fn extend(&self, lease: Option<Duration>) -> impl Future<Output = Result<()>> + Send {
+        SemaphoreHandle::extend(self, lease)
+    }
+    fn owned(&self) -> impl Future<Output = Result<bool>> + Send {
+        SemaphoreHandle::owned(self)
     }
     fn lost(&self) -> bool {
         SemaphoreHandle::lost(self)
@@ -158,8 +202,24 @@ impl Releasable for SemaphoreHandle {
 }
 
 impl Releasable for RwHandle {
+    type Context = u64;
+    #[allow(clippy::unused_unit)]
+    fn acquire(
+        &self,
+        wait: Wait,
+        listener: Option<OnLost>,
+        context: u64,
+    ) -> impl Future<Output = Result<bool>> + Send {
+        RwHandle::acquire(self, wait, listener, context)
+    }
     fn release(&self) -> impl Future<Output = Result<()>> + Send {
         RwHandle::release(self)
+    }
+    fn extend(&self, lease: Option<Duration>) -> impl Future<Output = Result<()>> + Send {
+        RwHandle::extend(self, lease)
+    }
+    fn owned(&self) -> impl Future<Output = Result<bool>> + Send {
+        RwHandle::owned(self)
     }
     fn lost(&self) -> bool {
         RwHandle::lost(self)
@@ -220,4 +280,102 @@ pub fn leave_block(
         Err(Error::Lost(_)) => Err(LockLostError::new_err("lock was lost")),
         Err(err) => Err(err.into()),
     }
+}
+
+// The asyncio side: awaitables with the same semantics as the blocking methods. Acquiring stops
+// (and cleans up) when cancelled; releasing and extending run to their end regardless.
+
+pub fn acquire_async<'py, H: Releasable>(
+    py: Python<'py>,
+    handle: Arc<H>,
+    wait: Wait,
+    listener: Option<OnLost>,
+    context: H::Context,
+) -> PyResult<Bound<'py, PyAny>> {
+    awaitable::spawn(
+        py,
+        OnCancel::Abort,
+        async move { handle.acquire(wait, listener, context).await },
+        |py, acquired| acquired.into_bound_py_any(py),
+    )
+}
+
+/// `__aenter__`: like `acquire_async` with the object's timeout; LockTimeoutError if not acquired.
+pub fn enter_async<'py, H: Releasable>(
+    py: Python<'py>,
+    handle: Arc<H>,
+    wait: Wait,
+    listener: Option<OnLost>,
+    context: H::Context,
+    timeout_error: PyErr,
+) -> PyResult<Bound<'py, PyAny>> {
+    awaitable::spawn(
+        py,
+        OnCancel::Abort,
+        async move { handle.acquire(wait, listener, context).await },
+        move |py, acquired| {
+            if acquired {
+                Ok(py.None().into_bound(py))
+            } else {
+                Err(timeout_error)
+            }
+        },
+    )
+}
+
+pub fn release_async<H: Releasable>(py: Python<'_>, handle: Arc<H>) -> PyResult<Bound<'_, PyAny>> {
+    awaitable::spawn(
+        py,
+        OnCancel::Finish,
+        async move { handle.release().await },
+        |py, ()| Ok(py.None().into_bound(py)),
+    )
+}
+
+pub fn extend_async<H: Releasable>(
+    py: Python<'_>,
+    handle: Arc<H>,
+    lease: Option<Duration>,
+) -> PyResult<Bound<'_, PyAny>> {
+    awaitable::spawn(
+        py,
+        OnCancel::Finish,
+        async move { handle.extend(lease).await },
+        |py, ()| Ok(py.None().into_bound(py)),
+    )
+}
+
+pub fn owned_async<H: Releasable>(py: Python<'_>, handle: Arc<H>) -> PyResult<Bound<'_, PyAny>> {
+    awaitable::spawn(
+        py,
+        OnCancel::Abort,
+        async move { handle.owned().await },
+        |py, owned| owned.into_bound_py_any(py),
+    )
+}
+
+/// `__aexit__`, resolving like `exit`.
+pub fn exit_awaitable<H: Releasable>(
+    py: Python<'_>,
+    handle: Arc<H>,
+    label: String,
+    body_raised: bool,
+) -> PyResult<Bound<'_, PyAny>> {
+    awaitable::spawn(
+        py,
+        OnCancel::Finish,
+        async move { Ok(exit_async(handle).await) },
+        move |py, outcome| leave_block(py, &label, body_raised, outcome)?.into_bound_py_any(py),
+    )
+}
+
+/// Any engine query as an awaitable (cancelling it just stops waiting for the answer).
+pub fn query_async<'py, T, F>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
+where
+    F: Future<Output = Result<T>> + Send + 'static,
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+{
+    awaitable::spawn(py, OnCancel::Abort, fut, |py, value| {
+        value.into_bound_py_any(py)
+    })
 }

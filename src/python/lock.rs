@@ -5,10 +5,8 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
-use pyo3::IntoPyObjectExt;
 
 use super::args;
-use super::awaitable::{self, OnCancel};
 use super::blocking;
 use super::client::{coerce_client, PyClient};
 use super::hold;
@@ -199,7 +197,7 @@ impl PyLock {
         hold::exit(py, &self.handle, exc, &self.label())
     }
 
-    // The asyncio side (`redmutex.aio.Lock`) awaits these; same semantics as the blocking ones.
+    // The asyncio side (`redmutex.aio`) awaits these; same semantics as the blocking ones.
 
     #[pyo3(signature = (blocking=None, timeout=None))]
     fn _acquire_async<'py>(
@@ -209,43 +207,26 @@ impl PyLock {
     ) -> PyResult<Bound<'py, PyAny>> {
         let wait = hold::wait_for(blocking, timeout, slf.get().default_timeout)?;
         let listener = Self::listener_for(slf)?;
-        let handle = slf.get().handle.clone();
-        awaitable::spawn(
-            slf.py(),
-            OnCancel::Abort,
-            async move { handle.acquire(wait, listener).await },
-            |py, v| v.into_bound_py_any(py),
-        )
+        hold::acquire_async(slf.py(), slf.get().handle.clone(), wait, listener, ())
     }
 
     fn _enter_async<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         let this = slf.get();
         let wait = Wait::from_timeout(this.default_timeout);
         let listener = Self::listener_for(slf)?;
-        let handle = this.handle.clone();
-        let (label, default_timeout) = (this.label(), this.default_timeout);
-        awaitable::spawn(
+        let timeout_error = hold::enter_timeout(&this.label(), this.default_timeout);
+        hold::enter_async(
             slf.py(),
-            OnCancel::Abort,
-            async move { handle.acquire(wait, listener).await },
-            move |py, acquired| {
-                if acquired {
-                    Ok(py.None().into_bound(py))
-                } else {
-                    Err(hold::enter_timeout(&label, default_timeout))
-                }
-            },
+            this.handle.clone(),
+            wait,
+            listener,
+            (),
+            timeout_error,
         )
     }
 
     fn _release_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let handle = self.handle.clone();
-        awaitable::spawn(
-            py,
-            OnCancel::Finish,
-            async move { handle.release().await },
-            |py, ()| Ok(py.None().into_bound(py)),
-        )
+        hold::release_async(py, self.handle.clone())
     }
 
     #[pyo3(signature = (ttl=None))]
@@ -254,47 +235,20 @@ impl PyLock {
         py: Python<'py>,
         ttl: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let lease = hold::extend_lease(ttl)?;
-        let handle = self.handle.clone();
-        awaitable::spawn(
-            py,
-            OnCancel::Finish,
-            async move { handle.extend(lease).await },
-            |py, ()| Ok(py.None().into_bound(py)),
-        )
+        hold::extend_async(py, self.handle.clone(), hold::extend_lease(ttl)?)
+    }
+
+    fn _owned_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        hold::owned_async(py, self.handle.clone())
     }
 
     fn _locked_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let handle = self.handle.clone();
-        awaitable::spawn(
-            py,
-            OnCancel::Abort,
-            async move { handle.locked().await },
-            |py, v| v.into_bound_py_any(py),
-        )
-    }
-
-    fn _owned_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let handle = self.handle.clone();
-        awaitable::spawn(
-            py,
-            OnCancel::Abort,
-            async move { handle.owned().await },
-            |py, v| v.into_bound_py_any(py),
-        )
+        hold::query_async(py, async move { handle.locked().await })
     }
 
     fn _exit_async<'py>(&self, py: Python<'py>, body_raised: bool) -> PyResult<Bound<'py, PyAny>> {
-        let label = self.label();
-        let released = hold::exit_async(self.handle.clone());
-        awaitable::spawn(
-            py,
-            OnCancel::Finish,
-            async move { Ok(released.await) },
-            move |py, outcome| {
-                hold::leave_block(py, &label, body_raised, outcome)?.into_bound_py_any(py)
-            },
-        )
+        hold::exit_awaitable(py, self.handle.clone(), self.label(), body_raised)
     }
 
     fn __repr__(&self) -> String {

@@ -12,7 +12,7 @@ use super::args;
 use super::blocking;
 use super::client::{coerce_client, PyClient};
 use super::hold;
-use crate::engine::lock::Wait;
+use crate::engine::lock::{OnLost, Wait};
 use crate::engine::rwlock::{Mode, RwHandle, RwLock};
 
 #[pyclass(frozen, module = "redmutex", name = "RWLock")]
@@ -112,6 +112,19 @@ impl PyRwLock {
         Ok(blocking::wait(py, async move { core.state().await })??.readers)
     }
 
+    fn _locked_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let core = self.core.clone();
+        hold::query_async(py, async move {
+            let state = core.state().await?;
+            Ok(state.writer || state.readers > 0)
+        })
+    }
+
+    fn _readers_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let core = self.core.clone();
+        hold::query_async(py, async move { Ok(core.state().await?.readers) })
+    }
+
     #[getter]
     fn name(&self) -> &str {
         &self.name
@@ -147,6 +160,16 @@ impl PyRwSide {
 
     fn label(&self) -> String {
         format!("{} lock '{}'", self.mode_name(), self.name)
+    }
+
+    fn listener_for(slf: &Bound<'_, Self>) -> PyResult<Option<OnLost>> {
+        let this = slf.get();
+        hold::listener(
+            slf.as_any(),
+            this.handle.auto_renew(),
+            this.label(),
+            this.on_lost.clone(),
+        )
     }
 
     fn acquire_with(slf: &Bound<'_, Self>, wait: Wait) -> PyResult<bool> {
@@ -256,6 +279,62 @@ impl PyRwSide {
     #[pyo3(signature = (*exc))]
     fn __exit__(&self, py: Python<'_>, exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
         hold::exit(py, &self.handle, exc, &self.label())
+    }
+
+    // The asyncio side (`redmutex.aio`) awaits these; same semantics as the blocking ones.
+
+    /// `context` tells the caller apart for the deadlock guard (asyncio: the task's id).
+    #[pyo3(signature = (context, blocking=None, timeout=None))]
+    fn _acquire_async<'py>(
+        slf: &Bound<'py, Self>,
+        context: u64,
+        blocking: Option<&Bound<'py, PyAny>>,
+        timeout: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let wait = hold::wait_for(blocking, timeout, slf.get().default_timeout)?;
+        let listener = Self::listener_for(slf)?;
+        hold::acquire_async(slf.py(), slf.get().handle.clone(), wait, listener, context)
+    }
+
+    fn _enter_async<'py>(slf: &Bound<'py, Self>, context: u64) -> PyResult<Bound<'py, PyAny>> {
+        let this = slf.get();
+        let wait = Wait::from_timeout(this.default_timeout);
+        let listener = Self::listener_for(slf)?;
+        let timeout_error = hold::enter_timeout(&this.label(), this.default_timeout);
+        hold::enter_async(
+            slf.py(),
+            this.handle.clone(),
+            wait,
+            listener,
+            context,
+            timeout_error,
+        )
+    }
+
+    fn _release_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        hold::release_async(py, self.handle.clone())
+    }
+
+    #[pyo3(signature = (ttl=None))]
+    fn _extend_async<'py>(
+        &self,
+        py: Python<'py>,
+        ttl: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        hold::extend_async(py, self.handle.clone(), hold::extend_lease(ttl)?)
+    }
+
+    fn _owned_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        hold::owned_async(py, self.handle.clone())
+    }
+
+    fn _locked_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let handle = self.handle.clone();
+        hold::query_async(py, async move { handle.locked().await })
+    }
+
+    fn _exit_async<'py>(&self, py: Python<'py>, body_raised: bool) -> PyResult<Bound<'py, PyAny>> {
+        hold::exit_awaitable(py, self.handle.clone(), self.label(), body_raised)
     }
 
     fn __repr__(&self) -> String {

@@ -11,7 +11,7 @@ use super::args;
 use super::blocking;
 use super::client::{coerce_client, PyClient};
 use super::hold;
-use crate::engine::lock::Wait;
+use crate::engine::lock::{OnLost, Wait};
 use crate::engine::semaphore::SemaphoreHandle;
 use crate::protocol::lease::MAX_MS;
 
@@ -29,6 +29,16 @@ pub struct PySemaphore {
 }
 
 impl PySemaphore {
+    fn listener_for(slf: &Bound<'_, Self>) -> PyResult<Option<OnLost>> {
+        let this = slf.get();
+        hold::listener(
+            slf.as_any(),
+            this.handle.auto_renew(),
+            this.label(),
+            this.on_lost.clone(),
+        )
+    }
+
     fn label(&self) -> String {
         format!("semaphore '{}'", self.name)
     }
@@ -183,6 +193,60 @@ impl PySemaphore {
     #[pyo3(signature = (*exc))]
     fn __exit__(&self, py: Python<'_>, exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
         hold::exit(py, &self.handle, exc, &self.label())
+    }
+
+    // The asyncio side (`redmutex.aio`) awaits these; same semantics as the blocking ones.
+
+    #[pyo3(signature = (blocking=None, timeout=None))]
+    fn _acquire_async<'py>(
+        slf: &Bound<'py, Self>,
+        blocking: Option<&Bound<'py, PyAny>>,
+        timeout: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let wait = hold::wait_for(blocking, timeout, slf.get().default_timeout)?;
+        let listener = Self::listener_for(slf)?;
+        hold::acquire_async(slf.py(), slf.get().handle.clone(), wait, listener, ())
+    }
+
+    fn _enter_async<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let this = slf.get();
+        let wait = Wait::from_timeout(this.default_timeout);
+        let listener = Self::listener_for(slf)?;
+        let timeout_error = hold::enter_timeout(&this.label(), this.default_timeout);
+        hold::enter_async(
+            slf.py(),
+            this.handle.clone(),
+            wait,
+            listener,
+            (),
+            timeout_error,
+        )
+    }
+
+    fn _release_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        hold::release_async(py, self.handle.clone())
+    }
+
+    #[pyo3(signature = (ttl=None))]
+    fn _extend_async<'py>(
+        &self,
+        py: Python<'py>,
+        ttl: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        hold::extend_async(py, self.handle.clone(), hold::extend_lease(ttl)?)
+    }
+
+    fn _owned_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        hold::owned_async(py, self.handle.clone())
+    }
+
+    fn _holders_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let handle = self.handle.clone();
+        hold::query_async(py, async move { handle.holders().await })
+    }
+
+    fn _exit_async<'py>(&self, py: Python<'py>, body_raised: bool) -> PyResult<Bound<'py, PyAny>> {
+        hold::exit_awaitable(py, self.handle.clone(), self.label(), body_raised)
     }
 
     fn __repr__(&self) -> String {
