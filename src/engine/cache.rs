@@ -26,10 +26,10 @@ use tokio::sync::Notify;
 
 use super::client::{Client, Shared};
 use super::error::{Error, Result};
-use super::lock::Wait;
 use super::node::Retry;
 use super::runtime::{self, pid};
 use super::token::new_token;
+use super::waiting::Wait;
 use crate::protocol::keys::Keys;
 use crate::protocol::lease;
 use crate::protocol::replies::{parse_flag, parse_lookup, Lookup};

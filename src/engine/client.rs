@@ -8,9 +8,11 @@ use redis::ConnectionInfo;
 use super::cache::Flight;
 use super::direct::DirectPool;
 use super::error::{Error, Result};
+use super::exclusive::ExclusivePool;
 use super::gates::Gates;
 use super::node::{Node, Timeouts};
 use super::runtime::pid;
+use super::waiting::Gate;
 use super::wake::WakeHub;
 use crate::protocol::keys::Keys;
 
@@ -25,29 +27,19 @@ pub struct ClientConfig {
 /// in-process gates that let only one waiter per lock name compete in Redis at a time.
 pub struct Shared {
     pub node: Node,
-    /// A connection of its own for writes that must be followed by WAIT (replica acknowledgement):
-    /// WAIT blocks its connection, so it never runs on the shared one.
-    pub wait_node: Node,
+    /// Connections used one call at a time, for writes that WAIT must follow (replicas).
+    pub exclusive: ExclusivePool,
     /// Blocking connections for one-round-trip calls made from the caller's thread.
     pub direct: DirectPool,
     pub hub: WakeHub,
-    gates: Mutex<HashMap<Vec<u8>, Weak<tokio::sync::Mutex<()>>>>,
+    gates: Mutex<HashMap<Vec<u8>, Weak<Gate>>>,
     /// The same for cache entries, each gate guarding the value its last waiter read.
     pub cache_flights: Gates<Flight>,
 }
 
 impl Shared {
-    /// The connection for lock writes that `replicas` replicas must acknowledge.
-    pub fn node_for(&self, replicas: u32) -> &Node {
-        if replicas == 0 {
-            &self.node
-        } else {
-            &self.wait_node
-        }
-    }
-
     /// The gate of one lock name in this process (fair locks queue in Redis instead).
-    pub fn gate(&self, name: &[u8]) -> Arc<tokio::sync::Mutex<()>> {
+    pub fn gate(&self, name: &[u8]) -> Arc<Gate> {
         let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(gate) = gates.get(name).and_then(Weak::upgrade) {
             return gate;
@@ -55,7 +47,7 @@ impl Shared {
         if gates.len() >= 64 {
             gates.retain(|_, gate| gate.strong_count() > 0);
         }
-        let gate = Arc::new(tokio::sync::Mutex::new(()));
+        let gate = Arc::new(Gate::default());
         gates.insert(name.to_vec(), Arc::downgrade(&gate));
         gate
     }
@@ -102,7 +94,7 @@ impl Client {
             .map_err(|e| Error::Invalid(format!("url: {e}")))?;
         let shared = Arc::new(Shared {
             node: Node::new(redis_client.clone(), self.config.timeouts),
-            wait_node: Node::new(redis_client.clone(), self.config.timeouts),
+            exclusive: ExclusivePool::new(redis_client.clone(), self.config.timeouts),
             direct: DirectPool::new(redis_client.clone(), self.config.timeouts),
             hub: WakeHub::new(redis_client, self.config.timeouts),
             gates: Mutex::new(HashMap::new()),

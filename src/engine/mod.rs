@@ -4,12 +4,17 @@ pub mod cache;
 pub mod client;
 pub mod direct;
 pub mod error;
+pub mod exclusive;
 pub mod gates;
+pub mod hold;
 pub mod lock;
 pub mod node;
 pub mod renew;
 pub mod runtime;
+pub mod rwlock;
+pub mod semaphore;
 pub mod token;
+pub mod waiting;
 pub mod wake;
 
 pub use client::{Client, ClientConfig, Shared};

@@ -81,9 +81,10 @@ impl Node {
         if let Some(found) = self.cached() {
             return Ok(found);
         }
+        // Replies are bounded by our own deadline in `call`.
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.timeouts.connect))
-            .set_response_timeout(Some(self.timeouts.command));
+            .set_response_timeout(None);
         let conn = within(
             self.timeouts.connect + self.timeouts.command,
             "the connection",
@@ -120,23 +121,6 @@ impl Node {
             cmd.query_async::<T>(&mut conn).await
         })
         .await
-    }
-
-    /// Runs one command once (no retry) with its own reply deadline, for commands that wait
-    /// server-side (WAIT) longer than an ordinary reply takes.
-    pub async fn query_within<T: FromRedisValue + Send>(
-        &self,
-        cmd: &Cmd,
-        limit: Duration,
-    ) -> Result<T> {
-        let (generation, mut conn) = self.connection().await?;
-        let outcome = within(limit, "a command", cmd.query_async::<T>(&mut conn)).await;
-        if let Err(err) = &outcome {
-            if err.is_connection() {
-                self.invalidate(generation);
-            }
-        }
-        outcome
     }
 
     async fn call<T, F, Fut>(&self, retry: Retry, op: F) -> Result<T>

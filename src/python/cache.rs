@@ -13,7 +13,7 @@ use super::blocking;
 use super::client::{coerce_client, PyClient};
 use super::errors::value_error;
 use crate::engine::cache::{self, CacheSpec, Claim, Fetched, First};
-use crate::engine::lock::Wait;
+use crate::engine::waiting::Wait;
 use crate::engine::{Client, Error};
 
 /// `fetch`'s state: a value is stored (payload and pttl are set).

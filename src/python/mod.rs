@@ -7,9 +7,12 @@ mod blocking;
 mod cache;
 mod client;
 mod errors;
+mod hold;
 mod lock;
 mod log;
 mod recipes;
+mod rwlock;
+mod semaphore;
 
 use pyo3::prelude::*;
 
@@ -18,6 +21,9 @@ use pyo3::prelude::*;
 fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::PyClient>()?;
     m.add_class::<lock::PyLock>()?;
+    m.add_class::<semaphore::PySemaphore>()?;
+    m.add_class::<rwlock::PyRwLock>()?;
+    m.add_class::<rwlock::PyRwSide>()?;
     m.add_class::<cache::PyCacheStore>()?;
     m.add_class::<cache::PyFillClaim>()?;
     m.add("CACHE_HIT", cache::HIT)?;
