@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import metrics
 from ._core import Client, Lock, RWLock, Semaphore, __version__
 from ._recipes import acquire_lock, locked, redis_lock, release_lock
 from .errors import (
@@ -29,6 +30,7 @@ __all__ = [
     "__version__",
     "acquire_lock",
     "locked",
+    "metrics",
     "redis_lock",
     "release_lock",
 ]
