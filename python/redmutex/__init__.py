@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import metrics
 from ._cache import cached, get_or_fill
 from ._core import Client, Lock, RWLock, Semaphore, __version__
 from ._recipes import acquire_lock, locked, redis_lock, release_lock
@@ -32,6 +33,7 @@ __all__ = [
     "cached",
     "get_or_fill",
     "locked",
+    "metrics",
     "redis_lock",
     "release_lock",
 ]

@@ -31,6 +31,7 @@ pub struct Node {
     current: Mutex<(u64, Option<MultiplexedConnection>)>,
     /// Serialises (re)connecting so a burst of callers opens one connection, not many.
     connecting: tokio::sync::Mutex<()>,
+    drops: std::sync::atomic::AtomicU64,
 }
 
 /// Bounds `fut` by `limit`, turning the overrun into a connection error.
@@ -55,7 +56,13 @@ impl Node {
             timeouts,
             current: Mutex::new((0, None)),
             connecting: tokio::sync::Mutex::new(()),
+            drops: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// How many connections broke (or timed out) under a call so far.
+    pub fn drops(&self) -> u64 {
+        self.drops.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn redis_client(&self) -> &redis::Client {
@@ -101,8 +108,10 @@ impl Node {
     /// Forgets the connection of `generation` so the next call opens a fresh one.
     fn invalidate(&self, generation: u64) {
         let mut guard = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        if guard.0 == generation {
+        if guard.0 == generation && guard.1.is_some() {
             guard.1 = None;
+            self.drops
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
 

@@ -20,6 +20,7 @@ use pyo3::prelude::*;
 #[pyo3(name = "_core")]
 fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::PyClient>()?;
+    m.add_class::<awaitable::LoopWaker>()?;
     m.add_class::<lock::PyLock>()?;
     m.add_class::<semaphore::PySemaphore>()?;
     m.add_class::<rwlock::PyRwLock>()?;
