@@ -199,6 +199,7 @@ def _get(settings: _Settings, key: str, fill: Callable[[], T]) -> T:
         _fill_guard(settings, key)
     state, payload, pttl, claim = settings.store.fetch(key)
     if state == _HIT:
+        assert payload is not None
         try:
             value, delta = settings.codec.decode(payload, context=key)
         except PayloadError as exc:
@@ -208,6 +209,7 @@ def _get(settings: _Settings, key: str, fill: Callable[[], T]) -> T:
             return _refresh(settings, key, fill, value, payload)
         return cast(T, value)
     if state == _CLAIMED:
+        assert claim is not None
         return _fill(settings, key, fill, claim)
     raise _timeout_error(settings, key)
 
@@ -221,11 +223,13 @@ def _miss_after_unusable(
     while True:
         _log.warning("cache entry %r: ignoring the stored payload (%s); filling anew", key, exc)
         timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-        state, payload, pttl, claim = settings.store.fetch(key, _digest(payload), timeout=timeout)
+        state, found, pttl, claim = settings.store.fetch(key, _digest(payload), timeout=timeout)
         if state == _CLAIMED:
+            assert claim is not None
             return _fill(settings, key, fill, claim)
-        if state != _HIT:
+        if state != _HIT or found is None:
             raise _timeout_error(settings, key)
+        payload = found
         try:
             value, delta = settings.codec.decode(payload, context=key)
         except PayloadError as again:
@@ -239,7 +243,7 @@ def _miss_after_unusable(
 def _refresh(settings: _Settings, key: str, fill: Callable[[], T], value: Any, payload: bytes) -> T:
     """XFetch chose this caller: refill if nobody does yet and the value is still the one read."""
     state, _payload, _pttl, claim = settings.store.try_claim(key, _digest(payload))
-    if state == _CLAIMED:
+    if state == _CLAIMED and claim is not None:
         return _fill(settings, key, fill, claim)
     return cast(T, value)
 

@@ -127,8 +127,8 @@ impl PyCacheStore {
     }
 
     /// Looks `key` up; on a miss claims its fill, or waits for another caller's fill (at most
-    /// `timeout` seconds: the store's default when not given, None or inf for forever, 0 to not
-    /// wait). `skip`: SHA-1 hex of a payload the caller cannot use, which counts as absent.
+    /// `timeout` seconds: the store's own timeout when not given or None, inf for forever, 0 to
+    /// not wait). `skip`: SHA-1 hex of a payload the caller cannot use, which counts as absent.
     /// Returns `(state, payload, pttl_ms, claim)`; state is HIT, CLAIMED or BUSY (timed out).
     #[pyo3(signature = (key, skip=None, *, timeout=None))]
     fn fetch<'py>(
@@ -139,9 +139,9 @@ impl PyCacheStore {
         timeout: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<FetchReply<'py>> {
         let skip = digest("skip", skip)?;
+        // Not given (or None): the store's own timeout.
         let wait = match timeout {
             None => Wait::from_timeout(self.timeout),
-            Some(t) if t.is_none() => Wait::Forever,
             Some(t) => Wait::from_timeout(args::forever_or_duration("timeout", t, 0.0)?),
         };
         self.run_fetch(py, key, wait, skip)
