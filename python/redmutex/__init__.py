@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from . import metrics
+import atexit
+
+from . import _core, metrics
 from ._cache import cached, get_or_fill
 from ._core import Client, Lock, RWLock, Semaphore, __version__
 from ._recipes import acquire_lock, locked, redis_lock, release_lock
@@ -37,3 +39,6 @@ __all__ = [
     "redis_lock",
     "release_lock",
 ]
+
+# Background threads of the core must not call into Python once the interpreter shuts down.
+atexit.register(_core._interpreter_exiting)

@@ -23,6 +23,7 @@ __all__ = [
     "RWLockSide",
     "Semaphore",
     "__version__",
+    "_interpreter_exiting",
     "acquire_token",
     "release_token",
 ]
@@ -282,3 +283,5 @@ def acquire_token(
 
 def release_token(conn: _ClientLike, lockname: str, identifier: str) -> bool:
     """Compare-and-delete for `identifier`; False when it did not hold the lock."""
+
+def _interpreter_exiting() -> None: ...
