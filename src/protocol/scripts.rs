@@ -23,6 +23,8 @@ pub static LOCK_EXTEND: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/lock_extend.lua")));
 pub static QUEUE_LEAVE: LazyLock<Script> =
     LazyLock::new(|| Script::new(queue_script!("lua/queue_leave.lua")));
+pub static FENCE_RAISE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/fence_raise.lua")));
 
 /// How a fair waiter treats the queue on an attempt that is not granted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,6 +99,13 @@ pub fn leave_queue<'a>(keys: &Keys, token: &str) -> ScriptInvocation<'a> {
     inv
 }
 
+/// Raises the fencing counter to at least `fence` (Redlock's write-back; never lowers it).
+pub fn raise_fence<'a>(keys: &Keys, fence: i64) -> ScriptInvocation<'a> {
+    let mut inv = FENCE_RAISE.prepare_invoke();
+    inv.key(keys.fence()).arg(fence);
+    inv
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,6 +118,7 @@ mod tests {
             include_str!("lua/lock_release.lua"),
             include_str!("lua/lock_extend.lua"),
             include_str!("lua/queue_leave.lua"),
+            include_str!("lua/fence_raise.lua"),
         ] {
             assert!(source.starts_with("-- "), "{source}");
             for word in ["KEYS[1]", "ARGV[1]", "Reply"] {
