@@ -5,9 +5,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::client::{Client, Shared};
+use super::client::{Backend, Client, Shared};
 use super::error::{Error, Result};
 use super::node::Retry;
+use super::redlock;
 use super::renew::{self, Renewal};
 use super::runtime::{self, pid};
 use super::token::new_token;
@@ -42,7 +43,7 @@ impl Wait {
         }
     }
 
-    fn deadline(self) -> Option<Instant> {
+    pub(crate) fn deadline(self) -> Option<Instant> {
         match self {
             Wait::Once => Some(Instant::now()),
             Wait::Until(d) => Some(d),
@@ -50,7 +51,7 @@ impl Wait {
         }
     }
 
-    fn expired(self, now: Instant) -> bool {
+    pub(crate) fn expired(self, now: Instant) -> bool {
         match self {
             Wait::Once => true,
             Wait::Until(d) => now >= d,
@@ -70,11 +71,12 @@ pub struct LockSpec {
     pub replicas: u32,
 }
 
-/// A successful acquire: the fence, and when the winning request was sent (the lease's start).
+/// A successful acquire: the fence, and the local deadline of the lease (measured from before
+/// the winning request was sent; on Redlock also less the clock-drift allowance).
 #[derive(Clone, Copy, Debug)]
 pub struct Granted {
     pub fence: i64,
-    pub sent_at: Instant,
+    pub deadline: Instant,
 }
 
 /// Sends best-effort cleanup for `token` if dropped while armed: an acquire whose outcome is
@@ -131,16 +133,18 @@ async fn attempt(
 
 /// With `replicas` > 0, a grant counts only once that many replicas acknowledged it (WAIT on
 /// the connection that wrote it, at most the command timeout); otherwise it is given back.
-async fn confirmed(shared: &Shared, spec: &LockSpec, token: &str) -> Result<bool> {
+pub(crate) async fn confirmed(shared: &Shared, spec: &LockSpec, token: &str) -> Result<bool> {
     if spec.replicas == 0 {
         return Ok(true);
     }
     let node = shared.node_for(spec.replicas);
     let limit = node.timeouts().command;
     let wait_ms = lease::lease_ms(limit);
-    let acked: i64 = node
-        .query_within(
-            redis::cmd("WAIT").arg(spec.replicas).arg(wait_ms),
+    let acked = node
+        .wait_replicas(
+            &spec.keys.lock(),
+            spec.replicas,
+            wait_ms,
             limit + Duration::from_secs(1),
         )
         .await?;
@@ -175,7 +179,8 @@ pub async fn acquire(
     if let Attempt::Granted { fence } = outcome {
         let ok = confirmed(shared, spec, token).await?;
         cleanup.disarm();
-        return Ok(ok.then_some(Granted { fence, sent_at }));
+        let deadline = lease::deadline(sent_at, spec.lease);
+        return Ok(ok.then_some(Granted { fence, deadline }));
     }
     if wait.expired(Instant::now()) {
         cleanup.disarm();
@@ -237,7 +242,10 @@ async fn wait_for_turn(
         registration.ready().await?;
         let (outcome, sent_at) = attempt(shared, spec, token, queueing).await?;
         let retry_ms = match outcome {
-            Attempt::Granted { fence } => return Ok(Some(Granted { fence, sent_at })),
+            Attempt::Granted { fence } => {
+                let deadline = lease::deadline(sent_at, spec.lease);
+                return Ok(Some(Granted { fence, deadline }));
+            }
             Attempt::Busy { retry_ms } => retry_ms,
         };
         let now = Instant::now();
@@ -276,6 +284,42 @@ pub async fn extend(
     let sent_at = Instant::now();
     let reply = shared.node.invoke(&inv, Retry::Once).await?;
     Ok(parse_flag(&reply)?.then_some(sent_at))
+}
+
+/// `acquire` on any deployment.
+pub async fn acquire_on(
+    backend: &Backend,
+    spec: &LockSpec,
+    token: &str,
+    wait: Wait,
+) -> Result<Option<Granted>> {
+    match backend {
+        Backend::Single(shared) => acquire(shared, spec, token, wait).await,
+        Backend::Redlock(r) => redlock::acquire(r, spec, token, wait).await,
+    }
+}
+
+/// `release` on any deployment; `Ok(false)` when the lock was not ours (any more).
+pub async fn release_on(backend: &Backend, keys: &Keys, token: &str) -> Result<bool> {
+    match backend {
+        Backend::Single(shared) => release(shared, keys, token).await,
+        Backend::Redlock(r) => r.release(keys, token).await,
+    }
+}
+
+/// `extend` on any deployment: `Ok(Some(deadline))` of the new lease, `Ok(None)` when not ours.
+pub async fn extend_on(
+    backend: &Backend,
+    keys: &Keys,
+    token: &str,
+    lease: Duration,
+) -> Result<Option<Instant>> {
+    match backend {
+        Backend::Single(shared) => Ok(extend(shared, keys, token, lease)
+            .await?
+            .map(|sent_at| lease::deadline(sent_at, lease))),
+        Backend::Redlock(r) => r.extend(keys, token, lease).await,
+    }
 }
 
 /// The current owner token of a lock, if anybody holds it.
@@ -365,20 +409,28 @@ impl LockHandle {
         fair: bool,
         replicas: u32,
         auto_renew: bool,
-    ) -> Self {
+    ) -> Result<Self> {
+        if fair && client.is_redlock() {
+            return Err(Error::Unsupported(
+                "fair: a fair (FIFO) lock is not available on a Redlock client (several \
+                 independent masters): one queue cannot be kept by majority; use one Redis, \
+                 Sentinel or Redis Cluster"
+                    .into(),
+            ));
+        }
         let spec = LockSpec {
             name: name.to_vec(),
-            keys: client.keys(name),
+            keys: client.keys(name)?,
             lease,
             fair,
             replicas,
         };
-        LockHandle {
+        Ok(LockHandle {
             client,
             spec,
             auto_renew,
             state: Mutex::new(State::Idle { lost: false }),
-        }
+        })
     }
 
     pub fn auto_renew(&self) -> bool {
@@ -449,17 +501,17 @@ impl LockHandle {
             }
         }
         let mut settle = Settle(self, false);
-        let shared = self.client.shared()?;
+        let backend = self.client.backend()?;
         let token = new_token()?;
-        let granted = acquire(&shared, &self.spec, &token, wait).await;
+        let granted = acquire_on(&backend, &self.spec, &token, wait).await;
         let mut state = self.state();
         settle.1 = true;
         match granted {
             Ok(Some(g)) => {
-                let status = Arc::new(HoldStatus::new(lease::deadline(g.sent_at, self.spec.lease)));
+                let status = Arc::new(HoldStatus::new(g.deadline));
                 let renewal = match (self.auto_renew, listener) {
                     (true, listener) => Some(renew::start(
-                        shared.clone(),
+                        backend.clone(),
                         self.spec.clone(),
                         token.clone(),
                         status.clone(),
@@ -490,8 +542,8 @@ impl LockHandle {
     pub async fn release(&self) -> Result<()> {
         let hold = self.current().ok_or_else(not_owned)?;
         hold.status.releasing.store(true, Ordering::Release);
-        let shared = self.client.shared()?;
-        let outcome = release(&shared, &self.spec.keys, &hold.token).await;
+        let backend = self.client.backend()?;
+        let outcome = release_on(&backend, &self.spec.keys, &hold.token).await;
         hold.status.releasing.store(false, Ordering::Release);
         let released = outcome?;
         let lost = !released || hold.status.is_lost();
@@ -512,10 +564,10 @@ impl LockHandle {
     pub async fn extend(&self, lease: Option<Duration>) -> Result<()> {
         let hold = self.current().ok_or_else(not_owned)?;
         let lease = lease.unwrap_or(self.spec.lease);
-        let shared = self.client.shared()?;
-        match extend(&shared, &self.spec.keys, &hold.token, lease).await? {
-            Some(sent_at) => {
-                hold.status.set_deadline(lease::deadline(sent_at, lease));
+        let backend = self.client.backend()?;
+        match extend_on(&backend, &self.spec.keys, &hold.token, lease).await? {
+            Some(deadline) => {
+                hold.status.set_deadline(deadline);
                 Ok(())
             }
             None => {
@@ -529,13 +581,19 @@ impl LockHandle {
         let Some(hold) = self.current() else {
             return Ok(false);
         };
-        let shared = self.client.shared()?;
-        Ok(owner(&shared, &self.spec.keys).await?.as_deref() == Some(hold.token.as_bytes()))
+        match self.client.backend()? {
+            Backend::Single(shared) => Ok(
+                owner(&shared, &self.spec.keys).await?.as_deref() == Some(hold.token.as_bytes())
+            ),
+            Backend::Redlock(r) => r.owned(&self.spec.keys, &hold.token).await,
+        }
     }
 
     pub async fn locked(&self) -> Result<bool> {
-        let shared = self.client.shared()?;
-        Ok(owner(&shared, &self.spec.keys).await?.is_some())
+        match self.client.backend()? {
+            Backend::Single(shared) => Ok(owner(&shared, &self.spec.keys).await?.is_some()),
+            Backend::Redlock(r) => r.locked(&self.spec.keys).await,
+        }
     }
 
     pub fn token(&self) -> Option<String> {

@@ -4,10 +4,12 @@ pub mod client;
 pub mod error;
 pub mod lock;
 pub mod node;
+pub mod redlock;
 pub mod renew;
 pub mod runtime;
+pub mod sentinel;
 pub mod token;
 pub mod wake;
 
-pub use client::{Client, ClientConfig, Shared};
+pub use client::{Backend, Client, ClientConfig, Deployment, Shared};
 pub use error::{Error, Result};

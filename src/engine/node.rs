@@ -1,14 +1,22 @@
-//! One Redis server: a lazily opened multiplexed connection shared by every thread and task,
-//! reopened after it fails, with every call bounded by the client's timeouts.
+//! One Redis deployment used as one node: a lazily opened multiplexed connection (to a server,
+//! to the master that Sentinel names, or across a Redis Cluster) shared by every thread and
+//! task, reopened after it fails, with every call bounded by the client's timeouts.
 
 use std::future::Future;
-use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Cmd, FromRedisValue, ScriptInvocation, Value};
+use redis::aio::{ConnectionLike, MultiplexedConnection, PubSub};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{AsyncConnectionConfig, Cmd, FromRedisValue, RedisFuture, ScriptInvocation, Value};
 
 use super::error::{Error, Result};
+use super::sentinel::Sentinel;
+use crate::protocol::keys::key_slot;
+use crate::protocol::replies::parse_server_info;
 
 #[derive(Clone, Copy, Debug)]
 pub struct Timeouts {
@@ -24,11 +32,157 @@ pub enum Retry {
     Never,
 }
 
+/// What a node connects to.
+pub enum Target {
+    /// One server.
+    Direct(redis::Client),
+    /// Whichever master the sentinels name, looked up again on every reconnect.
+    Sentinel(Arc<Sentinel>),
+    /// A Redis Cluster. The cluster client routes every command by its first key (all keys of a
+    /// primitive share one slot) and follows MOVED/ASK; `seeds` serve the subscriber, which may
+    /// sit on any node since a classic PUBLISH reaches every node of a cluster.
+    Cluster {
+        client: Box<ClusterClient>,
+        seeds: Vec<redis::Client>,
+        next_seed: AtomicUsize,
+    },
+}
+
+impl Target {
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, Target::Cluster { .. })
+    }
+
+    async fn connect(&self, timeouts: Timeouts) -> Result<Conn> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(timeouts.connect))
+            .set_response_timeout(Some(timeouts.command));
+        let limit = timeouts.connect + timeouts.command;
+        match self {
+            Target::Direct(client) => within(
+                limit,
+                "the connection",
+                client.get_multiplexed_async_connection_with_config(&config),
+            )
+            .await
+            .map(Conn::Plain),
+            Target::Sentinel(sentinel) => sentinel
+                .master(timeouts)
+                .await
+                .map(|(_, conn)| Conn::Plain(conn)),
+            Target::Cluster { client, .. } => {
+                within(limit, "the cluster", client.get_async_connection())
+                    .await
+                    .map(|conn| Conn::Cluster(Box::new(conn)))
+            }
+        }
+    }
+
+    /// A subscriber connection: to the server, to the current master, or to the first
+    /// reachable cluster node (starting after the one that served last).
+    pub async fn pubsub(&self, timeouts: Timeouts) -> Result<PubSub> {
+        let limit = timeouts.connect + timeouts.command;
+        match self {
+            Target::Direct(client) => {
+                within(
+                    limit,
+                    "the subscriber connection",
+                    client.get_async_pubsub(),
+                )
+                .await
+            }
+            Target::Sentinel(sentinel) => {
+                let (client, _) = sentinel.master(timeouts).await?;
+                within(
+                    limit,
+                    "the subscriber connection",
+                    client.get_async_pubsub(),
+                )
+                .await
+            }
+            Target::Cluster {
+                seeds, next_seed, ..
+            } => {
+                let start = next_seed.load(Ordering::Relaxed);
+                let mut last = Error::Connection("no cluster node to subscribe on".into());
+                for i in 0..seeds.len() {
+                    let index = (start + i) % seeds.len();
+                    let Some(seed) = seeds.get(index) else {
+                        continue;
+                    };
+                    match within(limit, "the subscriber connection", seed.get_async_pubsub()).await
+                    {
+                        Ok(pubsub) => {
+                            // Next time, start after this node: if it failed, another one serves.
+                            next_seed.store(index + 1, Ordering::Relaxed);
+                            return Ok(pubsub);
+                        }
+                        Err(err) => last = err,
+                    }
+                }
+                Err(last)
+            }
+        }
+    }
+}
+
+/// A live connection of either kind; both pipeline concurrent callers over few sockets.
+#[derive(Clone)]
+enum Conn {
+    Plain(MultiplexedConnection),
+    Cluster(Box<ClusterConnection>),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Plain(conn) => conn.req_packed_command(cmd),
+            Conn::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Plain(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Plain(conn) => conn.get_db(),
+            Conn::Cluster(conn) => conn.get_db(),
+        }
+    }
+}
+
+/// Which incarnation of a server a connection talks to (`INFO server`, read when it opened):
+/// a connection never outlives a server restart, so this holds for every reply it carries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    pub run_id: String,
+    pub uptime: Duration,
+    pub observed_at: Instant,
+}
+
+#[derive(Clone)]
+struct Live {
+    conn: Conn,
+    identity: Option<Arc<Identity>>,
+}
+
 pub struct Node {
-    client: redis::Client,
+    target: Arc<Target>,
     timeouts: Timeouts,
+    /// Read the server's identity on every new connection (Redlock masters).
+    identify: bool,
     /// The current connection and its generation; the lock is never held across a call.
-    current: Mutex<(u64, Option<MultiplexedConnection>)>,
+    current: Mutex<(u64, Option<Live>)>,
     /// Serialises (re)connecting so a burst of callers opens one connection, not many.
     connecting: tokio::sync::Mutex<()>,
 }
@@ -49,29 +203,38 @@ pub async fn within<T>(
 }
 
 impl Node {
-    pub fn new(client: redis::Client, timeouts: Timeouts) -> Self {
+    pub fn new(target: Arc<Target>, timeouts: Timeouts) -> Self {
         Node {
-            client,
+            target,
             timeouts,
+            identify: false,
             current: Mutex::new((0, None)),
             connecting: tokio::sync::Mutex::new(()),
         }
     }
 
-    pub fn redis_client(&self) -> &redis::Client {
-        &self.client
+    /// A node that reads the server's `run_id` on each new connection.
+    pub fn identified(target: Arc<Target>, timeouts: Timeouts) -> Self {
+        Node {
+            identify: true,
+            ..Node::new(target, timeouts)
+        }
+    }
+
+    pub fn target(&self) -> &Arc<Target> {
+        &self.target
     }
 
     pub fn timeouts(&self) -> Timeouts {
         self.timeouts
     }
 
-    fn cached(&self) -> Option<(u64, MultiplexedConnection)> {
+    fn cached(&self) -> Option<(u64, Live)> {
         let guard = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        guard.1.clone().map(|conn| (guard.0, conn))
+        guard.1.clone().map(|live| (guard.0, live))
     }
 
-    async fn connection(&self) -> Result<(u64, MultiplexedConnection)> {
+    async fn connection(&self) -> Result<(u64, Live)> {
         if let Some(found) = self.cached() {
             return Ok(found);
         }
@@ -81,20 +244,30 @@ impl Node {
         if let Some(found) = self.cached() {
             return Ok(found);
         }
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.timeouts.connect))
-            .set_response_timeout(Some(self.timeouts.command));
-        let conn = within(
-            self.timeouts.connect + self.timeouts.command,
-            "the connection",
-            self.client
-                .get_multiplexed_async_connection_with_config(&config),
-        )
-        .await?;
+        let mut conn = self.target.connect(self.timeouts).await?;
+        let identity = if self.identify {
+            let info: String = within(
+                self.timeouts.command,
+                "INFO",
+                redis::cmd("INFO").arg("server").query_async(&mut conn),
+            )
+            .await?;
+            let (run_id, uptime) = parse_server_info(&info).ok_or_else(|| {
+                Error::Server("INFO server did not report run_id and uptime".into())
+            })?;
+            Some(Arc::new(Identity {
+                run_id,
+                uptime: Duration::from_secs(uptime),
+                observed_at: Instant::now(),
+            }))
+        } else {
+            None
+        };
+        let live = Live { conn, identity };
         let mut guard = self.current.lock().unwrap_or_else(|p| p.into_inner());
         guard.0 += 1;
-        guard.1 = Some(conn.clone());
-        Ok((guard.0, conn))
+        guard.1 = Some(live.clone());
+        Ok((guard.0, live))
     }
 
     /// Forgets the connection of `generation` so the next call opens a fresh one.
@@ -105,9 +278,28 @@ impl Node {
         }
     }
 
+    /// Forgets the current connection, whichever it is (the master changed under it).
+    pub fn reset(&self) {
+        let mut guard = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        guard.1 = None;
+    }
+
     /// Runs a script (EVALSHA, loading it on NOSCRIPT), retrying once on a dropped connection
     /// when `retry` allows.
     pub async fn invoke(&self, inv: &ScriptInvocation<'_>, retry: Retry) -> Result<Value> {
+        self.call(retry, |mut conn| async move {
+            inv.invoke_async::<Value>(&mut conn).await
+        })
+        .await
+        .map(|(value, _)| value)
+    }
+
+    /// `invoke`, also telling which server incarnation answered (on an `identified` node).
+    pub async fn invoke_identified(
+        &self,
+        inv: &ScriptInvocation<'_>,
+        retry: Retry,
+    ) -> Result<(Value, Option<Arc<Identity>>)> {
         self.call(retry, |mut conn| async move {
             inv.invoke_async::<Value>(&mut conn).await
         })
@@ -120,17 +312,49 @@ impl Node {
             cmd.query_async::<T>(&mut conn).await
         })
         .await
+        .map(|(value, _)| value)
     }
 
-    /// Runs one command once (no retry) with its own reply deadline, for commands that wait
-    /// server-side (WAIT) longer than an ordinary reply takes.
-    pub async fn query_within<T: FromRedisValue + Send>(
+    /// `query`, also telling which server incarnation answered (on an `identified` node).
+    pub async fn query_identified<T: FromRedisValue + Send>(
         &self,
         cmd: &Cmd,
+        retry: Retry,
+    ) -> Result<(T, Option<Arc<Identity>>)> {
+        self.call(retry, |mut conn| async move {
+            cmd.query_async::<T>(&mut conn).await
+        })
+        .await
+    }
+
+    /// WAIT for `replicas` acknowledgements of this connection's writes, at most `wait_ms` on
+    /// the server, `limit` in all; on a cluster it goes to the primary that owns `key`'s slot.
+    pub async fn wait_replicas(
+        &self,
+        key: &[u8],
+        replicas: u32,
+        wait_ms: u64,
         limit: Duration,
-    ) -> Result<T> {
-        let (generation, mut conn) = self.connection().await?;
-        let outcome = within(limit, "a command", cmd.query_async::<T>(&mut conn)).await;
+    ) -> Result<i64> {
+        let (generation, live) = self.connection().await?;
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(replicas).arg(wait_ms);
+        let outcome = match live.conn {
+            Conn::Plain(mut conn) => {
+                within(limit, "WAIT", wait.query_async::<i64>(&mut conn)).await
+            }
+            Conn::Cluster(mut conn) => {
+                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                    Route::new(key_slot(key), SlotAddr::Master),
+                ));
+                within(limit, "WAIT", conn.route_command(wait, route))
+                    .await
+                    .and_then(|v| {
+                        i64::from_redis_value(v)
+                            .map_err(|e| Error::Server(format!("unexpected reply to WAIT: {e}")))
+                    })
+            }
+        };
         if let Err(err) = &outcome {
             if err.is_connection() {
                 self.invalidate(generation);
@@ -139,16 +363,16 @@ impl Node {
         outcome
     }
 
-    async fn call<T, F, Fut>(&self, retry: Retry, op: F) -> Result<T>
+    async fn call<T, F, Fut>(&self, retry: Retry, op: F) -> Result<(T, Option<Arc<Identity>>)>
     where
-        F: Fn(MultiplexedConnection) -> Fut,
+        F: Fn(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
         let mut may_retry = retry == Retry::Once;
         loop {
-            let (generation, conn) = self.connection().await?;
-            let err = match tokio::time::timeout(self.timeouts.command, op(conn)).await {
-                Ok(Ok(value)) => return Ok(value),
+            let (generation, live) = self.connection().await?;
+            let err = match tokio::time::timeout(self.timeouts.command, op(live.conn)).await {
+                Ok(Ok(value)) => return Ok((value, live.identity)),
                 Ok(Err(err)) => err,
                 Err(_) => {
                     self.invalidate(generation);
@@ -158,14 +382,17 @@ impl Node {
                     )));
                 }
             };
-            // Only a connection that broke under the call is worth one more try; a timeout
-            // already used the caller's time.
+            // Only a connection that broke under the call is worth one more try (a timeout
+            // already used the caller's time), or one to a server that is no longer a master
+            // (READONLY: failover happened; reconnecting asks Sentinel anew).
+            let read_only =
+                err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly);
             let dropped = err.is_connection_dropped() && !err.is_timeout();
             let err = Error::from(err);
-            if err.is_connection() {
+            if err.is_connection() || read_only {
                 self.invalidate(generation);
             }
-            if !(dropped && may_retry) {
+            if !((dropped || read_only) && may_retry) {
                 return Err(err);
             }
             may_retry = false;

@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::client::Shared;
-use super::lock::{extend, HoldStatus, LockSpec};
+use super::client::Backend;
+use super::lock::{extend_on, HoldStatus, LockSpec};
 use super::runtime;
 
 /// Whom renewal tells what it finds.
@@ -31,7 +31,7 @@ impl Renewal {
 }
 
 pub fn start(
-    shared: Arc<Shared>,
+    backend: Backend,
     spec: LockSpec,
     token: String,
     status: Arc<HoldStatus>,
@@ -40,14 +40,14 @@ pub fn start(
     let Ok(handle) = runtime::handle() else {
         return Renewal { task: None };
     };
-    let task = handle.spawn(renew(shared, spec, token, status, listener));
+    let task = handle.spawn(renew(backend, spec, token, status, listener));
     Renewal {
         task: Some(task.abort_handle()),
     }
 }
 
 async fn renew(
-    shared: Arc<Shared>,
+    backend: Backend,
     spec: LockSpec,
     token: String,
     status: Arc<HoldStatus>,
@@ -62,9 +62,10 @@ async fn renew(
         if status.is_lost() {
             return;
         }
-        match extend(&shared, &spec.keys, &token, spec.lease).await {
-            Ok(Some(sent_at)) => {
-                status.set_deadline(sent_at.checked_add(spec.lease).unwrap_or(sent_at));
+        let sent_at = Instant::now();
+        match extend_on(&backend, &spec.keys, &token, spec.lease).await {
+            Ok(Some(deadline)) => {
+                status.set_deadline(deadline);
                 next = sent_at + period;
             }
             Ok(None) if status.is_releasing() => next = Instant::now() + retry,

@@ -185,7 +185,7 @@ impl PyLock {
                 fair,
                 replicas as u32,
                 auto_renew,
-            )),
+            )?),
             client,
             name: String::from_utf8_lossy(&name_bytes).into_owned(),
             ttl,
