@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from redmutex._server import RedisServer
+from redmutex._server import RedisServer, free_port
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -58,6 +58,8 @@ class Cluster:
                     "--cluster-enabled", "yes",
                     "--cluster-config-file", "nodes.conf",
                     "--cluster-node-timeout", "5000",
+                    # The bus port defaults to port + 10000, which may be taken or too large.
+                    "--cluster-port", str(free_port()),
                 ]
             )
             for _ in range(size)
@@ -253,8 +255,14 @@ class SentinelGroup:
             return int(port)
 
     def failover(self) -> None:
-        with self.sentinel_conn() as s:
-            s.execute_command("SENTINEL", "FAILOVER", self.name)
+        """SENTINEL FAILOVER, once the sentinel has the replica's own INFO (before that it
+        answers NOGOODSLAVE)."""
+
+        def ask() -> bool:
+            with self.sentinel_conn() as s:
+                return bool(s.execute_command("SENTINEL", "FAILOVER", self.name))
+
+        wait_for("the sentinel to accept a failover", ask, timeout=30)
 
     def stop(self) -> None:
         for server in (self.sentinel, self.replica, self.master):
