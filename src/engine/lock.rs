@@ -139,7 +139,9 @@ pub(crate) async fn confirmed(shared: &Shared, spec: &LockSpec, token: &str) -> 
     }
     let node = shared.node_for(spec.replicas);
     let limit = node.timeouts().command;
-    let wait_ms = lease::lease_ms(limit);
+    // The server gives up a little before the connection's own reply deadline would.
+    let margin = (limit / 10).min(Duration::from_millis(200));
+    let wait_ms = lease::lease_ms(limit.saturating_sub(margin));
     let acked = node
         .wait_replicas(
             &spec.keys.lock(),

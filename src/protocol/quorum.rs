@@ -131,15 +131,16 @@ impl Tally {
         self.granted >= q || self.granted + self.pending() < q
     }
 
-    /// The outcome from the votes in so far (votes still missing count as failed).
+    /// The outcome from the votes in so far.
     pub fn outcome(&self) -> Outcome {
         let q = quorum(self.n);
         if self.granted >= q {
             return Outcome::Won;
         }
-        // Only when the masters that did not answer alone rule a majority out is it the
-        // masters' fault; otherwise somebody holds the lock (or the vote split).
-        if self.failed + self.pending() > self.n - q {
+        // Only when the masters that failed alone rule a majority out is it the masters'
+        // fault; otherwise somebody holds the lock (or the vote split). Votes still out when
+        // a round settles early are unknown, not failed.
+        if self.failed > self.n - q {
             return Outcome::NoQuorum {
                 answered: self.answered(),
             };
@@ -301,6 +302,16 @@ mod tests {
             t.outcome(),
             Outcome::Busy {
                 retry_ms: 200,
+                split: false
+            }
+        );
+        // Two down and one busy settles the round, but the others may well answer: held.
+        let t = tally(5, &[busy(40), F, F]);
+        assert!(t.settled());
+        assert_eq!(
+            t.outcome(),
+            Outcome::Busy {
+                retry_ms: 40,
                 split: false
             }
         );
