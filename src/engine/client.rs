@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use redis::ConnectionInfo;
 
+use super::direct::DirectPool;
 use super::error::{Error, Result};
 use super::node::{Node, Retry, Target, Timeouts};
 use super::redlock::Redlock;
@@ -92,6 +93,10 @@ pub struct Shared {
     /// A connection of its own for writes that must be followed by WAIT (replica acknowledgement):
     /// WAIT blocks its connection, so it never runs on the shared one.
     pub wait_node: Node,
+    /// Blocking connections for one-round-trip calls made from the caller's thread; only for a
+    /// single server (a cluster routes by slot and a Sentinel master moves: they go through
+    /// the runtime).
+    pub direct: Option<DirectPool>,
     pub hub: WakeHub,
     gates: Gates,
     /// Sentinel: the task that moves the connections when a failover is announced.
@@ -133,9 +138,14 @@ impl Shared {
             } else {
                 Node::new(target.clone(), timeouts)
             };
+            let direct = match &*target {
+                Target::Direct(client) => Some(DirectPool::new(client.clone(), timeouts)),
+                _ => None,
+            };
             Shared {
                 node,
                 wait_node,
+                direct,
                 hub: WakeHub::new(target, timeouts),
                 gates: Gates::default(),
                 _watcher: watcher,

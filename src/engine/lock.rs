@@ -79,6 +79,16 @@ pub struct Granted {
     pub deadline: Instant,
 }
 
+impl Granted {
+    /// A grant on one server: the lease runs from when the winning request was sent.
+    pub fn single(fence: i64, sent_at: Instant, lease: Duration) -> Self {
+        Granted {
+            fence,
+            deadline: lease::deadline(sent_at, lease),
+        }
+    }
+}
+
 /// Sends best-effort cleanup for `token` if dropped while armed: an acquire whose outcome is
 /// unknown (cancelled mid-flight, or its reply lost) must not leave a lock or a queue place.
 struct Cleanup {
@@ -96,22 +106,48 @@ impl Cleanup {
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        if !self.armed {
-            return;
+        if self.armed {
+            let token = std::mem::take(&mut self.token);
+            spawn_cleanup(self.shared.clone(), self.keys.clone(), token);
         }
-        let shared = self.shared.clone();
-        let keys = self.keys.clone();
-        let token = std::mem::take(&mut self.token);
-        runtime::spawn(async move {
-            let _ = shared
-                .node
-                .invoke(&scripts::release(&keys, &token), Retry::Once)
-                .await;
-            let _ = shared
-                .node
-                .invoke(&scripts::leave_queue(&keys, &token), Retry::Once)
-                .await;
-        });
+    }
+}
+
+/// Gives back whatever `token` may hold or queue for, in the background (idempotent).
+fn spawn_cleanup(shared: Arc<Shared>, keys: Keys, token: String) {
+    runtime::spawn(async move {
+        let _ = shared
+            .node
+            .invoke(&scripts::release(&keys, &token), Retry::Once)
+            .await;
+        let _ = shared
+            .node
+            .invoke(&scripts::leave_queue(&keys, &token), Retry::Once)
+            .await;
+    });
+}
+
+/// One acquire attempt made directly on the caller's thread (see `direct.rs`).
+pub fn attempt_direct(
+    shared: &Arc<Shared>,
+    spec: &LockSpec,
+    token: &str,
+) -> Result<(Attempt, Instant)> {
+    let fair = spec.fair.then_some(Queueing::TryOnly);
+    let inv = scripts::acquire(&spec.keys, token, lease::lease_ms(spec.lease), fair);
+    let Some(direct) = shared.direct.as_ref() else {
+        return Err(Error::Usage(
+            "no direct connection to this deployment".into(),
+        ));
+    };
+    let sent_at = Instant::now();
+    match direct.invoke(&inv, Retry::Once) {
+        Ok(reply) => Ok((parse_attempt(&reply)?, sent_at)),
+        Err(err) => {
+            // The script may have run before the connection failed.
+            spawn_cleanup(shared.clone(), spec.keys.clone(), token.to_string());
+            Err(err)
+        }
     }
 }
 
@@ -166,6 +202,17 @@ pub async fn acquire(
     token: &str,
     wait: Wait,
 ) -> Result<Option<Granted>> {
+    acquire_from(shared, spec, token, wait, None).await
+}
+
+/// `acquire`, given the outcome of a first attempt already made (directly) for this token.
+pub async fn acquire_from(
+    shared: &Arc<Shared>,
+    spec: &LockSpec,
+    token: &str,
+    wait: Wait,
+    first: Option<(Attempt, Instant)>,
+) -> Result<Option<Granted>> {
     let cleanup = Cleanup {
         shared: shared.clone(),
         keys: spec.keys.clone(),
@@ -173,16 +220,15 @@ pub async fn acquire(
         armed: true,
     };
     // The first send's time is the lease's start should a retry find this token in place.
-    let first = attempt(shared, spec, token, Queueing::TryOnly).await;
     let (outcome, sent_at) = match first {
-        Ok(found) => found,
-        Err(err) => return Err(err), // `cleanup` runs: the script may have executed.
+        Some(found) => found,
+        // On error `cleanup` runs: the script may have executed.
+        None => attempt(shared, spec, token, Queueing::TryOnly).await?,
     };
     if let Attempt::Granted { fence } = outcome {
         let ok = confirmed(shared, spec, token).await?;
         cleanup.disarm();
-        let deadline = lease::deadline(sent_at, spec.lease);
-        return Ok(ok.then_some(Granted { fence, deadline }));
+        return Ok(ok.then_some(Granted::single(fence, sent_at, spec.lease)));
     }
     if wait.expired(Instant::now()) {
         cleanup.disarm();
@@ -245,8 +291,7 @@ async fn wait_for_turn(
         let (outcome, sent_at) = attempt(shared, spec, token, queueing).await?;
         let retry_ms = match outcome {
             Attempt::Granted { fence } => {
-                let deadline = lease::deadline(sent_at, spec.lease);
-                return Ok(Some(Granted { fence, deadline }));
+                return Ok(Some(Granted::single(fence, sent_at, spec.lease)))
             }
             Attempt::Busy { retry_ms } => retry_ms,
         };
@@ -397,6 +442,59 @@ pub struct LockHandle {
     state: Mutex<State>,
 }
 
+/// An acquire under way (the object is in its Acquiring state). Dropped unsettled — the caller
+/// was interrupted between the steps — it puts the object back to idle.
+pub struct Pending<'a> {
+    handle: &'a LockHandle,
+    token: Option<String>,
+    first: Option<(Attempt, Instant)>,
+}
+
+impl Pending<'_> {
+    fn settle(
+        mut self,
+        backend: &Backend,
+        token: String,
+        granted: Result<Option<Granted>>,
+        listener: Option<OnLost>,
+    ) -> Result<bool> {
+        let handle = self.handle;
+        self.token = None;
+        let outcome = match granted {
+            Ok(Some(g)) => {
+                let hold = handle.hold(backend, token, g, listener);
+                *handle.state() = State::Held(hold);
+                Ok(true)
+            }
+            Ok(None) => {
+                *handle.state() = State::Idle { lost: false };
+                Ok(false)
+            }
+            Err(err) => {
+                *handle.state() = State::Idle { lost: false };
+                Err(err)
+            }
+        };
+        std::mem::forget(self);
+        outcome
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        let mut state = self.handle.state();
+        if matches!(*state, State::Acquiring) {
+            *state = State::Idle { lost: false };
+        }
+    }
+}
+
+/// The outcome of `LockHandle::acquire_direct`.
+pub enum Direct<'a> {
+    Done(bool),
+    Wait(Pending<'a>),
+}
+
 /// What the caller needs of a hold to act on it without holding the state lock.
 struct HoldRef {
     token: String,
@@ -432,6 +530,15 @@ impl LockHandle {
             spec,
             auto_renew,
             state: Mutex::new(State::Idle { lost: false }),
+        })
+    }
+
+    /// The deployment's connections when the blocking calls may use a direct connection on the
+    /// caller's thread (a single server); None for the others, which go through the runtime.
+    fn direct_shared(&self) -> Result<Option<Arc<Shared>>> {
+        Ok(match self.client.backend()? {
+            Backend::Single(shared) if shared.direct.is_some() => Some(shared),
+            _ => None,
         })
     }
 
@@ -474,78 +581,127 @@ impl LockHandle {
 
     /// Takes the lock for this object; `listener` hears from auto-renewal, if it is on.
     pub async fn acquire(&self, wait: Wait, listener: Option<OnLost>) -> Result<bool> {
-        {
-            let mut state = self.state();
-            match &*state {
-                State::Held(_) => {
-                    return Err(Error::Usage(
-                        "this Lock object already holds the lock (it is not re-entrant)".into(),
-                    ))
-                }
-                State::Acquiring => {
-                    return Err(Error::Usage(
-                        "this Lock object is already acquiring in another thread".into(),
-                    ))
-                }
-                State::Idle { .. } => *state = State::Acquiring,
-            }
+        self.begin_acquire()?;
+        let pending = Pending {
+            handle: self,
+            token: None,
+            first: None,
+        };
+        self.acquire_pending(pending, wait, listener).await
+    }
+
+    /// The blocking form's first step, on the caller's thread: one direct attempt. `Done` when
+    /// that settles it (granted, or a single try that failed); otherwise finish with
+    /// `acquire_pending`, which waits through the runtime.
+    pub fn acquire_direct(&self, wait: Wait, listener: Option<OnLost>) -> Result<Direct<'_>> {
+        self.begin_acquire()?;
+        let mut pending = Pending {
+            handle: self,
+            token: None,
+            first: None,
+        };
+        // WAIT must follow the write on the same connection: replicas take the runtime path.
+        if self.spec.replicas > 0 {
+            return Ok(Direct::Wait(pending));
         }
-        // Back to idle if this future is dropped (cancelled) before it settles.
-        struct Settle<'a>(&'a LockHandle, bool);
-        impl Drop for Settle<'_> {
-            fn drop(&mut self) {
-                if !self.1 {
-                    let mut state = self.0.state();
-                    if matches!(*state, State::Acquiring) {
-                        *state = State::Idle { lost: false };
-                    }
-                }
-            }
-        }
-        let mut settle = Settle(self, false);
-        let backend = self.client.backend()?;
+        let Some(shared) = self.direct_shared()? else {
+            return Ok(Direct::Wait(pending));
+        };
+        let backend = Backend::Single(shared.clone());
         let token = new_token()?;
-        let granted = acquire_on(&backend, &self.spec, &token, wait).await;
-        let mut state = self.state();
-        settle.1 = true;
-        match granted {
-            Ok(Some(g)) => {
-                let status = Arc::new(HoldStatus::new(g.deadline));
-                let renewal = match (self.auto_renew, listener) {
-                    (true, listener) => Some(renew::start(
-                        backend.clone(),
-                        self.spec.clone(),
-                        token.clone(),
-                        status.clone(),
-                        listener,
-                    )),
-                    (false, _) => None,
-                };
-                *state = State::Held(Hold {
-                    pid: pid(),
-                    token,
-                    fence: g.fence,
-                    status,
-                    renewal,
-                });
-                Ok(true)
+        let (outcome, sent_at) = attempt_direct(&shared, &self.spec, &token)?;
+        match outcome {
+            Attempt::Granted { fence } => {
+                let granted = Ok(Some(Granted::single(fence, sent_at, self.spec.lease)));
+                Ok(Direct::Done(
+                    pending.settle(&backend, token, granted, listener)?,
+                ))
             }
-            Ok(None) => {
-                *state = State::Idle { lost: false };
-                Ok(false)
-            }
-            Err(err) => {
-                *state = State::Idle { lost: false };
-                Err(err)
+            Attempt::Busy { .. } if wait == Wait::Once => Ok(Direct::Done(pending.settle(
+                &backend,
+                token,
+                Ok(None),
+                listener,
+            )?)),
+            Attempt::Busy { .. } => {
+                pending.token = Some(token);
+                pending.first = Some((outcome, sent_at));
+                Ok(Direct::Wait(pending))
             }
         }
     }
 
-    pub async fn release(&self) -> Result<()> {
+    /// Finishes an acquire begun by `acquire_direct` (or `acquire`).
+    pub async fn acquire_pending(
+        &self,
+        mut pending: Pending<'_>,
+        wait: Wait,
+        listener: Option<OnLost>,
+    ) -> Result<bool> {
+        let backend = self.client.backend()?;
+        let token = match pending.token.take() {
+            Some(token) => token,
+            None => new_token()?,
+        };
+        let first = pending.first.take();
+        let granted = match &backend {
+            Backend::Single(shared) => acquire_from(shared, &self.spec, &token, wait, first).await,
+            Backend::Redlock(r) => redlock::acquire(r, &self.spec, &token, wait).await,
+        };
+        pending.settle(&backend, token, granted, listener)
+    }
+
+    fn begin_acquire(&self) -> Result<()> {
+        let mut state = self.state();
+        match &*state {
+            State::Held(_) => Err(Error::Usage(
+                "this Lock object already holds the lock (it is not re-entrant)".into(),
+            )),
+            State::Acquiring => Err(Error::Usage(
+                "this Lock object is already acquiring in another thread".into(),
+            )),
+            State::Idle { .. } => {
+                *state = State::Acquiring;
+                Ok(())
+            }
+        }
+    }
+
+    fn hold(
+        &self,
+        backend: &Backend,
+        token: String,
+        granted: Granted,
+        listener: Option<OnLost>,
+    ) -> Hold {
+        let status = Arc::new(HoldStatus::new(granted.deadline));
+        let renewal = match (self.auto_renew, listener) {
+            (true, listener) => Some(renew::start(
+                backend.clone(),
+                self.spec.clone(),
+                token.clone(),
+                status.clone(),
+                listener,
+            )),
+            (false, _) => None,
+        };
+        Hold {
+            pid: pid(),
+            token,
+            fence: granted.fence,
+            status,
+            renewal,
+        }
+    }
+
+    /// Marks a release under way and returns the hold to release.
+    fn begin_release(&self) -> Result<HoldRef> {
         let hold = self.current().ok_or_else(not_owned)?;
         hold.status.releasing.store(true, Ordering::Release);
-        let backend = self.client.backend()?;
-        let outcome = release_on(&backend, &self.spec.keys, &hold.token).await;
+        Ok(hold)
+    }
+
+    fn finish_release(&self, hold: HoldRef, outcome: Result<bool>) -> Result<()> {
         hold.status.releasing.store(false, Ordering::Release);
         let released = outcome?;
         let lost = !released || hold.status.is_lost();
@@ -563,11 +719,35 @@ impl LockHandle {
         }
     }
 
-    pub async fn extend(&self, lease: Option<Duration>) -> Result<()> {
-        let hold = self.current().ok_or_else(not_owned)?;
-        let lease = lease.unwrap_or(self.spec.lease);
-        let backend = self.client.backend()?;
-        match extend_on(&backend, &self.spec.keys, &hold.token, lease).await? {
+    pub async fn release(&self) -> Result<()> {
+        let hold = self.begin_release()?;
+        let outcome = match self.client.backend() {
+            Ok(backend) => release_on(&backend, &self.spec.keys, &hold.token).await,
+            Err(err) => Err(err),
+        };
+        self.finish_release(hold, outcome)
+    }
+
+    /// `release` on the caller's thread.
+    pub fn release_direct(&self) -> Result<()> {
+        let Some(shared) = self.direct_shared()? else {
+            return runtime::handle()?.block_on(self.release());
+        };
+        let hold = self.begin_release()?;
+        let outcome = shared
+            .direct
+            .as_ref()
+            .ok_or_else(|| Error::Usage("no direct connection".into()))
+            .and_then(|direct| {
+                let reply =
+                    direct.invoke(&scripts::release(&self.spec.keys, &hold.token), Retry::Once)?;
+                Ok(parse_flag(&reply)?)
+            });
+        self.finish_release(hold, outcome)
+    }
+
+    fn finish_extend(&self, hold: &HoldRef, outcome: Result<Option<Instant>>) -> Result<()> {
+        match outcome? {
             Some(deadline) => {
                 hold.status.set_deadline(deadline);
                 Ok(())
@@ -577,6 +757,61 @@ impl LockHandle {
                 Err(lost_error())
             }
         }
+    }
+
+    pub async fn extend(&self, lease: Option<Duration>) -> Result<()> {
+        let hold = self.current().ok_or_else(not_owned)?;
+        let lease = lease.unwrap_or(self.spec.lease);
+        let outcome = match self.client.backend() {
+            Ok(backend) => extend_on(&backend, &self.spec.keys, &hold.token, lease).await,
+            Err(err) => Err(err),
+        };
+        self.finish_extend(&hold, outcome)
+    }
+
+    /// `extend` on the caller's thread.
+    pub fn extend_direct(&self, lease: Option<Duration>) -> Result<()> {
+        let Some(shared) = self.direct_shared()? else {
+            return runtime::handle()?.block_on(self.extend(lease));
+        };
+        let hold = self.current().ok_or_else(not_owned)?;
+        let lease = lease.unwrap_or(self.spec.lease);
+        let outcome = shared
+            .direct
+            .as_ref()
+            .ok_or_else(|| Error::Usage("no direct connection".into()))
+            .and_then(|direct| {
+                let inv = scripts::extend(&self.spec.keys, &hold.token, lease::lease_ms(lease));
+                let sent_at = Instant::now();
+                let reply = direct.invoke(&inv, Retry::Once)?;
+                Ok(parse_flag(&reply)?.then(|| lease::deadline(sent_at, lease)))
+            });
+        self.finish_extend(&hold, outcome)
+    }
+
+    /// The lock's owner token, looked up on the caller's thread.
+    fn owner_direct(&self, shared: &Shared) -> Result<Option<Vec<u8>>> {
+        match shared.direct.as_ref() {
+            Some(direct) => direct.query(redis::cmd("GET").arg(self.spec.keys.lock()), Retry::Once),
+            None => Err(Error::Usage("no direct connection".into())),
+        }
+    }
+
+    pub fn owned_direct(&self) -> Result<bool> {
+        let Some(shared) = self.direct_shared()? else {
+            return runtime::handle()?.block_on(self.owned());
+        };
+        let Some(hold) = self.current() else {
+            return Ok(false);
+        };
+        Ok(self.owner_direct(&shared)?.as_deref() == Some(hold.token.as_bytes()))
+    }
+
+    pub fn locked_direct(&self) -> Result<bool> {
+        let Some(shared) = self.direct_shared()? else {
+            return runtime::handle()?.block_on(self.locked());
+        };
+        Ok(self.owner_direct(&shared)?.is_some())
     }
 
     pub async fn owned(&self) -> Result<bool> {

@@ -1,6 +1,7 @@
 //! I/O without Python: the tokio runtime, connections, waiting, renewal and fork safety.
 
 pub mod client;
+pub mod direct;
 pub mod error;
 pub mod lock;
 pub mod node;
@@ -13,3 +14,6 @@ pub mod wake;
 
 pub use client::{Backend, Client, ClientConfig, Deployment, Shared};
 pub use error::{Error, Result};
+
+#[cfg(test)]
+mod tests;

@@ -13,7 +13,7 @@ use super::blocking;
 use super::client::{coerce_client, PyClient};
 use super::errors::{value_error, LockLostError, LockTimeoutError};
 use super::log;
-use crate::engine::lock::{LockHandle, OnLost, Wait};
+use crate::engine::lock::{Direct, LockHandle, OnLost, Wait};
 use crate::engine::renew::Listener;
 use crate::engine::Error;
 
@@ -95,11 +95,19 @@ impl PyLock {
         Ok((self.handle.clone(), listener))
     }
 
+    /// The blocking acquire: one direct attempt on this thread, then, if it must wait, the
+    /// runtime's wait (interruptible by signals).
     fn acquire_with(slf: &Bound<'_, Self>, wait: Wait) -> PyResult<bool> {
+        let py = slf.py();
         let (handle, listener) = slf.get().prepare_acquire(slf)?;
-        Ok(blocking::wait(slf.py(), async move {
-            handle.acquire(wait, listener).await
-        })??)
+        let first = py.detach(|| handle.acquire_direct(wait, listener.clone()))?;
+        match first {
+            Direct::Done(acquired) => Ok(acquired),
+            Direct::Wait(pending) => Ok(blocking::wait(
+                py,
+                handle.acquire_pending(pending, wait, listener),
+            )??),
+        }
     }
 
     fn timeout_message(&self) -> String {
@@ -110,14 +118,18 @@ impl PyLock {
     }
 }
 
-/// Release on leaving a `with` block; a hold that renewal found lost counts as lost even if
-/// Redis still let us delete it.
-async fn release_for_exit(handle: Arc<LockHandle>) -> Result<(), Error> {
-    let outcome = handle.release().await;
-    match outcome {
+/// The release on leaving a `with` block; a hold that renewal found lost counts as lost even
+/// if Redis still let us delete it.
+fn exit_outcome(handle: &LockHandle, released: Result<(), Error>) -> Result<(), Error> {
+    match released {
         Ok(()) if handle.lost() => Err(Error::Lost("lock was lost".into())),
         other => other,
     }
+}
+
+async fn release_for_exit(handle: Arc<LockHandle>) -> Result<(), Error> {
+    let released = handle.release().await;
+    exit_outcome(&handle, released)
 }
 
 /// What leaving a block does with the release's outcome: a loss raises LockLostError, unless
@@ -207,8 +219,7 @@ impl PyLock {
     }
 
     fn release(&self, py: Python<'_>) -> PyResult<()> {
-        let handle = self.handle.clone();
-        Ok(blocking::wait(py, async move { handle.release().await })??)
+        Ok(py.detach(|| self.handle.release_direct())?)
     }
 
     /// The lease now ends `ttl` (default: the lock's ttl) from now.
@@ -218,23 +229,17 @@ impl PyLock {
             Some(t) if !t.is_none() => Some(args::duration("ttl", t, 0.001)?),
             _ => None,
         };
-        let handle = self.handle.clone();
-        Ok(blocking::wait(
-            py,
-            async move { handle.extend(lease).await },
-        )??)
+        Ok(py.detach(|| self.handle.extend_direct(lease))?)
     }
 
     /// Somebody holds the lock.
     fn locked(&self, py: Python<'_>) -> PyResult<bool> {
-        let handle = self.handle.clone();
-        Ok(blocking::wait(py, async move { handle.locked().await })??)
+        Ok(py.detach(|| self.handle.locked_direct())?)
     }
 
     /// This object holds the lock, checked against Redis.
     fn owned(&self, py: Python<'_>) -> PyResult<bool> {
-        let handle = self.handle.clone();
-        Ok(blocking::wait(py, async move { handle.owned().await })??)
+        Ok(py.detach(|| self.handle.owned_direct())?)
     }
 
     /// Seconds left on this object's lease; None if not held, 0.0 once the local deadline passed.
@@ -290,8 +295,13 @@ impl PyLock {
     #[pyo3(signature = (*exc))]
     fn __exit__(&self, py: Python<'_>, exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
         let body_raised = exc.get_item(0).is_ok_and(|t| !t.is_none());
-        let outcome = blocking::wait(py, release_for_exit(self.handle.clone()))?;
-        leave_block(py, &self.name, body_raised, outcome)
+        let outcome = py.detach(|| self.handle.release_direct());
+        leave_block(
+            py,
+            &self.name,
+            body_raised,
+            exit_outcome(&self.handle, outcome),
+        )
     }
 
     // The asyncio side (`redmutex.aio.Lock`) awaits these; same semantics as the blocking ones.

@@ -1,0 +1,301 @@
+"""redmutex benchmark: scenarios x peers against one Redis, framed by the physical limit.
+
+    .venv/bin/python benchmarks/run.py [--quick] [--redis URL] [--peers a,b] [--scenarios x,y]
+
+Starts one private redis-server (or uses --redis URL), measures the single-connection round-trip
+limit with redis-benchmark at the start and at the end, runs every registered scenario for every
+peer that has the capability it needs, prints a Markdown table and writes
+benchmarks/results/latest.json and latest.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import threading
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import machine
+import physical
+import report
+from peers import PEERS, Peer, Session
+from redis_target import Target
+from scenarios import DEFAULT, QUICK, SCENARIOS, TTL, Context, Scenario, Sizes
+from timing import Measurement, latency_summary
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _names(value: str, known: dict[str, Any], what: str) -> list[str]:
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown {what}: {', '.join(unknown)} (known: {', '.join(known)})"
+        )
+    return names
+
+
+def _positive(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return number
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller run, well under 2 minutes")
+    parser.add_argument("--redis", metavar="URL", help="use this server instead of a private one")
+    parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated peer names")
+    parser.add_argument(
+        "--scenarios", default=",".join(SCENARIOS), help="comma-separated scenario keys"
+    )
+    parser.add_argument("--rounds", type=_positive, help="override the number of rounds")
+    parser.add_argument("--pairs", type=_positive, help="override timed pairs (single thread)")
+    parser.add_argument("--thread-pairs", type=_positive, help="override timed pairs per thread")
+    parser.add_argument(
+        "--time-limit", type=_positive, help="abort after this many seconds (default 170/600)"
+    )
+    parser.add_argument("--output", type=Path, default=RESULTS_DIR, help="results directory")
+    args = parser.parse_args(argv)
+    try:
+        args.peers = _names(args.peers, PEERS, "peer")
+        args.scenarios = _names(args.scenarios, SCENARIOS, "scenario")
+    except argparse.ArgumentTypeError as exc:
+        parser.error(str(exc))
+    return args
+
+
+def _sizes(args: argparse.Namespace) -> Sizes:
+    sizes = QUICK if args.quick else DEFAULT
+    overrides = {
+        "rounds": args.rounds,
+        "pairs": args.pairs,
+        "thread_pairs": args.thread_pairs,
+    }
+    return replace(sizes, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def _start_watchdog(seconds: int, target: Target) -> threading.Timer:
+    def expire() -> None:
+        log(f"benchmark: aborted after the time limit of {seconds} s")
+        target.close()  # stops only the redis-server this run started
+        os._exit(124)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
+
+
+def _measure_physical(target: Target, sizes: Sizes, when: str, namespace: str) -> dict[str, Any]:
+    log(f"physical limit ({when}): redis-benchmark -c 1 -n {sizes.benchmark_requests} ...")
+    limit = physical.measure(target, sizes.benchmark_requests, when, f"{namespace}:phys")
+    log(
+        f"  SET NX PX {limit.set_rps:,.0f} req/s, EVALSHA {limit.evalsha_rps:,.0f} req/s"
+        f" -> pair limit {limit.pair_limit:,.0f} pairs/s"
+    )
+    return limit.as_dict()
+
+
+def _open_peers(names: list[str], url: str) -> tuple[dict[str, Session], dict[str, Any]]:
+    sessions: dict[str, Session] = {}
+    described: dict[str, Any] = {}
+    for name in names:
+        peer: Peer = PEERS[name]
+        reason = peer.probe()
+        if reason is None:
+            try:
+                sessions[name] = peer.open(url)
+            except Exception as exc:  # noqa: BLE001 - reported as the peer's failure
+                reason = f"could not open a session: {_one_line(exc)}"
+        info: dict[str, Any] = {}
+        try:
+            info = peer.info()
+        except Exception as exc:  # noqa: BLE001 - version info is best effort
+            info = {"info_error": _one_line(exc)}
+        described[name] = {
+            "label": peer.label,
+            "available": reason is None,
+            "reason": reason,
+            "required": peer.required,
+            "info": info,
+        }
+    return sessions, described
+
+
+def _run_scenario(
+    scenario: Scenario,
+    sessions: dict[str, Session],
+    peer_order: list[str],
+    sizes: Sizes,
+    namespace: str,
+) -> list[dict[str, Any]]:
+    eligible = [p for p in peer_order if scenario.needs in PEERS[p].capabilities]
+    runs: dict[str, list[Measurement]] = {p: [] for p in eligible}
+    failures: dict[str, str] = {}
+    for round_no in range(sizes.rounds):
+        order = eligible if round_no % 2 == 0 else eligible[::-1]
+        for name in order:
+            if name not in sessions or name in failures:
+                continue
+            ctx = Context(namespace=namespace, sizes=sizes, peer=name)
+            try:
+                measurement = scenario.run(sessions[name], ctx)
+            except Exception as exc:  # noqa: BLE001 - one peer's failure must not end the run
+                failures[name] = _one_line(exc)
+                log(f"  {scenario.key} / {name}: FAILED {failures[name]}")
+                continue
+            runs[name].append(measurement)
+            lat = latency_summary(measurement.latencies_ns) or {}
+            log(
+                f"  {scenario.key} / {name} round {round_no + 1}:"
+                f" {measurement.per_second:,.0f} {scenario.unit}s/s,"
+                f" p50 {lat.get('p50', 0):.1f} µs, p99 {lat.get('p99', 0):.1f} µs"
+            )
+    rows = []
+    for name in eligible:
+        row: dict[str, Any] = {
+            "scenario": scenario.key,
+            "title": scenario.title,
+            "unit": scenario.unit,
+            "single_connection": scenario.single_connection,
+            "peer": name,
+        }
+        if name not in sessions:
+            row.update(status="unavailable", error="see peers")
+        elif name in failures:
+            row.update(status="error", error=failures[name])
+        else:
+            measured = runs[name]
+            pooled = [v for m in measured for v in m.latencies_ns]
+            row.update(
+                status="ok",
+                error=None,
+                per_second=round(statistics.median(m.per_second for m in measured), 1),
+                latency_us=latency_summary(pooled),
+                rounds=[m.summary() for m in measured],
+            )
+        rows.append(row)
+    return rows
+
+
+def _cleanup(target: Target, namespace: str) -> int:
+    """Deletes every key this run created on a server that is not ours."""
+    client = target.redis()
+    try:
+        keys = list(client.scan_iter(match=f"*{namespace}*", count=1000))
+        for i in range(0, len(keys), 500):
+            client.delete(*keys[i : i + 500])
+        return len(keys)
+    finally:
+        client.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sizes = _sizes(args)
+    time_limit = args.time_limit or (170 if args.quick else 600)
+    namespace = f"redmutex-bench:{uuid.uuid4().hex[:12]}"
+    started = time.monotonic()
+    record: dict[str, Any] = {
+        "schema": 1,
+        "date": machine.now_utc(),
+        "config": {
+            "quick": args.quick,
+            "redis": "private redis-server on 127.0.0.1" if args.redis is None else "--redis URL",
+            "rounds": sizes.rounds,
+            "pairs": sizes.pairs,
+            "thread_pairs": sizes.thread_pairs,
+            "warmup": sizes.warmup,
+            "benchmark_requests": sizes.benchmark_requests,
+            "ttl": TTL,
+            "peers": args.peers,
+            "scenarios": args.scenarios,
+            "time_limit_s": time_limit,
+        },
+        "physical_limit": {"formula": physical.FORMULA},
+        "results": [],
+        "errors": [],
+    }
+    errors: list[str] = record["errors"]
+    sessions: dict[str, Session] = {}
+    try:
+        with Target(args.redis) as target:
+            watchdog = _start_watchdog(time_limit, target)
+            log(f"redis: {target.display_url} ({'private' if target.private else 'given'})")
+            probe = target.redis()
+            try:
+                probe.ping()
+                record["machine"] = machine.collect(probe)
+            finally:
+                probe.close()
+            phys = record["physical_limit"]
+            phys["start"] = _measure_physical(target, sizes, "start", namespace)
+
+            sessions, record["peers"] = _open_peers(args.peers, target.url)
+            for name, peer in record["peers"].items():
+                facts = ", ".join(f"{k} {v}" for k, v in peer["info"].items())
+                log(f"peer {name}: {facts}")
+                if not peer["available"]:
+                    log(f"peer {name}: unavailable: {peer['reason']}")
+                    if peer["required"]:
+                        errors.append(f"required peer {name} unavailable: {peer['reason']}")
+            for key in args.scenarios:
+                log(f"scenario {key}:")
+                record["results"] += _run_scenario(
+                    SCENARIOS[key], sessions, args.peers, sizes, namespace
+                )
+            for session in sessions.values():
+                session.close()
+            sessions = {}
+
+            phys["end"] = _measure_physical(target, sizes, "end", namespace)
+            start_limit, end_limit = phys["start"]["pair_limit"], phys["end"]["pair_limit"]
+            phys["mean_pair_limit"] = round((start_limit + end_limit) / 2, 1)
+            phys["drift_pct"] = round(abs(end_limit - start_limit) / start_limit * 100, 1)
+            if not target.private:
+                record["keys_cleaned_up"] = _cleanup(target, namespace)
+            watchdog.cancel()
+    except KeyboardInterrupt:
+        log("benchmark: interrupted")
+        return 130
+    except Exception as exc:  # noqa: BLE001 - one line on stderr, no traceback
+        log(f"benchmark: error: {_one_line(exc)}")
+        return 2
+    finally:
+        for session in sessions.values():
+            session.close()
+
+    record["machine"]["loadavg_end"] = machine.loadavg()
+    record["duration_s"] = round(time.monotonic() - started, 1)
+    errors += [
+        f"{r['scenario']} / {r['peer']}: {r['error']}"
+        for r in record["results"]
+        if r["status"] == "error"
+    ]
+    report.add_ratios(record)
+    text = report.markdown(record)
+    print(text)
+    json_path, md_path = report.write(record, text, args.output)
+    log(f"wrote {json_path} and {md_path} in {record['duration_s']:.0f} s")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""`python -m redmutex COMMAND`: the command line.
+
+Each command is a subparser with a handler `(args) -> exit code`; `status`, `list` and `release`
+are to be added the same way as `demo`. Every error is one line on stderr and a non-zero exit
+code, with any password taken out of the message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+from urllib.parse import parse_qs, unquote, urlsplit
+
+EXIT_ERROR = 2  # the command could not do its job (bad arguments, Redis unreachable, ...)
+EXIT_INTERRUPTED = 130
+
+_URL_PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@\s]*@")
+_QUERY_PASSWORD = re.compile(r"([?&](?:pass|password)=)[^&\s]*", re.IGNORECASE)
+
+
+def _secrets(url: str | None) -> list[str]:
+    """The password(s) a URL carries, raw and percent-decoded, to be kept out of messages."""
+    if not url:
+        return []
+    found: list[str] = []
+    try:
+        parts = urlsplit(url)
+        if parts.password:
+            found += [parts.password, unquote(parts.password)]
+        for key in ("pass", "password"):
+            found += parse_qs(parts.query).get(key, [])
+    except ValueError:
+        pass
+    return [s for s in found if s]
+
+
+def redact(text: str, url: str | None = None) -> str:
+    """`text` on one line, with URL passwords (and the given URL's password) replaced by ***."""
+    text = _QUERY_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", text))
+    for secret in sorted(_secrets(url), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return " ".join(text.split())
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (subparsers inherit this class)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {redact(message)}\n")
+
+
+def _redis_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--redis",
+        metavar="URL",
+        help="Redis URL, e.g. redis://127.0.0.1:6379/0 (default: $REDIS_URL)",
+    )
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {number}")
+    return number
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from redmutex import _demo
+
+    try:
+        return _demo.main(args.redis, processes=args.processes, transfers=args.transfers)
+    except _demo.DemoError as exc:
+        _fail(str(exc), args)
+        return EXIT_ERROR
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m redmutex",
+        description="redmutex: distributed locks on Redis.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    demo = commands.add_parser(
+        "demo",
+        help="transfer money between accounts from several processes under redis_lock",
+        description="Runs the money-transfer example of the API from several processes and"
+        " checks that the total is conserved and no balance goes negative. Without --redis"
+        " or $REDIS_URL it starts (and afterwards stops) a private redis-server.",
+    )
+    _redis_option(demo)
+    demo.add_argument("--processes", type=_positive_int, default=6, help="default: 6")
+    demo.add_argument(
+        "--transfers", type=_positive_int, default=300, help="per process (default: 300)"
+    )
+    demo.set_defaults(handler=_cmd_demo)
+    return parser
+
+
+def _fail(message: str, args: argparse.Namespace | None) -> None:
+    url = getattr(args, "redis", None) or os.environ.get("REDIS_URL")
+    print(f"redmutex: error: {redact(message, url)}", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        print("redmutex: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # noqa: BLE001 - the CLI reports every failure as one line
+        _fail(f"{type(exc).__name__}: {exc}", args)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+//! Direct calls: a small pool of plain blocking connections, used from the caller's own thread
+//! for the one-round-trip steps of the blocking API (first acquire attempt, release, extend,
+//! owner look-up). A call through the runtime costs two thread hand-offs on top of the network
+//! round trip; here it costs none, which is what lets a lock + unlock pair approach the
+//! round-trip limit. Waiting and everything in the background still go through the runtime.
+
+use std::sync::Mutex;
+
+use redis::{Cmd, ConnectionLike, FromRedisValue, ScriptInvocation, Value};
+
+use super::error::{Error, Result};
+use super::node::{Retry, Timeouts};
+
+/// Idle connections kept for reuse; more threads than this open and close their own.
+const KEPT: usize = 16;
+
+pub struct DirectPool {
+    client: redis::Client,
+    timeouts: Timeouts,
+    idle: Mutex<Vec<redis::Connection>>,
+}
+
+impl DirectPool {
+    pub fn new(client: redis::Client, timeouts: Timeouts) -> Self {
+        DirectPool {
+            client,
+            timeouts,
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn take(&self) -> Result<redis::Connection> {
+        if let Some(conn) = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+            return Ok(conn);
+        }
+        let conn = self
+            .client
+            .get_connection_with_timeout(self.timeouts.connect)?;
+        conn.set_read_timeout(Some(self.timeouts.command))?;
+        conn.set_write_timeout(Some(self.timeouts.command))?;
+        Ok(conn)
+    }
+
+    fn give_back(&self, conn: redis::Connection) {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < KEPT && conn.is_open() {
+            idle.push(conn);
+        }
+    }
+
+    /// Runs a script (EVALSHA, loading it on NOSCRIPT), with the same retry rule as the runtime's
+    /// calls: once more on a connection that broke under the call, never after a timeout.
+    pub fn invoke(&self, inv: &ScriptInvocation<'_>, retry: Retry) -> Result<Value> {
+        self.call(retry, |conn| inv.invoke::<Value>(conn))
+    }
+
+    pub fn query<T: FromRedisValue>(&self, cmd: &Cmd, retry: Retry) -> Result<T> {
+        self.call(retry, |conn| cmd.query::<T>(conn))
+    }
+
+    fn call<T>(
+        &self,
+        retry: Retry,
+        op: impl Fn(&mut redis::Connection) -> redis::RedisResult<T>,
+    ) -> Result<T> {
+        let mut may_retry = retry == Retry::Once;
+        loop {
+            let mut conn = self.take()?;
+            match op(&mut conn) {
+                Ok(value) => {
+                    self.give_back(conn);
+                    return Ok(value);
+                }
+                Err(err) => {
+                    let dropped = err.is_connection_dropped() && !err.is_timeout();
+                    let err = if err.is_timeout() {
+                        Error::Connection(format!(
+                            "Redis did not answer within {:.3} s",
+                            self.timeouts.command.as_secs_f64()
+                        ))
+                    } else {
+                        Error::from(err)
+                    };
+                    // A connection that failed is closed (dropped), never reused: a late reply
+                    // would otherwise be read as the answer to the next call.
+                    if !err.is_connection() {
+                        self.give_back(conn);
+                    }
+                    if !(dropped && may_retry) {
+                        return Err(err);
+                    }
+                    may_retry = false;
+                }
+            }
+        }
+    }
+}

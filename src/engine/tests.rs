@@ -1,0 +1,308 @@
+//! Engine tests against a real redis-server started on a free loopback port (stopped by PID).
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::client::{Client, ClientConfig};
+use super::lock::{self, LockHandle, LockSpec, Wait};
+use super::node::{Retry, Timeouts};
+use super::runtime;
+use crate::protocol::replies::{parse_attempt, Attempt};
+use crate::protocol::scripts::{self, Queueing};
+
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    fn start() -> Server {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (make deps)");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Server { child, port }
+    }
+
+    fn client(&self, prefix: &str) -> Arc<Client> {
+        let url = format!("redis://127.0.0.1:{}/0", self.port);
+        let timeouts = Timeouts {
+            connect: Duration::from_secs(2),
+            command: Duration::from_secs(2),
+        };
+        Arc::new(
+            Client::new(ClientConfig::single(&url, prefix.as_bytes(), timeouts).unwrap()).unwrap(),
+        )
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn block_on<F: std::future::Future>(fut: F) -> F::Output {
+    runtime::handle().unwrap().block_on(fut)
+}
+
+fn spec(client: &Client, name: &str, lease_ms: u64, fair: bool) -> LockSpec {
+    LockSpec {
+        name: name.as_bytes().to_vec(),
+        keys: client.keys(name.as_bytes()).unwrap(),
+        lease: Duration::from_millis(lease_ms),
+        fair,
+        replicas: 0,
+    }
+}
+
+#[test]
+fn acquire_release_extend_and_fences() {
+    let server = Server::start();
+    let client = server.client("t1:");
+    block_on(async {
+        let shared = client.shared().unwrap();
+        let s = spec(&client, "a", 5_000, false);
+        let first = lock::acquire(&shared, &s, "tok1", Wait::Once)
+            .await
+            .unwrap()
+            .unwrap();
+        // The same token again is the retry case: granted with the same fence, no new INCR.
+        let again = lock::acquire(&shared, &s, "tok1", Wait::Once)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(first.fence, again.fence);
+        assert!(lock::acquire(&shared, &s, "tok2", Wait::Once)
+            .await
+            .unwrap()
+            .is_none());
+        assert!(
+            !lock::release(&shared, &s.keys, "tok2").await.unwrap(),
+            "non-owner release"
+        );
+        assert!(
+            lock::extend(&shared, &s.keys, "tok1", Duration::from_secs(9))
+                .await
+                .unwrap()
+                .is_some()
+        );
+        assert!(
+            lock::extend(&shared, &s.keys, "tok2", Duration::from_secs(9))
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert!(lock::release(&shared, &s.keys, "tok1").await.unwrap());
+        let second = lock::acquire(&shared, &s, "tok2", Wait::Once)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(second.fence > first.fence);
+        assert!(lock::release(&shared, &s.keys, "tok2").await.unwrap());
+        let keys: Vec<Vec<u8>> = shared
+            .node
+            .query(redis::cmd("KEYS").arg("t1:*"), Retry::Never)
+            .await
+            .unwrap();
+        assert_eq!(keys, vec![b"t1:{a}:fence".to_vec()]);
+    });
+}
+
+#[test]
+fn a_release_wakes_a_waiter_at_once() {
+    let server = Server::start();
+    let client = server.client("t2:");
+    let handle = LockHandle::new(
+        client.clone(),
+        b"w",
+        Duration::from_secs(10),
+        false,
+        0,
+        false,
+    )
+    .unwrap();
+    assert!(block_on(handle.acquire(Wait::Once, None)).unwrap());
+    let waiter_client = client.clone();
+    let waiter = std::thread::spawn(move || {
+        let other = LockHandle::new(
+            waiter_client,
+            b"w",
+            Duration::from_secs(10),
+            false,
+            0,
+            false,
+        )
+        .unwrap();
+        let started = Instant::now();
+        let got = block_on(other.acquire(Wait::from_timeout(Some(Duration::from_secs(5))), None))
+            .unwrap();
+        (got, started.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let released_at = Instant::now();
+    block_on(handle.release()).unwrap();
+    let (got, waited) = waiter.join().unwrap();
+    assert!(got);
+    // Woken by the release, not by the 10 s lease: well under a second after it.
+    assert!(waited >= Duration::from_millis(250), "{waited:?}");
+    assert!(released_at.elapsed() < Duration::from_secs(2), "{waited:?}");
+}
+
+#[test]
+fn a_lease_that_ends_without_release_is_noticed_when_it_ends() {
+    let server = Server::start();
+    let client = server.client("t3:");
+    block_on(async {
+        let shared = client.shared().unwrap();
+        let s = spec(&client, "crashed", 400, false);
+        assert!(lock::acquire(&shared, &s, "dead", Wait::Once)
+            .await
+            .unwrap()
+            .is_some());
+        let started = Instant::now();
+        let wait = Wait::from_timeout(Some(Duration::from_secs(5)));
+        let got = lock::acquire(&shared, &s, "alive", wait).await.unwrap();
+        let waited = started.elapsed();
+        assert!(got.is_some());
+        assert!(
+            waited >= Duration::from_millis(350),
+            "acquired before the lease ended: {waited:?}"
+        );
+        assert!(waited < Duration::from_secs(3), "{waited:?}");
+    });
+}
+
+#[test]
+fn fair_waiters_are_served_in_arrival_order_and_leave_on_timeout() {
+    let server = Server::start();
+    let client = server.client("t4:");
+    let holder = LockHandle::new(
+        client.clone(),
+        b"f",
+        Duration::from_secs(10),
+        true,
+        0,
+        false,
+    )
+    .unwrap();
+    assert!(block_on(holder.acquire(Wait::Once, None)).unwrap());
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut threads = Vec::new();
+    for i in 0..4 {
+        let (client, order) = (client.clone(), order.clone());
+        threads.push(std::thread::spawn(move || {
+            let me =
+                LockHandle::new(client, b"f", Duration::from_secs(10), true, 0, false).unwrap();
+            assert!(block_on(me.acquire(Wait::Forever, None)).unwrap());
+            order.lock().unwrap().push(i);
+            std::thread::sleep(Duration::from_millis(20));
+            block_on(me.release()).unwrap();
+        }));
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    // A waiter that gives up leaves the queue at once.
+    let quitter = LockHandle::new(
+        client.clone(),
+        b"f",
+        Duration::from_secs(10),
+        true,
+        0,
+        false,
+    )
+    .unwrap();
+    assert!(
+        !block_on(quitter.acquire(Wait::from_timeout(Some(Duration::from_millis(200))), None))
+            .unwrap()
+    );
+    block_on(async {
+        let shared = client.shared().unwrap();
+        let queued: Vec<Vec<u8>> = shared
+            .node
+            .query(
+                redis::cmd("LRANGE").arg(b"t4:{f}:queue").arg(0).arg(-1),
+                Retry::Never,
+            )
+            .await
+            .unwrap();
+        assert_eq!(queued.len(), 4, "the quitter is gone, the four others wait");
+    });
+    block_on(holder.release()).unwrap();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3]);
+}
+
+#[test]
+fn a_cancelled_fair_waiter_leaves_no_trace() {
+    let server = Server::start();
+    let client = server.client("t5:");
+    block_on(async {
+        let shared = client.shared().unwrap();
+        let s = spec(&client, "c", 10_000, true);
+        assert!(lock::acquire(&shared, &s, "holder", Wait::Once)
+            .await
+            .unwrap()
+            .is_some());
+        let waiting = lock::acquire(&shared, &s, "quitter", Wait::Forever);
+        // Cancel it mid-wait by dropping the future.
+        assert!(tokio::time::timeout(Duration::from_millis(300), waiting)
+            .await
+            .is_err());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let queued: i64 = shared
+            .node
+            .query(redis::cmd("LLEN").arg(b"t5:{c}:queue"), Retry::Never)
+            .await
+            .unwrap();
+        assert_eq!(queued, 0);
+    });
+}
+
+#[test]
+fn the_fair_script_grants_only_the_head() {
+    let server = Server::start();
+    let client = server.client("t6:");
+    block_on(async {
+        let shared = client.shared().unwrap();
+        let keys = client.keys(b"h").unwrap();
+        let join = Some(Queueing::Join { place_ms: 5_000 });
+        let run = |token: &'static str| {
+            let inv = scripts::acquire(&keys, token, 10_000, join);
+            let shared = shared.clone();
+            async move { parse_attempt(&shared.node.invoke(&inv, Retry::Never).await.unwrap()).unwrap() }
+        };
+        assert!(matches!(run("a").await, Attempt::Granted { .. }));
+        assert!(matches!(run("b").await, Attempt::Busy { .. }));
+        assert!(matches!(run("c").await, Attempt::Busy { .. }));
+        assert!(lock::release(&shared, &keys, "a").await.unwrap());
+        // The lock is free, but b is first in line: c must wait for it.
+        assert!(matches!(run("c").await, Attempt::Busy { .. }));
+        assert!(matches!(run("b").await, Attempt::Granted { .. }));
+    });
+}

@@ -1,0 +1,739 @@
+"""The Client section of the contract: URLs, auth, secrecy, lazy connect, timeouts, threads."""
+
+from __future__ import annotations
+
+import builtins
+import json
+import logging
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from urllib.parse import quote
+
+import pytest
+import redis
+import redmutex
+from redmutex._server import RedisServer, free_port
+
+SECRET = "Sup3r-Secret-Pa55word"
+ALICE_SECRET = "Al1ce-0wn-Pa55word"
+
+
+def _lock_key(prefix: str, name: str, suffix: str = "lock") -> bytes:
+    return (prefix + "{" + name + "}:" + suffix).encode("utf-8")
+
+
+def _hold_and_check(
+    client: object, prefix: str, conn: redis.Redis, name: str | None = None
+) -> None:
+    """Acquire a Lock through `client`, check the owner key via `conn`, release."""
+    name = name or f"n-{uuid.uuid4().hex[:8]}"
+    lock = redmutex.Lock(client, name, ttl=10)
+    assert lock.acquire(timeout=5) is True
+    try:
+        assert lock.token is not None
+        assert conn.get(_lock_key(prefix, name)) == lock.token.encode()
+    finally:
+        lock.release()
+    assert conn.exists(_lock_key(prefix, name)) == 0
+
+
+def _exception_texts(exc: BaseException) -> str:
+    """str() and repr() of an exception and of everything chained to it."""
+    parts: list[str] = []
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        parts.append(str(cur))
+        parts.append(repr(cur))
+        parts.extend(str(a) for a in cur.args)
+        cur = cur.__cause__ or cur.__context__
+    return "\n".join(parts)
+
+
+def _connections(conn: redis.Redis) -> int:
+    return int(conn.info("clients")["connected_clients"])
+
+
+# --------------------------------------------------------------------------------------- URLs
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("suffix", ["/0", "", "/"])
+def test_redis_url_forms(
+    redis_server: RedisServer, r: redis.Redis, prefix: str, suffix: str
+) -> None:
+    url = f"redis://127.0.0.1:{redis_server.port}{suffix}"
+    with redmutex.Client(url, prefix=prefix) as c:
+        assert c.ping() is True
+        _hold_and_check(c, prefix, r)
+
+
+@pytest.mark.timeout(30)
+def test_redis_url_selects_db(redis_server: RedisServer, prefix: str) -> None:
+    name = "in-db-3"
+    db3 = redis.Redis(host="127.0.0.1", port=redis_server.port, db=3)
+    db0 = redis.Redis(host="127.0.0.1", port=redis_server.port, db=0)
+    try:
+        with redmutex.Client(f"redis://127.0.0.1:{redis_server.port}/3", prefix=prefix) as c:
+            lock = redmutex.Lock(c, name)
+            assert lock.acquire(timeout=5)
+            assert lock.token is not None
+            assert db3.get(_lock_key(prefix, name)) == lock.token.encode()
+            assert db0.exists(_lock_key(prefix, name)) == 0
+            lock.release()
+            assert db3.exists(_lock_key(prefix, name)) == 0
+            assert db3.exists(_lock_key(prefix, name, "fence")) == 1
+    finally:
+        db3.close()
+        db0.close()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "rediss://127.0.0.1:6380/0",
+        "rediss://user:" + SECRET + "@127.0.0.1:6380/2",
+        "rediss://:" + SECRET + "@127.0.0.1/0",
+    ],
+)
+def test_rediss_url_parses(url: str) -> None:
+    c = redmutex.Client(url)
+    try:
+        assert SECRET not in repr(c)
+        assert SECRET not in str(c)
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def unix_server(
+    make_server: Callable[..., RedisServer], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[RedisServer, str]:
+    sock_dir = tmp_path_factory.mktemp("sock")
+    path = str(sock_dir / "redis.sock")
+    assert len(path) < 100, "unix socket path too long for this machine's tmp dir"
+    server = make_server(["--unixsocket", path, "--unixsocketperm", "700"])
+    return server, path
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("scheme", ["redis+unix", "unix"])
+def test_unix_socket_urls(unix_server: tuple[RedisServer, str], prefix: str, scheme: str) -> None:
+    _, path = unix_server
+    via_sock = redis.Redis(unix_socket_path=path, db=2)
+    try:
+        with redmutex.Client(f"{scheme}://{path}?db=2", prefix=prefix) as c:
+            assert c.ping() is True
+            _hold_and_check(c, prefix, via_sock)
+        # without ?db the default db 0 is used
+        db0 = redis.Redis(unix_socket_path=path, db=0)
+        try:
+            with redmutex.Client(f"{scheme}://{path}", prefix=prefix) as c:
+                _hold_and_check(c, prefix, db0)
+        finally:
+            db0.close()
+    finally:
+        via_sock.close()
+
+
+@pytest.mark.timeout(30)
+def test_unix_socket_with_user_and_password(
+    unix_server: tuple[RedisServer, str], prefix: str
+) -> None:
+    _, path = unix_server
+    admin = redis.Redis(unix_socket_path=path)
+    try:
+        admin.execute_command("ACL", "SETUSER", "sockuser", "on", ">" + SECRET, "~*", "&*", "+@all")
+        admin.execute_command("ACL", "SETUSER", "default", "off")
+        as_user = redis.Redis(unix_socket_path=path, db=1, username="sockuser", password=SECRET)
+        try:
+            url = f"unix://{path}?db=1&user=sockuser&pass={SECRET}"
+            c = redmutex.Client(url, prefix=prefix)
+            try:
+                assert SECRET not in repr(c)
+                assert c.ping() is True
+                _hold_and_check(c, prefix, as_user)
+            finally:
+                c.close()
+        finally:
+            as_user.close()
+    finally:
+        admin.close()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "",
+        "not a url",
+        "http://127.0.0.1:6379/0",
+        "redis://127.0.0.1:99999/0",
+        "redis://127.0.0.1:-1/0",
+        "redis://127.0.0.1:port/0",
+        "redis://127.0.0.1:6379/notadb",
+        "redis://[::1/0",
+        "unix://",
+        "redis+unix://",
+    ],
+)
+def test_malformed_url_raises_value_error_naming_url(url: str) -> None:
+    with pytest.raises(ValueError) as excinfo:
+        redmutex.Client(url)
+    assert "url" in str(excinfo.value).lower()
+
+
+def test_malformed_url_with_password_does_not_leak_it() -> None:
+    with pytest.raises(ValueError) as excinfo:
+        redmutex.Client(f"redis://alice:{SECRET}@127.0.0.1:notaport/0")
+    assert "url" in str(excinfo.value).lower()
+    assert SECRET not in _exception_texts(excinfo.value)
+
+
+def test_url_of_wrong_type_is_type_error() -> None:
+    with pytest.raises(TypeError) as excinfo:
+        redmutex.Client(6379)  # type: ignore[arg-type]
+    assert "url" in str(excinfo.value).lower()
+
+
+# ------------------------------------------------------------------------ auth and secrecy
+
+
+@pytest.fixture
+def auth_server(make_server: Callable[..., RedisServer]) -> RedisServer:
+    """A server whose default user needs SECRET and that has an ACL user alice/ALICE_SECRET."""
+    server = make_server()
+    admin = redis.Redis(host="127.0.0.1", port=server.port)
+    try:
+        admin.execute_command(
+            "ACL", "SETUSER", "alice", "on", ">" + ALICE_SECRET, "~*", "&*", "+@all"
+        )
+        admin.config_set("requirepass", SECRET)
+    finally:
+        admin.close()
+    return server
+
+
+@pytest.mark.timeout(30)
+def test_password_only(auth_server: RedisServer, prefix: str) -> None:
+    conn = redis.Redis(host="127.0.0.1", port=auth_server.port, password=SECRET)
+    try:
+        for url in (
+            f"redis://:{SECRET}@127.0.0.1:{auth_server.port}/0",
+            f"redis://default:{SECRET}@127.0.0.1:{auth_server.port}/0",
+        ):
+            c = redmutex.Client(url, prefix=prefix)
+            try:
+                assert SECRET not in repr(c)
+                assert c.ping() is True
+                _hold_and_check(c, prefix, conn)
+            finally:
+                c.close()
+    finally:
+        conn.close()
+
+
+@pytest.mark.timeout(30)
+def test_acl_user(auth_server: RedisServer, prefix: str) -> None:
+    conn = redis.Redis(host="127.0.0.1", port=auth_server.port, db=4, password=SECRET)
+    try:
+        url = f"redis://alice:{ALICE_SECRET}@127.0.0.1:{auth_server.port}/4"
+        c = redmutex.Client(url, prefix=prefix)
+        try:
+            assert ALICE_SECRET not in repr(c)
+            assert c.ping() is True
+            _hold_and_check(c, prefix, conn)
+            lock = redmutex.Lock(c, "x")
+            assert ALICE_SECRET not in repr(lock)
+        finally:
+            c.close()
+    finally:
+        conn.close()
+
+
+@pytest.mark.timeout(30)
+def test_percent_encoded_credentials(auth_server: RedisServer, prefix: str) -> None:
+    odd = "p@ss:w/rd%Odd#?"
+    admin = redis.Redis(host="127.0.0.1", port=auth_server.port, password=SECRET)
+    try:
+        admin.execute_command("ACL", "SETUSER", "od@d:", "on", ">" + odd, "~*", "&*", "+@all")
+        userinfo = quote("od@d:", safe="") + ":" + quote(odd, safe="")
+        url = f"redis://{userinfo}@127.0.0.1:{auth_server.port}/0"
+        c = redmutex.Client(url, prefix=prefix)
+        try:
+            assert odd not in repr(c) and quote(odd, safe="") not in repr(c)
+            assert c.ping() is True
+            _hold_and_check(c, prefix, admin)
+        finally:
+            c.close()
+        rp = redis.Redis(host="127.0.0.1", port=auth_server.port, username="od@d:", password=odd)
+        try:
+            _hold_and_check(rp, "redmutex:", admin, f"pe-{uuid.uuid4().hex}")
+        finally:
+            rp.close()
+    finally:
+        admin.close()
+
+
+@pytest.mark.timeout(60)
+def test_wrong_password_raises_connection_error_without_password(
+    auth_server: RedisServer, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    wrong = "Wr0ng-" + SECRET
+    caplog.set_level(logging.DEBUG)
+    for url in (
+        f"redis://:{wrong}@127.0.0.1:{auth_server.port}/0",
+        f"redis://alice:{wrong}@127.0.0.1:{auth_server.port}/0",
+        f"redis://nosuchuser:{wrong}@127.0.0.1:{auth_server.port}/0",
+    ):
+        c = redmutex.Client(url, prefix=prefix, connect_timeout=2, command_timeout=2)
+        try:
+            with pytest.raises(redmutex.ConnectionError) as excinfo:
+                c.ping()
+            assert wrong not in _exception_texts(excinfo.value)
+            assert SECRET not in _exception_texts(excinfo.value)
+            lock = redmutex.Lock(c, "guarded", timeout=1)
+            with pytest.raises(redmutex.LockError) as excinfo2:
+                lock.acquire()
+            assert wrong not in _exception_texts(excinfo2.value)
+        finally:
+            c.close()
+    assert wrong not in caplog.text
+
+
+@pytest.mark.timeout(60)
+def test_unreachable_error_does_not_contain_password(
+    prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    port = free_port()
+    c = redmutex.Client(
+        f"redis://alice:{SECRET}@127.0.0.1:{port}/0",
+        prefix=prefix,
+        connect_timeout=1,
+        command_timeout=1,
+    )
+    try:
+        assert SECRET not in repr(c)
+        with pytest.raises(redmutex.ConnectionError) as excinfo:
+            c.ping()
+        assert SECRET not in _exception_texts(excinfo.value)
+        with pytest.raises(redmutex.ConnectionError) as excinfo:
+            redmutex.Lock(c, "x").acquire()
+        assert SECRET not in _exception_texts(excinfo.value)
+    finally:
+        c.close()
+    assert SECRET not in caplog.text
+
+
+def test_repr_never_contains_password() -> None:
+    urls = [
+        f"redis://alice:{SECRET}@127.0.0.1:6379/0",
+        f"redis://:{SECRET}@127.0.0.1:6379",
+        f"unix:///tmp/redis.sock?db=1&user=bob&pass={SECRET}",
+        f"redis+unix:///tmp/redis.sock?pass={SECRET}",
+    ]
+    for url in urls:
+        c = redmutex.Client(url)
+        try:
+            assert SECRET not in repr(c), url
+            assert SECRET not in str(c), url
+            lock = redmutex.Lock(c, "some-lock")
+            assert SECRET not in repr(lock), url
+        finally:
+            c.close()
+
+
+# ------------------------------------------------------------------ connecting and timeouts
+
+
+def test_constructing_does_not_connect_to_unreachable() -> None:
+    port = free_port()
+    t0 = time.monotonic()
+    c = redmutex.Client(f"redis://127.0.0.1:{port}/0", connect_timeout=5, command_timeout=5)
+    redmutex.Lock(c, "x", ttl=1)
+    assert time.monotonic() - t0 < 1.0
+    c.close()
+
+
+@pytest.mark.timeout(60)
+def test_constructing_does_not_connect_and_close_disconnects(
+    make_server: Callable[..., RedisServer],
+) -> None:
+    server = make_server()
+    watcher = redis.Redis(host="127.0.0.1", port=server.port)
+    try:
+        base = _connections(watcher)  # just the watcher
+        c = redmutex.Client(server.url, prefix="lazy:")
+        time.sleep(0.3)
+        assert _connections(watcher) == base, "Client() connected before first use"
+        assert c.ping() is True
+        assert _connections(watcher) > base
+        c.close()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _connections(watcher) > base:
+            time.sleep(0.05)
+        assert _connections(watcher) == base, "close() left connections open"
+    finally:
+        watcher.close()
+
+
+@pytest.mark.timeout(60)
+def test_refused_connection_raises_connection_error_in_time() -> None:
+    port = free_port()
+    c = redmutex.Client(f"redis://127.0.0.1:{port}/0", connect_timeout=1, command_timeout=1)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(redmutex.ConnectionError):
+            c.ping()
+        assert time.monotonic() - t0 < 2 + 3
+        lock = redmutex.Lock(c, "x")  # timeout=None: would wait forever on a held lock
+        t0 = time.monotonic()
+        with pytest.raises(redmutex.ConnectionError):
+            lock.acquire(timeout=None)
+        assert time.monotonic() - t0 < 2 + 3
+        assert lock.token is None
+    finally:
+        c.close()
+
+
+@pytest.mark.timeout(60)
+def test_silent_server_raises_connection_error_in_time(blackhole: str) -> None:
+    c = redmutex.Client(blackhole, connect_timeout=0.5, command_timeout=0.5)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(redmutex.ConnectionError) as excinfo:
+            c.ping()
+        assert isinstance(excinfo.value, builtins.ConnectionError)
+        assert time.monotonic() - t0 < 1.0 + 4
+        for timeout in (None, float("inf")):
+            lock = redmutex.Lock(c, "x", timeout=timeout)
+            t0 = time.monotonic()
+            with pytest.raises(redmutex.ConnectionError):
+                lock.acquire()
+            assert time.monotonic() - t0 < 1.0 + 4
+            t0 = time.monotonic()
+            with pytest.raises(redmutex.ConnectionError), lock:
+                pass
+            assert time.monotonic() - t0 < 1.0 + 4
+    finally:
+        c.close()
+
+
+@pytest.mark.timeout(90)
+def test_server_restart(make_server: Callable[..., RedisServer], prefix: str) -> None:
+    server = make_server()
+    c = redmutex.Client(server.url, prefix=prefix, connect_timeout=1, command_timeout=1)
+    try:
+        assert c.ping() is True
+        server.stop()
+        t0 = time.monotonic()
+        with pytest.raises(redmutex.ConnectionError):
+            c.ping()
+        assert time.monotonic() - t0 < 2 + 4
+        server.start()
+        deadline = time.monotonic() + 20
+        ok = False
+        while time.monotonic() < deadline:
+            try:
+                ok = c.ping()
+                break
+            except redmutex.ConnectionError:
+                time.sleep(0.1)
+        assert ok is True, "client did not reconnect after the server came back"
+        lock = redmutex.Lock(c, "after-restart", ttl=5)
+        assert lock.acquire(timeout=5)
+        lock.release()
+    finally:
+        c.close()
+
+
+def test_ping_and_context_manager(redis_url: str, prefix: str) -> None:
+    with redmutex.Client(redis_url, prefix=prefix) as c:
+        assert isinstance(c, redmutex.Client)
+        assert c.ping() is True
+    c2 = redmutex.Client(redis_url, prefix=prefix)
+    assert c2.ping() is True
+    c2.close()
+
+
+def test_client_defaults_are_accepted() -> None:
+    # the default URL is well-formed; constructing it must not connect or fail
+    c = redmutex.Client()
+    c.close()
+    c = redmutex.Client(
+        url="redis://127.0.0.1:6379/0", prefix="x:", connect_timeout=0.5, command_timeout=0.5
+    )
+    c.close()
+
+
+# ------------------------------------------------------------ other forms of "a client"
+
+
+@pytest.mark.timeout(30)
+def test_redis_py_instance_as_client(redis_server: RedisServer) -> None:
+    rp = redis.Redis(host="127.0.0.1", port=redis_server.port, db=5)
+    try:
+        name = f"rp-{uuid.uuid4().hex}"
+        lock = redmutex.Lock(rp, name, ttl=10)
+        assert lock.acquire(timeout=5)
+        assert lock.token is not None
+        assert rp.get(_lock_key("redmutex:", name)) == lock.token.encode()
+        assert lock.locked() and lock.owned()
+        lock.release()
+        assert rp.exists(_lock_key("redmutex:", name)) == 0
+        assert rp.keys("redmutex:{" + name + "}*") == [_lock_key("redmutex:", name, "fence")]
+        rp.delete(_lock_key("redmutex:", name, "fence"))
+    finally:
+        rp.close()
+
+
+@pytest.mark.timeout(30)
+def test_client_from_redis(redis_server: RedisServer) -> None:
+    rp = redis.Redis(host="127.0.0.1", port=redis_server.port, db=6)
+    try:
+        c = redmutex.Client.from_redis(rp)
+        try:
+            assert isinstance(c, redmutex.Client)
+            assert c.ping() is True
+            name = f"fr-{uuid.uuid4().hex}"
+            _hold_and_check(c, "redmutex:", rp, name)
+            rp.delete(_lock_key("redmutex:", name, "fence"))
+        finally:
+            c.close()
+    finally:
+        rp.close()
+
+
+@pytest.mark.timeout(30)
+def test_redis_py_with_password_and_acl_user(auth_server: RedisServer) -> None:
+    for kwargs in ({"password": SECRET}, {"username": "alice", "password": ALICE_SECRET}):
+        rp = redis.Redis(host="127.0.0.1", port=auth_server.port, db=1, **kwargs)
+        try:
+            name = f"rpa-{uuid.uuid4().hex}"
+            _hold_and_check(rp, "redmutex:", rp, name)
+            c = redmutex.Client.from_redis(rp)
+            try:
+                assert kwargs["password"] not in repr(c)
+                assert c.ping() is True
+            finally:
+                c.close()
+        finally:
+            rp.close()
+
+
+@pytest.mark.timeout(30)
+def test_redis_py_unix_socket_client(unix_server: tuple[RedisServer, str]) -> None:
+    _, path = unix_server
+    rp = redis.Redis(unix_socket_path=path, db=3)
+    try:
+        _hold_and_check(rp, "redmutex:", rp, f"ru-{uuid.uuid4().hex}")
+    finally:
+        rp.close()
+
+
+@pytest.mark.timeout(30)
+def test_url_string_as_client(redis_url: str, r: redis.Redis) -> None:
+    name = f"us-{uuid.uuid4().hex}"
+    _hold_and_check(redis_url, "redmutex:", r, name)
+    r.delete(_lock_key("redmutex:", name, "fence"))
+
+
+def test_bad_client_type() -> None:
+    with pytest.raises(TypeError) as excinfo:
+        redmutex.Lock(12345, "x")  # type: ignore[arg-type]
+    assert "client" in str(excinfo.value).lower()
+
+
+# ------------------------------------------------------------------ threads and fork
+
+
+@pytest.mark.timeout(120)
+def test_many_threads_share_one_client(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
+    errors: list[BaseException] = []
+    fences: dict[str, list[int]] = {}
+    guard = threading.Lock()
+    start = threading.Barrier(16)
+
+    def worker(i: int) -> None:
+        try:
+            start.wait(timeout=30)
+            for j in range(20):
+                assert client.ping() is True
+                own = redmutex.Lock(client, f"own-{i}", ttl=10)
+                assert own.acquire(timeout=10)
+                assert own.owned()
+                own.release()
+                shared = redmutex.Lock(client, f"shared-{j % 3}", ttl=10)
+                with shared:
+                    assert shared.fence is not None
+                    with guard:
+                        fences.setdefault(f"shared-{j % 3}", []).append(shared.fence)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=100)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
+    for name, seen in fences.items():
+        # appended under the lock, so in order of hold: strictly increasing
+        assert seen == sorted(seen) and len(set(seen)) == len(seen), name
+    # nothing but fence counters remains
+    leftover = {k for k in r.keys(prefix + "*") if not k.endswith(b":fence")}
+    assert leftover == set()
+
+
+def _fork_and_run(
+    child: Callable[[], dict[str, object]], timeout: float = 30.0
+) -> dict[str, object]:
+    """Fork; run `child` in the child, send its result back as JSON; reap the child."""
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 0
+        try:
+            os.close(rfd)
+            try:
+                result = child()
+            except BaseException as exc:  # noqa: BLE001 - reported to the parent
+                result = {"error": f"{type(exc).__name__}: {exc}"}
+            with os.fdopen(wfd, "w") as f:
+                json.dump(result, f)
+        except BaseException:  # noqa: BLE001
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(wfd)
+    deadline = time.monotonic() + timeout
+    status = None
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.02)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(rfd)
+        raise AssertionError(f"forked child did not finish within {timeout} s")
+    with os.fdopen(rfd) as f:
+        data = f.read()
+    assert status == 0, f"child exited with status {status}"
+    result = json.loads(data)
+    assert isinstance(result, dict)
+    return result
+
+
+@pytest.mark.timeout(90)
+def test_fork_child_uses_inherited_client_and_holds_nothing(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
+    parent_lock = redmutex.Lock(client, "parent-held", ttl=30)
+    assert parent_lock.acquire(timeout=5)
+    token = parent_lock.token
+    assert token is not None
+
+    def child() -> dict[str, object]:
+        out: dict[str, object] = {}
+        out["ping"] = client.ping()
+        out["owned"] = parent_lock.owned()
+        out["token"] = parent_lock.token
+        out["locked"] = parent_lock.locked()
+        try:
+            out["acquire0"] = parent_lock.acquire(timeout=0)
+        except BaseException as exc:  # noqa: BLE001
+            out["acquire0"] = f"{type(exc).__name__}: {exc}"
+        try:
+            parent_lock.release()
+            out["release"] = "no error"
+        except redmutex.LockNotOwnedError:
+            out["release"] = "LockNotOwnedError"
+        except BaseException as exc:  # noqa: BLE001
+            out["release"] = f"{type(exc).__name__}: {exc}"
+        mine = redmutex.Lock(client, "child-own", ttl=10)
+        out["child_acquire"] = mine.acquire(timeout=5)
+        out["child_owned"] = mine.owned()
+        mine.release()
+        out["child_owned_after"] = mine.owned()
+        return out
+
+    result = _fork_and_run(child)
+    assert result == {
+        "ping": True,
+        "owned": False,
+        "token": None,
+        "locked": True,
+        "acquire0": False,
+        "release": "LockNotOwnedError",
+        "child_acquire": True,
+        "child_owned": True,
+        "child_owned_after": False,
+    }
+    # the parent's hold is untouched, and the parent still works after the fork
+    assert r.get(_lock_key(prefix, "parent-held")) == token.encode()
+    assert parent_lock.owned()
+    assert parent_lock.token == token
+    assert client.ping() is True
+    parent_lock.release()
+    assert not parent_lock.locked()
+
+
+@pytest.mark.timeout(90)
+def test_fork_before_first_use(redis_url: str, prefix: str) -> None:
+    c = redmutex.Client(redis_url, prefix=prefix)
+    try:
+
+        def child() -> dict[str, object]:
+            lock = redmutex.Lock(c, "fresh", ttl=5)
+            got = lock.acquire(timeout=5)
+            lock.release()
+            return {"ping": c.ping(), "got": got}
+
+        assert _fork_and_run(child) == {"ping": True, "got": True}
+        assert c.ping() is True
+    finally:
+        c.close()
+
+
+@pytest.mark.timeout(90)
+def test_fork_multiprocessing_context(client: redmutex.Client) -> None:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    held = redmutex.Lock(client, "mp-held", ttl=30)
+    assert held.acquire(timeout=5)
+    q = ctx.Queue()
+    p = ctx.Process(target=_mp_child, args=(client, held, q))
+    p.start()
+    try:
+        result = q.get(timeout=60)
+    finally:
+        p.join(timeout=30)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=10)
+    assert result == {"owned": False, "acquire0": False, "ping": True}
+    assert p.exitcode == 0
+    assert held.owned()
+    held.release()
+
+
+def _mp_child(client: redmutex.Client, held: redmutex.Lock, q: object) -> None:
+    out: dict[str, object] = {}
+    try:
+        out["owned"] = held.owned()
+        out["acquire0"] = held.acquire(timeout=0)
+        out["ping"] = client.ping()
+    except BaseException as exc:  # noqa: BLE001
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    q.put(out)  # type: ignore[attr-defined]

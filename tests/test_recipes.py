@@ -1,0 +1,396 @@
+"""The Redis-in-Action recipe functions and the @locked decorator."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pytest
+import redis
+import redmutex
+from redmutex import acquire_lock, redis_lock, release_lock
+
+if TYPE_CHECKING:
+    from conftest import PyProcs
+
+DEFAULT_PREFIX = "redmutex:"
+
+
+def _key(prefix: str, name: str, suffix: str = "lock") -> bytes:
+    return (prefix + "{" + name + "}:" + suffix).encode("utf-8")
+
+
+@pytest.fixture
+def lockname(r: redis.Redis) -> Iterator[str]:
+    """A unique lock name under the default prefix; its fence counter is removed afterwards."""
+    name = f"recipe-{uuid.uuid4().hex}"
+    yield name
+    r.delete(_key(DEFAULT_PREFIX, name), _key(DEFAULT_PREFIX, name, "fence"))
+
+
+# ------------------------------------------------------------------ acquire_lock / release_lock
+
+
+@pytest.mark.timeout(30)
+def test_acquire_and_release_with_redis_py(r: redis.Redis, lockname: str) -> None:
+    ident = acquire_lock(r, lockname)
+    assert isinstance(ident, str) and ident
+    assert r.get(_key(DEFAULT_PREFIX, lockname)) == ident.encode()
+    t0 = time.monotonic()
+    assert acquire_lock(r, lockname, atime=0.3) is False
+    assert 0.25 <= time.monotonic() - t0 < 3.0
+    assert release_lock(r, lockname, ident) is True
+    assert r.exists(_key(DEFAULT_PREFIX, lockname)) == 0
+    # a second release finds nothing of ours: "we lost the lock"
+    assert release_lock(r, lockname, ident) is False
+    again = acquire_lock(r, lockname, atime=1)
+    assert isinstance(again, str) and again != ident
+    assert release_lock(r, lockname, again) is True
+
+
+@pytest.mark.timeout(30)
+def test_release_with_wrong_identifier_keeps_lock(r: redis.Redis, lockname: str) -> None:
+    ident = acquire_lock(r, lockname)
+    assert isinstance(ident, str)
+    assert release_lock(r, lockname, "0" * 32) is False
+    assert release_lock(r, lockname, uuid.uuid4().hex) is False
+    assert r.get(_key(DEFAULT_PREFIX, lockname)) == ident.encode()
+    assert acquire_lock(r, lockname, atime=0.1) is False
+    assert release_lock(r, lockname, ident) is True
+
+
+@pytest.mark.timeout(30)
+def test_given_identifier_is_used(r: redis.Redis, lockname: str) -> None:
+    mine = uuid.uuid4().hex
+    assert acquire_lock(r, lockname, identifier=mine) == mine
+    assert acquire_lock(r, lockname, identifier=uuid.uuid4().hex, atime=0.1) is False
+    assert release_lock(r, lockname, mine) is True
+
+
+@pytest.mark.timeout(30)
+def test_ltime_is_the_lease(r: redis.Redis, lockname: str) -> None:
+    ident = acquire_lock(r, lockname, ltime=0.5)
+    assert isinstance(ident, str)
+    assert 0 < r.pttl(_key(DEFAULT_PREFIX, lockname)) <= 500
+    time.sleep(0.8)
+    other = acquire_lock(r, lockname, atime=0.5)
+    assert isinstance(other, str)
+    assert release_lock(r, lockname, ident) is False
+    assert r.get(_key(DEFAULT_PREFIX, lockname)) == other.encode()
+    assert release_lock(r, lockname, other) is True
+
+
+@pytest.mark.timeout(30)
+def test_atime_waits_for_expiry(r: redis.Redis, lockname: str) -> None:
+    t0 = time.monotonic()
+    assert isinstance(acquire_lock(r, lockname, ltime=1), str)
+    ident = acquire_lock(r, lockname, atime=5)
+    elapsed = time.monotonic() - t0
+    assert isinstance(ident, str)
+    assert 1.0 - 0.01 <= elapsed < 1.0 + 1.5
+    assert release_lock(r, lockname, ident) is True
+
+
+@pytest.mark.timeout(30)
+def test_atime_wakes_on_release(r: redis.Redis, lockname: str) -> None:
+    holder = acquire_lock(r, lockname, ltime=30)
+    assert isinstance(holder, str)
+    timer = threading.Timer(0.5, release_lock, args=(r, lockname, holder))
+    timer.start()
+    t0 = time.monotonic()
+    ident = acquire_lock(r, lockname, atime=10)
+    elapsed = time.monotonic() - t0
+    timer.join(5)
+    assert isinstance(ident, str)
+    assert 0.4 <= elapsed < 1.5
+    assert release_lock(r, lockname, ident) is True
+
+
+@pytest.mark.timeout(30)
+def test_recipes_accept_client_and_url(
+    client: redmutex.Client, redis_url: str, r: redis.Redis, prefix: str, lockname: str
+) -> None:
+    ident = acquire_lock(client, "acct")
+    assert isinstance(ident, str)
+    assert r.get(_key(prefix, "acct")) == ident.encode()
+    assert redmutex.Lock(client, "acct").locked() is True
+    assert release_lock(client, "acct", ident) is True
+    assert r.exists(_key(prefix, "acct")) == 0
+
+    ident = acquire_lock(redis_url, lockname)
+    assert isinstance(ident, str)
+    assert r.get(_key(DEFAULT_PREFIX, lockname)) == ident.encode()
+    assert release_lock(redis_url, lockname, ident) is True
+
+
+# ------------------------------------------------------------------------------ redis_lock
+
+
+@pytest.mark.timeout(30)
+def test_redis_lock_context(r: redis.Redis, lockname: str) -> None:
+    with redis_lock(r, lockname) as identifier:
+        assert isinstance(identifier, str) and identifier
+        assert r.get(_key(DEFAULT_PREFIX, lockname)) == identifier.encode()
+        assert acquire_lock(r, lockname, atime=0.1) is False
+    assert r.exists(_key(DEFAULT_PREFIX, lockname)) == 0
+    assert release_lock(r, lockname, identifier) is False
+
+
+@pytest.mark.timeout(30)
+def test_redis_lock_could_not_acquire(r: redis.Redis, lockname: str) -> None:
+    holder = acquire_lock(r, lockname)
+    assert isinstance(holder, str)
+    t0 = time.monotonic()
+    with (
+        pytest.raises(redmutex.LockError, match="could not acquire lock"),
+        redis_lock(r, lockname, atime=0.3),
+    ):
+        pytest.fail("the block must not run")
+    assert 0.25 <= time.monotonic() - t0 < 3.0
+    assert r.get(_key(DEFAULT_PREFIX, lockname)) == holder.encode()
+    assert release_lock(r, lockname, holder) is True
+
+
+@pytest.mark.timeout(30)
+def test_redis_lock_lost(r: redis.Redis, lockname: str) -> None:
+    with (
+        pytest.raises(redmutex.LockLostError, match="lock was lost"),
+        redis_lock(r, lockname, ltime=0.2),
+    ):
+        time.sleep(0.6)
+
+
+@pytest.mark.timeout(30)
+def test_redis_lock_releases_on_error(r: redis.Redis, lockname: str) -> None:
+    with pytest.raises(LookupError), redis_lock(r, lockname, atime=1, ltime=5):
+        raise LookupError("inside")
+    assert r.exists(_key(DEFAULT_PREFIX, lockname)) == 0
+
+
+# ------------------------------------------------------------------------------ @locked
+
+
+@pytest.mark.timeout(30)
+def test_locked_fills_template_from_arguments(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
+    seen: list[tuple[str, bool, bool]] = []
+
+    @redmutex.locked(client, "lock:{sender}", ttl=10, timeout=10)
+    def transfer_funds(conn: object, sender: str, recipient: str, amount: int) -> str:
+        """Move money."""
+        held = r.get(_key(prefix, "lock:" + sender))
+        other = r.exists(_key(prefix, "lock:" + recipient))
+        seen.append((sender, held is not None, bool(other)))
+        return f"{sender}->{recipient}:{amount}"
+
+    assert transfer_funds.__name__ == "transfer_funds"
+    assert transfer_funds.__doc__ == "Move money."
+    assert transfer_funds(None, "alice", "bob", 5) == "alice->bob:5"
+    assert transfer_funds(conn=None, sender="bob", recipient="carol", amount=1) == "bob->carol:1"
+    assert transfer_funds(None, "carol", amount=2, recipient="alice") == "carol->alice:2"
+    assert seen == [("alice", True, False), ("bob", True, False), ("carol", True, False)]
+    leftover = {k for k in r.keys(prefix + "*") if not k.endswith(b":fence")}
+    assert leftover == set()
+    assert set(r.keys(prefix + "*")) == {
+        _key(prefix, "lock:alice", "fence"),
+        _key(prefix, "lock:bob", "fence"),
+        _key(prefix, "lock:carol", "fence"),
+    }
+
+
+@pytest.mark.timeout(30)
+def test_locked_uses_defaults_and_non_str_values(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
+    names: list[bytes] = []
+
+    @redmutex.locked(client, "job:{region}:{n}", ttl=5, timeout=5)
+    def job(n: int, region: str = "eu") -> int:
+        names.extend(k for k in r.keys(prefix + "*") if k.endswith(b":lock"))
+        return n * 2
+
+    assert job(21) == 42
+    assert job(3, region="us") == 6
+    assert job(n=7) == 14
+    assert names == [
+        _key(prefix, "job:eu:21"),
+        _key(prefix, "job:us:3"),
+        _key(prefix, "job:eu:7"),
+    ]
+
+
+@pytest.mark.timeout(30)
+def test_locked_static_name_and_exceptions(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
+    @redmutex.locked(client, "static", ttl=5, timeout=5)
+    def fail() -> None:
+        assert r.exists(_key(prefix, "static")) == 1
+        raise KeyError("boom")
+
+    with pytest.raises(KeyError):
+        fail()
+    assert r.exists(_key(prefix, "static")) == 0
+
+
+@pytest.mark.timeout(30)
+def test_locked_timeout(client: redmutex.Client, redis_url: str, prefix: str) -> None:
+    other = redmutex.Client(redis_url, prefix=prefix)
+    try:
+        holder = redmutex.Lock(other, "lock:alice", ttl=20)
+        assert holder.acquire()
+        calls: list[str] = []
+
+        @redmutex.locked(client, "lock:{sender}", ttl=10, timeout=0.3)
+        def transfer(sender: str) -> None:
+            calls.append(sender)
+
+        t0 = time.monotonic()
+        with pytest.raises(redmutex.LockTimeoutError):
+            transfer("alice")
+        assert 0.25 <= time.monotonic() - t0 < 3.0
+        transfer("bob")  # another name is not blocked
+        assert calls == ["bob"]
+        holder.release()
+        transfer("alice")
+        assert calls == ["bob", "alice"]
+    finally:
+        other.close()
+
+
+@pytest.mark.timeout(60)
+def test_locked_excludes_same_name_only(client: redmutex.Client) -> None:
+    state = {"inside": 0, "max_inside": 0, "counter": 0}
+    guard = threading.Lock()
+    barrier = threading.Barrier(2, timeout=10)
+
+    @redmutex.locked(client, "acct:{who}", ttl=10, timeout=30)
+    def bump(who: str, rendezvous: bool = False) -> None:
+        if rendezvous:
+            # both threads must be inside at once: different names do not exclude each other
+            barrier.wait()
+            return
+        with guard:
+            state["inside"] += 1
+            state["max_inside"] = max(state["max_inside"], state["inside"])
+        value = state["counter"]
+        time.sleep(0.001)
+        state["counter"] = value + 1
+        with guard:
+            state["inside"] -= 1
+
+    errors: list[BaseException] = []
+
+    def run(fn: object) -> None:
+        try:
+            fn()  # type: ignore[operator]
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    pair = [
+        threading.Thread(target=run, args=(lambda w=w: bump(w, rendezvous=True),))
+        for w in ("x", "y")
+    ]
+    for t in pair:
+        t.start()
+    for t in pair:
+        t.join(20)
+    assert errors == []
+
+    workers = [
+        threading.Thread(target=run, args=(lambda: [bump("same") for _ in range(20)],))
+        for _ in range(6)
+    ]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(50)
+    assert not any(t.is_alive() for t in workers)
+    assert errors == []
+    assert state["max_inside"] == 1
+    assert state["counter"] == 120
+
+
+@pytest.mark.timeout(30)
+def test_locked_accepts_redis_py_and_url(r: redis.Redis, redis_url: str) -> None:
+    tag = uuid.uuid4().hex
+    for conn in (r, redis_url):
+
+        @redmutex.locked(conn, "dec-" + tag + "-{x}", ttl=5, timeout=5)
+        def f(x: int) -> bool:
+            return r.exists(_key(DEFAULT_PREFIX, f"dec-{tag}-{x}")) == 1
+
+        assert f(1) is True
+        assert f(x=2) is True
+    for x in (1, 2):
+        assert r.exists(_key(DEFAULT_PREFIX, f"dec-{tag}-{x}")) == 0
+        r.delete(_key(DEFAULT_PREFIX, f"dec-{tag}-{x}", "fence"))
+
+
+# ------------------------------------------------------------------------- the book example
+
+TRANSFER_SCRIPT = r"""
+import json
+import random
+import sys
+
+import redis
+
+from redmutex import redis_lock
+
+def transfer_funds(conn, sender, recipient, amount):     # conn: a redis.Redis
+    with redis_lock(conn, "lock:" + sender):
+        if int(conn.hget(sender, "money") or 0) < amount:
+            return False
+        pipe = conn.pipeline(True)
+        pipe.hincrby(sender, "money", -amount)
+        pipe.hincrby(recipient, "money", amount)
+        pipe.execute()
+        return True
+
+url, accounts, n, seed = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+conn = redis.Redis.from_url(url)
+rng = random.Random(seed)
+ok = 0
+lowest = None
+for _ in range(n):
+    sender, recipient = rng.sample(accounts, 2)
+    if transfer_funds(conn, sender, recipient, rng.randint(1, 400)):
+        ok += 1
+    balance = int(conn.hget(sender, "money"))
+    lowest = balance if lowest is None else min(lowest, balance)
+print(json.dumps({"ok": ok, "lowest": lowest}))
+"""
+
+
+@pytest.mark.timeout(240)
+def test_book_transfer_funds_from_8_processes(
+    redis_url: str, r: redis.Redis, prefix: str, procs: PyProcs
+) -> None:
+    accounts = [f"{prefix}acct:{i}" for i in range(4)]
+    for a in accounts:
+        r.hset(a, "money", 500)
+    total = 500 * len(accounts)
+    children = [
+        procs.start(TRANSFER_SCRIPT, redis_url, json.dumps(accounts), "60", str(seed))
+        for seed in range(8)
+    ]
+    results = []
+    for child in children:
+        rc, out, err = procs.wait(child, timeout=200)
+        assert rc == 0, err
+        results.append(json.loads(out))
+    balances = [int(r.hget(a, "money") or 0) for a in accounts]
+    assert sum(balances) == total
+    assert min(balances) >= 0
+    assert all(res["lowest"] >= 0 for res in results)
+    assert sum(res["ok"] for res in results) > 0
+    # the locks are gone; only fence counters remain
+    for a in accounts:
+        assert r.exists(_key(DEFAULT_PREFIX, "lock:" + a)) == 0
+        r.delete(_key(DEFAULT_PREFIX, "lock:" + a, "fence"))
