@@ -21,7 +21,6 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
-
 import redmutex
 from redmutex._server import RedisServer, free_port
 
@@ -76,6 +75,7 @@ def round_trips_per_second(port: int, requests: int) -> float | None:
         return None
     out = subprocess.run(
         [binary, "-p", str(port), "-c", "1", "-n", str(requests), "-t", "ping_mbulk", "-q"],
+        check=False,
         capture_output=True,
         text=True,
         timeout=120,
@@ -92,10 +92,13 @@ def start_cluster(size: int) -> list[RedisServer]:
     servers = [
         RedisServer(
             extra_args=[
-                "--cluster-enabled", "yes",
-                "--cluster-config-file", "nodes.conf",
-                "--cluster-port", str(free_port()),
-            ]  # fmt: skip
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-port",
+                str(free_port()),
+            ]
         )
         for _ in range(size)
     ]
@@ -151,10 +154,14 @@ def main() -> None:
             conns = [redis.Redis(port=m.port) for m in masters[:n]]
             pair = pottery_pair(conns, f"bench:pottery:{n}")
             if pair is None:
-                rows.append({"setup": f"Redlock, {n} masters", "library": "pottery", "pairs_per_s": None})
+                rows.append(
+                    {"setup": f"Redlock, {n} masters", "library": "pottery", "pairs_per_s": None}
+                )
                 continue
             rate = pairs_per_second(pair, seconds)
-            rows.append({"setup": f"Redlock, {n} masters", "library": "pottery", "pairs_per_s": rate})
+            rows.append(
+                {"setup": f"Redlock, {n} masters", "library": "pottery", "pairs_per_s": rate}
+            )
             for c in conns:
                 c.close()
     finally:

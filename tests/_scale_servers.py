@@ -19,7 +19,6 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import redis
-
 from redmutex._server import RedisServer, free_port
 
 if TYPE_CHECKING:
@@ -98,7 +97,9 @@ class Cluster:
                 text = info.decode() if isinstance(info, bytes) else str(info)
                 if "cluster_state:ok" not in text:
                     return False
-                views.append(sorted((s[0], s[1], s[2][1]) for s in r.execute_command("CLUSTER SLOTS")))
+                views.append(
+                    sorted((s[0], s[1], s[2][1]) for s in r.execute_command("CLUSTER SLOTS"))
+                )
         return all(v == views[0] for v in views)
 
     def node_id(self, server: RedisServer) -> str:
@@ -207,9 +208,7 @@ class SentinelGroup:
     def __init__(self, name: str = "mymaster") -> None:
         self.name = name
         self.master = RedisServer()
-        self.replica = RedisServer(
-            extra_args=["--replicaof", "127.0.0.1", str(self.master.port)]
-        )
+        self.replica = RedisServer(extra_args=["--replicaof", "127.0.0.1", str(self.master.port)])
         self.dir = tempfile.mkdtemp(prefix="redmutex-sentinel-")
         self.config = os.path.join(self.dir, "sentinel.conf")
         with open(self.config, "w") as f:

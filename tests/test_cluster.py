@@ -10,10 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from redis.crc import key_slot
-
 import redmutex
 from _scale_servers import Cluster
+from redis.crc import key_slot
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -8,7 +8,6 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-
 import redmutex
 from _scale_servers import SentinelGroup, wait_for
 
@@ -34,7 +33,9 @@ def test_urls_are_validated_and_redacted() -> None:
     c = redmutex.Client("redis+sentinel://u:hunter2@127.0.0.1:1/svc?sentinel_password=s3cret")
     assert "hunter2" not in repr(c) and "s3cret" not in repr(c)
     # No sentinel answers: a ConnectionError within the timeouts, never a hang.
-    c = redmutex.Client("redis+sentinel://127.0.0.1:1/svc", connect_timeout=0.5, command_timeout=0.5)
+    c = redmutex.Client(
+        "redis+sentinel://127.0.0.1:1/svc", connect_timeout=0.5, command_timeout=0.5
+    )
     t0 = time.monotonic()
     with pytest.raises(redmutex.ConnectionError):
         c.ping()
