@@ -245,5 +245,9 @@ def test_no_crossslot_from_redis_py_view(cluster: Cluster, client: redmutex.Clie
             slots = {rc.keyslot(f"{base}{suffix}") for suffix in (":lock", ":fence", ":queue")}
             assert len(slots) == 1
             lock.release()
+        # A redis-py RedisCluster works as the `client` argument too.
+        with redmutex.Lock(rc, "via-redis-py", ttl=5, timeout=5) as lock:
+            assert lock.client.url.count("redis://") == 3
+            assert lock.locked()
     finally:
         rc.close()

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+import redis.sentinel
 import redmutex
 from _scale_servers import SentinelGroup, wait_for
 
@@ -49,6 +50,13 @@ def test_failover_moves_new_acquisitions_to_the_new_master(group: SentinelGroup)
     assert before.acquire(blocking=False)
     assert lock_value(group.master.port, "before") == (before.token or "").encode()
     before.release()
+    # A redis-py client made by Sentinel.master_for is followed through the same sentinels.
+    sentinel = redis.sentinel.Sentinel([("127.0.0.1", group.sentinel.port)], socket_timeout=2)
+    via_redis_py = redmutex.Lock(sentinel.master_for(group.name), "via-redis-py", ttl=30)
+    assert via_redis_py.acquire(blocking=False)
+    assert via_redis_py.client.url.startswith("redis+sentinel://127.0.0.1:")
+    assert redmutex.Lock(client, "x").client is client
+    via_redis_py.release()
 
     # A waiter across the failover: it must not be stranded.
     blocker = redmutex.Lock(client, "across", ttl=4)
