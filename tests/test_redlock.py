@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -194,6 +195,27 @@ def test_quorum_error_with_three_masters_down(masters: Masters) -> None:
     assert time.monotonic() - t0 < 1.5
     with pytest.raises(redmutex.ConnectionError):
         c.ping()
+
+
+def test_quorum_error_with_three_masters_frozen(masters: Masters) -> None:
+    # SIGSTOP: the sockets accept, nothing answers. Bounded by the timeouts all the same.
+    c = client(masters)
+    assert c.ping()
+    frozen = [masters.servers[i].process for i in (1, 2, 3)]
+    try:
+        for p in frozen:
+            assert p is not None
+            p.send_signal(signal.SIGSTOP)
+        for lock_client in (c, client(masters)):  # connected before, and a fresh one
+            lock = redmutex.Lock(lock_client, name())
+            t0 = time.monotonic()
+            with pytest.raises(redmutex.QuorumError):
+                lock.acquire()
+            assert time.monotonic() - t0 < 2.0 + 1.0  # connect (1 s) + command (1 s), no hang
+    finally:
+        for p in frozen:
+            if p is not None:
+                p.send_signal(signal.SIGCONT)
 
 
 def test_restarted_master_does_not_let_b_in_before_a_lease_ends(masters: Masters) -> None:

@@ -244,6 +244,23 @@ impl Node {
         if let Some(found) = self.cached() {
             return Ok(found);
         }
+        // Opening (and identifying) a connection takes at most connect + command timeouts.
+        let limit = self.timeouts.connect + self.timeouts.command;
+        let live = tokio::time::timeout(limit, self.open())
+            .await
+            .map_err(|_| {
+                Error::Connection(format!(
+                    "Redis did not accept a connection within {:.3} s",
+                    limit.as_secs_f64()
+                ))
+            })??;
+        let mut guard = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        guard.0 += 1;
+        guard.1 = Some(live.clone());
+        Ok((guard.0, live))
+    }
+
+    async fn open(&self) -> Result<Live> {
         let mut conn = self.target.connect(self.timeouts).await?;
         let identity = if self.identify {
             let info: String = within(
@@ -263,11 +280,7 @@ impl Node {
         } else {
             None
         };
-        let live = Live { conn, identity };
-        let mut guard = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        guard.0 += 1;
-        guard.1 = Some(live.clone());
-        Ok((guard.0, live))
+        Ok(Live { conn, identity })
     }
 
     /// Forgets the connection of `generation` so the next call opens a fresh one.

@@ -37,9 +37,12 @@ use crate::protocol::scripts;
 
 /// How long a waiter sleeps when no master gives a lease to wait for.
 const NO_HINT_LOOK: Duration = Duration::from_millis(500);
-/// After a split vote, contenders retry after a random pause of up to this long, so that they
-/// do not split again in lockstep.
+/// After a split vote (we won some votes, not a majority), a contender retries after a random
+/// pause, so that contenders do not split again in lockstep: up to this long at first...
 const SPLIT_PAUSE: Duration = Duration::from_millis(25);
+/// ...doubling while the vote keeps splitting (a stale holder, a restarted master), up to this,
+/// and sooner when a release is heard.
+const SPLIT_PAUSE_MAX: Duration = Duration::from_secs(1);
 
 struct Master {
     shared: Arc<Shared>,
@@ -567,6 +570,7 @@ async fn acquire_rounds(
         .iter()
         .map(|m| m.shared.hub.register(channel.clone(), None))
         .collect();
+    let mut split_pause = SPLIT_PAUSE;
     loop {
         // Subscribed before looking, so a release after the look is heard.
         redlock.ready(&registrations).await?;
@@ -578,15 +582,22 @@ async fn acquire_rounds(
         if wait.expired(now) {
             return Ok(None);
         }
-        let nap = lease::next_look(retry_ms, NO_HINT_LOOK, wait.deadline(), now);
+        let mut nap = lease::next_look(retry_ms, NO_HINT_LOOK, wait.deadline(), now);
         if split {
-            // Contenders split the vote: each pauses a random moment before the next round.
-            tokio::time::sleep(jitter(SPLIT_PAUSE).min(nap)).await;
-            continue;
+            // The vote split: pause a random moment (longer while it keeps splitting), or
+            // less when a release is heard, and then a little more, to fall out of step.
+            nap = nap.min(jitter(split_pause));
+            split_pause = (split_pause * 2).min(SPLIT_PAUSE_MAX);
+        } else {
+            split_pause = SPLIT_PAUSE;
         }
         let woken = select_all(registrations.iter().map(|r| r.notified().boxed()));
         tokio::select! {
-            _ = woken => {}
+            _ = woken => {
+                if split {
+                    tokio::time::sleep(jitter(SPLIT_PAUSE)).await;
+                }
+            }
             _ = tokio::time::sleep(nap) => {}
         }
     }
