@@ -306,3 +306,77 @@ fn the_fair_script_grants_only_the_head() {
         assert!(matches!(run("b").await, Attempt::Granted { .. }));
     });
 }
+
+fn redlock_client(servers: &[&Server], prefix: &str) -> Arc<Client> {
+    use super::client::Deployment;
+    use crate::protocol::url::{parse_endpoint, Endpoint};
+    let masters: Vec<(Endpoint, String)> = servers
+        .iter()
+        .map(|s| {
+            let url = format!("redis://127.0.0.1:{}/0", s.port);
+            (parse_endpoint(&url).unwrap(), url)
+        })
+        .collect();
+    let timeouts = Timeouts {
+        connect: Duration::from_secs(1),
+        command: Duration::from_secs(1),
+    };
+    Arc::new(
+        Client::new(ClientConfig {
+            deployment: Deployment::Redlock(masters),
+            prefix: prefix.as_bytes().to_vec(),
+            timeouts,
+        })
+        .unwrap(),
+    )
+}
+
+#[test]
+fn redlock_needs_a_majority_and_raises_fences_past_every_previous_one() {
+    use super::error::Error;
+    let (a, b) = (Server::start(), Server::start());
+    let mut c = Some(Server::start());
+    let client = redlock_client(&[&a, &b, c.as_ref().unwrap()], "rl:");
+    assert!(client.shared().is_err(), "no single keyspace on Redlock");
+    let handle = LockHandle::new(
+        client.clone(),
+        b"n",
+        Duration::from_secs(5),
+        false,
+        0,
+        false,
+    )
+    .unwrap();
+    let other = LockHandle::new(
+        client.clone(),
+        b"n",
+        Duration::from_secs(5),
+        false,
+        0,
+        false,
+    )
+    .unwrap();
+    let mut fences = Vec::new();
+    for _ in 0..2 {
+        assert!(block_on(handle.acquire(Wait::Once, None)).unwrap());
+        assert!(!block_on(other.acquire(Wait::Once, None)).unwrap());
+        assert!(block_on(handle.owned()).unwrap());
+        let left = handle.remaining().unwrap();
+        assert!(left <= Duration::from_millis(5000 - 52), "{left:?}");
+        fences.push(handle.fence().unwrap());
+        block_on(handle.release()).unwrap();
+    }
+    // One of three down: a majority is still there.
+    drop(c.take());
+    assert!(block_on(handle.acquire(Wait::Once, None)).unwrap());
+    fences.push(handle.fence().unwrap());
+    block_on(handle.release()).unwrap();
+    assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
+    // Two of three down: a quorum error, at once.
+    drop(b);
+    let t0 = Instant::now();
+    let err = block_on(handle.acquire(Wait::Forever, None)).unwrap_err();
+    assert!(matches!(err, Error::Quorum(_)), "{err:?}");
+    assert!(t0.elapsed() < Duration::from_secs(2));
+    drop(a);
+}
