@@ -194,3 +194,27 @@ def mp_procs() -> Iterator[MpProcs]:
         yield pool
     finally:
         pool.cleanup()
+
+
+@pytest.fixture
+def other_client(redis_url: str, prefix: str) -> Iterator[redmutex.Client]:
+    """A second, independent Client (its own connections) on the same prefix."""
+    c = redmutex.Client(redis_url, prefix=prefix)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def children() -> Iterator[list[subprocess.Popen[str]]]:
+    """Child processes started by a test; each is SIGKILLed (by PID) if alive, and reaped."""
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        try:
+            proc.communicate(timeout=10)
+        except (subprocess.TimeoutExpired, ValueError):
+            pass

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._core import Client, Lock, __version__
+from ._core import Client, Lock, RWLock, Semaphore, __version__
 from ._recipes import acquire_lock, locked, redis_lock, release_lock
 from .errors import (
     ConnectionError,
@@ -24,6 +24,8 @@ __all__ = [
     "LockNotOwnedError",
     "LockTimeoutError",
     "QuorumError",
+    "RWLock",
+    "Semaphore",
     "__version__",
     "acquire_lock",
     "locked",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import weakref
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -21,7 +22,7 @@ from ._callkeys import compile_template
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["Lock", "locked"]
+__all__ = ["Lock", "RWLock", "RWLockSide", "Semaphore", "locked"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -33,7 +34,91 @@ def _consume(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
-class Lock:
+def _relay_on_lost(on_lost: Callable[[Any], None] | None, owner: Any) -> Any:
+    """An on_lost for the core object that calls the user's with the asyncio object (held
+    weakly, so renewal never keeps it alive)."""
+    if on_lost is None:
+        return None
+    if not callable(on_lost):
+        raise TypeError("on_lost: expected a callable")
+    this = weakref.ref(owner)
+
+    def relay(_core_object: Any) -> None:
+        me = this()
+        if me is not None:
+            on_lost(me)
+
+    return relay
+
+
+class _Hold:
+    """What Lock, Semaphore and the read/write locks share: coroutine acquire/release/extend/
+    owned and `async with`, over a core object's `_*_async` methods."""
+
+    _core: Any
+
+    def _context(self) -> tuple[Any, ...]:
+        return ()
+
+    def _give_back_after_cancel(self) -> None:
+        # A grant that raced the cancellation belongs to nobody: give it back in the background.
+        if self._core.token is not None:
+            self._core._release_async().add_done_callback(_consume)
+
+    async def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        try:
+            return bool(await self._core._acquire_async(*self._context(), blocking, timeout))
+        except asyncio.CancelledError:
+            self._give_back_after_cancel()
+            raise
+
+    async def release(self) -> None:
+        await self._core._release_async()
+
+    async def extend(self, ttl: float | None = None) -> None:
+        await self._core._extend_async(ttl)
+
+    async def owned(self) -> bool:
+        return bool(await self._core._owned_async())
+
+    def remaining(self) -> float | None:
+        value: float | None = self._core.remaining()
+        return value
+
+    @property
+    def token(self) -> str | None:
+        value: str | None = self._core.token
+        return value
+
+    @property
+    def lost(self) -> bool:
+        return bool(self._core.lost)
+
+    @property
+    def name(self) -> str:
+        return str(self._core.name)
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self._core._enter_async(*self._context())
+        except asyncio.CancelledError:
+            self._give_back_after_cancel()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        return bool(await self._core._exit_async(exc_type is not None))
+
+    def __repr__(self) -> str:
+        return f"aio.{self._core!r}"
+
+
+class Lock(_Hold):
     """`redmutex.Lock` for asyncio: `await lock.acquire()`, `async with lock: ...`."""
 
     def __init__(
@@ -48,18 +133,7 @@ class Lock:
         replicas: int = 0,
         on_lost: Callable[[Lock], None] | None = None,
     ) -> None:
-        core_on_lost = None
-        if on_lost is not None:
-            if not callable(on_lost):
-                raise TypeError("on_lost: expected a callable")
-            this = weakref.ref(self)
-
-            def core_on_lost(_core_lock: _core.Lock) -> None:
-                me = this()
-                if me is not None:
-                    on_lost(me)
-
-        self._lock = _core.Lock(
+        self._core = _core.Lock(
             client,
             name,
             ttl=ttl,
@@ -67,70 +141,135 @@ class Lock:
             auto_renew=auto_renew,
             fair=fair,
             replicas=replicas,
-            on_lost=core_on_lost,
+            on_lost=_relay_on_lost(on_lost, self),
         )
 
-    def _give_back_after_cancel(self) -> None:
-        # A grant that raced the cancellation belongs to nobody: give it back in the background.
-        if self._lock.token is not None:
-            self._lock._release_async().add_done_callback(_consume)
-
-    async def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
-        try:
-            return bool(await self._lock._acquire_async(blocking, timeout))
-        except asyncio.CancelledError:
-            self._give_back_after_cancel()
-            raise
-
-    async def release(self) -> None:
-        await self._lock._release_async()
-
-    async def extend(self, ttl: float | None = None) -> None:
-        await self._lock._extend_async(ttl)
-
     async def locked(self) -> bool:
-        return bool(await self._lock._locked_async())
-
-    async def owned(self) -> bool:
-        return bool(await self._lock._owned_async())
-
-    def remaining(self) -> float | None:
-        return self._lock.remaining()
-
-    @property
-    def token(self) -> str | None:
-        return self._lock.token
+        return bool(await self._core._locked_async())
 
     @property
     def fence(self) -> int | None:
-        return self._lock.fence
+        value: int | None = self._core.fence
+        return value
+
+
+class Semaphore(_Hold):
+    """`redmutex.Semaphore` for asyncio."""
+
+    def __init__(
+        self,
+        client: Any,
+        name: str,
+        limit: int,
+        *,
+        ttl: float = 10.0,
+        timeout: float | None = None,
+        fair: bool = True,
+        auto_renew: bool = False,
+        on_lost: Callable[[Semaphore], None] | None = None,
+    ) -> None:
+        self._core = _core.Semaphore(
+            client,
+            name,
+            limit,
+            ttl=ttl,
+            timeout=timeout,
+            fair=fair,
+            auto_renew=auto_renew,
+            on_lost=_relay_on_lost(on_lost, self),
+        )
+
+    async def holders(self) -> int:
+        return int(await self._core._holders_async())
 
     @property
-    def lost(self) -> bool:
-        return self._lock.lost
+    def limit(self) -> int:
+        return int(self._core.limit)
+
+
+# The read/write locks tell callers apart to refuse a read->write upgrade that would deadlock;
+# under asyncio the caller is the task. Task ids come from a counter (never reused, unlike id()).
+_task_ids: weakref.WeakKeyDictionary[asyncio.Task[Any], int] = weakref.WeakKeyDictionary()
+_next_task_id = itertools.count(1 << 62)
+
+
+def _current_task_id() -> int:
+    task = asyncio.current_task()
+    if task is None:
+        return 0
+    found = _task_ids.get(task)
+    if found is None:
+        found = _task_ids[task] = next(_next_task_id)
+    return found
+
+
+class RWLockSide(_Hold):
+    """The read or the write lock of an `aio.RWLock`."""
+
+    def __init__(self, core_side: Any) -> None:
+        self._core = core_side
+
+    def _context(self) -> tuple[Any, ...]:
+        return (_current_task_id(),)
+
+    async def locked(self) -> bool:
+        return bool(await self._core.rwlock._locked_async())
+
+    @property
+    def mode(self) -> str:
+        return str(self._core.mode)
+
+
+class RWLock:
+    """`redmutex.RWLock` for asyncio: `async with rw.read(): ...`, `async with rw.write(): ...`."""
+
+    def __init__(
+        self,
+        client: Any,
+        name: str,
+        *,
+        ttl: float = 10.0,
+        timeout: float | None = None,
+        auto_renew: bool = False,
+        on_lost: Callable[[RWLockSide], None] | None = None,
+    ) -> None:
+        self._on_lost = on_lost
+        # The core reports the core side; map it back to the asyncio side that holds it.
+        self._sides: weakref.WeakValueDictionary[int, RWLockSide] = weakref.WeakValueDictionary()
+        relay = None
+        if on_lost is not None:
+            if not callable(on_lost):
+                raise TypeError("on_lost: expected a callable")
+
+            def relay(core_side: Any) -> None:
+                side = self._sides.get(id(core_side))
+                if side is not None:
+                    on_lost(side)
+
+        self._core = _core.RWLock(
+            client, name, ttl=ttl, timeout=timeout, auto_renew=auto_renew, on_lost=relay
+        )
+
+    def _side(self, core_side: Any) -> RWLockSide:
+        side = RWLockSide(core_side)
+        self._sides[id(core_side)] = side
+        return side
+
+    def read(self) -> RWLockSide:
+        return self._side(self._core.read())
+
+    def write(self) -> RWLockSide:
+        return self._side(self._core.write())
+
+    async def locked(self) -> bool:
+        return bool(await self._core._locked_async())
+
+    async def readers(self) -> int:
+        return int(await self._core._readers_async())
 
     @property
     def name(self) -> str:
-        return self._lock.name
-
-    async def __aenter__(self) -> Self:
-        try:
-            await self._lock._enter_async()
-        except asyncio.CancelledError:
-            self._give_back_after_cancel()
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        return bool(await self._lock._exit_async(exc_type is not None))
-
-    def __repr__(self) -> str:
-        return f"aio.{self._lock!r}"
+        return str(self._core.name)
 
 
 def locked(

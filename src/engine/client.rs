@@ -15,10 +15,12 @@ use redis::ConnectionInfo;
 
 use super::direct::DirectPool;
 use super::error::{Error, Result};
+use super::exclusive::ExclusivePool;
 use super::node::{Node, Retry, Target, Timeouts};
 use super::redlock::Redlock;
 use super::runtime::{self, pid};
 use super::sentinel::Sentinel;
+use super::waiting::Gate;
 use super::wake::WakeHub;
 use crate::protocol::keys::Keys;
 use crate::protocol::url::{self, Endpoint};
@@ -58,12 +60,12 @@ impl ClientConfig {
 /// The in-process gates that let only one waiter per lock name compete in Redis at a time.
 #[derive(Default)]
 pub struct Gates {
-    gates: Mutex<HashMap<Vec<u8>, Weak<tokio::sync::Mutex<()>>>>,
+    gates: Mutex<HashMap<Vec<u8>, Weak<Gate>>>,
 }
 
 impl Gates {
     /// The gate of one lock name in this process (fair locks queue in Redis instead).
-    pub fn gate(&self, name: &[u8]) -> Arc<tokio::sync::Mutex<()>> {
+    pub fn gate(&self, name: &[u8]) -> Arc<Gate> {
         let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(gate) = gates.get(name).and_then(Weak::upgrade) {
             return gate;
@@ -71,7 +73,7 @@ impl Gates {
         if gates.len() >= 64 {
             gates.retain(|_, gate| gate.strong_count() > 0);
         }
-        let gate = Arc::new(tokio::sync::Mutex::new(()));
+        let gate = Arc::new(Gate::default());
         gates.insert(name.to_vec(), Arc::downgrade(&gate));
         gate
     }
@@ -90,13 +92,12 @@ impl Drop for AbortOnDrop {
 /// and the in-process gates.
 pub struct Shared {
     pub node: Node,
-    /// A connection of its own for writes that must be followed by WAIT (replica acknowledgement):
-    /// WAIT blocks its connection, so it never runs on the shared one.
-    pub wait_node: Node,
+    /// Connections used one call at a time, for writes that WAIT must follow (replicas).
+    pub exclusive: ExclusivePool,
     /// Blocking connections for one-round-trip calls made from the caller's thread; only for a
     /// single server (a cluster routes by slot and a Sentinel master moves: they go through
-    /// the runtime).
-    pub direct: Option<DirectPool>,
+    /// the runtime, and this pool refuses).
+    pub direct: DirectPool,
     pub hub: WakeHub,
     gates: Gates,
     /// Sentinel: the task that moves the connections when a failover is announced.
@@ -116,7 +117,7 @@ impl Shared {
                         .watch(timeouts, move || match me.upgrade() {
                             Some(shared) => {
                                 shared.node.reset();
-                                shared.wait_node.reset();
+                                shared.exclusive.reset();
                                 shared.hub.reset();
                                 true
                             }
@@ -133,18 +134,13 @@ impl Shared {
             } else {
                 Node::new(target.clone(), timeouts)
             };
-            let wait_node = if identify {
-                Node::identified(target.clone(), timeouts)
-            } else {
-                Node::new(target.clone(), timeouts)
-            };
             let direct = match &*target {
-                Target::Direct(client) => Some(DirectPool::new(client.clone(), timeouts)),
-                _ => None,
+                Target::Direct(client) => DirectPool::new(client.clone(), timeouts),
+                _ => DirectPool::unavailable(timeouts),
             };
             Shared {
                 node,
-                wait_node,
+                exclusive: ExclusivePool::new(target.clone(), timeouts),
                 direct,
                 hub: WakeHub::new(target, timeouts),
                 gates: Gates::default(),
@@ -153,17 +149,8 @@ impl Shared {
         })
     }
 
-    /// The connection for lock writes that `replicas` replicas must acknowledge.
-    pub fn node_for(&self, replicas: u32) -> &Node {
-        if replicas == 0 {
-            &self.node
-        } else {
-            &self.wait_node
-        }
-    }
-
     /// The gate of one lock name in this process (fair locks queue in Redis instead).
-    pub fn gate(&self, name: &[u8]) -> Arc<tokio::sync::Mutex<()>> {
+    pub fn gate(&self, name: &[u8]) -> Arc<Gate> {
         self.gates.gate(name)
     }
 }
@@ -287,6 +274,12 @@ impl Client {
 
     pub fn is_redlock(&self) -> bool {
         matches!(self.plan, Plan::Redlock(_))
+    }
+
+    /// Whether the blocking API may make one-round-trip calls on the caller's thread (a single
+    /// server, reached directly).
+    pub fn supports_direct(&self) -> bool {
+        matches!(&self.plan, Plan::Single(target) if matches!(**target, Target::Direct(_)))
     }
 
     /// The keys of the primitive `name`. On a cluster every key of a primitive must share one

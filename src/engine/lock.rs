@@ -1,64 +1,23 @@
-//! Lock operations: the acquire loop that waits without polling, release, extend, and the state
-//! of one lock object's hold (shared by the blocking and the asyncio bindings).
+//! Lock operations: acquire (waiting without polling, see `waiting`), release, extend, and the
+//! lock object's hold (shared by the blocking and the asyncio bindings).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::client::{Backend, Client, Shared};
 use super::error::{Error, Result};
+use super::hold::{DirectTry, Holder, Leased, Naming};
 use super::node::Retry;
-use super::redlock;
-use super::renew::{self, Renewal};
-use super::runtime::{self, pid};
-use super::token::new_token;
+use super::redlock::{self, Redlock};
+use super::runtime;
+use super::waiting::{self, Contender, Detached, Outcome, Plan};
 use crate::protocol::keys::Keys;
 use crate::protocol::lease;
 use crate::protocol::replies::{parse_attempt, parse_flag, Attempt};
 use crate::protocol::scripts::{self, Queueing};
 
-/// How long a silent fair waiter keeps its place: a waiter that died stops holding back the
-/// queue within this time (the contract allows 10 s). Live waiters refresh it every third.
-pub const QUEUE_PLACE: Duration = Duration::from_secs(6);
-/// How long a waiter sleeps when Redis gives no lease to wait for (a key without expiry).
-const NO_HINT_LOOK: Duration = Duration::from_millis(500);
-
-/// How long `acquire` may wait.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Wait {
-    /// One attempt, no waiting.
-    Once,
-    Until(Instant),
-    Forever,
-}
-
-impl Wait {
-    pub fn from_timeout(timeout: Option<Duration>) -> Wait {
-        match timeout {
-            None => Wait::Forever,
-            Some(t) if t.is_zero() => Wait::Once,
-            Some(t) => Instant::now()
-                .checked_add(t)
-                .map_or(Wait::Forever, Wait::Until),
-        }
-    }
-
-    pub(crate) fn deadline(self) -> Option<Instant> {
-        match self {
-            Wait::Once => Some(Instant::now()),
-            Wait::Until(d) => Some(d),
-            Wait::Forever => None,
-        }
-    }
-
-    pub(crate) fn expired(self, now: Instant) -> bool {
-        match self {
-            Wait::Once => true,
-            Wait::Until(d) => now >= d,
-            Wait::Forever => false,
-        }
-    }
-}
+pub use super::hold::{Direct, HoldStatus, OnLost, Pending};
+pub use super::waiting::{Wait, QUEUE_PLACE};
 
 /// What identifies a lock in Redis and how it is leased.
 #[derive(Clone, Debug)]
@@ -71,127 +30,111 @@ pub struct LockSpec {
     pub replicas: u32,
 }
 
-/// A successful acquire: the fence, and the local deadline of the lease (measured from before
-/// the winning request was sent; on Redlock also less the clock-drift allowance).
+/// A successful acquire: the fence, and when the winning request was sent (the lease's start).
 #[derive(Clone, Copy, Debug)]
 pub struct Granted {
     pub fence: i64,
-    pub deadline: Instant,
+    pub sent_at: Instant,
 }
 
-impl Granted {
-    /// A grant on one server: the lease runs from when the winning request was sent.
-    pub fn single(fence: i64, sent_at: Instant, lease: Duration) -> Self {
-        Granted {
-            fence,
-            deadline: lease::deadline(sent_at, lease),
-        }
-    }
-}
-
-/// Sends best-effort cleanup for `token` if dropped while armed: an acquire whose outcome is
-/// unknown (cancelled mid-flight, or its reply lost) must not leave a lock or a queue place.
-struct Cleanup {
-    shared: Arc<Shared>,
-    keys: Keys,
-    token: String,
-    armed: bool,
-}
-
-impl Cleanup {
-    fn disarm(mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        if self.armed {
-            let token = std::mem::take(&mut self.token);
-            spawn_cleanup(self.shared.clone(), self.keys.clone(), token);
-        }
-    }
-}
-
-/// Gives back whatever `token` may hold or queue for, in the background (idempotent).
-fn spawn_cleanup(shared: Arc<Shared>, keys: Keys, token: String) {
-    runtime::spawn(async move {
-        let _ = shared
-            .node
-            .invoke(&scripts::release(&keys, &token), Retry::Once)
-            .await;
-        let _ = shared
-            .node
-            .invoke(&scripts::leave_queue(&keys, &token), Retry::Once)
-            .await;
-    });
-}
-
-/// One acquire attempt made directly on the caller's thread (see `direct.rs`).
-pub fn attempt_direct(
-    shared: &Arc<Shared>,
-    spec: &LockSpec,
-    token: &str,
-) -> Result<(Attempt, Instant)> {
-    let fair = spec.fair.then_some(Queueing::TryOnly);
-    let inv = scripts::acquire(&spec.keys, token, lease::lease_ms(spec.lease), fair);
-    let Some(direct) = shared.direct.as_ref() else {
-        return Err(Error::Usage(
-            "no direct connection to this deployment".into(),
-        ));
-    };
-    let sent_at = Instant::now();
-    match direct.invoke(&inv, Retry::Once) {
-        Ok(reply) => Ok((parse_attempt(&reply)?, sent_at)),
-        Err(err) => {
-            // The script may have run before the connection failed.
-            spawn_cleanup(shared.clone(), spec.keys.clone(), token.to_string());
-            Err(err)
-        }
-    }
-}
-
-async fn attempt(
+/// With `replicas` > 0 the attempt and a WAIT go out as one pipeline on the connection kept for
+/// it alone, so WAIT covers exactly this write (a WAIT sent on another connection, e.g. after a
+/// reconnect, would have nothing to wait for and vouch for nothing). A grant that fewer replicas
+/// acknowledged within the command timeout is given back: None.
+pub(crate) async fn attempt_with_replicas(
     shared: &Shared,
     spec: &LockSpec,
+    fair: Option<Queueing>,
     token: &str,
-    queueing: Queueing,
-) -> Result<(Attempt, Instant)> {
-    let fair = spec.fair.then_some(queueing);
-    let inv = scripts::acquire(&spec.keys, token, lease::lease_ms(spec.lease), fair);
-    let sent_at = Instant::now();
-    let reply = shared
-        .node_for(spec.replicas)
-        .invoke(&inv, Retry::Once)
+) -> Result<Option<Attempt>> {
+    let limit = shared.exclusive.timeouts().command;
+    let call = scripts::acquire_call(&spec.keys, token, lease::lease_ms(spec.lease), fair);
+    let mut pipe = redis::pipe();
+    pipe.add_command(call.eval())
+        .cmd("WAIT")
+        .arg(spec.replicas)
+        .arg(lease::lease_ms(limit));
+    let (reply, acked): (redis::Value, i64) = shared
+        .exclusive
+        .pipeline(&pipe, limit + Duration::from_secs(1))
         .await?;
-    Ok((parse_attempt(&reply)?, sent_at))
+    let attempt = parse_attempt(&reply)?;
+    if let Attempt::Granted { .. } = attempt {
+        if acked < i64::from(spec.replicas) {
+            let release = scripts::release(&spec.keys, token);
+            shared.node.invoke(&release, Retry::Once).await?;
+            return Ok(None);
+        }
+    }
+    Ok(Some(attempt))
 }
 
-/// With `replicas` > 0, a grant counts only once that many replicas acknowledged it (WAIT on
-/// the connection that wrote it, at most the command timeout); otherwise it is given back.
-pub(crate) async fn confirmed(shared: &Shared, spec: &LockSpec, token: &str) -> Result<bool> {
-    if spec.replicas == 0 {
-        return Ok(true);
+/// One waiter's attempts on a lock.
+struct LockContender<'a> {
+    shared: &'a Arc<Shared>,
+    spec: &'a LockSpec,
+    token: &'a str,
+}
+
+impl Contender for LockContender<'_> {
+    type Grant = Granted;
+
+    async fn attempt(&self, join: bool) -> Result<Outcome<Granted>> {
+        let queueing = if join {
+            Queueing::Join {
+                place_ms: lease::lease_ms(QUEUE_PLACE),
+            }
+        } else {
+            Queueing::TryOnly
+        };
+        let fair = self.spec.fair.then_some(queueing);
+        let sent_at = Instant::now();
+        let attempt = if self.spec.replicas > 0 {
+            match attempt_with_replicas(self.shared, self.spec, fair, self.token).await? {
+                Some(attempt) => attempt,
+                None => return Ok(Outcome::Refused),
+            }
+        } else {
+            let inv = scripts::acquire(
+                &self.spec.keys,
+                self.token,
+                lease::lease_ms(self.spec.lease),
+                fair,
+            );
+            parse_attempt(&self.shared.node.invoke(&inv, Retry::Once).await?)?
+        };
+        match attempt {
+            Attempt::Granted { fence } => Ok(Outcome::Granted(Granted { fence, sent_at })),
+            Attempt::Busy { retry_ms } => Ok(Outcome::Busy { retry_ms }),
+        }
     }
-    let node = shared.node_for(spec.replicas);
-    let limit = node.timeouts().command;
-    // The server gives up a little before the connection's own reply deadline would.
-    let margin = (limit / 10).min(Duration::from_millis(200));
-    let wait_ms = lease::lease_ms(limit.saturating_sub(margin));
-    let acked = node
-        .wait_replicas(
-            &spec.keys.lock(),
-            spec.replicas,
-            wait_ms,
-            limit + Duration::from_secs(1),
-        )
-        .await?;
-    if acked >= i64::from(spec.replicas) {
-        return Ok(true);
+
+    async fn leave(&self) -> Result<()> {
+        self.shared
+            .node
+            .invoke(
+                &scripts::leave_queue(&self.spec.keys, self.token),
+                Retry::Once,
+            )
+            .await?;
+        Ok(())
     }
-    node.invoke(&scripts::release(&spec.keys, token), Retry::Once)
-        .await?;
-    Ok(false)
+
+    fn undo(&self) -> Detached {
+        let shared = self.shared.clone();
+        let keys = self.spec.keys.clone();
+        let token = self.token.to_string();
+        Box::pin(async move {
+            let _ = shared
+                .node
+                .invoke(&scripts::release(&keys, &token), Retry::Once)
+                .await;
+            let _ = shared
+                .node
+                .invoke(&scripts::leave_queue(&keys, &token), Retry::Once)
+                .await;
+        })
+    }
 }
 
 /// Tries to take the lock for `token`, waiting as `wait` allows. Waiting never polls: it sleeps
@@ -205,110 +148,29 @@ pub async fn acquire(
     acquire_from(shared, spec, token, wait, None).await
 }
 
-/// `acquire`, given the outcome of a first attempt already made (directly) for this token.
-pub async fn acquire_from(
+/// `acquire`, after a first attempt (made directly) found the lock busy.
+async fn acquire_from(
     shared: &Arc<Shared>,
     spec: &LockSpec,
     token: &str,
     wait: Wait,
-    first: Option<(Attempt, Instant)>,
+    first: Option<Outcome<Granted>>,
 ) -> Result<Option<Granted>> {
-    let cleanup = Cleanup {
-        shared: shared.clone(),
-        keys: spec.keys.clone(),
-        token: token.to_string(),
-        armed: true,
+    let contender = LockContender {
+        shared,
+        spec,
+        token,
     };
-    // The first send's time is the lease's start should a retry find this token in place.
-    let (outcome, sent_at) = match first {
-        Some(found) => found,
-        // On error `cleanup` runs: the script may have executed.
-        None => attempt(shared, spec, token, Queueing::TryOnly).await?,
-    };
-    if let Attempt::Granted { fence } = outcome {
-        let ok = confirmed(shared, spec, token).await?;
-        cleanup.disarm();
-        return Ok(ok.then_some(Granted::single(fence, sent_at, spec.lease)));
-    }
-    if wait.expired(Instant::now()) {
-        cleanup.disarm();
-        return Ok(None);
-    }
-    let mut granted = wait_for_turn(shared, spec, token, wait).await;
-    if let Ok(Some(_)) = granted {
-        match confirmed(shared, spec, token).await {
-            Ok(true) => {}
-            Ok(false) => granted = Ok(None),
-            Err(err) => granted = Err(err),
-        }
-    }
-    match granted {
-        Ok(Some(_)) => cleanup.disarm(),
-        Ok(None) if !spec.fair && spec.replicas == 0 => cleanup.disarm(),
-        // A fair waiter that gives up leaves the queue now, not when its place lapses.
-        Ok(None) => {
-            let left = shared
-                .node
-                .invoke(&scripts::leave_queue(&spec.keys, token), Retry::Once)
-                .await;
-            if left.is_ok() {
-                cleanup.disarm();
-            }
-        }
-        Err(_) => {}
-    }
-    granted
-}
-
-async fn wait_for_turn(
-    shared: &Arc<Shared>,
-    spec: &LockSpec,
-    token: &str,
-    wait: Wait,
-) -> Result<Option<Granted>> {
     // Unfair: one competitor per name in this process; the others queue here, in FIFO order.
     // Fair: every waiter takes its own place in the Redis queue, which orders them all.
-    let gate = (!spec.fair).then(|| shared.gate(&spec.name));
-    let _turn = match &gate {
-        Some(gate) => match wait.deadline() {
-            None => Some(gate.lock().await),
-            Some(d) => match tokio::time::timeout_at(d.into(), gate.lock()).await {
-                Ok(turn) => Some(turn),
-                Err(_) => return Ok(None),
-            },
-        },
-        None => None,
+    let plan = Plan {
+        shared,
+        channel: spec.keys.wake_channel(),
+        wake_token: spec.fair.then_some(token),
+        gate: (!spec.fair).then_some(spec.name.as_slice()),
+        queued: spec.fair,
     };
-    let registration = shared
-        .hub
-        .register(spec.keys.wake_channel(), spec.fair.then_some(token));
-    let queueing = Queueing::Join {
-        place_ms: lease::lease_ms(QUEUE_PLACE),
-    };
-    loop {
-        // Subscribed before looking, so a release after the look is always heard.
-        registration.ready().await?;
-        let (outcome, sent_at) = attempt(shared, spec, token, queueing).await?;
-        let retry_ms = match outcome {
-            Attempt::Granted { fence } => {
-                return Ok(Some(Granted::single(fence, sent_at, spec.lease)))
-            }
-            Attempt::Busy { retry_ms } => retry_ms,
-        };
-        let now = Instant::now();
-        if wait.expired(now) {
-            return Ok(None);
-        }
-        let mut nap = lease::next_look(retry_ms, NO_HINT_LOOK, wait.deadline(), now);
-        if spec.fair {
-            // Refresh the queue place well before it lapses.
-            nap = nap.min(QUEUE_PLACE / 3);
-        }
-        tokio::select! {
-            _ = registration.notified() => {}
-            _ = tokio::time::sleep(nap) => {}
-        }
-    }
+    waiting::acquire_from(&contender, &plan, wait, first).await
 }
 
 /// Compare-and-delete; `Ok(false)` when the lock was not ours (any more).
@@ -333,7 +195,7 @@ pub async fn extend(
     Ok(parse_flag(&reply)?.then_some(sent_at))
 }
 
-/// `acquire` on any deployment.
+/// `acquire` on any deployment (the recipes' entry point).
 pub async fn acquire_on(
     backend: &Backend,
     spec: &LockSpec,
@@ -354,21 +216,6 @@ pub async fn release_on(backend: &Backend, keys: &Keys, token: &str) -> Result<b
     }
 }
 
-/// `extend` on any deployment: `Ok(Some(deadline))` of the new lease, `Ok(None)` when not ours.
-pub async fn extend_on(
-    backend: &Backend,
-    keys: &Keys,
-    token: &str,
-    lease: Duration,
-) -> Result<Option<Instant>> {
-    match backend {
-        Backend::Single(shared) => Ok(extend(shared, keys, token, lease)
-            .await?
-            .map(|sent_at| lease::deadline(sent_at, lease))),
-        Backend::Redlock(r) => r.extend(keys, token, lease).await,
-    }
-}
-
 /// The current owner token of a lock, if anybody holds it.
 pub async fn owner(shared: &Shared, keys: &Keys) -> Result<Option<Vec<u8>>> {
     shared
@@ -377,128 +224,153 @@ pub async fn owner(shared: &Shared, keys: &Keys) -> Result<Option<Vec<u8>>> {
         .await
 }
 
-/// Shared between a hold and its renewal task.
-#[derive(Debug)]
-pub struct HoldStatus {
-    deadline: Mutex<Instant>,
-    lost: AtomicBool,
-    /// Set while a release is under way, so renewal does not mistake it for a loss.
-    releasing: AtomicBool,
-}
+impl Leased for LockSpec {
+    type Detail = i64;
+    type Args = ();
 
-impl HoldStatus {
-    pub fn new(deadline: Instant) -> Self {
-        HoldStatus {
-            deadline: Mutex::new(deadline),
-            lost: AtomicBool::new(false),
-            releasing: AtomicBool::new(false),
+    fn naming(&self) -> Naming {
+        Naming {
+            object: "Lock",
+            held: "the lock",
         }
     }
 
-    pub fn deadline(&self) -> Instant {
-        *self.deadline.lock().unwrap_or_else(|p| p.into_inner())
+    fn lease(&self) -> Duration {
+        self.lease
     }
 
-    pub fn set_deadline(&self, deadline: Instant) {
-        *self.deadline.lock().unwrap_or_else(|p| p.into_inner()) = deadline;
+    async fn acquire(
+        &self,
+        shared: &Arc<Shared>,
+        token: &str,
+        wait: Wait,
+        _args: &(),
+    ) -> Result<Option<(Instant, i64)>> {
+        let granted = acquire(shared, self, token, wait).await?;
+        Ok(granted.map(|g| (g.sent_at, g.fence)))
     }
 
-    pub fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::Acquire)
+    async fn release(&self, shared: &Shared, token: &str) -> Result<bool> {
+        release(shared, &self.keys, token).await
     }
 
-    /// Marks the hold lost; true only for the first caller (who reports it).
-    pub fn mark_lost(&self) -> bool {
-        !self.lost.swap(true, Ordering::AcqRel)
+    async fn extend(
+        &self,
+        shared: &Shared,
+        token: &str,
+        lease: Duration,
+    ) -> Result<Option<Instant>> {
+        extend(shared, &self.keys, token, lease).await
     }
 
-    pub fn is_releasing(&self) -> bool {
-        self.releasing.load(Ordering::Acquire)
+    async fn owned(&self, shared: &Shared, token: &str) -> Result<bool> {
+        Ok(owner(shared, &self.keys).await?.as_deref() == Some(token.as_bytes()))
+    }
+
+    /// WAIT must follow the write on the same connection, so `replicas` locks use the runtime.
+    fn direct(&self) -> bool {
+        self.replicas == 0
+    }
+
+    fn try_direct(&self, shared: &Arc<Shared>, token: &str) -> Result<DirectTry<i64>> {
+        let fair = self.fair.then_some(Queueing::TryOnly);
+        let inv = scripts::acquire(&self.keys, token, lease::lease_ms(self.lease), fair);
+        let sent_at = Instant::now();
+        let reply = match shared.direct.invoke(&inv, Retry::Once) {
+            Ok(reply) => reply,
+            Err(err) => {
+                // The script may have run before the connection failed: give back what the
+                // token may hold.
+                let contender = LockContender {
+                    shared,
+                    spec: self,
+                    token,
+                };
+                runtime::spawn(contender.undo());
+                return Err(err);
+            }
+        };
+        Ok(match parse_attempt(&reply)? {
+            Attempt::Granted { fence } => DirectTry::Granted(sent_at, fence),
+            Attempt::Busy { retry_ms } => DirectTry::Busy { retry_ms },
+        })
+    }
+
+    async fn acquire_after(
+        &self,
+        shared: &Arc<Shared>,
+        token: &str,
+        wait: Wait,
+        _args: &(),
+        retry_ms: i64,
+    ) -> Result<Option<(Instant, i64)>> {
+        let first = Some(Outcome::Busy { retry_ms });
+        let granted = acquire_from(shared, self, token, wait, first).await?;
+        Ok(granted.map(|g| (g.sent_at, g.fence)))
+    }
+
+    fn release_direct(&self, shared: &Shared, token: &str) -> Result<bool> {
+        let reply = shared
+            .direct
+            .invoke(&scripts::release(&self.keys, token), Retry::Once)?;
+        Ok(parse_flag(&reply)?)
+    }
+
+    fn extend_direct(
+        &self,
+        shared: &Shared,
+        token: &str,
+        lease: Duration,
+    ) -> Result<Option<Instant>> {
+        let inv = scripts::extend(&self.keys, token, lease::lease_ms(lease));
+        let sent_at = Instant::now();
+        let reply = shared.direct.invoke(&inv, Retry::Once)?;
+        Ok(parse_flag(&reply)?.then_some(sent_at))
+    }
+
+    fn owned_direct(&self, shared: &Shared, token: &str) -> Result<bool> {
+        Ok(owner_direct(shared, &self.keys)?.as_deref() == Some(token.as_bytes()))
+    }
+
+    async fn acquire_quorum(
+        &self,
+        redlock: &Arc<Redlock>,
+        token: &str,
+        wait: Wait,
+        _args: &(),
+    ) -> Result<Option<(Instant, i64)>> {
+        let granted = redlock::acquire(redlock, self, token, wait).await?;
+        Ok(granted.map(|g| (g.sent_at, g.fence)))
+    }
+
+    async fn release_quorum(&self, redlock: &Redlock, token: &str) -> Result<bool> {
+        redlock.release(&self.keys, token).await
+    }
+
+    async fn extend_quorum(
+        &self,
+        redlock: &Redlock,
+        token: &str,
+        lease: Duration,
+    ) -> Result<Option<Instant>> {
+        redlock.extend(&self.keys, token, lease).await
+    }
+
+    async fn owned_quorum(&self, redlock: &Redlock, token: &str) -> Result<bool> {
+        redlock.owned(&self.keys, token).await
     }
 }
 
-/// Told by renewal when a hold is lost or renewal falters.
-pub type OnLost = Arc<dyn renew::Listener>;
-
-struct Hold {
-    pid: u32,
-    token: String,
-    fence: i64,
-    status: Arc<HoldStatus>,
-    renewal: Option<Renewal>,
-}
-
-enum State {
-    Idle { lost: bool },
-    Acquiring,
-    Held(Hold),
+/// The current owner token, looked up on the caller's thread.
+fn owner_direct(shared: &Shared, keys: &Keys) -> Result<Option<Vec<u8>>> {
+    shared
+        .direct
+        .query(redis::cmd("GET").arg(keys.lock()), Retry::Once)
 }
 
 /// One lock object: at most one hold at a time, owned by the object (not by a thread).
 pub struct LockHandle {
-    client: Arc<Client>,
-    spec: LockSpec,
-    auto_renew: bool,
-    state: Mutex<State>,
-}
-
-/// An acquire under way (the object is in its Acquiring state). Dropped unsettled — the caller
-/// was interrupted between the steps — it puts the object back to idle.
-pub struct Pending<'a> {
-    handle: &'a LockHandle,
-    token: Option<String>,
-    first: Option<(Attempt, Instant)>,
-}
-
-impl Pending<'_> {
-    fn settle(
-        mut self,
-        backend: &Backend,
-        token: String,
-        granted: Result<Option<Granted>>,
-        listener: Option<OnLost>,
-    ) -> Result<bool> {
-        let handle = self.handle;
-        self.token = None;
-        let outcome = match granted {
-            Ok(Some(g)) => {
-                let hold = handle.hold(backend, token, g, listener);
-                *handle.state() = State::Held(hold);
-                Ok(true)
-            }
-            Ok(None) => {
-                *handle.state() = State::Idle { lost: false };
-                Ok(false)
-            }
-            Err(err) => {
-                *handle.state() = State::Idle { lost: false };
-                Err(err)
-            }
-        };
-        std::mem::forget(self);
-        outcome
-    }
-}
-
-impl Drop for Pending<'_> {
-    fn drop(&mut self) {
-        let mut state = self.handle.state();
-        if matches!(*state, State::Acquiring) {
-            *state = State::Idle { lost: false };
-        }
-    }
-}
-
-/// The outcome of `LockHandle::acquire_direct`.
-pub enum Direct<'a> {
-    Done(bool),
-    Wait(Pending<'a>),
-}
-
-/// What the caller needs of a hold to act on it without holding the state lock.
-struct HoldRef {
-    token: String,
-    status: Arc<HoldStatus>,
+    holder: Holder<LockSpec>,
 }
 
 impl LockHandle {
@@ -526,350 +398,101 @@ impl LockHandle {
             replicas,
         };
         Ok(LockHandle {
-            client,
-            spec,
-            auto_renew,
-            state: Mutex::new(State::Idle { lost: false }),
-        })
-    }
-
-    /// The deployment's connections when the blocking calls may use a direct connection on the
-    /// caller's thread (a single server); None for the others, which go through the runtime.
-    fn direct_shared(&self) -> Result<Option<Arc<Shared>>> {
-        Ok(match self.client.backend()? {
-            Backend::Single(shared) if shared.direct.is_some() => Some(shared),
-            _ => None,
+            holder: Holder::new(client, spec, auto_renew),
         })
     }
 
     pub fn auto_renew(&self) -> bool {
-        self.auto_renew
+        self.holder.auto_renew()
     }
 
     pub fn spec(&self) -> &LockSpec {
-        &self.spec
+        self.holder.primitive()
     }
 
     pub fn client(&self) -> &Arc<Client> {
-        &self.client
-    }
-
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        // In a forked child the parent's hold is not ours: forget it without touching it.
-        if let State::Held(hold) = &*state {
-            if hold.pid != pid() {
-                if let State::Held(inherited) =
-                    std::mem::replace(&mut *state, State::Idle { lost: false })
-                {
-                    std::mem::forget(inherited);
-                }
-            }
-        }
-        state
-    }
-
-    fn current(&self) -> Option<HoldRef> {
-        match &*self.state() {
-            State::Held(h) => Some(HoldRef {
-                token: h.token.clone(),
-                status: h.status.clone(),
-            }),
-            _ => None,
-        }
+        self.holder.client()
     }
 
     /// Takes the lock for this object; `listener` hears from auto-renewal, if it is on.
     pub async fn acquire(&self, wait: Wait, listener: Option<OnLost>) -> Result<bool> {
-        self.begin_acquire()?;
-        let pending = Pending {
-            handle: self,
-            token: None,
-            first: None,
-        };
-        self.acquire_pending(pending, wait, listener).await
-    }
-
-    /// The blocking form's first step, on the caller's thread: one direct attempt. `Done` when
-    /// that settles it (granted, or a single try that failed); otherwise finish with
-    /// `acquire_pending`, which waits through the runtime.
-    pub fn acquire_direct(&self, wait: Wait, listener: Option<OnLost>) -> Result<Direct<'_>> {
-        self.begin_acquire()?;
-        let mut pending = Pending {
-            handle: self,
-            token: None,
-            first: None,
-        };
-        // WAIT must follow the write on the same connection: replicas take the runtime path.
-        if self.spec.replicas > 0 {
-            return Ok(Direct::Wait(pending));
-        }
-        let Some(shared) = self.direct_shared()? else {
-            return Ok(Direct::Wait(pending));
-        };
-        let backend = Backend::Single(shared.clone());
-        let token = new_token()?;
-        let (outcome, sent_at) = attempt_direct(&shared, &self.spec, &token)?;
-        match outcome {
-            Attempt::Granted { fence } => {
-                let granted = Ok(Some(Granted::single(fence, sent_at, self.spec.lease)));
-                Ok(Direct::Done(
-                    pending.settle(&backend, token, granted, listener)?,
-                ))
-            }
-            Attempt::Busy { .. } if wait == Wait::Once => Ok(Direct::Done(pending.settle(
-                &backend,
-                token,
-                Ok(None),
-                listener,
-            )?)),
-            Attempt::Busy { .. } => {
-                pending.token = Some(token);
-                pending.first = Some((outcome, sent_at));
-                Ok(Direct::Wait(pending))
-            }
-        }
-    }
-
-    /// Finishes an acquire begun by `acquire_direct` (or `acquire`).
-    pub async fn acquire_pending(
-        &self,
-        mut pending: Pending<'_>,
-        wait: Wait,
-        listener: Option<OnLost>,
-    ) -> Result<bool> {
-        let backend = self.client.backend()?;
-        let token = match pending.token.take() {
-            Some(token) => token,
-            None => new_token()?,
-        };
-        let first = pending.first.take();
-        let granted = match &backend {
-            Backend::Single(shared) => acquire_from(shared, &self.spec, &token, wait, first).await,
-            Backend::Redlock(r) => redlock::acquire(r, &self.spec, &token, wait).await,
-        };
-        pending.settle(&backend, token, granted, listener)
-    }
-
-    fn begin_acquire(&self) -> Result<()> {
-        let mut state = self.state();
-        match &*state {
-            State::Held(_) => Err(Error::Usage(
-                "this Lock object already holds the lock (it is not re-entrant)".into(),
-            )),
-            State::Acquiring => Err(Error::Usage(
-                "this Lock object is already acquiring in another thread".into(),
-            )),
-            State::Idle { .. } => {
-                *state = State::Acquiring;
-                Ok(())
-            }
-        }
-    }
-
-    fn hold(
-        &self,
-        backend: &Backend,
-        token: String,
-        granted: Granted,
-        listener: Option<OnLost>,
-    ) -> Hold {
-        let status = Arc::new(HoldStatus::new(granted.deadline));
-        let renewal = match (self.auto_renew, listener) {
-            (true, listener) => Some(renew::start(
-                backend.clone(),
-                self.spec.clone(),
-                token.clone(),
-                status.clone(),
-                listener,
-            )),
-            (false, _) => None,
-        };
-        Hold {
-            pid: pid(),
-            token,
-            fence: granted.fence,
-            status,
-            renewal,
-        }
-    }
-
-    /// Marks a release under way and returns the hold to release.
-    fn begin_release(&self) -> Result<HoldRef> {
-        let hold = self.current().ok_or_else(not_owned)?;
-        hold.status.releasing.store(true, Ordering::Release);
-        Ok(hold)
-    }
-
-    fn finish_release(&self, hold: HoldRef, outcome: Result<bool>) -> Result<()> {
-        hold.status.releasing.store(false, Ordering::Release);
-        let released = outcome?;
-        let lost = !released || hold.status.is_lost();
-        {
-            let mut state = self.state();
-            if matches!(&*state, State::Held(h) if h.token == hold.token) {
-                *state = State::Idle { lost };
-            }
-        }
-        if released {
-            Ok(())
-        } else {
-            hold.status.mark_lost();
-            Err(lost_error())
-        }
+        self.holder.acquire(wait, listener, &()).await
     }
 
     pub async fn release(&self) -> Result<()> {
-        let hold = self.begin_release()?;
-        let outcome = match self.client.backend() {
-            Ok(backend) => release_on(&backend, &self.spec.keys, &hold.token).await,
-            Err(err) => Err(err),
-        };
-        self.finish_release(hold, outcome)
-    }
-
-    /// `release` on the caller's thread.
-    pub fn release_direct(&self) -> Result<()> {
-        let Some(shared) = self.direct_shared()? else {
-            return runtime::handle()?.block_on(self.release());
-        };
-        let hold = self.begin_release()?;
-        let outcome = shared
-            .direct
-            .as_ref()
-            .ok_or_else(|| Error::Usage("no direct connection".into()))
-            .and_then(|direct| {
-                let reply =
-                    direct.invoke(&scripts::release(&self.spec.keys, &hold.token), Retry::Once)?;
-                Ok(parse_flag(&reply)?)
-            });
-        self.finish_release(hold, outcome)
-    }
-
-    fn finish_extend(&self, hold: &HoldRef, outcome: Result<Option<Instant>>) -> Result<()> {
-        match outcome? {
-            Some(deadline) => {
-                hold.status.set_deadline(deadline);
-                Ok(())
-            }
-            None => {
-                hold.status.mark_lost();
-                Err(lost_error())
-            }
-        }
+        self.holder.release().await
     }
 
     pub async fn extend(&self, lease: Option<Duration>) -> Result<()> {
-        let hold = self.current().ok_or_else(not_owned)?;
-        let lease = lease.unwrap_or(self.spec.lease);
-        let outcome = match self.client.backend() {
-            Ok(backend) => extend_on(&backend, &self.spec.keys, &hold.token, lease).await,
-            Err(err) => Err(err),
-        };
-        self.finish_extend(&hold, outcome)
-    }
-
-    /// `extend` on the caller's thread.
-    pub fn extend_direct(&self, lease: Option<Duration>) -> Result<()> {
-        let Some(shared) = self.direct_shared()? else {
-            return runtime::handle()?.block_on(self.extend(lease));
-        };
-        let hold = self.current().ok_or_else(not_owned)?;
-        let lease = lease.unwrap_or(self.spec.lease);
-        let outcome = shared
-            .direct
-            .as_ref()
-            .ok_or_else(|| Error::Usage("no direct connection".into()))
-            .and_then(|direct| {
-                let inv = scripts::extend(&self.spec.keys, &hold.token, lease::lease_ms(lease));
-                let sent_at = Instant::now();
-                let reply = direct.invoke(&inv, Retry::Once)?;
-                Ok(parse_flag(&reply)?.then(|| lease::deadline(sent_at, lease)))
-            });
-        self.finish_extend(&hold, outcome)
-    }
-
-    /// The lock's owner token, looked up on the caller's thread.
-    fn owner_direct(&self, shared: &Shared) -> Result<Option<Vec<u8>>> {
-        match shared.direct.as_ref() {
-            Some(direct) => direct.query(redis::cmd("GET").arg(self.spec.keys.lock()), Retry::Once),
-            None => Err(Error::Usage("no direct connection".into())),
-        }
-    }
-
-    pub fn owned_direct(&self) -> Result<bool> {
-        let Some(shared) = self.direct_shared()? else {
-            return runtime::handle()?.block_on(self.owned());
-        };
-        let Some(hold) = self.current() else {
-            return Ok(false);
-        };
-        Ok(self.owner_direct(&shared)?.as_deref() == Some(hold.token.as_bytes()))
-    }
-
-    pub fn locked_direct(&self) -> Result<bool> {
-        let Some(shared) = self.direct_shared()? else {
-            return runtime::handle()?.block_on(self.locked());
-        };
-        Ok(self.owner_direct(&shared)?.is_some())
+        self.holder.extend(lease).await
     }
 
     pub async fn owned(&self) -> Result<bool> {
-        let Some(hold) = self.current() else {
-            return Ok(false);
-        };
-        match self.client.backend()? {
-            Backend::Single(shared) => Ok(
-                owner(&shared, &self.spec.keys).await?.as_deref() == Some(hold.token.as_bytes())
-            ),
-            Backend::Redlock(r) => r.owned(&self.spec.keys, &hold.token).await,
-        }
+        self.holder.owned().await
     }
 
     pub async fn locked(&self) -> Result<bool> {
-        match self.client.backend()? {
-            Backend::Single(shared) => Ok(owner(&shared, &self.spec.keys).await?.is_some()),
-            Backend::Redlock(r) => r.locked(&self.spec.keys).await,
+        match self.holder.client().backend()? {
+            Backend::Single(shared) => Ok(owner(&shared, &self.spec().keys).await?.is_some()),
+            Backend::Redlock(redlock) => redlock.locked(&self.spec().keys).await,
         }
+    }
+
+    /// Whether the blocking API may use the `*_direct` calls below.
+    pub fn has_direct(&self) -> bool {
+        self.holder.has_direct()
+    }
+
+    /// The blocking acquire's first step, on the caller's thread (see `Holder::acquire_direct`).
+    pub fn acquire_direct(
+        &self,
+        wait: Wait,
+        listener: Option<OnLost>,
+    ) -> Result<Direct<'_, LockSpec>> {
+        self.holder.acquire_direct(wait, listener)
+    }
+
+    pub async fn acquire_pending(
+        &self,
+        pending: Pending<'_, LockSpec>,
+        wait: Wait,
+        listener: Option<OnLost>,
+    ) -> Result<bool> {
+        self.holder
+            .acquire_pending(pending, wait, listener, &())
+            .await
+    }
+
+    pub fn release_direct(&self) -> Result<()> {
+        self.holder.release_direct()
+    }
+
+    pub fn extend_direct(&self, lease: Option<Duration>) -> Result<()> {
+        self.holder.extend_direct(lease)
+    }
+
+    pub fn owned_direct(&self) -> Result<bool> {
+        self.holder.owned_direct()
+    }
+
+    pub fn locked_direct(&self) -> Result<bool> {
+        let shared = self.holder.client().shared()?;
+        Ok(owner_direct(&shared, &self.spec().keys)?.is_some())
     }
 
     pub fn token(&self) -> Option<String> {
-        self.current().map(|h| h.token)
+        self.holder.token()
     }
 
     pub fn fence(&self) -> Option<i64> {
-        match &*self.state() {
-            State::Held(h) => Some(h.fence),
-            _ => None,
-        }
+        self.holder.detail()
     }
 
     pub fn lost(&self) -> bool {
-        match &*self.state() {
-            State::Held(h) => h.status.is_lost(),
-            State::Idle { lost } => *lost,
-            State::Acquiring => false,
-        }
+        self.holder.lost()
     }
 
     pub fn remaining(&self) -> Option<Duration> {
-        self.current()
-            .map(|h| lease::remaining(h.status.deadline(), Instant::now()))
+        self.holder.remaining()
     }
-}
-
-impl Drop for Hold {
-    fn drop(&mut self) {
-        if let Some(renewal) = self.renewal.take() {
-            renewal.stop();
-        }
-    }
-}
-
-fn not_owned() -> Error {
-    Error::NotOwned("this Lock object does not hold the lock".into())
-}
-
-fn lost_error() -> Error {
-    Error::Lost("lock was lost".into())
 }

@@ -3,13 +3,18 @@
 pub mod client;
 pub mod direct;
 pub mod error;
+pub mod exclusive;
+pub mod hold;
 pub mod lock;
 pub mod node;
 pub mod redlock;
 pub mod renew;
 pub mod runtime;
+pub mod rwlock;
+pub mod semaphore;
 pub mod sentinel;
 pub mod token;
+pub mod waiting;
 pub mod wake;
 
 pub use client::{Backend, Client, ClientConfig, Deployment, Shared};

@@ -10,12 +10,10 @@ use std::time::{Duration, Instant};
 use redis::aio::{ConnectionLike, MultiplexedConnection, PubSub};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{AsyncConnectionConfig, Cmd, FromRedisValue, RedisFuture, ScriptInvocation, Value};
 
 use super::error::{Error, Result};
 use super::sentinel::Sentinel;
-use crate::protocol::keys::key_slot;
 use crate::protocol::replies::parse_server_info;
 
 #[derive(Clone, Copy, Debug)]
@@ -53,10 +51,11 @@ impl Target {
         matches!(self, Target::Cluster { .. })
     }
 
-    async fn connect(&self, timeouts: Timeouts) -> Result<Conn> {
+    /// A new connection. Replies are bounded by the callers' own deadlines.
+    pub(crate) async fn connect(&self, timeouts: Timeouts) -> Result<Conn> {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(timeouts.connect))
-            .set_response_timeout(Some(timeouts.command));
+            .set_response_timeout(None);
         let limit = timeouts.connect + timeouts.command;
         match self {
             Target::Direct(client) => within(
@@ -128,7 +127,7 @@ impl Target {
 
 /// A live connection of either kind; both pipeline concurrent callers over few sockets.
 #[derive(Clone)]
-enum Conn {
+pub(crate) enum Conn {
     Plain(MultiplexedConnection),
     Cluster(Box<ClusterConnection>),
 }
@@ -340,40 +339,9 @@ impl Node {
         .await
     }
 
-    /// WAIT for `replicas` acknowledgements of this connection's writes, at most `wait_ms` on
-    /// the server, `limit` in all; on a cluster it goes to the primary that owns `key`'s slot.
-    pub async fn wait_replicas(
-        &self,
-        key: &[u8],
-        replicas: u32,
-        wait_ms: u64,
-        limit: Duration,
-    ) -> Result<i64> {
-        let (generation, live) = self.connection().await?;
-        let mut wait = redis::cmd("WAIT");
-        wait.arg(replicas).arg(wait_ms);
-        let outcome = match live.conn {
-            Conn::Plain(mut conn) => {
-                within(limit, "WAIT", wait.query_async::<i64>(&mut conn)).await
-            }
-            Conn::Cluster(mut conn) => {
-                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
-                    Route::new(key_slot(key), SlotAddr::Master),
-                ));
-                within(limit, "WAIT", conn.route_command(wait, route))
-                    .await
-                    .and_then(|v| {
-                        i64::from_redis_value(v)
-                            .map_err(|e| Error::Server(format!("unexpected reply to WAIT: {e}")))
-                    })
-            }
-        };
-        if let Err(err) = &outcome {
-            if err.is_connection() {
-                self.invalidate(generation);
-            }
-        }
-        outcome
+    /// The identity of the current connection, if one is open (on an `identified` node).
+    pub fn identity(&self) -> Option<Arc<Identity>> {
+        self.cached().and_then(|(_, live)| live.identity)
     }
 
     async fn call<T, F, Fut>(&self, retry: Retry, op: F) -> Result<(T, Option<Arc<Identity>>)>

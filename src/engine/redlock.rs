@@ -26,9 +26,10 @@ use futures_util::FutureExt;
 
 use super::client::{Gates, Shared};
 use super::error::{Error, Result};
-use super::lock::{confirmed, Granted, LockSpec, Wait};
+use super::lock::{attempt_with_replicas, Granted, LockSpec};
 use super::node::{Identity, Retry};
 use super::runtime;
+use super::waiting::Wait;
 use crate::protocol::keys::Keys;
 use crate::protocol::lease;
 use crate::protocol::quorum::{self, Incarnation, Majority, Outcome, Tally, Vote};
@@ -176,30 +177,47 @@ impl Redlock {
             return (index, Vote::Failed, None);
         };
         let failed = |err: Error| (index, Vote::Failed, Some(Self::labelled(master, &err)));
-        let inv = scripts::acquire(&spec.keys, &token, lease::lease_ms(spec.lease), None);
-        // No resend after a dropped connection: a vote that fails is one vote fewer, and a
-        // resend could land after this round gave its grants back.
-        let node = master.shared.node_for(spec.replicas);
-        let (reply, identity) = match node.invoke_identified(&inv, Retry::Never).await {
-            Ok(found) => found,
-            Err(err) => return failed(err),
-        };
-        let fence = match parse_attempt(&reply) {
-            Ok(Attempt::Busy { retry_ms }) => return (index, Vote::Busy { retry_ms }, None),
-            Ok(Attempt::Granted { fence }) => fence,
-            Err(err) => return failed(err.into()),
-        };
-        match confirmed(&master.shared, &spec, &token).await {
-            Ok(true) => {}
-            Ok(false) => {
-                let err = Error::Timeout(format!(
-                    "fewer than {} replicas acknowledged",
-                    spec.replicas
-                ));
-                return failed(err);
+        let (attempt, identity) = if spec.replicas == 0 {
+            let inv = scripts::acquire(&spec.keys, &token, lease::lease_ms(spec.lease), None);
+            // No resend after a dropped connection: a vote that fails is one vote fewer, and a
+            // resend could land after this round gave its grants back.
+            let node = &master.shared.node;
+            let (reply, identity) = match node.invoke_identified(&inv, Retry::Never).await {
+                Ok(found) => found,
+                Err(err) => return failed(err),
+            };
+            match parse_attempt(&reply) {
+                Ok(attempt) => (attempt, identity),
+                Err(err) => return failed(err.into()),
             }
-            Err(err) => return failed(err),
-        }
+        } else {
+            // The write and its WAIT on a connection of their own; the master's incarnation is
+            // the one its command connection knows (looked up if it has none yet).
+            match attempt_with_replicas(&master.shared, &spec, None, &token).await {
+                Ok(Some(attempt)) => {
+                    let identity = match master.shared.node.identity() {
+                        Some(found) => Some(found),
+                        None => master
+                            .shared
+                            .node
+                            .query_identified::<String>(&redis::cmd("PING"), Retry::Once)
+                            .await
+                            .ok()
+                            .and_then(|(_, identity)| identity),
+                    };
+                    (attempt, identity)
+                }
+                Ok(None) => {
+                    let why = format!("fewer than {} replicas acknowledged", spec.replicas);
+                    return failed(Error::Timeout(why));
+                }
+                Err(err) => return failed(err),
+            }
+        };
+        let fence = match attempt {
+            Attempt::Busy { retry_ms } => return (index, Vote::Busy { retry_ms }, None),
+            Attempt::Granted { fence } => fence,
+        };
         let vote = match self.discounted(master, identity.as_deref()) {
             None => Vote::Granted { fence },
             Some(left) => Vote::Discounted {
@@ -320,8 +338,10 @@ impl Redlock {
             return None;
         }
         quorum::validity(sent_at, spec.lease, Instant::now())?;
-        let deadline = quorum::deadline(sent_at, spec.lease)?;
-        Some(Granted { fence, deadline })
+        Some(Granted {
+            fence,
+            sent_at: quorum::lease_start(sent_at, spec.lease),
+        })
     }
 
     /// Subscribes the waiter on a majority of the masters (a release publishes on every master
@@ -356,8 +376,9 @@ impl Redlock {
         self.by_majority(answers, |v| parse_flag(v).ok())
     }
 
-    /// Compare-and-pexpire on every master: `Ok(Some(deadline))` when a majority extended,
-    /// `Ok(None)` when a majority says it is not ours.
+    /// Compare-and-pexpire on every master: `Ok(Some(start))` when a majority extended (the
+    /// new lease counts from `start`: the send less the drift allowance), `Ok(None)` when a
+    /// majority says it is not ours.
     pub async fn extend(
         &self,
         keys: &Keys,
@@ -377,10 +398,7 @@ impl Redlock {
         if !self.by_majority(answers, |v| parse_flag(v).ok())? {
             return Ok(None);
         }
-        // A lease shorter than the drift allowance is valid nowhere: report it as ended now.
-        Ok(Some(
-            quorum::deadline(sent_at, lease_for).unwrap_or(sent_at),
-        ))
+        Ok(Some(quorum::lease_start(sent_at, lease_for)))
     }
 
     /// Whether `token` holds the lock on a majority of the masters.

@@ -101,10 +101,19 @@ impl Sentinel {
         };
         let info = self.url.master_info(&host, port).map_err(Error::Invalid)?;
         let client = redis::Client::open(info).map_err(|e| Error::Invalid(format!("url: {e}")))?;
+        // The master connection serves the callers, whose own deadlines bound every reply.
+        let master_config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(timeouts.connect))
+            .set_response_timeout(None);
         let mut master = client
-            .get_multiplexed_async_connection_with_config(&config)
+            .get_multiplexed_async_connection_with_config(&master_config)
             .await?;
-        let role: Vec<Value> = redis::cmd("ROLE").query_async(&mut master).await?;
+        let role: Vec<Value> = within(
+            timeouts.command,
+            "ROLE",
+            redis::cmd("ROLE").query_async(&mut master),
+        )
+        .await?;
         let is_master = matches!(role.first(), Some(Value::BulkString(r)) if r == b"master")
             || matches!(role.first(), Some(Value::SimpleString(r)) if r == "master");
         if !is_master {

@@ -51,6 +51,37 @@ impl Keys {
         self.with_suffix(b":queue:deadlines")
     }
 
+    /// Semaphore: zset of holder token -> lease end (ms, server clock from `TIME`).
+    pub fn semaphore_holders(&self) -> Vec<u8> {
+        self.with_suffix(b":sem:holders")
+    }
+
+    /// Fair semaphore: list of waiting tokens in arrival order.
+    pub fn semaphore_queue(&self) -> Vec<u8> {
+        self.with_suffix(b":sem:queue")
+    }
+
+    /// Fair semaphore: zset of waiting token -> deadline (server ms) of the waiter's place.
+    pub fn semaphore_queue_deadlines(&self) -> Vec<u8> {
+        self.with_suffix(b":sem:queue:deadlines")
+    }
+
+    /// Read-write lock: zset of reader token -> lease end (ms, server clock from `TIME`).
+    pub fn rw_readers(&self) -> Vec<u8> {
+        self.with_suffix(b":rw:readers")
+    }
+
+    /// Read-write lock: string holding the writer's token, with the lease as its expiry.
+    pub fn rw_writer(&self) -> Vec<u8> {
+        self.with_suffix(b":rw:writer")
+    }
+
+    /// Read-write lock: zset of waiting writer token -> deadline (server ms) of its place.
+    /// While it is not empty, new readers are held back (no writer starvation).
+    pub fn rw_writers_waiting(&self) -> Vec<u8> {
+        self.with_suffix(b":rw:writers_waiting")
+    }
+
     /// Pub/sub channel on which releases wake waiters (a channel, not a key).
     pub fn wake_channel(&self) -> Vec<u8> {
         self.with_suffix(b":wake")
@@ -113,12 +144,44 @@ mod tests {
             keys.fence(),
             keys.queue(),
             keys.queue_deadlines(),
+            keys.semaphore_holders(),
+            keys.semaphore_queue(),
+            keys.semaphore_queue_deadlines(),
+            keys.rw_readers(),
+            keys.rw_writer(),
+            keys.rw_writers_waiting(),
             keys.wake_channel(),
         ] {
             assert!(key.starts_with(b"redmutex:{acct:1}"), "{key:?}");
         }
         assert_eq!(keys.lock(), b"redmutex:{acct:1}:lock");
         assert_eq!(keys.fence(), b"redmutex:{acct:1}:fence");
+        assert_eq!(keys.semaphore_holders(), b"redmutex:{acct:1}:sem:holders");
+        assert_eq!(keys.rw_readers(), b"redmutex:{acct:1}:rw:readers");
+        assert_eq!(keys.rw_writer(), b"redmutex:{acct:1}:rw:writer");
+        assert_eq!(
+            keys.rw_writers_waiting(),
+            b"redmutex:{acct:1}:rw:writers_waiting"
+        );
+    }
+
+    #[test]
+    fn keys_of_different_primitives_never_collide() {
+        let keys = Keys::new(b"p:", b"n");
+        let all = [
+            keys.lock(),
+            keys.fence(),
+            keys.queue(),
+            keys.queue_deadlines(),
+            keys.semaphore_holders(),
+            keys.semaphore_queue(),
+            keys.semaphore_queue_deadlines(),
+            keys.rw_readers(),
+            keys.rw_writer(),
+            keys.rw_writers_waiting(),
+        ];
+        let distinct: std::collections::HashSet<_> = all.iter().collect();
+        assert_eq!(distinct.len(), all.len());
     }
 
     #[test]

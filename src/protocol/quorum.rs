@@ -32,6 +32,12 @@ pub fn deadline(sent_at: Instant, lease: Duration) -> Option<Instant> {
     sent_at.checked_add(usable)
 }
 
+/// When a lease won by a majority counts from, for arithmetic that adds the plain lease to it:
+/// the first send less the drift allowance, so that `start + lease` is the Redlock deadline.
+pub fn lease_start(sent_at: Instant, lease: Duration) -> Instant {
+    sent_at.checked_sub(drift(lease)).unwrap_or(sent_at)
+}
+
 /// How much of the lease is left at `now` (Redlock's validity time: ttl − elapsed − drift);
 /// None when nothing is left, in which case the majority came too late to count.
 pub fn validity(sent_at: Instant, lease: Duration, now: Instant) -> Option<Duration> {
@@ -261,6 +267,8 @@ mod tests {
         assert_eq!(deadline(t0, 2 * MS), None);
         assert_eq!(validity(t0, MS, t0), None);
         assert!(deadline(t0, 3 * MS).is_some());
+        let later = t0 + Duration::from_secs(1);
+        assert_eq!(lease_start(later, lease) + lease, later + 9898 * MS);
     }
 
     fn tally(n: usize, votes: &[Vote]) -> Tally {

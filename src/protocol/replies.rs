@@ -11,6 +11,22 @@ pub enum Attempt {
     Busy { retry_ms: i64 },
 }
 
+/// What an attempt on a shared primitive (a semaphore permit, a read or write lock) found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// The caller holds it now; `count` is how many hold it (permits taken, live readers).
+    Admitted { count: i64 },
+    /// Not now; look again within `retry_ms` at the latest (-1: no hint).
+    Busy { retry_ms: i64 },
+}
+
+/// Who holds a read-write lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RwState {
+    pub writer: bool,
+    pub readers: i64,
+}
+
 /// A reply the protocol did not expect: a bug or a foreign value in our keys.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UnexpectedReply(pub String);
@@ -37,6 +53,46 @@ pub fn parse_attempt(value: &Value) -> Result<Attempt, UnexpectedReply> {
             match (as_int(flag), as_int(n)) {
                 (Some(1), Some(fence)) => return Ok(Attempt::Granted { fence }),
                 (Some(0), Some(retry_ms)) => return Ok(Attempt::Busy { retry_ms }),
+                _ => {}
+            }
+        }
+    }
+    Err(UnexpectedReply(format!("{value:?}")))
+}
+
+/// `{1, count}` or `{0, retry_ms}`.
+pub fn parse_admission(value: &Value) -> Result<Admission, UnexpectedReply> {
+    if let Value::Array(items) = value {
+        if let [flag, n] = items.as_slice() {
+            match (as_int(flag), as_int(n)) {
+                (Some(1), Some(count)) if count >= 0 => return Ok(Admission::Admitted { count }),
+                (Some(0), Some(retry_ms)) => return Ok(Admission::Busy { retry_ms }),
+                _ => {}
+            }
+        }
+    }
+    Err(UnexpectedReply(format!("{value:?}")))
+}
+
+/// A count: a non-negative integer.
+pub fn parse_count(value: &Value) -> Result<i64, UnexpectedReply> {
+    match as_int(value) {
+        Some(n) if n >= 0 => Ok(n),
+        _ => Err(UnexpectedReply(format!("{value:?}"))),
+    }
+}
+
+/// `{writer (0|1), readers}`.
+pub fn parse_rw_state(value: &Value) -> Result<RwState, UnexpectedReply> {
+    if let Value::Array(items) = value {
+        if let [writer, readers] = items.as_slice() {
+            match (as_int(writer), as_int(readers)) {
+                (Some(w @ (0 | 1)), Some(readers)) if readers >= 0 => {
+                    return Ok(RwState {
+                        writer: w == 1,
+                        readers,
+                    })
+                }
                 _ => {}
             }
         }
@@ -95,6 +151,67 @@ mod tests {
         assert_eq!(parse_server_info("uptime_in_seconds:1"), None);
         assert_eq!(parse_int(&Value::Int(7)), Ok(7));
         assert!(parse_int(&Value::Nil).is_err());
+    }
+
+    #[test]
+    fn admissions_parse() {
+        let admitted = Value::Array(vec![Value::Int(1), Value::Int(3)]);
+        assert_eq!(
+            parse_admission(&admitted),
+            Ok(Admission::Admitted { count: 3 })
+        );
+        let busy = Value::Array(vec![Value::Int(0), Value::Int(1500)]);
+        assert_eq!(
+            parse_admission(&busy),
+            Ok(Admission::Busy { retry_ms: 1500 })
+        );
+        let no_hint = Value::Array(vec![Value::Int(0), Value::Int(-1)]);
+        assert_eq!(
+            parse_admission(&no_hint),
+            Ok(Admission::Busy { retry_ms: -1 })
+        );
+        let bulk = Value::Array(vec![
+            Value::BulkString(b"1".to_vec()),
+            Value::BulkString(b"2".to_vec()),
+        ]);
+        assert_eq!(parse_admission(&bulk), Ok(Admission::Admitted { count: 2 }));
+        for bad in [
+            Value::Int(1),
+            Value::Nil,
+            Value::Array(vec![Value::Int(1), Value::Int(-1)]),
+            Value::Array(vec![Value::Int(2), Value::Int(0)]),
+            Value::Array(vec![Value::Int(1)]),
+            Value::Array(vec![Value::Int(1), Value::Int(2), Value::Int(3)]),
+            Value::Array(vec![Value::Int(1), Value::BulkString(b"x".to_vec())]),
+        ] {
+            assert!(parse_admission(&bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn counts_parse() {
+        assert_eq!(parse_count(&Value::Int(5)), Ok(5));
+        assert_eq!(parse_count(&Value::Int(0)), Ok(0));
+        assert!(parse_count(&Value::Int(-1)).is_err());
+        assert!(parse_count(&Value::Nil).is_err());
+    }
+
+    #[test]
+    fn rw_states_parse() {
+        let free = Value::Array(vec![Value::Int(0), Value::Int(0)]);
+        assert_eq!(
+            parse_rw_state(&free),
+            Ok(RwState {
+                writer: false,
+                readers: 0
+            })
+        );
+        let written = Value::Array(vec![Value::Int(1), Value::Int(0)]);
+        assert!(parse_rw_state(&written).is_ok_and(|s| s.writer));
+        let read = Value::Array(vec![Value::Int(0), Value::Int(7)]);
+        assert!(parse_rw_state(&read).is_ok_and(|s| !s.writer && s.readers == 7));
+        assert!(parse_rw_state(&Value::Array(vec![Value::Int(2), Value::Int(0)])).is_err());
+        assert!(parse_rw_state(&Value::Int(0)).is_err());
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use std::sync::LazyLock;
 
-use redis::{Script, ScriptInvocation};
+use redis::{Cmd, Script, ScriptInvocation};
 
 use super::keys::Keys;
 
@@ -13,10 +13,22 @@ macro_rules! queue_script {
     };
 }
 
-pub static LOCK_ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("lua/lock_acquire.lua")));
+/// Scripts that keep leases in a zset (semaphore, read-write lock): both preludes in front.
+macro_rules! leases_script {
+    ($file:literal) => {
+        concat!(
+            include_str!("lua/queue_prune.lua"),
+            include_str!("lua/leases.lua"),
+            include_str!($file)
+        )
+    };
+}
+
+const LOCK_ACQUIRE_SOURCE: &str = include_str!("lua/lock_acquire.lua");
+const LOCK_ACQUIRE_FAIR_SOURCE: &str = queue_script!("lua/lock_acquire_fair.lua");
+pub static LOCK_ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(LOCK_ACQUIRE_SOURCE));
 pub static LOCK_ACQUIRE_FAIR: LazyLock<Script> =
-    LazyLock::new(|| Script::new(queue_script!("lua/lock_acquire_fair.lua")));
+    LazyLock::new(|| Script::new(LOCK_ACQUIRE_FAIR_SOURCE));
 pub static LOCK_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(queue_script!("lua/lock_release.lua")));
 pub static LOCK_EXTEND: LazyLock<Script> =
@@ -25,6 +37,31 @@ pub static QUEUE_LEAVE: LazyLock<Script> =
     LazyLock::new(|| Script::new(queue_script!("lua/queue_leave.lua")));
 pub static FENCE_RAISE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/fence_raise.lua")));
+
+pub static SEM_ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(leases_script!("lua/sem_acquire.lua")));
+pub static SEM_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(leases_script!("lua/sem_release.lua")));
+pub static SEM_LEAVE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(leases_script!("lua/sem_leave.lua")));
+pub static LEASE_EXTEND: LazyLock<Script> =
+    LazyLock::new(|| Script::new(leases_script!("lua/lease_extend.lua")));
+pub static LEASE_ALIVE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(leases_script!("lua/lease_alive.lua")));
+pub static LEASE_COUNT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(leases_script!("lua/lease_count.lua")));
+pub static RW_READ_ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(leases_script!("lua/rw_read_acquire.lua")));
+pub static RW_WRITE_ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(leases_script!("lua/rw_write_acquire.lua")));
+pub static RW_READ_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(leases_script!("lua/rw_read_release.lua")));
+pub static RW_WRITE_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/rw_write_release.lua")));
+pub static RW_WRITER_LEAVE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(leases_script!("lua/rw_writer_leave.lua")));
+pub static RW_STATE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(leases_script!("lua/rw_state.lua")));
 
 /// How a fair waiter treats the queue on an attempt that is not granted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,37 +73,81 @@ pub enum Queueing {
 }
 
 /// One acquire attempt for `token` with a lease of `lease_ms`; `fair` selects the FIFO script.
-pub fn acquire<'a>(
+pub fn acquire(
     keys: &Keys,
     token: &str,
     lease_ms: u64,
     fair: Option<Queueing>,
-) -> ScriptInvocation<'a> {
+) -> ScriptInvocation<'static> {
+    acquire_call(keys, token, lease_ms, fair).invocation()
+}
+
+/// The pieces of one acquire attempt, from which both wire forms are made.
+pub fn acquire_call(keys: &Keys, token: &str, lease_ms: u64, fair: Option<Queueing>) -> Call {
     match fair {
-        None => {
-            let mut inv = LOCK_ACQUIRE.prepare_invoke();
-            inv.key(keys.lock())
-                .key(keys.fence())
-                .arg(token)
-                .arg(lease_ms);
-            inv
-        }
+        None => Call {
+            script: &LOCK_ACQUIRE,
+            source: LOCK_ACQUIRE_SOURCE,
+            keys: vec![keys.lock(), keys.fence()],
+            args: vec![token.as_bytes().to_vec(), lease_ms.to_string().into_bytes()],
+        },
         Some(queueing) => {
             let (place_ms, join) = match queueing {
                 Queueing::TryOnly => (0, "0"),
                 Queueing::Join { place_ms } => (place_ms, "1"),
             };
-            let mut inv = LOCK_ACQUIRE_FAIR.prepare_invoke();
-            inv.key(keys.lock())
-                .key(keys.fence())
-                .key(keys.queue())
-                .key(keys.queue_deadlines())
-                .arg(token)
-                .arg(lease_ms)
-                .arg(place_ms)
-                .arg(join);
-            inv
+            Call {
+                script: &LOCK_ACQUIRE_FAIR,
+                source: LOCK_ACQUIRE_FAIR_SOURCE,
+                keys: vec![
+                    keys.lock(),
+                    keys.fence(),
+                    keys.queue(),
+                    keys.queue_deadlines(),
+                ],
+                args: vec![
+                    token.as_bytes().to_vec(),
+                    lease_ms.to_string().into_bytes(),
+                    place_ms.to_string().into_bytes(),
+                    join.as_bytes().to_vec(),
+                ],
+            }
         }
+    }
+}
+
+/// A script call in pieces: sent as EVALSHA normally, or as EVAL where a NOSCRIPT reply could
+/// not be answered by loading the script first (inside a pipeline, e.g. a write + WAIT).
+pub struct Call {
+    script: &'static LazyLock<Script>,
+    source: &'static str,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl Call {
+    pub fn invocation(&self) -> ScriptInvocation<'static> {
+        let script: &'static Script = self.script;
+        let mut inv = script.prepare_invoke();
+        for key in &self.keys {
+            inv.key(key.as_slice());
+        }
+        for arg in &self.args {
+            inv.arg(arg.as_slice());
+        }
+        inv
+    }
+
+    pub fn eval(&self) -> Cmd {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(self.source).arg(self.keys.len());
+        for key in &self.keys {
+            cmd.arg(key.as_slice());
+        }
+        for arg in &self.args {
+            cmd.arg(arg.as_slice());
+        }
+        cmd
     }
 }
 
@@ -99,6 +180,183 @@ pub fn leave_queue<'a>(keys: &Keys, token: &str) -> ScriptInvocation<'a> {
     inv
 }
 
+// ---------------------------------------------------------------------------------- semaphore
+
+/// One attempt to take a permit of a semaphore of `limit` for `token`, leased for `lease_ms`.
+/// `fair`: None ignores the FIFO queue; Some says how a fair waiter treats it.
+pub fn semaphore_acquire<'a>(
+    keys: &Keys,
+    token: &str,
+    lease_ms: u64,
+    limit: u64,
+    fair: Option<Queueing>,
+) -> ScriptInvocation<'a> {
+    let (mode, place_ms) = match fair {
+        None => ("0", 0),
+        Some(Queueing::TryOnly) => ("1", 0),
+        Some(Queueing::Join { place_ms }) => ("2", place_ms),
+    };
+    let mut inv = SEM_ACQUIRE.prepare_invoke();
+    inv.key(keys.semaphore_holders())
+        .key(keys.semaphore_queue())
+        .key(keys.semaphore_queue_deadlines())
+        .arg(token)
+        .arg(lease_ms)
+        .arg(limit)
+        .arg(mode)
+        .arg(place_ms);
+    inv
+}
+
+/// Gives back `token`'s permit and wakes the waiters that a free permit lets in.
+pub fn semaphore_release<'a>(keys: &Keys, token: &str, limit: u64) -> ScriptInvocation<'a> {
+    let mut inv = SEM_RELEASE.prepare_invoke();
+    inv.key(keys.semaphore_holders())
+        .key(keys.semaphore_queue())
+        .key(keys.semaphore_queue_deadlines())
+        .arg(token)
+        .arg(limit)
+        .arg(keys.wake_channel());
+    inv
+}
+
+/// A fair semaphore waiter leaves the queue.
+pub fn semaphore_leave<'a>(keys: &Keys, token: &str, limit: u64) -> ScriptInvocation<'a> {
+    let mut inv = SEM_LEAVE.prepare_invoke();
+    inv.key(keys.semaphore_holders())
+        .key(keys.semaphore_queue())
+        .key(keys.semaphore_queue_deadlines())
+        .arg(token)
+        .arg(limit)
+        .arg(keys.wake_channel());
+    inv
+}
+
+/// Compare-and-extend of a permit: its lease ends `lease_ms` from now (server clock).
+pub fn semaphore_extend<'a>(keys: &Keys, token: &str, lease_ms: u64) -> ScriptInvocation<'a> {
+    lease_extend(keys.semaphore_holders(), token, lease_ms)
+}
+
+/// Whether `token` holds a live permit.
+pub fn semaphore_owned<'a>(keys: &Keys, token: &str) -> ScriptInvocation<'a> {
+    lease_alive(keys.semaphore_holders(), token)
+}
+
+/// The number of live permit holders.
+pub fn semaphore_holders<'a>(keys: &Keys) -> ScriptInvocation<'a> {
+    let mut inv = LEASE_COUNT.prepare_invoke();
+    inv.key(keys.semaphore_holders());
+    inv
+}
+
+fn lease_extend<'a>(key: Vec<u8>, token: &str, lease_ms: u64) -> ScriptInvocation<'a> {
+    let mut inv = LEASE_EXTEND.prepare_invoke();
+    inv.key(key).arg(token).arg(lease_ms);
+    inv
+}
+
+fn lease_alive<'a>(key: Vec<u8>, token: &str) -> ScriptInvocation<'a> {
+    let mut inv = LEASE_ALIVE.prepare_invoke();
+    inv.key(key).arg(token);
+    inv
+}
+
+// ---------------------------------------------------------------------------- read-write lock
+
+/// One attempt to take a read lock. `reentrant`: the caller already holds a read lock of this
+/// read-write lock, so waiting writers must not hold it back (that would deadlock).
+pub fn rw_read_acquire<'a>(
+    keys: &Keys,
+    token: &str,
+    lease_ms: u64,
+    reentrant: bool,
+) -> ScriptInvocation<'a> {
+    let mut inv = RW_READ_ACQUIRE.prepare_invoke();
+    inv.key(keys.rw_readers())
+        .key(keys.rw_writer())
+        .key(keys.rw_writers_waiting())
+        .arg(token)
+        .arg(lease_ms)
+        .arg(if reentrant { "1" } else { "0" });
+    inv
+}
+
+/// One attempt to take the write lock; `Join` marks the writer as waiting, which holds back new
+/// readers until it takes the lock, gives up, or stops refreshing its place.
+pub fn rw_write_acquire<'a>(
+    keys: &Keys,
+    token: &str,
+    lease_ms: u64,
+    queueing: Queueing,
+) -> ScriptInvocation<'a> {
+    let (place_ms, join) = match queueing {
+        Queueing::TryOnly => (0, "0"),
+        Queueing::Join { place_ms } => (place_ms, "1"),
+    };
+    let mut inv = RW_WRITE_ACQUIRE.prepare_invoke();
+    inv.key(keys.rw_readers())
+        .key(keys.rw_writer())
+        .key(keys.rw_writers_waiting())
+        .arg(token)
+        .arg(lease_ms)
+        .arg(place_ms)
+        .arg(join);
+    inv
+}
+
+/// Releases a read lock; the last reader out wakes the waiting writers.
+pub fn rw_read_release<'a>(keys: &Keys, token: &str) -> ScriptInvocation<'a> {
+    let mut inv = RW_READ_RELEASE.prepare_invoke();
+    inv.key(keys.rw_readers())
+        .key(keys.rw_writers_waiting())
+        .arg(token)
+        .arg(keys.wake_channel());
+    inv
+}
+
+/// Compare-and-delete of the write lock, then a wake-up for everybody.
+pub fn rw_write_release<'a>(keys: &Keys, token: &str) -> ScriptInvocation<'a> {
+    let mut inv = RW_WRITE_RELEASE.prepare_invoke();
+    inv.key(keys.rw_writer())
+        .arg(token)
+        .arg(keys.wake_channel());
+    inv
+}
+
+/// A waiting writer gives up its place.
+pub fn rw_writer_leave<'a>(keys: &Keys, token: &str) -> ScriptInvocation<'a> {
+    let mut inv = RW_WRITER_LEAVE.prepare_invoke();
+    inv.key(keys.rw_writer())
+        .key(keys.rw_writers_waiting())
+        .arg(token)
+        .arg(keys.wake_channel());
+    inv
+}
+
+/// Compare-and-extend of a read lock.
+pub fn rw_read_extend<'a>(keys: &Keys, token: &str, lease_ms: u64) -> ScriptInvocation<'a> {
+    lease_extend(keys.rw_readers(), token, lease_ms)
+}
+
+/// Compare-and-pexpire of the write lock (the lock's own extend script on the writer key).
+pub fn rw_write_extend<'a>(keys: &Keys, token: &str, lease_ms: u64) -> ScriptInvocation<'a> {
+    let mut inv = LOCK_EXTEND.prepare_invoke();
+    inv.key(keys.rw_writer()).arg(token).arg(lease_ms);
+    inv
+}
+
+/// Whether `token` holds a live read lock.
+pub fn rw_read_owned<'a>(keys: &Keys, token: &str) -> ScriptInvocation<'a> {
+    lease_alive(keys.rw_readers(), token)
+}
+
+/// Whether a writer holds the lock, and how many live readers do.
+pub fn rw_state<'a>(keys: &Keys) -> ScriptInvocation<'a> {
+    let mut inv = RW_STATE.prepare_invoke();
+    inv.key(keys.rw_readers()).key(keys.rw_writer());
+    inv
+}
+
 /// Raises the fencing counter to at least `fence` (Redlock's write-back; never lowers it).
 pub fn raise_fence<'a>(keys: &Keys, fence: i64) -> ScriptInvocation<'a> {
     let mut inv = FENCE_RAISE.prepare_invoke();
@@ -125,6 +383,190 @@ mod tests {
                 assert!(source.contains(word), "{word} missing in {source}");
             }
         }
+    }
+
+    #[test]
+    fn lease_scripts_document_their_interface() {
+        for source in [
+            include_str!("lua/sem_acquire.lua"),
+            include_str!("lua/sem_release.lua"),
+            include_str!("lua/sem_leave.lua"),
+            include_str!("lua/lease_extend.lua"),
+            include_str!("lua/lease_alive.lua"),
+            include_str!("lua/lease_count.lua"),
+            include_str!("lua/rw_read_acquire.lua"),
+            include_str!("lua/rw_write_acquire.lua"),
+            include_str!("lua/rw_read_release.lua"),
+            include_str!("lua/rw_write_release.lua"),
+            include_str!("lua/rw_writer_leave.lua"),
+            include_str!("lua/rw_state.lua"),
+        ] {
+            assert!(source.starts_with("-- "), "{source}");
+            for word in ["KEYS[1]", "ARGV", "Reply"] {
+                assert!(source.contains(word), "{word} missing in {source}");
+            }
+        }
+    }
+
+    #[test]
+    fn lease_scripts_carry_both_preludes_in_order() {
+        let source = leases_script!("lua/sem_acquire.lua");
+        let prune = source.find("local function prune_queue");
+        let leases = source.find("local function prune_leases");
+        let body = source.find("-- Take a permit of a semaphore");
+        assert!(
+            prune < leases && leases < body,
+            "{prune:?} {leases:?} {body:?}"
+        );
+        for script in [
+            &*SEM_ACQUIRE,
+            &*SEM_RELEASE,
+            &*SEM_LEAVE,
+            &*LEASE_EXTEND,
+            &*LEASE_ALIVE,
+            &*LEASE_COUNT,
+            &*RW_READ_ACQUIRE,
+            &*RW_WRITE_ACQUIRE,
+            &*RW_READ_RELEASE,
+            &*RW_WRITE_RELEASE,
+            &*RW_WRITER_LEAVE,
+            &*RW_STATE,
+        ] {
+            assert_eq!(script.get_hash().len(), 40);
+        }
+    }
+
+    /// Records the command a script invocation sends (a canned connection, no server).
+    struct Capture(Vec<Vec<u8>>);
+
+    impl redis::ConnectionLike for Capture {
+        fn req_packed_command(&mut self, cmd: &[u8]) -> redis::RedisResult<redis::Value> {
+            // RESP: *N\r\n then N times $len\r\nbytes\r\n
+            let mut parts = Vec::new();
+            let mut rest = cmd;
+            while let Some(start) = rest.iter().position(|&b| b == b'$') {
+                let after = &rest[start + 1..];
+                let eol = after.windows(2).position(|w| w == b"\r\n").unwrap();
+                let len: usize = std::str::from_utf8(&after[..eol]).unwrap().parse().unwrap();
+                parts.push(after[eol + 2..eol + 2 + len].to_vec());
+                rest = &after[eol + 2 + len..];
+            }
+            self.0 = parts;
+            Ok(redis::Value::Int(0))
+        }
+
+        fn req_packed_commands(
+            &mut self,
+            _cmd: &[u8],
+            _offset: usize,
+            _count: usize,
+        ) -> redis::RedisResult<Vec<redis::Value>> {
+            Ok(vec![])
+        }
+
+        fn get_db(&self) -> i64 {
+            0
+        }
+
+        fn check_connection(&mut self) -> bool {
+            true
+        }
+
+        fn is_open(&self) -> bool {
+            true
+        }
+    }
+
+    /// (keys, args) of the EVALSHA an invocation sends.
+    fn sent(inv: &ScriptInvocation<'_>) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+        let mut capture = Capture(Vec::new());
+        let _: redis::Value = inv.invoke(&mut capture).unwrap();
+        let parts = capture.0;
+        assert_eq!(parts[0], b"EVALSHA");
+        let numkeys: usize = std::str::from_utf8(&parts[2]).unwrap().parse().unwrap();
+        (
+            parts[3..3 + numkeys].to_vec(),
+            parts[3 + numkeys..].to_vec(),
+        )
+    }
+
+    /// Every key a script is given lies under `prefix{name}`, so all share one cluster slot.
+    #[test]
+    fn builders_only_touch_keys_of_their_name() {
+        let keys = Keys::new(b"p:", b"n");
+        let join = Queueing::Join { place_ms: 6000 };
+        let invocations = [
+            semaphore_acquire(&keys, "t", 10, 5, None),
+            semaphore_acquire(&keys, "t", 10, 5, Some(join)),
+            semaphore_release(&keys, "t", 5),
+            semaphore_leave(&keys, "t", 5),
+            semaphore_extend(&keys, "t", 10),
+            semaphore_owned(&keys, "t"),
+            semaphore_holders(&keys),
+            rw_read_acquire(&keys, "t", 10, false),
+            rw_write_acquire(&keys, "t", 10, join),
+            rw_read_release(&keys, "t"),
+            rw_write_release(&keys, "t"),
+            rw_writer_leave(&keys, "t"),
+            rw_read_extend(&keys, "t", 10),
+            rw_write_extend(&keys, "t", 10),
+            rw_read_owned(&keys, "t"),
+            rw_state(&keys),
+        ];
+        for inv in &invocations {
+            let (sent_keys, _) = sent(inv);
+            assert!(!sent_keys.is_empty());
+            for key in &sent_keys {
+                assert!(key.starts_with(b"p:{n}:"), "{key:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn semaphore_modes_reach_the_script() {
+        let keys = Keys::new(b"p:", b"n");
+        let (sent_keys, args) = sent(&semaphore_acquire(&keys, "t", 10, 5, None));
+        assert_eq!(
+            sent_keys,
+            [
+                keys.semaphore_holders(),
+                keys.semaphore_queue(),
+                keys.semaphore_queue_deadlines()
+            ]
+        );
+        assert_eq!(args, [&b"t"[..], b"10", b"5", b"0", b"0"]);
+        let (_, args) = sent(&semaphore_acquire(
+            &keys,
+            "t",
+            10,
+            5,
+            Some(Queueing::TryOnly),
+        ));
+        assert_eq!(args[3], b"1");
+        let join = Some(Queueing::Join { place_ms: 6000 });
+        let (_, args) = sent(&semaphore_acquire(&keys, "t", 10, 5, join));
+        assert_eq!(args[3..], [&b"2"[..], b"6000"]);
+        let (_, args) = sent(&semaphore_release(&keys, "t", 5));
+        assert_eq!(args, [&b"t"[..], b"5", b"p:{n}:wake"]);
+    }
+
+    #[test]
+    fn rwlock_flags_reach_the_scripts() {
+        let keys = Keys::new(b"p:", b"n");
+        let (sent_keys, args) = sent(&rw_read_acquire(&keys, "t", 10, true));
+        assert_eq!(
+            sent_keys,
+            [
+                keys.rw_readers(),
+                keys.rw_writer(),
+                keys.rw_writers_waiting()
+            ]
+        );
+        assert_eq!(args, [&b"t"[..], b"10", b"1"]);
+        let (_, args) = sent(&rw_write_acquire(&keys, "t", 10, Queueing::TryOnly));
+        assert_eq!(args, [&b"t"[..], b"10", b"0", b"0"]);
+        let (sent_keys, _) = sent(&rw_write_extend(&keys, "t", 10));
+        assert_eq!(sent_keys, [keys.rw_writer()]);
     }
 
     #[test]

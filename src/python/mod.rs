@@ -6,9 +6,12 @@ mod awaitable;
 mod blocking;
 mod client;
 mod errors;
+mod hold;
 mod lock;
 mod log;
 mod recipes;
+mod rwlock;
+mod semaphore;
 
 use pyo3::prelude::*;
 
@@ -17,6 +20,9 @@ use pyo3::prelude::*;
 fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::PyClient>()?;
     m.add_class::<lock::PyLock>()?;
+    m.add_class::<semaphore::PySemaphore>()?;
+    m.add_class::<rwlock::PyRwLock>()?;
+    m.add_class::<rwlock::PyRwSide>()?;
     m.add_function(wrap_pyfunction!(recipes::acquire_token, m)?)?;
     m.add_function(wrap_pyfunction!(recipes::release_token, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -1,0 +1,75 @@
+//! Connections used by one call at a time, for a write followed by WAIT: WAIT blocks its
+//! connection until the replicas acknowledge (or its timeout), and must follow exactly the write
+//! it vouches for. Sharing one connection would queue concurrent WAITs behind each other and
+//! let a WAIT after a reconnect vouch for nothing; here each caller has its own.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::{FromRedisValue, Pipeline};
+
+use super::error::{Error, Result};
+use super::node::{within, Conn, Target, Timeouts};
+
+/// Idle connections kept for reuse.
+const KEPT: usize = 8;
+
+pub struct ExclusivePool {
+    target: Arc<Target>,
+    timeouts: Timeouts,
+    idle: Mutex<Vec<Conn>>,
+}
+
+impl ExclusivePool {
+    /// On a cluster each connection is a cluster connection of its own: the pipeline goes to the
+    /// node of its first key, WAIT with it. Through Sentinel, each opens on the current master.
+    pub fn new(target: Arc<Target>, timeouts: Timeouts) -> Self {
+        ExclusivePool {
+            target,
+            timeouts,
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Forgets the idle connections (the master moved).
+    pub fn reset(&self) {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
+    pub fn timeouts(&self) -> Timeouts {
+        self.timeouts
+    }
+
+    async fn take(&self) -> Result<Conn> {
+        if let Some(conn) = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+            return Ok(conn);
+        }
+        let limit = self.timeouts.connect + self.timeouts.command;
+        tokio::time::timeout(limit, self.target.connect(self.timeouts))
+            .await
+            .map_err(|_| {
+                Error::Connection(format!(
+                    "Redis did not accept a connection within {:.3} s",
+                    limit.as_secs_f64()
+                ))
+            })?
+    }
+
+    /// Sends `pipe` on a connection of its own, once, waiting at most `limit` for the replies.
+    /// A connection that failed or timed out is dropped, never reused.
+    pub async fn pipeline<T: FromRedisValue + Send>(
+        &self,
+        pipe: &Pipeline,
+        limit: Duration,
+    ) -> Result<T> {
+        let mut conn = self.take().await?;
+        let outcome = within(limit, "a pipeline", pipe.query_async::<T>(&mut conn)).await;
+        if outcome.is_ok() {
+            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+            if idle.len() < KEPT {
+                idle.push(conn);
+            }
+        }
+        outcome
+    }
+}

@@ -1,0 +1,642 @@
+//! The state of one object's hold on a leased primitive (a lock, a semaphore permit, a read or
+//! write lock), shared by the blocking and the asyncio bindings: at most one hold at a time,
+//! owned by the object (not by a thread), forgotten in a forked child, renewed in the background
+//! when asked, and marked lost once renewal, extend or release finds the lease gone.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::client::{Backend, Client, Shared};
+use super::error::{Error, Result};
+use super::redlock::Redlock;
+use super::renew::{self, Renewal};
+use super::runtime::pid;
+use super::token::new_token;
+use super::waiting::Wait;
+use crate::protocol::lease;
+
+/// Shared between a hold and its renewal task.
+#[derive(Debug)]
+pub struct HoldStatus {
+    deadline: Mutex<Instant>,
+    lost: AtomicBool,
+    /// Set while a release is under way, so renewal does not mistake it for a loss.
+    releasing: AtomicBool,
+}
+
+impl HoldStatus {
+    pub fn new(deadline: Instant) -> Self {
+        HoldStatus {
+            deadline: Mutex::new(deadline),
+            lost: AtomicBool::new(false),
+            releasing: AtomicBool::new(false),
+        }
+    }
+
+    pub fn deadline(&self) -> Instant {
+        *self.deadline.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn set_deadline(&self, deadline: Instant) {
+        *self.deadline.lock().unwrap_or_else(|p| p.into_inner()) = deadline;
+    }
+
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+
+    /// Marks the hold lost; true only for the first caller (who reports it).
+    pub fn mark_lost(&self) -> bool {
+        !self.lost.swap(true, Ordering::AcqRel)
+    }
+
+    pub fn is_releasing(&self) -> bool {
+        self.releasing.load(Ordering::Acquire)
+    }
+
+    pub fn set_releasing(&self, releasing: bool) {
+        self.releasing.store(releasing, Ordering::Release);
+    }
+}
+
+/// Told by renewal when a hold is lost or renewal falters.
+pub type OnLost = Arc<dyn renew::Listener>;
+
+/// How an object and what it holds are called in messages: "this {object} object does not hold
+/// {held}".
+#[derive(Clone, Copy, Debug)]
+pub struct Naming {
+    pub object: &'static str,
+    pub held: &'static str,
+}
+
+/// A primitive whose holds are leases, every change checked by owner token.
+pub trait Leased: Send + Sync + 'static {
+    /// What a hold keeps beside its token (the lock's fence; nothing for the others).
+    type Detail: Clone + Send + Sync + 'static;
+    /// What one acquire is told beyond the wait (the read lock: whether it re-enters).
+    type Args: Sync;
+
+    fn naming(&self) -> Naming;
+
+    /// The lease of an acquire, and of extend and renewal when they are not told one.
+    fn lease(&self) -> Duration;
+
+    /// Takes a hold for `token`: when the winning request was sent (the lease's start), and the
+    /// detail; None when not granted in time.
+    fn acquire(
+        &self,
+        shared: &Arc<Shared>,
+        token: &str,
+        wait: Wait,
+        args: &Self::Args,
+    ) -> impl Future<Output = Result<Option<(Instant, Self::Detail)>>> + Send;
+
+    /// Gives the hold back; false when it was not ours (any more).
+    fn release(&self, shared: &Shared, token: &str) -> impl Future<Output = Result<bool>> + Send;
+
+    /// The lease now ends `lease` from now; Some(sent_at) when extended, None when not ours.
+    fn extend(
+        &self,
+        shared: &Shared,
+        token: &str,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Option<Instant>>> + Send;
+
+    /// Whether `token` holds it, checked against Redis.
+    fn owned(&self, shared: &Shared, token: &str) -> impl Future<Output = Result<bool>> + Send;
+
+    // Direct calls, made on the caller's thread (see `direct.rs`) by the blocking API, for the
+    // one-round-trip steps; a primitive without them is used through the runtime only.
+
+    /// Whether this primitive offers the direct calls below.
+    fn direct(&self) -> bool {
+        false
+    }
+
+    /// A first acquire attempt, never taking a place in a queue.
+    fn try_direct(&self, _shared: &Arc<Shared>, _token: &str) -> Result<DirectTry<Self::Detail>> {
+        Err(no_direct())
+    }
+
+    /// Finishes an acquire whose direct first attempt found it busy (`retry_ms`: the server's
+    /// hint of when to look again).
+    fn acquire_after(
+        &self,
+        shared: &Arc<Shared>,
+        token: &str,
+        wait: Wait,
+        args: &Self::Args,
+        _retry_ms: i64,
+    ) -> impl Future<Output = Result<Option<(Instant, Self::Detail)>>> + Send {
+        self.acquire(shared, token, wait, args)
+    }
+
+    fn release_direct(&self, _shared: &Shared, _token: &str) -> Result<bool> {
+        Err(no_direct())
+    }
+
+    fn extend_direct(
+        &self,
+        _shared: &Shared,
+        _token: &str,
+        _lease: Duration,
+    ) -> Result<Option<Instant>> {
+        Err(no_direct())
+    }
+
+    fn owned_direct(&self, _shared: &Shared, _token: &str) -> Result<bool> {
+        Err(no_direct())
+    }
+
+    // Redlock (several independent masters): a primitive takes part only with a quorum protocol
+    // of its own; by default it says so. Instants are when the lease counts from (Redlock's
+    // drift allowance already taken off).
+
+    fn acquire_quorum(
+        &self,
+        _redlock: &Arc<Redlock>,
+        _token: &str,
+        _wait: Wait,
+        _args: &Self::Args,
+    ) -> impl Future<Output = Result<Option<(Instant, Self::Detail)>>> + Send {
+        let err = no_quorum(self.naming());
+        async move { Err(err) }
+    }
+
+    fn release_quorum(
+        &self,
+        _redlock: &Redlock,
+        _token: &str,
+    ) -> impl Future<Output = Result<bool>> + Send {
+        let err = no_quorum(self.naming());
+        async move { Err(err) }
+    }
+
+    fn extend_quorum(
+        &self,
+        _redlock: &Redlock,
+        _token: &str,
+        _lease: Duration,
+    ) -> impl Future<Output = Result<Option<Instant>>> + Send {
+        let err = no_quorum(self.naming());
+        async move { Err(err) }
+    }
+
+    fn owned_quorum(
+        &self,
+        _redlock: &Redlock,
+        _token: &str,
+    ) -> impl Future<Output = Result<bool>> + Send {
+        let err = no_quorum(self.naming());
+        async move { Err(err) }
+    }
+}
+
+fn no_direct() -> Error {
+    Error::Usage("no direct call for this primitive".into())
+}
+
+/// The error of a primitive used on a Redlock client without a quorum protocol of its own.
+pub fn no_quorum(naming: Naming) -> Error {
+    Error::Unsupported(format!(
+        "{} is not available on a Redlock client (several independent masters): it has no \
+         quorum protocol; use one Redis, Sentinel or Redis Cluster",
+        naming.object
+    ))
+}
+
+/// What a direct first attempt found.
+pub enum DirectTry<D> {
+    /// Granted: when the request was sent (the lease's start), and the hold's detail.
+    Granted(Instant, D),
+    Busy {
+        retry_ms: i64,
+    },
+}
+
+/// An acquire under way (the object is in its Acquiring state). Dropped unsettled — the caller
+/// was interrupted between the steps — it puts the object back to idle.
+pub struct Pending<'a, P: Leased> {
+    holder: &'a Holder<P>,
+    token: Option<String>,
+    busy_retry_ms: Option<i64>,
+    settled: bool,
+}
+
+impl<P: Leased> Pending<'_, P> {
+    fn settle(
+        mut self,
+        backend: &Backend,
+        token: String,
+        granted: Result<Option<(Instant, P::Detail)>>,
+        listener: Option<OnLost>,
+    ) -> Result<bool> {
+        self.settled = true;
+        let holder = self.holder;
+        let mut state = holder.state();
+        match granted {
+            Ok(Some((sent_at, detail))) => {
+                let lease = holder.primitive.lease();
+                let status = Arc::new(HoldStatus::new(lease::deadline(sent_at, lease)));
+                let renewal = holder
+                    .auto_renew
+                    .then(|| holder.start_renewal(backend, &token, &status, listener));
+                *state = State::Held(Hold {
+                    pid: pid(),
+                    token,
+                    detail,
+                    status,
+                    renewal,
+                });
+                Ok(true)
+            }
+            Ok(None) => {
+                *state = State::Idle { lost: false };
+                Ok(false)
+            }
+            Err(err) => {
+                *state = State::Idle { lost: false };
+                Err(err)
+            }
+        }
+    }
+}
+
+impl<P: Leased> Drop for Pending<'_, P> {
+    fn drop(&mut self) {
+        if !self.settled {
+            let mut state = self.holder.state();
+            if matches!(*state, State::Acquiring) {
+                *state = State::Idle { lost: false };
+            }
+        }
+    }
+}
+
+/// The outcome of `Holder::acquire_direct`.
+pub enum Direct<'a, P: Leased> {
+    Done(bool),
+    /// Must wait: finish with `Holder::acquire_pending` (through the runtime).
+    Wait(Pending<'a, P>),
+}
+
+struct Hold<D> {
+    pid: u32,
+    token: String,
+    detail: D,
+    status: Arc<HoldStatus>,
+    renewal: Option<Renewal>,
+}
+
+impl<D> Drop for Hold<D> {
+    fn drop(&mut self) {
+        if let Some(renewal) = self.renewal.take() {
+            renewal.stop();
+        }
+    }
+}
+
+enum State<D> {
+    Idle { lost: bool },
+    Acquiring,
+    Held(Hold<D>),
+}
+
+/// What the caller needs of a hold to act on it without holding the state lock.
+struct HoldRef {
+    token: String,
+    status: Arc<HoldStatus>,
+}
+
+/// One object's hold on a primitive `P`.
+pub struct Holder<P: Leased> {
+    client: Arc<Client>,
+    primitive: Arc<P>,
+    auto_renew: bool,
+    state: Mutex<State<P::Detail>>,
+}
+
+impl<P: Leased> Holder<P> {
+    pub fn new(client: Arc<Client>, primitive: P, auto_renew: bool) -> Self {
+        Holder {
+            client,
+            primitive: Arc::new(primitive),
+            auto_renew,
+            state: Mutex::new(State::Idle { lost: false }),
+        }
+    }
+
+    pub fn client(&self) -> &Arc<Client> {
+        &self.client
+    }
+
+    pub fn primitive(&self) -> &P {
+        &self.primitive
+    }
+
+    pub fn auto_renew(&self) -> bool {
+        self.auto_renew
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State<P::Detail>> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        // In a forked child the parent's hold is not ours: forget it without touching it.
+        if let State::Held(hold) = &*state {
+            if hold.pid != pid() {
+                if let State::Held(inherited) =
+                    std::mem::replace(&mut *state, State::Idle { lost: false })
+                {
+                    std::mem::forget(inherited);
+                }
+            }
+        }
+        state
+    }
+
+    fn current(&self) -> Option<HoldRef> {
+        match &*self.state() {
+            State::Held(h) => Some(HoldRef {
+                token: h.token.clone(),
+                status: h.status.clone(),
+            }),
+            _ => None,
+        }
+    }
+
+    /// Takes a hold for this object; `listener` hears from auto-renewal, if it is on.
+    pub async fn acquire(
+        &self,
+        wait: Wait,
+        listener: Option<OnLost>,
+        args: &P::Args,
+    ) -> Result<bool> {
+        let pending = self.begin_acquire()?;
+        self.acquire_pending(pending, wait, listener, args).await
+    }
+
+    /// The blocking API's first step, on the caller's thread: one direct attempt when the
+    /// primitive offers it. `Done` when that settles it; otherwise finish with `acquire_pending`.
+    pub fn acquire_direct(&self, wait: Wait, listener: Option<OnLost>) -> Result<Direct<'_, P>> {
+        let mut pending = self.begin_acquire()?;
+        if !self.has_direct() {
+            return Ok(Direct::Wait(pending));
+        }
+        let shared = self.client.shared()?;
+        let backend = Backend::Single(shared.clone());
+        let token = new_token()?;
+        match self.primitive.try_direct(&shared, &token)? {
+            DirectTry::Granted(sent_at, detail) => {
+                let granted = Ok(Some((sent_at, detail)));
+                Ok(Direct::Done(
+                    pending.settle(&backend, token, granted, listener)?,
+                ))
+            }
+            DirectTry::Busy { .. } if wait == Wait::Once => Ok(Direct::Done(pending.settle(
+                &backend,
+                token,
+                Ok(None),
+                listener,
+            )?)),
+            DirectTry::Busy { retry_ms } => {
+                pending.token = Some(token);
+                pending.busy_retry_ms = Some(retry_ms);
+                Ok(Direct::Wait(pending))
+            }
+        }
+    }
+
+    /// Finishes an acquire begun by `acquire_direct` (or `acquire`), waiting as `wait` allows.
+    pub async fn acquire_pending(
+        &self,
+        mut pending: Pending<'_, P>,
+        wait: Wait,
+        listener: Option<OnLost>,
+        args: &P::Args,
+    ) -> Result<bool> {
+        let backend = self.client.backend()?;
+        let token = match pending.token.take() {
+            Some(token) => token,
+            None => new_token()?,
+        };
+        let granted = match (&backend, pending.busy_retry_ms.take()) {
+            (Backend::Single(shared), Some(retry_ms)) => {
+                self.primitive
+                    .acquire_after(shared, &token, wait, args, retry_ms)
+                    .await
+            }
+            (Backend::Single(shared), None) => {
+                self.primitive.acquire(shared, &token, wait, args).await
+            }
+            (Backend::Redlock(redlock), _) => {
+                self.primitive
+                    .acquire_quorum(redlock, &token, wait, args)
+                    .await
+            }
+        };
+        pending.settle(&backend, token, granted, listener)
+    }
+
+    fn begin_acquire(&self) -> Result<Pending<'_, P>> {
+        let naming = self.primitive.naming();
+        let mut state = self.state();
+        match &*state {
+            State::Held(_) => Err(Error::Usage(format!(
+                "this {} object already holds {} (it is not re-entrant)",
+                naming.object, naming.held
+            ))),
+            State::Acquiring => Err(Error::Usage(format!(
+                "this {} object is already acquiring in another thread",
+                naming.object
+            ))),
+            State::Idle { .. } => {
+                *state = State::Acquiring;
+                Ok(Pending {
+                    holder: self,
+                    token: None,
+                    busy_retry_ms: None,
+                    settled: false,
+                })
+            }
+        }
+    }
+
+    /// Whether the blocking API may use the `*_direct` calls (the primitive offers them and
+    /// the client is one server, reached directly).
+    pub fn has_direct(&self) -> bool {
+        self.primitive.direct() && self.client.supports_direct()
+    }
+
+    fn start_renewal(
+        &self,
+        backend: &Backend,
+        token: &str,
+        status: &Arc<HoldStatus>,
+        listener: Option<OnLost>,
+    ) -> Renewal {
+        let primitive = self.primitive.clone();
+        let backend = backend.clone();
+        let token = token.to_string();
+        let extend = move |lease: Duration| {
+            let primitive = primitive.clone();
+            let backend = backend.clone();
+            let token = token.clone();
+            async move {
+                match &backend {
+                    Backend::Single(shared) => primitive.extend(shared, &token, lease).await,
+                    Backend::Redlock(redlock) => {
+                        primitive.extend_quorum(redlock, &token, lease).await
+                    }
+                }
+            }
+        };
+        renew::start(extend, self.primitive.lease(), status.clone(), listener)
+    }
+
+    fn begin_release(&self) -> Result<HoldRef> {
+        let hold = self.current().ok_or_else(|| self.not_owned())?;
+        hold.status.set_releasing(true);
+        Ok(hold)
+    }
+
+    fn finish_release(&self, hold: HoldRef, outcome: Result<bool>) -> Result<()> {
+        hold.status.set_releasing(false);
+        let released = outcome?;
+        let lost = !released || hold.status.is_lost();
+        {
+            let mut state = self.state();
+            if matches!(&*state, State::Held(h) if h.token == hold.token) {
+                *state = State::Idle { lost };
+            }
+        }
+        if released {
+            Ok(())
+        } else {
+            hold.status.mark_lost();
+            Err(lost_error())
+        }
+    }
+
+    pub async fn release(&self) -> Result<()> {
+        let hold = self.begin_release()?;
+        let outcome = match self.client.backend() {
+            Ok(Backend::Single(shared)) => self.primitive.release(&shared, &hold.token).await,
+            Ok(Backend::Redlock(redlock)) => {
+                self.primitive.release_quorum(&redlock, &hold.token).await
+            }
+            Err(err) => Err(err),
+        };
+        self.finish_release(hold, outcome)
+    }
+
+    /// `release` on the caller's thread (only when `has_direct`).
+    pub fn release_direct(&self) -> Result<()> {
+        let hold = self.begin_release()?;
+        let outcome = self
+            .client
+            .shared()
+            .and_then(|shared| self.primitive.release_direct(&shared, &hold.token));
+        self.finish_release(hold, outcome)
+    }
+
+    fn finish_extend(
+        &self,
+        hold: &HoldRef,
+        lease: Duration,
+        outcome: Result<Option<Instant>>,
+    ) -> Result<()> {
+        match outcome? {
+            Some(sent_at) => {
+                hold.status.set_deadline(lease::deadline(sent_at, lease));
+                Ok(())
+            }
+            None => {
+                hold.status.mark_lost();
+                Err(lost_error())
+            }
+        }
+    }
+
+    pub async fn extend(&self, lease: Option<Duration>) -> Result<()> {
+        let hold = self.current().ok_or_else(|| self.not_owned())?;
+        let lease = lease.unwrap_or(self.primitive.lease());
+        let outcome = match self.client.backend() {
+            Ok(Backend::Single(shared)) => self.primitive.extend(&shared, &hold.token, lease).await,
+            Ok(Backend::Redlock(redlock)) => {
+                self.primitive
+                    .extend_quorum(&redlock, &hold.token, lease)
+                    .await
+            }
+            Err(err) => Err(err),
+        };
+        self.finish_extend(&hold, lease, outcome)
+    }
+
+    /// `extend` on the caller's thread (only when `has_direct`).
+    pub fn extend_direct(&self, lease: Option<Duration>) -> Result<()> {
+        let hold = self.current().ok_or_else(|| self.not_owned())?;
+        let lease = lease.unwrap_or(self.primitive.lease());
+        let outcome = self
+            .client
+            .shared()
+            .and_then(|shared| self.primitive.extend_direct(&shared, &hold.token, lease));
+        self.finish_extend(&hold, lease, outcome)
+    }
+
+    pub async fn owned(&self) -> Result<bool> {
+        let Some(hold) = self.current() else {
+            return Ok(false);
+        };
+        match self.client.backend()? {
+            Backend::Single(shared) => self.primitive.owned(&shared, &hold.token).await,
+            Backend::Redlock(redlock) => self.primitive.owned_quorum(&redlock, &hold.token).await,
+        }
+    }
+
+    /// `owned` on the caller's thread (only when `has_direct`).
+    pub fn owned_direct(&self) -> Result<bool> {
+        let Some(hold) = self.current() else {
+            return Ok(false);
+        };
+        let shared = self.client.shared()?;
+        self.primitive.owned_direct(&shared, &hold.token)
+    }
+
+    pub fn token(&self) -> Option<String> {
+        self.current().map(|h| h.token)
+    }
+
+    pub fn detail(&self) -> Option<P::Detail> {
+        match &*self.state() {
+            State::Held(h) => Some(h.detail.clone()),
+            _ => None,
+        }
+    }
+
+    pub fn lost(&self) -> bool {
+        match &*self.state() {
+            State::Held(h) => h.status.is_lost(),
+            State::Idle { lost } => *lost,
+            State::Acquiring => false,
+        }
+    }
+
+    pub fn remaining(&self) -> Option<Duration> {
+        self.current()
+            .map(|h| lease::remaining(h.status.deadline(), Instant::now()))
+    }
+
+    fn not_owned(&self) -> Error {
+        let naming = self.primitive.naming();
+        Error::NotOwned(format!(
+            "this {} object does not hold {}",
+            naming.object, naming.held
+        ))
+    }
+}
+
+pub fn lost_error() -> Error {
+    Error::Lost("lock was lost".into())
+}

@@ -1,0 +1,421 @@
+//! Read-write lock operations: many readers (zset token -> lease end, server clock) or one
+//! writer (string with PX); a waiting writer marks itself (zset token -> place deadline), which
+//! holds back new readers, so readers arriving continuously cannot starve it. Every reader and
+//! writer has a lease of its own: a dead one stops counting when its lease ends.
+//!
+//! Deadlock guard: an RWLock object remembers which of its locks each context (a thread, or an
+//! asyncio task: the binding says which) of this process holds. Taking the write lock while the
+//! same context holds a read or the write lock of the same RWLock, or a read lock while it holds
+//! the write lock, would wait for itself forever, so it raises instead. A context that holds a
+//! read lock may take another one even while a writer waits (the writer waits for it).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use super::client::{Client, Shared};
+use super::error::{Error, Result};
+use super::hold::{Holder, Leased, Naming, OnLost};
+use super::node::Retry;
+use super::runtime::pid;
+use super::waiting::{self, Contender, Detached, Outcome, Plan, Wait, QUEUE_PLACE};
+use crate::protocol::keys::Keys;
+use crate::protocol::lease;
+use crate::protocol::replies::{parse_admission, parse_flag, parse_rw_state, Admission, RwState};
+use crate::protocol::scripts::{self, Queueing};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Read,
+    Write,
+}
+
+/// What identifies a read-write lock in Redis and how it is leased.
+#[derive(Clone, Debug)]
+pub struct RwSpec {
+    pub name: Vec<u8>,
+    pub keys: Keys,
+    pub lease: Duration,
+}
+
+/// A context of this process that holds locks: (pid, thread or task id).
+type Context = (u32, u64);
+
+/// Marks one hold in the registry for as long as the hold exists (it is the hold's detail).
+#[derive(Debug)]
+pub struct HeldMark {
+    mode: Mode,
+}
+
+/// Which contexts hold which locks of one RWLock object.
+#[derive(Default)]
+struct Registry {
+    holds: Mutex<HashMap<Context, Vec<Weak<HeldMark>>>>,
+}
+
+/// Registry entries kept before the dead ones of every context are swept.
+const REGISTRY_SWEEP_AT: usize = 64;
+
+impl Registry {
+    /// The modes `context` holds now.
+    fn held_by(&self, context: Context) -> (bool, bool) {
+        let mut holds = self.holds.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(marks) = holds.get_mut(&context) else {
+            return (false, false);
+        };
+        marks.retain(|m| m.strong_count() > 0);
+        let (mut read, mut write) = (false, false);
+        for mark in marks.iter().filter_map(Weak::upgrade) {
+            match mark.mode {
+                Mode::Read => read = true,
+                Mode::Write => write = true,
+            }
+        }
+        if marks.is_empty() {
+            holds.remove(&context);
+        }
+        (read, write)
+    }
+
+    fn add(&self, context: Context, mode: Mode) -> Arc<HeldMark> {
+        let mark = Arc::new(HeldMark { mode });
+        let mut holds = self.holds.lock().unwrap_or_else(|p| p.into_inner());
+        if holds.len() >= REGISTRY_SWEEP_AT {
+            holds.retain(|_, marks| {
+                marks.retain(|m| m.strong_count() > 0);
+                !marks.is_empty()
+            });
+        }
+        holds
+            .entry(context)
+            .or_default()
+            .push(Arc::downgrade(&mark));
+        mark
+    }
+}
+
+/// The read or the write side of one RWLock object.
+pub struct RwSide {
+    spec: RwSpec,
+    mode: Mode,
+    registry: Arc<Registry>,
+}
+
+struct RwContender<'a> {
+    shared: &'a Arc<Shared>,
+    spec: &'a RwSpec,
+    mode: Mode,
+    token: &'a str,
+    reentrant: bool,
+}
+
+impl Contender for RwContender<'_> {
+    /// When the winning request was sent: the lease's start.
+    type Grant = Instant;
+
+    async fn attempt(&self, join: bool) -> Result<Outcome<Instant>> {
+        let lease_ms = lease::lease_ms(self.spec.lease);
+        let inv = match self.mode {
+            Mode::Read => {
+                scripts::rw_read_acquire(&self.spec.keys, self.token, lease_ms, self.reentrant)
+            }
+            Mode::Write => {
+                let queueing = if join {
+                    Queueing::Join {
+                        place_ms: lease::lease_ms(QUEUE_PLACE),
+                    }
+                } else {
+                    Queueing::TryOnly
+                };
+                scripts::rw_write_acquire(&self.spec.keys, self.token, lease_ms, queueing)
+            }
+        };
+        let sent_at = Instant::now();
+        let reply = self.shared.node.invoke(&inv, Retry::Once).await?;
+        Ok(match parse_admission(&reply)? {
+            Admission::Admitted { .. } => Outcome::Granted(sent_at),
+            Admission::Busy { retry_ms } => Outcome::Busy { retry_ms },
+        })
+    }
+
+    async fn leave(&self) -> Result<()> {
+        if self.mode == Mode::Write {
+            let inv = scripts::rw_writer_leave(&self.spec.keys, self.token);
+            self.shared.node.invoke(&inv, Retry::Once).await?;
+        }
+        Ok(())
+    }
+
+    fn undo(&self) -> Detached {
+        let shared = self.shared.clone();
+        let keys = self.spec.keys.clone();
+        let token = self.token.to_string();
+        let mode = self.mode;
+        Box::pin(async move {
+            match mode {
+                Mode::Read => {
+                    let inv = scripts::rw_read_release(&keys, &token);
+                    let _ = shared.node.invoke(&inv, Retry::Once).await;
+                }
+                Mode::Write => {
+                    let inv = scripts::rw_write_release(&keys, &token);
+                    let _ = shared.node.invoke(&inv, Retry::Once).await;
+                    let inv = scripts::rw_writer_leave(&keys, &token);
+                    let _ = shared.node.invoke(&inv, Retry::Once).await;
+                }
+            }
+        })
+    }
+}
+
+impl RwSide {
+    /// Refuses what would deadlock on this context's own holds; says whether a read re-enters.
+    fn check(&self, context: Context) -> Result<bool> {
+        let (reading, writing) = self.registry.held_by(context);
+        match self.mode {
+            Mode::Write if reading => Err(Error::Usage(
+                "read->write upgrade: this thread (or task) holds a read lock of this RWLock, \
+                 so waiting for its write lock would deadlock; release the read lock first"
+                    .into(),
+            )),
+            _ if writing => Err(Error::Usage(format!(
+                "this thread (or task) holds the write lock of this RWLock, so waiting for its {} \
+                 lock would deadlock; release the write lock first",
+                match self.mode {
+                    Mode::Read => "read",
+                    Mode::Write => "write",
+                }
+            ))),
+            _ => Ok(reading),
+        }
+    }
+}
+
+impl Leased for RwSide {
+    type Detail = Arc<HeldMark>;
+    /// The acquiring context (thread or task id).
+    type Args = u64;
+
+    fn naming(&self) -> Naming {
+        match self.mode {
+            Mode::Read => Naming {
+                object: "read lock",
+                held: "the read lock",
+            },
+            Mode::Write => Naming {
+                object: "write lock",
+                held: "the write lock",
+            },
+        }
+    }
+
+    fn lease(&self) -> Duration {
+        self.spec.lease
+    }
+
+    async fn acquire(
+        &self,
+        shared: &Arc<Shared>,
+        token: &str,
+        wait: Wait,
+        context: &u64,
+    ) -> Result<Option<(Instant, Arc<HeldMark>)>> {
+        let context = (pid(), *context);
+        let reentrant = self.check(context)?;
+        let contender = RwContender {
+            shared,
+            spec: &self.spec,
+            mode: self.mode,
+            token,
+            reentrant,
+        };
+        // Readers do not compete with each other: each waits for the writer on its own.
+        // Writers: one competitor per lock in this process, its waiting mark refreshed.
+        let gate = self.spec.keys.rw_writer();
+        let plan = Plan {
+            shared,
+            channel: self.spec.keys.wake_channel(),
+            wake_token: Some(token),
+            gate: (self.mode == Mode::Write).then_some(gate.as_slice()),
+            queued: self.mode == Mode::Write,
+        };
+        let granted = waiting::acquire(&contender, &plan, wait).await?;
+        Ok(granted.map(|sent_at| (sent_at, self.registry.add(context, self.mode))))
+    }
+
+    async fn release(&self, shared: &Shared, token: &str) -> Result<bool> {
+        let inv = match self.mode {
+            Mode::Read => scripts::rw_read_release(&self.spec.keys, token),
+            Mode::Write => scripts::rw_write_release(&self.spec.keys, token),
+        };
+        let reply = shared.node.invoke(&inv, Retry::Once).await?;
+        Ok(parse_flag(&reply)?)
+    }
+
+    async fn extend(
+        &self,
+        shared: &Shared,
+        token: &str,
+        lease: Duration,
+    ) -> Result<Option<Instant>> {
+        let lease_ms = lease::lease_ms(lease);
+        let inv = match self.mode {
+            Mode::Read => scripts::rw_read_extend(&self.spec.keys, token, lease_ms),
+            Mode::Write => scripts::rw_write_extend(&self.spec.keys, token, lease_ms),
+        };
+        let sent_at = Instant::now();
+        let reply = shared.node.invoke(&inv, Retry::Once).await?;
+        Ok(parse_flag(&reply)?.then_some(sent_at))
+    }
+
+    async fn owned(&self, shared: &Shared, token: &str) -> Result<bool> {
+        match self.mode {
+            Mode::Read => {
+                let inv = scripts::rw_read_owned(&self.spec.keys, token);
+                Ok(parse_flag(&shared.node.invoke(&inv, Retry::Once).await?)?)
+            }
+            Mode::Write => {
+                let owner: Option<Vec<u8>> = shared
+                    .node
+                    .query(
+                        redis::cmd("GET").arg(self.spec.keys.rw_writer()),
+                        Retry::Once,
+                    )
+                    .await?;
+                Ok(owner.as_deref() == Some(token.as_bytes()))
+            }
+        }
+    }
+}
+
+/// Who holds a read-write lock now.
+pub async fn state(shared: &Shared, keys: &Keys) -> Result<RwState> {
+    let reply = shared
+        .node
+        .invoke(&scripts::rw_state(keys), Retry::Once)
+        .await?;
+    Ok(parse_rw_state(&reply)?)
+}
+
+/// One RWLock object: hands out read and write lock objects that share its deadlock guard.
+pub struct RwLock {
+    client: Arc<Client>,
+    spec: RwSpec,
+    auto_renew: bool,
+    registry: Arc<Registry>,
+}
+
+impl RwLock {
+    pub fn new(
+        client: Arc<Client>,
+        name: &[u8],
+        lease: Duration,
+        auto_renew: bool,
+    ) -> Result<Self> {
+        if client.is_redlock() {
+            return Err(super::hold::no_quorum(super::hold::Naming {
+                object: "RWLock",
+                held: "the read-write lock",
+            }));
+        }
+        let spec = RwSpec {
+            name: name.to_vec(),
+            keys: client.keys(name)?,
+            lease,
+        };
+        Ok(RwLock {
+            client,
+            spec,
+            auto_renew,
+            registry: Arc::new(Registry::default()),
+        })
+    }
+
+    pub fn spec(&self) -> &RwSpec {
+        &self.spec
+    }
+
+    pub fn client(&self) -> &Arc<Client> {
+        &self.client
+    }
+
+    /// A new lock object for one side of this read-write lock.
+    pub fn side(&self, mode: Mode) -> RwHandle {
+        let side = RwSide {
+            spec: self.spec.clone(),
+            mode,
+            registry: self.registry.clone(),
+        };
+        RwHandle {
+            holder: Holder::new(self.client.clone(), side, self.auto_renew),
+        }
+    }
+
+    /// Who holds it now (in every process).
+    pub async fn state(&self) -> Result<RwState> {
+        let shared = self.client.shared()?;
+        state(&shared, &self.spec.keys).await
+    }
+}
+
+/// A read or write lock object of an RWLock: at most one hold at a time, held by the object.
+pub struct RwHandle {
+    holder: Holder<RwSide>,
+}
+
+impl RwHandle {
+    pub fn mode(&self) -> Mode {
+        self.holder.primitive().mode
+    }
+
+    pub fn spec(&self) -> &RwSpec {
+        &self.holder.primitive().spec
+    }
+
+    pub fn auto_renew(&self) -> bool {
+        self.holder.auto_renew()
+    }
+
+    /// Takes the lock for this object on behalf of `context` (the caller's thread or task id,
+    /// which the deadlock guard tells apart); `listener` hears from auto-renewal, if it is on.
+    pub async fn acquire(
+        &self,
+        wait: Wait,
+        listener: Option<OnLost>,
+        context: u64,
+    ) -> Result<bool> {
+        self.holder.acquire(wait, listener, &context).await
+    }
+
+    pub async fn release(&self) -> Result<()> {
+        self.holder.release().await
+    }
+
+    pub async fn extend(&self, lease: Option<Duration>) -> Result<()> {
+        self.holder.extend(lease).await
+    }
+
+    /// This object holds its lock, checked against Redis.
+    pub async fn owned(&self) -> Result<bool> {
+        self.holder.owned().await
+    }
+
+    /// Somebody holds the read-write lock (a writer, or at least one live reader).
+    pub async fn locked(&self) -> Result<bool> {
+        let shared = self.holder.client().shared()?;
+        let now = state(&shared, &self.spec().keys).await?;
+        Ok(now.writer || now.readers > 0)
+    }
+
+    pub fn token(&self) -> Option<String> {
+        self.holder.token()
+    }
+
+    pub fn lost(&self) -> bool {
+        self.holder.lost()
+    }
+
+    pub fn remaining(&self) -> Option<Duration> {
+        self.holder.remaining()
+    }
+}

@@ -1,0 +1,272 @@
+//! Semaphore operations: at most `limit` live holders across all processes, each with a token
+//! and a lease of its own kept in Redis (zset token -> lease end, from the server's clock), so a
+//! holder that dies stops counting when its lease ends and no client clock can over-admit.
+//! Waiting is the shared `waiting` loop: woken by releases, or when the soonest lease ends.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::client::{Client, Shared};
+use super::error::Result;
+use super::hold::{Holder, Leased, Naming, OnLost};
+use super::node::Retry;
+use super::waiting::{self, Contender, Detached, Outcome, Plan, Wait, QUEUE_PLACE};
+use crate::protocol::keys::Keys;
+use crate::protocol::lease;
+use crate::protocol::replies::{parse_admission, parse_count, parse_flag, Admission};
+use crate::protocol::scripts::{self, Queueing};
+
+/// What identifies a semaphore in Redis and how its permits are leased.
+#[derive(Clone, Debug)]
+pub struct SemaphoreSpec {
+    pub name: Vec<u8>,
+    pub keys: Keys,
+    /// The most live holders at any time (>= 1).
+    pub limit: u64,
+    pub lease: Duration,
+    /// Waiters get permits in the order in which they started waiting (FIFO queue in Redis).
+    pub fair: bool,
+}
+
+struct SemaphoreContender<'a> {
+    shared: &'a Arc<Shared>,
+    spec: &'a SemaphoreSpec,
+    token: &'a str,
+}
+
+impl Contender for SemaphoreContender<'_> {
+    /// When the winning request was sent: the lease's start.
+    type Grant = Instant;
+
+    async fn attempt(&self, join: bool) -> Result<Outcome<Instant>> {
+        let queueing = if join {
+            Queueing::Join {
+                place_ms: lease::lease_ms(QUEUE_PLACE),
+            }
+        } else {
+            Queueing::TryOnly
+        };
+        let inv = scripts::semaphore_acquire(
+            &self.spec.keys,
+            self.token,
+            lease::lease_ms(self.spec.lease),
+            self.spec.limit,
+            self.spec.fair.then_some(queueing),
+        );
+        let sent_at = Instant::now();
+        let reply = self.shared.node.invoke(&inv, Retry::Once).await?;
+        Ok(match parse_admission(&reply)? {
+            Admission::Admitted { .. } => Outcome::Granted(sent_at),
+            Admission::Busy { retry_ms } => Outcome::Busy { retry_ms },
+        })
+    }
+
+    async fn leave(&self) -> Result<()> {
+        let inv = scripts::semaphore_leave(&self.spec.keys, self.token, self.spec.limit);
+        self.shared.node.invoke(&inv, Retry::Once).await?;
+        Ok(())
+    }
+
+    fn undo(&self) -> Detached {
+        let shared = self.shared.clone();
+        let spec = self.spec.clone();
+        let token = self.token.to_string();
+        Box::pin(async move {
+            let _ = shared
+                .node
+                .invoke(
+                    &scripts::semaphore_release(&spec.keys, &token, spec.limit),
+                    Retry::Once,
+                )
+                .await;
+            if spec.fair {
+                let _ = shared
+                    .node
+                    .invoke(
+                        &scripts::semaphore_leave(&spec.keys, &token, spec.limit),
+                        Retry::Once,
+                    )
+                    .await;
+            }
+        })
+    }
+}
+
+/// Tries to take a permit for `token`, waiting as `wait` allows; Some(sent_at) when taken.
+pub async fn acquire(
+    shared: &Arc<Shared>,
+    spec: &SemaphoreSpec,
+    token: &str,
+    wait: Wait,
+) -> Result<Option<Instant>> {
+    let contender = SemaphoreContender {
+        shared,
+        spec,
+        token,
+    };
+    // Fair: every waiter keeps its place in the Redis queue and is woken by name.
+    // Unfair: one competitor per semaphore in this process, woken by any release.
+    let gate = spec.keys.semaphore_holders();
+    let plan = Plan {
+        shared,
+        channel: spec.keys.wake_channel(),
+        wake_token: spec.fair.then_some(token),
+        gate: (!spec.fair).then_some(gate.as_slice()),
+        queued: spec.fair,
+    };
+    waiting::acquire(&contender, &plan, wait).await
+}
+
+/// Gives a permit back; `Ok(false)` when `token` held none (any more).
+pub async fn release(shared: &Shared, spec: &SemaphoreSpec, token: &str) -> Result<bool> {
+    let inv = scripts::semaphore_release(&spec.keys, token, spec.limit);
+    let reply = shared.node.invoke(&inv, Retry::Once).await?;
+    Ok(parse_flag(&reply)?)
+}
+
+/// Compare-and-extend of a permit; `Ok(Some(sent_at))` when extended, `Ok(None)` when not ours.
+pub async fn extend(
+    shared: &Shared,
+    keys: &Keys,
+    token: &str,
+    lease: Duration,
+) -> Result<Option<Instant>> {
+    let inv = scripts::semaphore_extend(keys, token, lease::lease_ms(lease));
+    let sent_at = Instant::now();
+    let reply = shared.node.invoke(&inv, Retry::Once).await?;
+    Ok(parse_flag(&reply)?.then_some(sent_at))
+}
+
+/// The number of live holders.
+pub async fn holders(shared: &Shared, keys: &Keys) -> Result<i64> {
+    let reply = shared
+        .node
+        .invoke(&scripts::semaphore_holders(keys), Retry::Once)
+        .await?;
+    Ok(parse_count(&reply)?)
+}
+
+impl Leased for SemaphoreSpec {
+    type Detail = ();
+    type Args = ();
+
+    fn naming(&self) -> Naming {
+        Naming {
+            object: "Semaphore",
+            held: "a permit",
+        }
+    }
+
+    fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    async fn acquire(
+        &self,
+        shared: &Arc<Shared>,
+        token: &str,
+        wait: Wait,
+        _args: &(),
+    ) -> Result<Option<(Instant, ())>> {
+        Ok(acquire(shared, self, token, wait)
+            .await?
+            .map(|sent_at| (sent_at, ())))
+    }
+
+    async fn release(&self, shared: &Shared, token: &str) -> Result<bool> {
+        release(shared, self, token).await
+    }
+
+    async fn extend(
+        &self,
+        shared: &Shared,
+        token: &str,
+        lease: Duration,
+    ) -> Result<Option<Instant>> {
+        extend(shared, &self.keys, token, lease).await
+    }
+
+    async fn owned(&self, shared: &Shared, token: &str) -> Result<bool> {
+        let inv = scripts::semaphore_owned(&self.keys, token);
+        let reply = shared.node.invoke(&inv, Retry::Once).await?;
+        Ok(parse_flag(&reply)?)
+    }
+}
+
+/// One semaphore object: at most one permit at a time, held by the object (not by a thread).
+pub struct SemaphoreHandle {
+    holder: Holder<SemaphoreSpec>,
+}
+
+impl SemaphoreHandle {
+    pub fn new(
+        client: Arc<Client>,
+        name: &[u8],
+        limit: u64,
+        lease: Duration,
+        fair: bool,
+        auto_renew: bool,
+    ) -> Result<Self> {
+        let spec = SemaphoreSpec {
+            name: name.to_vec(),
+            keys: client.keys(name)?,
+            limit: limit.max(1),
+            lease,
+            fair,
+        };
+        if client.is_redlock() {
+            return Err(super::hold::no_quorum(spec.naming()));
+        }
+        Ok(SemaphoreHandle {
+            holder: Holder::new(client, spec, auto_renew),
+        })
+    }
+
+    pub fn spec(&self) -> &SemaphoreSpec {
+        self.holder.primitive()
+    }
+
+    pub fn client(&self) -> &Arc<Client> {
+        self.holder.client()
+    }
+
+    pub fn auto_renew(&self) -> bool {
+        self.holder.auto_renew()
+    }
+
+    /// Takes a permit for this object; `listener` hears from auto-renewal, if it is on.
+    pub async fn acquire(&self, wait: Wait, listener: Option<OnLost>) -> Result<bool> {
+        self.holder.acquire(wait, listener, &()).await
+    }
+
+    pub async fn release(&self) -> Result<()> {
+        self.holder.release().await
+    }
+
+    pub async fn extend(&self, lease: Option<Duration>) -> Result<()> {
+        self.holder.extend(lease).await
+    }
+
+    /// This object holds a live permit, checked against Redis.
+    pub async fn owned(&self) -> Result<bool> {
+        self.holder.owned().await
+    }
+
+    /// How many live holders the semaphore has (in every process).
+    pub async fn holders(&self) -> Result<i64> {
+        let shared = self.holder.client().shared()?;
+        holders(&shared, &self.spec().keys).await
+    }
+
+    pub fn token(&self) -> Option<String> {
+        self.holder.token()
+    }
+
+    pub fn lost(&self) -> bool {
+        self.holder.lost()
+    }
+
+    pub fn remaining(&self) -> Option<Duration> {
+        self.holder.remaining()
+    }
+}

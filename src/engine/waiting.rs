@@ -1,0 +1,316 @@
+//! Waiting without polling, shared by every primitive (lock, semaphore, read-write lock).
+//!
+//! A waiter registers on the primitive's wake channel, makes sure it is subscribed, then
+//! attempts; when the attempt is not granted it sleeps until a release is published or until the
+//! time the server named (the soonest lease end or place lapse), whichever comes first. An
+//! acquire whose outcome is unknown (cancelled mid-flight, or its reply lost) is undone in the
+//! background, so it neither keeps nor later takes anything.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::client::Shared;
+use super::error::Result;
+use super::runtime;
+use super::wake::Registration;
+use crate::protocol::lease;
+
+/// How long a silent waiter keeps its place in a Redis queue (fair lock, fair semaphore,
+/// waiting writer): a waiter that died stops holding others back within this time (the
+/// contract allows 10 s). Live waiters refresh it every third.
+pub const QUEUE_PLACE: Duration = Duration::from_secs(6);
+/// How long a waiter sleeps when Redis gives no lease to wait for (a key without expiry).
+const NO_HINT_LOOK: Duration = Duration::from_millis(500);
+
+/// How long `acquire` may wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// One attempt, no waiting.
+    Once,
+    Until(Instant),
+    Forever,
+}
+
+impl Wait {
+    pub fn from_timeout(timeout: Option<Duration>) -> Wait {
+        match timeout {
+            None => Wait::Forever,
+            Some(t) if t.is_zero() => Wait::Once,
+            Some(t) => Instant::now()
+                .checked_add(t)
+                .map_or(Wait::Forever, Wait::Until),
+        }
+    }
+
+    pub fn deadline(self) -> Option<Instant> {
+        match self {
+            Wait::Once => Some(Instant::now()),
+            Wait::Until(d) => Some(d),
+            Wait::Forever => None,
+        }
+    }
+
+    pub fn expired(self, now: Instant) -> bool {
+        match self {
+            Wait::Once => true,
+            Wait::Until(d) => now >= d,
+            Wait::Forever => false,
+        }
+    }
+}
+
+/// What one attempt found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome<G> {
+    /// The caller holds it now.
+    Granted(G),
+    /// Not now; look again within `retry_ms` at the latest (negative: the server gave no hint).
+    Busy { retry_ms: i64 },
+    /// Granted but given back at once (e.g. replicas did not confirm it): the acquire fails like
+    /// a timeout, without waiting any longer.
+    Refused,
+}
+
+/// A future that runs detached on the runtime.
+pub type Detached = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// One waiter's attempts on one primitive, for one token.
+pub trait Contender: Sync {
+    type Grant: Send;
+
+    /// One attempt. `join` is false for the first try (never take a place in a queue) and true
+    /// while waiting (take or refresh the waiter's place, if the primitive keeps one).
+    fn attempt(&self, join: bool) -> impl Future<Output = Result<Outcome<Self::Grant>>> + Send;
+
+    /// Gives up a waiter's place at once (called only when the plan says `queued`).
+    fn leave(&self) -> impl Future<Output = Result<()>> + Send;
+
+    /// Best-effort undo of an attempt whose outcome is unknown: give back whatever the token may
+    /// hold or occupy. Runs detached, after the caller is gone.
+    fn undo(&self) -> Detached;
+}
+
+/// How a primitive's waiters wait.
+pub struct Plan<'a> {
+    pub shared: &'a Arc<Shared>,
+    /// The channel on which releases publish.
+    pub channel: Vec<u8>,
+    /// Some(token): woken only by messages naming this token or nobody (''); None: by every one.
+    pub wake_token: Option<&'a str>,
+    /// Some(id): only one waiter per id in this process competes in Redis at a time; the others
+    /// queue in process, in FIFO order (Redis work per hand-off grows with processes, not threads).
+    pub gate: Option<&'a [u8]>,
+    /// The waiter keeps a place in Redis (a queue entry or a waiting-writer mark) that it must
+    /// refresh while it waits and give back when it gives up.
+    pub queued: bool,
+}
+
+/// Sends `undo` if dropped while armed.
+struct Cleanup<'a, C: Contender> {
+    contender: &'a C,
+    armed: bool,
+}
+
+impl<C: Contender> Cleanup<'_, C> {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl<C: Contender> Drop for Cleanup<'_, C> {
+    fn drop(&mut self) {
+        if self.armed {
+            runtime::spawn(self.contender.undo());
+        }
+    }
+}
+
+/// Tries to get `contender` what it wants, waiting as `wait` allows. Waiting never polls: it
+/// sleeps until a release is published or the server's hint comes due, whichever comes first.
+pub async fn acquire<C: Contender>(
+    contender: &C,
+    plan: &Plan<'_>,
+    wait: Wait,
+) -> Result<Option<C::Grant>> {
+    acquire_from(contender, plan, wait, None).await
+}
+
+/// `acquire`, given the outcome of a first attempt already made for this contender (on the
+/// caller's thread, see `direct.rs`); None makes that first attempt here.
+pub async fn acquire_from<C: Contender>(
+    contender: &C,
+    plan: &Plan<'_>,
+    wait: Wait,
+    first: Option<Outcome<C::Grant>>,
+) -> Result<Option<C::Grant>> {
+    let cleanup = Cleanup {
+        contender,
+        armed: true,
+    };
+    let first = match first {
+        Some(outcome) => outcome,
+        // An error leaves `cleanup` armed: the script may have run.
+        None => contender.attempt(false).await?,
+    };
+    match first {
+        Outcome::Granted(grant) => {
+            cleanup.disarm();
+            return Ok(Some(grant));
+        }
+        Outcome::Refused => {
+            cleanup.disarm();
+            return Ok(None);
+        }
+        Outcome::Busy { .. } => {}
+    }
+    if wait.expired(Instant::now()) {
+        cleanup.disarm();
+        return Ok(None);
+    }
+    let waited = wait_for_turn(contender, plan, wait).await;
+    match &waited {
+        Ok(Some(_)) => cleanup.disarm(),
+        Ok(None) if !plan.queued => cleanup.disarm(),
+        // A waiter that gives up leaves its place now, not when the place lapses.
+        Ok(None) => {
+            if contender.leave().await.is_ok() {
+                cleanup.disarm();
+            }
+        }
+        Err(_) => {}
+    }
+    waited
+}
+
+/// What the in-process competitors of one id hand on to each other through the gate, so that a
+/// waiter taking over does not ask Redis again what the one before it already learned.
+#[derive(Default)]
+pub struct GateState {
+    /// The previous competitor's subscription: a wake-up that came while nobody waited on it is
+    /// kept there (as a stored notification), so the next competitor still hears it.
+    registration: Option<(Vec<u8>, Registration)>,
+    /// Until when Redis said it stays busy, as of the previous competitor's last attempt.
+    busy_until: Option<Instant>,
+}
+
+/// Only one competitor per id in this process: the others wait here, in FIFO order.
+pub type Gate = tokio::sync::Mutex<GateState>;
+
+async fn wait_for_turn<C: Contender>(
+    contender: &C,
+    plan: &Plan<'_>,
+    wait: Wait,
+) -> Result<Option<C::Grant>> {
+    let gate = plan.gate.map(|id| plan.shared.gate(id));
+    let mut turn = match &gate {
+        Some(gate) => match wait.deadline() {
+            None => Some(gate.lock().await),
+            Some(d) => match tokio::time::timeout_at(d.into(), gate.lock()).await {
+                Ok(turn) => Some(turn),
+                Err(_) => return Ok(None),
+            },
+        },
+        None => None,
+    };
+    // A subscription can be handed on only when it wakes on every message (no token filter).
+    let inherited = match (&mut turn, plan.wake_token) {
+        (Some(state), None) => match state.registration.take() {
+            Some((channel, registration)) if channel == plan.channel => {
+                Some((registration, state.busy_until.take()))
+            }
+            _ => None,
+        },
+        _ => None,
+    };
+    let (registration, mut busy_until) = match inherited {
+        Some(found) => found,
+        None => (
+            plan.shared
+                .hub
+                .register(plan.channel.clone(), plan.wake_token),
+            None,
+        ),
+    };
+    let outcome = compete(contender, plan, wait, &registration, &mut busy_until).await;
+    if let (Some(state), None) = (&mut turn, plan.wake_token) {
+        state.registration = Some((plan.channel.clone(), registration));
+        state.busy_until = match outcome {
+            Ok(None) => busy_until,
+            _ => None,
+        };
+    }
+    outcome
+}
+
+/// The competitor's loop: look, then sleep until a wake-up or the server's hint comes due.
+/// `busy_until`: what is known of the primitive without looking (from the competitor before).
+async fn compete<C: Contender>(
+    contender: &C,
+    plan: &Plan<'_>,
+    wait: Wait,
+    registration: &Registration,
+    busy_until: &mut Option<Instant>,
+) -> Result<Option<C::Grant>> {
+    loop {
+        let now = Instant::now();
+        let known_busy = busy_until.filter(|until| *until > now);
+        let retry_ms = match known_busy {
+            // Busy as far as anybody here knows, and no wake-up since: no need to look.
+            Some(until) => i64::try_from((until - now).as_millis()).unwrap_or(i64::MAX),
+            None => {
+                // Subscribed before looking, so a release after the look is always heard.
+                registration.ready().await?;
+                match contender.attempt(true).await? {
+                    Outcome::Granted(grant) => return Ok(Some(grant)),
+                    Outcome::Refused => return Ok(None),
+                    Outcome::Busy { retry_ms } => retry_ms,
+                }
+            }
+        };
+        let now = Instant::now();
+        if wait.expired(now) {
+            return Ok(None);
+        }
+        let hint = lease::next_look(retry_ms, NO_HINT_LOOK, None, now);
+        *busy_until = (retry_ms >= 0).then(|| now + hint);
+        let mut nap = lease::next_look(retry_ms, NO_HINT_LOOK, wait.deadline(), now);
+        if plan.queued {
+            // Refresh the place well before it lapses.
+            nap = nap.min(QUEUE_PLACE / 3);
+        }
+        tokio::select! {
+            _ = registration.notified() => *busy_until = None,
+            _ = tokio::time::sleep(nap) => {
+                // Our own deadline: give up without one more look.
+                if wait.expired(Instant::now()) {
+                    return Ok(None);
+                }
+                if plan.queued {
+                    *busy_until = None;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wait_from_timeout() {
+        assert_eq!(Wait::from_timeout(None), Wait::Forever);
+        assert_eq!(Wait::from_timeout(Some(Duration::ZERO)), Wait::Once);
+        assert!(matches!(
+            Wait::from_timeout(Some(Duration::from_secs(1))),
+            Wait::Until(_)
+        ));
+        let now = Instant::now();
+        assert!(Wait::Once.expired(now));
+        assert!(!Wait::Forever.expired(now));
+        assert!(Wait::Until(now).expired(now));
+        assert!(!Wait::Until(now + Duration::from_secs(1)).expired(now));
+    }
+}

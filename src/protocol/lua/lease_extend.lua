@@ -1,0 +1,16 @@
+-- Extend a lease kept in a zset if ARGV[1] holds a live one: compare-and-extend (appended to
+-- queue_prune.lua and leases.lua). Used for semaphore holders and read-write lock readers.
+-- KEYS[1] leases (zset token -> lease end, server ms)   ARGV[1] token
+-- ARGV[2] new lease in ms, counted from now (server clock)
+-- Reply: 1 extended; 0 not ours (its lease had ended, or it never held one).
+local now = server_now_ms()
+local lease_end = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not lease_end then
+  return 0
+end
+if tonumber(lease_end) <= now then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  return 0
+end
+grant_lease(KEYS[1], ARGV[1], tonumber(ARGV[2]), now)
+return 1

@@ -1,0 +1,30 @@
+-- Take the write lock of a read-write lock (appended to queue_prune.lua and leases.lua).
+-- KEYS[1] readers (zset token -> lease end, server ms)   KEYS[2] writer (string: token, PX lease)
+-- KEYS[3] waiting writers (zset token -> place deadline, server ms)
+-- ARGV[1] token   ARGV[2] lease in ms   ARGV[3] how long a silent waiting writer keeps its place, in ms
+-- ARGV[4] '1': when not granted, wait as a writer (or stay waiting): new readers are held back
+--         until the place is taken back or lapses; '0': try once
+-- Reply: {1, 0} granted (also for a retry that finds its own token in place);
+--        {0, ms} not granted; ms = when to look again at the latest: the writer's lease end (-1: it
+--        has no lease), or the soonest end of a reader's lease.
+local now = server_now_ms()
+local owner = redis.call('GET', KEYS[2])
+if owner == ARGV[1] then
+  return {1, 0}
+end
+local readers = prune_leases(KEYS[1], now)
+if owner == false and readers == 0 then
+  redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+  redis.call('ZREM', KEYS[3], ARGV[1])
+  return {1, 0}
+end
+if ARGV[4] == '1' then
+  local place = tonumber(ARGV[3])
+  redis.call('ZADD', KEYS[3], int(now + place), ARGV[1])
+  -- Every live place ends within `place` ms from now, so the key may too.
+  redis.call('PEXPIRE', KEYS[3], place)
+end
+if owner then
+  return {0, redis.call('PTTL', KEYS[2])}
+end
+return {0, soonest_end(KEYS[1], now)}

@@ -1,0 +1,14 @@
+-- A waiting writer gives up: take its place back at once (appended to queue_prune.lua and
+-- leases.lua).
+-- KEYS[1] writer (string)   KEYS[2] waiting writers (zset token -> place deadline, server ms)
+-- ARGV[1] token   ARGV[2] wake-up channel
+-- Reply: 1 if the token was waiting, else 0. When it was the last waiting writer and no writer
+-- holds the lock, everybody is woken (''): the readers it held back may go now.
+local removed = redis.call('ZREM', KEYS[2], ARGV[1])
+if removed == 1 and redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', int(server_now_ms()))
+  if redis.call('ZCARD', KEYS[2]) == 0 then
+    redis.call('PUBLISH', ARGV[2], '')
+  end
+end
+return removed

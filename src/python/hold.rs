@@ -1,0 +1,381 @@
+//! What the lock-like classes share (Lock, Semaphore, and the read and write locks of RWLock):
+//! the wait of `acquire()`, renewal's listener, and the `with` protocol, so that all of them
+//! wait, report a loss and leave a block in exactly the same way.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyTuple, PyWeakrefMethods, PyWeakrefReference};
+use pyo3::IntoPyObjectExt;
+
+use super::args;
+use super::awaitable::{self, OnCancel};
+use super::blocking;
+use super::errors::{type_error, value_error, LockLostError, LockTimeoutError};
+use super::log;
+use crate::engine::hold::OnLost;
+use crate::engine::lock::{LockHandle, Wait};
+use crate::engine::renew::Listener;
+use crate::engine::rwlock::RwHandle;
+use crate::engine::semaphore::SemaphoreHandle;
+use crate::engine::{Error, Result};
+
+/// The wait of one `acquire(blocking, timeout)`; `default` is the constructor's timeout.
+pub fn wait_for(
+    blocking: Option<&Bound<'_, PyAny>>,
+    timeout: Option<&Bound<'_, PyAny>>,
+    default: Option<Duration>,
+) -> PyResult<Wait> {
+    let blocking = blocking.map_or(Ok(true), |b| args::flag("blocking", b))?;
+    let given = args::timeout("timeout", timeout)?;
+    if !blocking {
+        if given.is_some() {
+            return Err(value_error(
+                "timeout",
+                "cannot be given for a non-blocking acquire",
+            ));
+        }
+        return Ok(Wait::Once);
+    }
+    Ok(Wait::from_timeout(given.unwrap_or(default)))
+}
+
+/// The lease of `extend(ttl)`: None means the object's own ttl.
+pub fn extend_lease(ttl: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Duration>> {
+    match ttl {
+        Some(t) if !t.is_none() => Ok(Some(args::duration("ttl", t, 0.001)?)),
+        _ => Ok(None),
+    }
+}
+
+/// The `ttl` of a constructor (10 s when not given).
+pub fn ttl_arg(ttl: Option<&Bound<'_, PyAny>>) -> PyResult<Duration> {
+    match ttl {
+        Some(t) if !t.is_none() => args::duration("ttl", t, 0.001),
+        _ => Ok(Duration::from_secs(10)),
+    }
+}
+
+/// The `on_lost` of a constructor: a callable or None.
+pub fn on_lost_arg(on_lost: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Arc<Py<PyAny>>>> {
+    match on_lost {
+        Some(cb) if !cb.is_none() => {
+            if !cb.is_callable() {
+                return Err(type_error("on_lost", "a callable", cb));
+            }
+            Ok(Some(Arc::new(cb.clone().unbind())))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Tells the Python side what renewal finds, from a thread of its own (never a runtime worker).
+struct PyListener {
+    target: Arc<Py<PyWeakrefReference>>,
+    /// "lock 'name'", "semaphore 'name'", ...
+    label: String,
+    on_lost: Option<Arc<Py<PyAny>>>,
+}
+
+impl Listener for PyListener {
+    fn lost(&self) {
+        let target = self.target.clone();
+        let on_lost = self.on_lost.clone();
+        let message = format!("{} was lost: its lease ended before renewal", self.label);
+        std::thread::spawn(move || {
+            Python::attach(|py| {
+                log::warning(py, &message);
+                let (Some(callback), Some(target)) = (on_lost, target.bind(py).upgrade()) else {
+                    return;
+                };
+                if let Err(err) = callback.bind(py).call1((target,)) {
+                    log::error_with(py, "on_lost callback raised", &err);
+                }
+            })
+        });
+    }
+
+    fn warn(&self, message: &str) {
+        let message = format!("{}: {message}", self.label);
+        std::thread::spawn(move || Python::attach(|py| log::warning(py, &message)));
+    }
+}
+
+/// Renewal's listener for `obj` (held weakly: renewal must not keep the object alive), when
+/// auto-renewal is on.
+pub fn listener(
+    obj: &Bound<'_, PyAny>,
+    auto_renew: bool,
+    label: String,
+    on_lost: Option<Arc<Py<PyAny>>>,
+) -> PyResult<Option<OnLost>> {
+    if !auto_renew {
+        return Ok(None);
+    }
+    let listener: OnLost = Arc::new(PyListener {
+        target: Arc::new(PyWeakrefReference::new(obj)?.unbind()),
+        label,
+        on_lost,
+    });
+    Ok(Some(listener))
+}
+
+/// The error of a `with` that could not acquire within the object's timeout.
+pub fn enter_timeout(label: &str, default_timeout: Option<Duration>) -> PyErr {
+    let waited = default_timeout.map_or(f64::INFINITY, |d| d.as_secs_f64());
+    LockTimeoutError::new_err(format!("could not acquire {label} within {waited} s"))
+}
+
+/// An engine hold that a `with` block gives back on leaving, and that asyncio drives.
+pub trait Releasable: Send + Sync + 'static {
+    /// What one acquire is told beyond the wait (the read/write locks: the caller's context).
+    type Context: Send + 'static;
+    fn acquire(
+        &self,
+        wait: Wait,
+        listener: Option<OnLost>,
+        context: Self::Context,
+    ) -> impl Future<Output = Result<bool>> + Send;
+    fn release(&self) -> impl Future<Output = Result<()>> + Send;
+    fn extend(&self, lease: Option<Duration>) -> impl Future<Output = Result<()>> + Send;
+    fn owned(&self) -> impl Future<Output = Result<bool>> + Send;
+    fn lost(&self) -> bool;
+    /// The release on the caller's thread, when the primitive offers one.
+    fn release_direct(&self) -> Option<Result<()>> {
+        None
+    }
+}
+
+impl Releasable for LockHandle {
+    type Context = ();
+    #[allow(clippy::unused_unit)]
+    fn acquire(
+        &self,
+        wait: Wait,
+        listener: Option<OnLost>,
+        _context: (),
+    ) -> impl Future<Output = Result<bool>> + Send {
+        LockHandle::acquire(self, wait, listener)
+    }
+    fn release(&self) -> impl Future<Output = Result<()>> + Send {
+        LockHandle::release(self)
+    }
+    fn extend(&self, lease: Option<Duration>) -> impl Future<Output = Result<()>> + Send {
+        LockHandle::extend(self, lease)
+    }
+    fn owned(&self) -> impl Future<Output = Result<bool>> + Send {
+        LockHandle::owned(self)
+    }
+    fn lost(&self) -> bool {
+        LockHandle::lost(self)
+    }
+    fn release_direct(&self) -> Option<Result<()>> {
+        self.has_direct().then(|| LockHandle::release_direct(self))
+    }
+}
+
+impl Releasable for SemaphoreHandle {
+    type Context = ();
+    #[allow(clippy::unused_unit)]
+    fn acquire(
+        &self,
+        wait: Wait,
+        listener: Option<OnLost>,
+        _context: (),
+    ) -> impl Future<Output = Result<bool>> + Send {
+        SemaphoreHandle::acquire(self, wait, listener)
+    }
+    fn release(&self) -> impl Future<Output = Result<()>> + Send {
+        SemaphoreHandle::release(self)
+    }
+    fn extend(&self, lease: Option<Duration>) -> impl Future<Output = Result<()>> + Send {
+        SemaphoreHandle::extend(self, lease)
+    }
+    fn owned(&self) -> impl Future<Output = Result<bool>> + Send {
+        SemaphoreHandle::owned(self)
+    }
+    fn lost(&self) -> bool {
+        SemaphoreHandle::lost(self)
+    }
+}
+
+impl Releasable for RwHandle {
+    type Context = u64;
+    #[allow(clippy::unused_unit)]
+    fn acquire(
+        &self,
+        wait: Wait,
+        listener: Option<OnLost>,
+        context: u64,
+    ) -> impl Future<Output = Result<bool>> + Send {
+        RwHandle::acquire(self, wait, listener, context)
+    }
+    fn release(&self) -> impl Future<Output = Result<()>> + Send {
+        RwHandle::release(self)
+    }
+    fn extend(&self, lease: Option<Duration>) -> impl Future<Output = Result<()>> + Send {
+        RwHandle::extend(self, lease)
+    }
+    fn owned(&self) -> impl Future<Output = Result<bool>> + Send {
+        RwHandle::owned(self)
+    }
+    fn lost(&self) -> bool {
+        RwHandle::lost(self)
+    }
+}
+
+/// `__exit__`: releases; if the lease was lost while the block ran, raises
+/// `LockLostError("lock was lost")`, unless the block itself raised: then its exception goes on
+/// and the loss (or any release error) is logged as a warning.
+pub fn exit<H: Releasable>(
+    py: Python<'_>,
+    handle: &Arc<H>,
+    exc: &Bound<'_, PyTuple>,
+    label: &str,
+) -> PyResult<bool> {
+    let body_raised = exc.get_item(0).is_ok_and(|t| !t.is_none());
+    let released = match py.detach(|| handle.release_direct()) {
+        Some(released) => released,
+        None => {
+            let handle = handle.clone();
+            blocking::wait(py, async move { handle.release().await })?
+        }
+    };
+    leave_block(py, label, body_raised, exit_outcome(&**handle, released))
+}
+
+/// The asyncio `__aexit__`'s release; resolve its outcome with `leave_block`.
+pub async fn exit_async<H: Releasable>(handle: Arc<H>) -> Result<()> {
+    let released = handle.release().await;
+    exit_outcome(&*handle, released)
+}
+
+/// A hold that renewal found lost counts as lost even if Redis still let us delete it.
+fn exit_outcome<H: Releasable>(handle: &H, released: Result<()>) -> Result<()> {
+    match released {
+        Ok(()) if handle.lost() => Err(Error::Lost("lock was lost".into())),
+        other => other,
+    }
+}
+
+/// What leaving a block does with the release's outcome: a loss raises LockLostError, unless
+/// the block itself raised — then its exception propagates and the loss is logged.
+pub fn leave_block(
+    py: Python<'_>,
+    label: &str,
+    body_raised: bool,
+    outcome: Result<()>,
+) -> PyResult<bool> {
+    match outcome {
+        Ok(()) => Ok(false),
+        Err(err) if body_raised => {
+            log::warning(
+                py,
+                &format!("{label}: on leaving a block that raised: {err}"),
+            );
+            Ok(false)
+        }
+        Err(Error::Lost(_)) => Err(LockLostError::new_err("lock was lost")),
+        Err(err) => Err(err.into()),
+    }
+}
+
+// The asyncio side: awaitables with the same semantics as the blocking methods. Acquiring stops
+// (and cleans up) when cancelled; releasing and extending run to their end regardless.
+
+pub fn acquire_async<'py, H: Releasable>(
+    py: Python<'py>,
+    handle: Arc<H>,
+    wait: Wait,
+    listener: Option<OnLost>,
+    context: H::Context,
+) -> PyResult<Bound<'py, PyAny>> {
+    awaitable::spawn(
+        py,
+        OnCancel::Abort,
+        async move { handle.acquire(wait, listener, context).await },
+        |py, acquired| acquired.into_bound_py_any(py),
+    )
+}
+
+/// `__aenter__`: like `acquire_async` with the object's timeout; LockTimeoutError if not acquired.
+pub fn enter_async<'py, H: Releasable>(
+    py: Python<'py>,
+    handle: Arc<H>,
+    wait: Wait,
+    listener: Option<OnLost>,
+    context: H::Context,
+    timeout_error: PyErr,
+) -> PyResult<Bound<'py, PyAny>> {
+    awaitable::spawn(
+        py,
+        OnCancel::Abort,
+        async move { handle.acquire(wait, listener, context).await },
+        move |py, acquired| {
+            if acquired {
+                Ok(py.None().into_bound(py))
+            } else {
+                Err(timeout_error)
+            }
+        },
+    )
+}
+
+pub fn release_async<H: Releasable>(py: Python<'_>, handle: Arc<H>) -> PyResult<Bound<'_, PyAny>> {
+    awaitable::spawn(
+        py,
+        OnCancel::Finish,
+        async move { handle.release().await },
+        |py, ()| Ok(py.None().into_bound(py)),
+    )
+}
+
+pub fn extend_async<H: Releasable>(
+    py: Python<'_>,
+    handle: Arc<H>,
+    lease: Option<Duration>,
+) -> PyResult<Bound<'_, PyAny>> {
+    awaitable::spawn(
+        py,
+        OnCancel::Finish,
+        async move { handle.extend(lease).await },
+        |py, ()| Ok(py.None().into_bound(py)),
+    )
+}
+
+pub fn owned_async<H: Releasable>(py: Python<'_>, handle: Arc<H>) -> PyResult<Bound<'_, PyAny>> {
+    awaitable::spawn(
+        py,
+        OnCancel::Abort,
+        async move { handle.owned().await },
+        |py, owned| owned.into_bound_py_any(py),
+    )
+}
+
+/// `__aexit__`, resolving like `exit`.
+pub fn exit_awaitable<H: Releasable>(
+    py: Python<'_>,
+    handle: Arc<H>,
+    label: String,
+    body_raised: bool,
+) -> PyResult<Bound<'_, PyAny>> {
+    awaitable::spawn(
+        py,
+        OnCancel::Finish,
+        async move { Ok(exit_async(handle).await) },
+        move |py, outcome| leave_block(py, &label, body_raised, outcome)?.into_bound_py_any(py),
+    )
+}
+
+/// Any engine query as an awaitable (cancelling it just stops waiting for the answer).
+pub fn query_async<'py, T, F>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
+where
+    F: Future<Output = Result<T>> + Send + 'static,
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+{
+    awaitable::spawn(py, OnCancel::Abort, fut, |py, value| {
+        value.into_bound_py_any(py)
+    })
+}

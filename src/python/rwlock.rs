@@ -1,0 +1,352 @@
+//! `redmutex.RWLock`: many readers or one writer. `read()` and `write()` return a new lock object
+//! each call, with the same acquire/release/extend/owned/`with` behaviour as `Lock`.
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use super::args;
+use super::blocking;
+use super::client::{coerce_client, PyClient};
+use super::hold;
+use crate::engine::lock::{OnLost, Wait};
+use crate::engine::rwlock::{Mode, RwHandle, RwLock};
+
+#[pyclass(frozen, module = "redmutex", name = "RWLock")]
+pub struct PyRwLock {
+    client: Py<PyClient>,
+    core: Arc<RwLock>,
+    name: String,
+    ttl: Duration,
+    default_timeout: Option<Duration>,
+    auto_renew: bool,
+    on_lost: Option<Arc<Py<PyAny>>>,
+}
+
+/// The read or the write lock of an RWLock, as returned by `read()` / `write()`.
+#[pyclass(frozen, weakref, module = "redmutex", name = "RWLockSide")]
+pub struct PyRwSide {
+    rwlock: Py<PyRwLock>,
+    handle: Arc<RwHandle>,
+    name: String,
+    ttl: Duration,
+    default_timeout: Option<Duration>,
+    on_lost: Option<Arc<Py<PyAny>>>,
+}
+
+/// The calling thread, as the deadlock guard tells contexts apart: Rust's thread ids are never
+/// reused within a process (Python's thread idents can be, once a thread ended).
+fn thread_context() -> u64 {
+    let mut hasher = DefaultHasher::new();
+    std::thread::current().id().hash(&mut hasher);
+    hasher.finish()
+}
+
+impl PyRwLock {
+    fn side(slf: &Bound<'_, Self>, mode: Mode) -> PyRwSide {
+        let this = slf.get();
+        PyRwSide {
+            rwlock: slf.clone().unbind(),
+            handle: Arc::new(this.core.side(mode)),
+            name: this.name.clone(),
+            ttl: this.ttl,
+            default_timeout: this.default_timeout,
+            on_lost: this.on_lost.clone(),
+        }
+    }
+}
+
+#[pymethods]
+impl PyRwLock {
+    #[new]
+    #[pyo3(signature = (client, name, *, ttl=None, timeout=None, auto_renew=None, on_lost=None))]
+    fn new(
+        client: &Bound<'_, PyAny>,
+        name: &Bound<'_, PyAny>,
+        ttl: Option<&Bound<'_, PyAny>>,
+        timeout: Option<&Bound<'_, PyAny>>,
+        auto_renew: Option<&Bound<'_, PyAny>>,
+        on_lost: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let name_bytes = args::name("name", name)?;
+        let ttl = hold::ttl_arg(ttl)?;
+        let default_timeout = args::timeout("timeout", timeout)?.unwrap_or(None);
+        let auto_renew = auto_renew.map_or(Ok(false), |v| args::flag("auto_renew", v))?;
+        let on_lost = hold::on_lost_arg(on_lost)?;
+        let client = coerce_client(client)?;
+        let engine_client = client.get().inner.clone();
+        Ok(PyRwLock {
+            core: Arc::new(RwLock::new(engine_client, &name_bytes, ttl, auto_renew)?),
+            client,
+            name: String::from_utf8_lossy(&name_bytes).into_owned(),
+            ttl,
+            default_timeout,
+            auto_renew,
+            on_lost,
+        })
+    }
+
+    /// A new read lock object: many readers may hold the lock at once.
+    fn read(slf: &Bound<'_, Self>) -> PyRwSide {
+        Self::side(slf, Mode::Read)
+    }
+
+    /// A new write lock object: one writer and no readers; while it waits, new readers wait too.
+    fn write(slf: &Bound<'_, Self>) -> PyRwSide {
+        Self::side(slf, Mode::Write)
+    }
+
+    /// Somebody holds the lock: a writer, or at least one live reader.
+    fn locked(&self, py: Python<'_>) -> PyResult<bool> {
+        let core = self.core.clone();
+        let state = blocking::wait(py, async move { core.state().await })??;
+        Ok(state.writer || state.readers > 0)
+    }
+
+    /// How many live readers hold the lock now, in every process.
+    fn readers(&self, py: Python<'_>) -> PyResult<i64> {
+        let core = self.core.clone();
+        Ok(blocking::wait(py, async move { core.state().await })??.readers)
+    }
+
+    fn _locked_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let core = self.core.clone();
+        hold::query_async(py, async move {
+            let state = core.state().await?;
+            Ok(state.writer || state.readers > 0)
+        })
+    }
+
+    fn _readers_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let core = self.core.clone();
+        hold::query_async(py, async move { Ok(core.state().await?.readers) })
+    }
+
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    #[getter]
+    fn ttl(&self) -> f64 {
+        self.ttl.as_secs_f64()
+    }
+
+    #[getter]
+    fn auto_renew(&self) -> bool {
+        self.auto_renew
+    }
+
+    #[getter]
+    fn client(&self, py: Python<'_>) -> Py<PyClient> {
+        self.client.clone_ref(py)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("RWLock('{}', ttl={})", self.name, self.ttl.as_secs_f64())
+    }
+}
+
+impl PyRwSide {
+    fn mode_name(&self) -> &'static str {
+        match self.handle.mode() {
+            Mode::Read => "read",
+            Mode::Write => "write",
+        }
+    }
+
+    fn label(&self) -> String {
+        format!("{} lock '{}'", self.mode_name(), self.name)
+    }
+
+    fn listener_for(slf: &Bound<'_, Self>) -> PyResult<Option<OnLost>> {
+        let this = slf.get();
+        hold::listener(
+            slf.as_any(),
+            this.handle.auto_renew(),
+            this.label(),
+            this.on_lost.clone(),
+        )
+    }
+
+    fn acquire_with(slf: &Bound<'_, Self>, wait: Wait) -> PyResult<bool> {
+        let this = slf.get();
+        let listener = hold::listener(
+            slf.as_any(),
+            this.handle.auto_renew(),
+            this.label(),
+            this.on_lost.clone(),
+        )?;
+        let handle = this.handle.clone();
+        let context = thread_context();
+        Ok(blocking::wait(slf.py(), async move {
+            handle.acquire(wait, listener, context).await
+        })??)
+    }
+}
+
+#[pymethods]
+impl PyRwSide {
+    /// Takes the lock; False when not acquired in time (`blocking=False` tries once).
+    /// Raises LockError where waiting would deadlock on this thread's own holds of the same
+    /// RWLock (a read->write upgrade, or any lock while holding its write lock).
+    #[pyo3(signature = (blocking=None, timeout=None))]
+    fn acquire(
+        slf: &Bound<'_, Self>,
+        blocking: Option<&Bound<'_, PyAny>>,
+        timeout: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        let wait = hold::wait_for(blocking, timeout, slf.get().default_timeout)?;
+        Self::acquire_with(slf, wait)
+    }
+
+    fn release(&self, py: Python<'_>) -> PyResult<()> {
+        let handle = self.handle.clone();
+        Ok(blocking::wait(py, async move { handle.release().await })??)
+    }
+
+    /// The lease now ends `ttl` (default: the RWLock's ttl) from now.
+    #[pyo3(signature = (ttl=None))]
+    fn extend(&self, py: Python<'_>, ttl: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let lease = hold::extend_lease(ttl)?;
+        let handle = self.handle.clone();
+        Ok(blocking::wait(
+            py,
+            async move { handle.extend(lease).await },
+        )??)
+    }
+
+    /// Somebody holds the read-write lock: a writer, or at least one live reader.
+    fn locked(&self, py: Python<'_>) -> PyResult<bool> {
+        let handle = self.handle.clone();
+        Ok(blocking::wait(py, async move { handle.locked().await })??)
+    }
+
+    /// This object holds its lock, checked against Redis.
+    fn owned(&self, py: Python<'_>) -> PyResult<bool> {
+        let handle = self.handle.clone();
+        Ok(blocking::wait(py, async move { handle.owned().await })??)
+    }
+
+    /// Seconds left on this object's lease; None if not held, 0.0 once the local deadline passed.
+    fn remaining(&self) -> Option<f64> {
+        self.handle.remaining().map(|d| d.as_secs_f64())
+    }
+
+    #[getter]
+    fn token(&self) -> Option<String> {
+        self.handle.token()
+    }
+
+    #[getter]
+    fn lost(&self) -> bool {
+        self.handle.lost()
+    }
+
+    /// "read" or "write".
+    #[getter]
+    fn mode(&self) -> &'static str {
+        self.mode_name()
+    }
+
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    #[getter]
+    fn ttl(&self) -> f64 {
+        self.ttl.as_secs_f64()
+    }
+
+    /// The RWLock this lock object belongs to.
+    #[getter]
+    fn rwlock(&self, py: Python<'_>) -> Py<PyRwLock> {
+        self.rwlock.clone_ref(py)
+    }
+
+    fn __enter__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, Self>> {
+        let this = slf.get();
+        if Self::acquire_with(slf, Wait::from_timeout(this.default_timeout))? {
+            return Ok(slf.clone());
+        }
+        Err(hold::enter_timeout(&this.label(), this.default_timeout))
+    }
+
+    #[pyo3(signature = (*exc))]
+    fn __exit__(&self, py: Python<'_>, exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        hold::exit(py, &self.handle, exc, &self.label())
+    }
+
+    // The asyncio side (`redmutex.aio`) awaits these; same semantics as the blocking ones.
+
+    /// `context` tells the caller apart for the deadlock guard (asyncio: the task's id).
+    #[pyo3(signature = (context, blocking=None, timeout=None))]
+    fn _acquire_async<'py>(
+        slf: &Bound<'py, Self>,
+        context: u64,
+        blocking: Option<&Bound<'py, PyAny>>,
+        timeout: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let wait = hold::wait_for(blocking, timeout, slf.get().default_timeout)?;
+        let listener = Self::listener_for(slf)?;
+        hold::acquire_async(slf.py(), slf.get().handle.clone(), wait, listener, context)
+    }
+
+    fn _enter_async<'py>(slf: &Bound<'py, Self>, context: u64) -> PyResult<Bound<'py, PyAny>> {
+        let this = slf.get();
+        let wait = Wait::from_timeout(this.default_timeout);
+        let listener = Self::listener_for(slf)?;
+        let timeout_error = hold::enter_timeout(&this.label(), this.default_timeout);
+        hold::enter_async(
+            slf.py(),
+            this.handle.clone(),
+            wait,
+            listener,
+            context,
+            timeout_error,
+        )
+    }
+
+    fn _release_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        hold::release_async(py, self.handle.clone())
+    }
+
+    #[pyo3(signature = (ttl=None))]
+    fn _extend_async<'py>(
+        &self,
+        py: Python<'py>,
+        ttl: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        hold::extend_async(py, self.handle.clone(), hold::extend_lease(ttl)?)
+    }
+
+    fn _owned_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        hold::owned_async(py, self.handle.clone())
+    }
+
+    fn _locked_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let handle = self.handle.clone();
+        hold::query_async(py, async move { handle.locked().await })
+    }
+
+    fn _exit_async<'py>(&self, py: Python<'py>, body_raised: bool) -> PyResult<Bound<'py, PyAny>> {
+        hold::exit_awaitable(py, self.handle.clone(), self.label(), body_raised)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "RWLock('{}').{}(held={})",
+            self.name,
+            self.mode_name(),
+            if self.handle.token().is_some() {
+                "True"
+            } else {
+                "False"
+            }
+        )
+    }
+}

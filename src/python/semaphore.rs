@@ -1,0 +1,270 @@
+//! `redmutex.Semaphore`: at most `limit` live holders across all processes; this object holds at
+//! most one permit at a time, used as `with` or acquire/release, exactly like `Lock`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use super::args;
+use super::blocking;
+use super::client::{coerce_client, PyClient};
+use super::hold;
+use crate::engine::lock::{OnLost, Wait};
+use crate::engine::semaphore::SemaphoreHandle;
+use crate::protocol::lease::MAX_MS;
+
+#[pyclass(frozen, weakref, module = "redmutex", name = "Semaphore")]
+pub struct PySemaphore {
+    client: Py<PyClient>,
+    handle: Arc<SemaphoreHandle>,
+    name: String,
+    limit: u64,
+    ttl: Duration,
+    fair: bool,
+    /// The wait of `acquire()`/`with` when no timeout is given: None waits forever.
+    default_timeout: Option<Duration>,
+    on_lost: Option<Arc<Py<PyAny>>>,
+}
+
+impl PySemaphore {
+    fn listener_for(slf: &Bound<'_, Self>) -> PyResult<Option<OnLost>> {
+        let this = slf.get();
+        hold::listener(
+            slf.as_any(),
+            this.handle.auto_renew(),
+            this.label(),
+            this.on_lost.clone(),
+        )
+    }
+
+    fn label(&self) -> String {
+        format!("semaphore '{}'", self.name)
+    }
+
+    fn acquire_with(slf: &Bound<'_, Self>, wait: Wait) -> PyResult<bool> {
+        let this = slf.get();
+        let listener = hold::listener(
+            slf.as_any(),
+            this.handle.auto_renew(),
+            this.label(),
+            this.on_lost.clone(),
+        )?;
+        let handle = this.handle.clone();
+        Ok(blocking::wait(slf.py(), async move {
+            handle.acquire(wait, listener).await
+        })??)
+    }
+}
+
+#[pymethods]
+impl PySemaphore {
+    #[new]
+    #[pyo3(signature = (client, name, limit, *, ttl=None, timeout=None, fair=None, auto_renew=None, on_lost=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        client: &Bound<'_, PyAny>,
+        name: &Bound<'_, PyAny>,
+        limit: &Bound<'_, PyAny>,
+        ttl: Option<&Bound<'_, PyAny>>,
+        timeout: Option<&Bound<'_, PyAny>>,
+        fair: Option<&Bound<'_, PyAny>>,
+        auto_renew: Option<&Bound<'_, PyAny>>,
+        on_lost: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let name_bytes = args::name("name", name)?;
+        // Counts travel through Lua numbers (doubles): keep them exact.
+        let limit = args::count("limit", limit, 1, MAX_MS)?;
+        let ttl = hold::ttl_arg(ttl)?;
+        let default_timeout = args::timeout("timeout", timeout)?.unwrap_or(None);
+        let fair = fair.map_or(Ok(true), |v| args::flag("fair", v))?;
+        let auto_renew = auto_renew.map_or(Ok(false), |v| args::flag("auto_renew", v))?;
+        let on_lost = hold::on_lost_arg(on_lost)?;
+        let client = coerce_client(client)?;
+        let engine_client = client.get().inner.clone();
+        Ok(PySemaphore {
+            handle: Arc::new(SemaphoreHandle::new(
+                engine_client,
+                &name_bytes,
+                limit,
+                ttl,
+                fair,
+                auto_renew,
+            )?),
+            client,
+            name: String::from_utf8_lossy(&name_bytes).into_owned(),
+            limit,
+            ttl,
+            fair,
+            default_timeout,
+            on_lost,
+        })
+    }
+
+    /// Takes a permit; False when not acquired in time (`blocking=False` tries once).
+    #[pyo3(signature = (blocking=None, timeout=None))]
+    fn acquire(
+        slf: &Bound<'_, Self>,
+        blocking: Option<&Bound<'_, PyAny>>,
+        timeout: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        let wait = hold::wait_for(blocking, timeout, slf.get().default_timeout)?;
+        Self::acquire_with(slf, wait)
+    }
+
+    /// Gives the permit back and wakes the waiters it lets in.
+    fn release(&self, py: Python<'_>) -> PyResult<()> {
+        let handle = self.handle.clone();
+        Ok(blocking::wait(py, async move { handle.release().await })??)
+    }
+
+    /// The permit's lease now ends `ttl` (default: the semaphore's ttl) from now.
+    #[pyo3(signature = (ttl=None))]
+    fn extend(&self, py: Python<'_>, ttl: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let lease = hold::extend_lease(ttl)?;
+        let handle = self.handle.clone();
+        Ok(blocking::wait(
+            py,
+            async move { handle.extend(lease).await },
+        )??)
+    }
+
+    /// How many live holders the semaphore has now, in every process.
+    fn holders(&self, py: Python<'_>) -> PyResult<i64> {
+        let handle = self.handle.clone();
+        Ok(blocking::wait(py, async move { handle.holders().await })??)
+    }
+
+    /// This object holds a live permit, checked against Redis.
+    fn owned(&self, py: Python<'_>) -> PyResult<bool> {
+        let handle = self.handle.clone();
+        Ok(blocking::wait(py, async move { handle.owned().await })??)
+    }
+
+    /// Seconds left on this object's lease; None if not held, 0.0 once the local deadline passed.
+    fn remaining(&self) -> Option<f64> {
+        self.handle.remaining().map(|d| d.as_secs_f64())
+    }
+
+    #[getter]
+    fn token(&self) -> Option<String> {
+        self.handle.token()
+    }
+
+    #[getter]
+    fn lost(&self) -> bool {
+        self.handle.lost()
+    }
+
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    #[getter]
+    fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    #[getter]
+    fn ttl(&self) -> f64 {
+        self.ttl.as_secs_f64()
+    }
+
+    #[getter]
+    fn fair(&self) -> bool {
+        self.fair
+    }
+
+    #[getter]
+    fn client(&self, py: Python<'_>) -> Py<PyClient> {
+        self.client.clone_ref(py)
+    }
+
+    fn __enter__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, Self>> {
+        let this = slf.get();
+        if Self::acquire_with(slf, Wait::from_timeout(this.default_timeout))? {
+            return Ok(slf.clone());
+        }
+        Err(hold::enter_timeout(&this.label(), this.default_timeout))
+    }
+
+    #[pyo3(signature = (*exc))]
+    fn __exit__(&self, py: Python<'_>, exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        hold::exit(py, &self.handle, exc, &self.label())
+    }
+
+    // The asyncio side (`redmutex.aio`) awaits these; same semantics as the blocking ones.
+
+    #[pyo3(signature = (blocking=None, timeout=None))]
+    fn _acquire_async<'py>(
+        slf: &Bound<'py, Self>,
+        blocking: Option<&Bound<'py, PyAny>>,
+        timeout: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let wait = hold::wait_for(blocking, timeout, slf.get().default_timeout)?;
+        let listener = Self::listener_for(slf)?;
+        hold::acquire_async(slf.py(), slf.get().handle.clone(), wait, listener, ())
+    }
+
+    fn _enter_async<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let this = slf.get();
+        let wait = Wait::from_timeout(this.default_timeout);
+        let listener = Self::listener_for(slf)?;
+        let timeout_error = hold::enter_timeout(&this.label(), this.default_timeout);
+        hold::enter_async(
+            slf.py(),
+            this.handle.clone(),
+            wait,
+            listener,
+            (),
+            timeout_error,
+        )
+    }
+
+    fn _release_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        hold::release_async(py, self.handle.clone())
+    }
+
+    #[pyo3(signature = (ttl=None))]
+    fn _extend_async<'py>(
+        &self,
+        py: Python<'py>,
+        ttl: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        hold::extend_async(py, self.handle.clone(), hold::extend_lease(ttl)?)
+    }
+
+    fn _owned_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        hold::owned_async(py, self.handle.clone())
+    }
+
+    fn _holders_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let handle = self.handle.clone();
+        hold::query_async(py, async move { handle.holders().await })
+    }
+
+    fn _exit_async<'py>(&self, py: Python<'py>, body_raised: bool) -> PyResult<Bound<'py, PyAny>> {
+        hold::exit_awaitable(py, self.handle.clone(), self.label(), body_raised)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Semaphore('{}', {}, ttl={}, fair={}, held={})",
+            self.name,
+            self.limit,
+            self.ttl.as_secs_f64(),
+            py_bool(self.fair),
+            py_bool(self.handle.token().is_some())
+        )
+    }
+}
+
+fn py_bool(b: bool) -> &'static str {
+    if b {
+        "True"
+    } else {
+        "False"
+    }
+}

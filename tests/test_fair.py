@@ -1,0 +1,396 @@
+"""Issue 3, `fair=True`: waiters are served in the order they started waiting, across threads and
+processes; a waiter that dies stops holding its place within 10 s (the implementation lets a
+silent place lapse after 6 s); one that times out or gives up leaves the queue at once; nothing
+but the fence counter is left once everybody released.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING
+
+import pytest
+import redis
+import redmutex
+
+if TYPE_CHECKING:
+    from conftest import MpProcs
+
+KeyOf = Callable[[str, str], bytes]
+
+# Contract: a dead waiter stops holding its place within 10 s.
+DEAD_PLACE_BOUND = 10.0
+
+
+class _Thread(threading.Thread):
+    """A thread that keeps its target's result or exception and when it finished."""
+
+    def __init__(self, target: Callable[[], object]) -> None:
+        super().__init__(daemon=True)
+        self._fn = target
+        self.result: object = None
+        self.error: BaseException | None = None
+        self.finished_at: float | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self._fn()
+        except BaseException as exc:  # noqa: BLE001 - inspected by the test
+            self.error = exc
+        finally:
+            self.finished_at = time.monotonic()
+
+    def outcome(self, timeout: float) -> object:
+        self.join(timeout)
+        assert not self.is_alive(), f"thread did not finish within {timeout} s"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def _wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.01)
+
+
+def _name_keys(r: redis.Redis, prefix: str, name: str) -> set[bytes]:
+    head = (prefix + "{" + name + "}").encode()
+    return {k for k in r.scan_iter(match=head + b"*", count=1000) if k.startswith(head)}
+
+
+@pytest.fixture
+def queue_len(r: redis.Redis, key_of: KeyOf) -> Callable[[str], int]:
+    """queue_len(name): waiters in the Redis queue `prefix{name}:queue`."""
+
+    def _len(name: str) -> int:
+        return int(r.llen(key_of(name, "queue")))
+
+    return _len
+
+
+class _Recorder:
+    """Acquire, note (index, fence, time), hold briefly, release: run by each waiter."""
+
+    def __init__(self) -> None:
+        self.grants: list[tuple[int, int, float]] = []
+        self.lock = threading.Lock()
+
+    def run(self, index: int, lk: redmutex.Lock, timeout: float, hold: float = 0.05) -> bool:
+        if not lk.acquire(timeout=timeout):
+            return False
+        assert lk.fence is not None
+        with self.lock:
+            self.grants.append((index, lk.fence, time.monotonic()))
+        time.sleep(hold)
+        lk.release()
+        return True
+
+    def order(self) -> list[int]:
+        return [index for index, _, _ in sorted(self.grants, key=lambda g: g[1])]
+
+
+# ------------------------------------------------------------------------ arrival order
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("shared_client", [True, False], ids=["one-client", "client-each"])
+def test_threads_served_in_arrival_order(
+    client: redmutex.Client,
+    redis_url: str,
+    prefix: str,
+    r: redis.Redis,
+    queue_len: Callable[[str], int],
+    shared_client: bool,
+) -> None:
+    n = 6
+    clients = [client] * n
+    if not shared_client:
+        clients = [redmutex.Client(redis_url, prefix=prefix) for _ in range(n)]
+    try:
+        holder = redmutex.Lock(client, "fifo", ttl=30, fair=True)
+        assert holder.acquire(timeout=5)
+        rec = _Recorder()
+        threads: list[_Thread] = []
+        for i in range(n):
+            lk = redmutex.Lock(clients[i], "fifo", ttl=30, fair=True)
+            th = _Thread(lambda i=i, lk=lk: rec.run(i, lk, 60))  # type: ignore[misc]
+            th.start()
+            threads.append(th)
+            # staggered: the next one starts once this one has its place in the queue
+            _wait_until(lambda i=i: queue_len("fifo") == i + 1, 20, f"waiter {i} to queue")  # type: ignore[misc]
+            time.sleep(0.05)
+        holder.release()
+        for th in threads:
+            assert th.outcome(60) is True
+        assert rec.order() == list(range(n)), rec.grants
+        assert _name_keys(r, prefix, "fifo") == {(prefix + "{fifo}:fence").encode()}
+    finally:
+        if not shared_client:
+            for c in clients:
+                c.close()
+
+
+def _process_waiter(
+    url: str, prefix: str, name: str, index: int, hold: float, out: Connection
+) -> None:
+    c = redmutex.Client(url, prefix=prefix)
+    lk = redmutex.Lock(c, name, ttl=30, fair=True)
+    if not lk.acquire(timeout=90):
+        out.send((index, None, time.monotonic()))
+        return
+    out.send((index, lk.fence, time.monotonic()))
+    time.sleep(hold)
+    lk.release()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_processes_served_in_arrival_order(
+    client: redmutex.Client,
+    redis_url: str,
+    prefix: str,
+    r: redis.Redis,
+    queue_len: Callable[[str], int],
+    mp_procs: MpProcs,
+    method: str,
+) -> None:
+    n = 4
+    recv, send = mp_procs.ctx(method).Pipe(duplex=False)
+    holder = redmutex.Lock(client, "pfifo", ttl=60, fair=True)
+    assert holder.acquire(timeout=5)
+    children = []
+    for i in range(n):
+        children.append(
+            mp_procs.start(
+                _process_waiter, redis_url, prefix, "pfifo", i, 0.05, send, method=method
+            )
+        )
+        _wait_until(lambda i=i: queue_len("pfifo") == i + 1, 60, f"process {i} to queue")  # type: ignore[misc]
+        time.sleep(0.05)
+    holder.release()
+    grants: list[tuple[int, int | None, float]] = []
+    for _ in range(n):
+        assert recv.poll(60), f"only {len(grants)} of {n} processes reported"
+        grants.append(recv.recv())
+    for child in children:
+        child.join(30)
+        assert child.exitcode == 0
+    assert all(fence is not None for _, fence, _ in grants), grants
+    by_fence = [index for index, _, _ in sorted(grants, key=lambda g: g[1] or 0)]
+    assert by_fence == list(range(n)), grants
+    assert _name_keys(r, prefix, "pfifo") == {(prefix + "{pfifo}:fence").encode()}
+
+
+@pytest.mark.timeout(60)
+def test_newcomer_does_not_barge_past_queue(
+    client: redmutex.Client,
+    redis_url: str,
+    prefix: str,
+    r: redis.Redis,
+    key_of: KeyOf,
+    queue_len: Callable[[str], int],
+    mp_procs: MpProcs,
+) -> None:
+    """A fair lock released while somebody waits is kept for that waiter, not taken by a fresh
+    try. The waiter is a process paused (SIGSTOP) for half a second, well within the life of its
+    place in the queue, so the window in which a barging peer would win stays open."""
+    recv, send = mp_procs.ctx("fork").Pipe(duplex=False)
+    holder = redmutex.Lock(client, "barge", ttl=30, fair=True)
+    assert holder.acquire(timeout=5)
+    waiter = mp_procs.start(_process_waiter, redis_url, prefix, "barge", 0, 0.0, send)
+    assert waiter.pid is not None
+    _wait_until(lambda: queue_len("barge") == 1, 60, "the waiter to queue")
+    time.sleep(0.2)
+    os.kill(waiter.pid, signal.SIGSTOP)
+    try:
+        holder.release()
+        newcomer = redmutex.Lock(client, "barge", ttl=30, fair=True)
+        for _ in range(5):
+            assert r.exists(key_of("barge", "lock")) == 0  # free...
+            assert holder.acquire(timeout=0) is False  # ...but not for the releaser
+            assert newcomer.acquire(timeout=0) is False  # nor for a newcomer
+            time.sleep(0.1)
+        assert queue_len("barge") == 1
+    finally:
+        os.kill(waiter.pid, signal.SIGCONT)
+    assert recv.poll(20), "the queued waiter did not get the lock"
+    index, fence, _ = recv.recv()
+    assert (index, fence is not None) == (0, True)
+    waiter.join(20)
+    assert waiter.exitcode == 0
+    assert newcomer.acquire(timeout=5) is True
+    assert newcomer.fence is not None and newcomer.fence > fence
+    newcomer.release()
+
+
+# ------------------------------------------------------------------ waiters that leave
+
+
+@pytest.mark.timeout(120)
+def test_killed_queued_waiter_does_not_hold_back_others(
+    client: redmutex.Client,
+    redis_url: str,
+    prefix: str,
+    r: redis.Redis,
+    queue_len: Callable[[str], int],
+    mp_procs: MpProcs,
+) -> None:
+    recv, send = mp_procs.ctx("fork").Pipe(duplex=False)
+    holder = redmutex.Lock(client, "dead", ttl=60, fair=True)
+    assert holder.acquire(timeout=5)
+    doomed = mp_procs.start(_process_waiter, redis_url, prefix, "dead", 0, 0.0, send)
+    _wait_until(lambda: queue_len("dead") == 1, 60, "the doomed process to queue")
+    rec = _Recorder()
+    threads: list[_Thread] = []
+    for i in (1, 2):
+        lk = redmutex.Lock(client, "dead", ttl=30, fair=True)
+        th = _Thread(lambda i=i, lk=lk: rec.run(i, lk, 60))  # type: ignore[misc]
+        th.start()
+        threads.append(th)
+        _wait_until(lambda i=i: queue_len("dead") == i + 1, 20, f"waiter {i} to queue")  # type: ignore[misc]
+    time.sleep(1.0)
+    mp_procs.kill(doomed)
+    killed_at = time.monotonic()
+    assert doomed.exitcode == -signal.SIGKILL
+    assert not recv.poll(0), "the killed waiter had acquired"
+    holder.release()
+    for th in threads:
+        assert th.outcome(60) is True
+    assert rec.order() == [1, 2], rec.grants
+    first_at = min(at for _, _, at in rec.grants)
+    print(f"\nfirst live waiter served {first_at - killed_at:.3f} s after the queued one died")
+    assert first_at - killed_at <= DEAD_PLACE_BOUND + 1.5, first_at - killed_at
+    assert _name_keys(r, prefix, "dead") == {(prefix + "{dead}:fence").encode()}
+
+
+@pytest.mark.timeout(60)
+def test_timed_out_waiter_leaves_queue_at_once(
+    client: redmutex.Client,
+    r: redis.Redis,
+    prefix: str,
+    key_of: KeyOf,
+    queue_len: Callable[[str], int],
+) -> None:
+    holder = redmutex.Lock(client, "gone", ttl=30, fair=True)
+    assert holder.acquire(timeout=5)
+    quitter = redmutex.Lock(client, "gone", ttl=30, fair=True)
+    q_th = _Thread(lambda: quitter.acquire(timeout=1.5))
+    q_th.start()
+    _wait_until(lambda: queue_len("gone") == 1, 20, "the quitter to queue")
+    stayer = redmutex.Lock(client, "gone", ttl=30, fair=True)
+    s_th = _Thread(lambda: stayer.acquire(timeout=30))
+    s_th.start()
+    _wait_until(lambda: queue_len("gone") == 2, 20, "the stayer to queue")
+    assert q_th.outcome(20) is False
+    # acquire() returned: its place is gone already, the stayer's is left
+    assert queue_len("gone") == 1
+    assert r.zcard(key_of("gone", "queue:deadlines")) == 1
+    assert quitter.token is None
+    time.sleep(0.2)
+    released_at = time.monotonic()
+    holder.release()
+    assert s_th.outcome(20) is True
+    assert s_th.finished_at is not None
+    # served at once, not when the quitter's place would have lapsed
+    assert s_th.finished_at - released_at < 2.0, s_th.finished_at - released_at
+    stayer.release()
+    assert _name_keys(r, prefix, "gone") == {key_of("gone", "fence")}
+
+
+@pytest.mark.timeout(60)
+def test_timed_out_head_hands_on_to_next(
+    client: redmutex.Client,
+    r: redis.Redis,
+    prefix: str,
+    key_of: KeyOf,
+    queue_len: Callable[[str], int],
+) -> None:
+    """The head of the queue gives up while the lock is held; the one behind it is next."""
+    holder = redmutex.Lock(client, "head", ttl=30, fair=True)
+    assert holder.acquire(timeout=5)
+    head = redmutex.Lock(client, "head", ttl=30, fair=True)
+    h_th = _Thread(lambda: head.acquire(timeout=1.0))
+    h_th.start()
+    _wait_until(lambda: queue_len("head") == 1, 20, "the head to queue")
+    second = redmutex.Lock(client, "head", ttl=30, fair=True)
+    s_th = _Thread(lambda: second.acquire(timeout=30))
+    s_th.start()
+    _wait_until(lambda: queue_len("head") == 2, 20, "the second to queue")
+    assert h_th.outcome(20) is False
+    holder.release()
+    released_at = time.monotonic()
+    assert s_th.outcome(20) is True
+    assert s_th.finished_at is not None
+    assert s_th.finished_at - released_at < 2.0
+    second.release()
+    assert _name_keys(r, prefix, "head") == {key_of("head", "fence")}
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise _Interrupted
+
+
+@pytest.mark.timeout(60)
+def test_interrupted_waiter_leaves_queue(
+    client: redmutex.Client,
+    r: redis.Redis,
+    prefix: str,
+    key_of: KeyOf,
+    queue_len: Callable[[str], int],
+) -> None:
+    """A waiter that gives up (Ctrl-C-like exception in a blocked acquire) leaves its place."""
+    assert threading.current_thread() is threading.main_thread()
+    holder = redmutex.Lock(client, "intr", ttl=30, fair=True)
+    assert holder.acquire(timeout=5)
+    lk = redmutex.Lock(client, "intr", ttl=30, fair=True)
+    old = signal.signal(signal.SIGUSR1, _raise_interrupted)
+    try:
+        poke = threading.Thread(
+            target=lambda: (
+                _wait_until(lambda: queue_len("intr") == 1, 20, "the waiter to queue"),
+                time.sleep(0.2),
+                os.kill(os.getpid(), signal.SIGUSR1),
+            ),
+            daemon=True,
+        )
+        poke.start()
+        with pytest.raises(_Interrupted):
+            lk.acquire(timeout=30)
+        poke.join(5)
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    gave_up_at = time.monotonic()
+    _wait_until(lambda: queue_len("intr") == 0, 2.0, "the interrupted waiter to leave")
+    print(f"\nplace freed {time.monotonic() - gave_up_at:.3f} s after the interrupt")
+    assert lk.token is None
+    holder.release()
+    time.sleep(0.3)
+    assert r.exists(key_of("intr", "lock")) == 0  # the interrupted acquire never took it
+    assert _name_keys(r, prefix, "intr") == {key_of("intr", "fence")}
+
+
+@pytest.mark.timeout(60)
+def test_fair_keys_gone_after_everybody_released(
+    client: redmutex.Client, r: redis.Redis, prefix: str, key_of: KeyOf
+) -> None:
+    rec = _Recorder()
+    locks = [redmutex.Lock(client, "clean", ttl=10, fair=True) for _ in range(8)]
+    threads = [_Thread(lambda i=i, lk=lk: rec.run(i, lk, 30, 0.02)) for i, lk in enumerate(locks)]  # type: ignore[misc]
+    for th in threads:
+        th.start()
+    for th in threads:
+        assert th.outcome(40) is True
+    fences = sorted(f for _, f, _ in rec.grants)
+    assert fences == list(range(fences[0], fences[0] + 8))
+    assert _name_keys(r, prefix, "clean") == {key_of("clean", "fence")}

@@ -1,0 +1,475 @@
+"""Issue 3, waiting without polling.
+
+A release hands the lock to a waiter at once; a waiter on a dead holder's lock gets it when the
+lease ends (not before); waiting costs Redis O(1) commands however many threads of one process
+wait; a lost wake-up message (subscriber connection killed) never strands a waiter.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING
+
+import pytest
+import redis
+import redmutex
+from redmutex._server import RedisServer
+
+if TYPE_CHECKING:
+    from conftest import MpProcs
+
+KeyOf = Callable[[str, str], bytes]
+
+
+class _Thread(threading.Thread):
+    """A thread that keeps its target's result or exception and when it finished."""
+
+    def __init__(self, target: Callable[[], object]) -> None:
+        super().__init__(daemon=True)
+        self._fn = target
+        self.result: object = None
+        self.error: BaseException | None = None
+        self.finished_at: float | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self._fn()
+        except BaseException as exc:  # noqa: BLE001 - inspected by the test
+            self.error = exc
+        finally:
+            self.finished_at = time.monotonic()
+
+    def outcome(self, timeout: float) -> object:
+        self.join(timeout)
+        assert not self.is_alive(), f"thread did not finish within {timeout} s"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def _calls(conn: redis.Redis) -> dict[str, int]:
+    """Calls per command from INFO commandstats (script-internal calls included), minus INFO."""
+    stats = conn.info("commandstats")
+    return {
+        name.removeprefix("cmdstat_"): int(v["calls"])
+        for name, v in stats.items()
+        if name != "cmdstat_info"
+    }
+
+
+def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    out = {k: n - before.get(k, 0) for k, n in after.items()}
+    return {k: n for k, n in out.items() if n}
+
+
+def _wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def other_client(redis_url: str, prefix: str) -> Iterator[redmutex.Client]:
+    """A second, independent Client (its own connections) on the same prefix."""
+    c = redmutex.Client(redis_url, prefix=prefix)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def quiet_server(make_server: Callable[..., RedisServer]) -> Iterator[tuple[str, redis.Redis]]:
+    """A redis-server of this test alone, so its commandstats count nobody else's commands."""
+    server = make_server()
+    conn = redis.Redis(host="127.0.0.1", port=server.port)
+    try:
+        yield server.url, conn
+    finally:
+        conn.close()
+
+
+# ----------------------------------------------------------------------------- hand-off
+
+
+@pytest.mark.timeout(120)
+def test_handoff_latency_p50(
+    client: redmutex.Client,
+    other_client: redmutex.Client,
+    record_property: Callable[[str, object], None],
+) -> None:
+    """50 hand-offs to a waiting thread of another Client; only loose bounds are asserted."""
+    latencies: list[float] = []
+    for _ in range(50):
+        holder = redmutex.Lock(client, "handoff", ttl=30)
+        assert holder.acquire(timeout=10)
+        waiter = redmutex.Lock(other_client, "handoff", ttl=30)
+        th = _Thread(lambda w=waiter: w.acquire(timeout=20))  # type: ignore[misc]
+        th.start()
+        time.sleep(0.1)  # let it settle into waiting
+        assert th.finished_at is None, "waiter returned while the lock was held"
+        released_at = time.monotonic()
+        holder.release()
+        assert th.outcome(25) is True
+        assert th.finished_at is not None
+        latencies.append(th.finished_at - released_at)
+        waiter.release()
+    latencies.sort()
+    p50 = statistics.median(latencies)
+    p90 = latencies[int(len(latencies) * 0.9)]
+    record_property("handoff_p50_ms", round(p50 * 1000, 3))
+    record_property("handoff_p90_ms", round(p90 * 1000, 3))
+    record_property("handoff_max_ms", round(latencies[-1] * 1000, 3))
+    print(
+        f"\nhand-off (release call start -> waiter's acquire returned), n={len(latencies)}: "
+        f"p50 {p50 * 1000:.3f} ms, p90 {p90 * 1000:.3f} ms, max {latencies[-1] * 1000:.3f} ms"
+    )
+    assert p50 < 0.5, latencies
+    # far below the 30 s lease: no hand-off waited for the lease to run out
+    assert latencies[-1] < 3.0, latencies
+
+
+def _process_waiter(
+    url: str, prefix: str, name: str, rounds: int, go: Connection, out: Connection
+) -> None:
+    c = redmutex.Client(url, prefix=prefix)
+    lock = redmutex.Lock(c, name, ttl=30)
+    for _ in range(rounds):
+        if not go.poll(60):
+            return
+        go.recv()
+        got = lock.acquire(timeout=20)
+        out.send((got, time.monotonic()))
+        if got:
+            lock.release()
+
+
+@pytest.mark.timeout(120)
+def test_handoff_to_waiter_in_another_process(
+    client: redmutex.Client, redis_url: str, prefix: str, mp_procs: MpProcs
+) -> None:
+    ctx = mp_procs.ctx("fork")
+    go_recv, go_send = ctx.Pipe(duplex=False)
+    out_recv, out_send = ctx.Pipe(duplex=False)
+    rounds = 5
+    child = mp_procs.start(_process_waiter, redis_url, prefix, "xproc", rounds, go_recv, out_send)
+    latencies: list[float] = []
+    for _ in range(rounds):
+        holder = redmutex.Lock(client, "xproc", ttl=30)
+        assert holder.acquire(timeout=20)  # the child may still be releasing the last round
+        go_send.send(True)
+        time.sleep(0.5)  # the child is waiting now
+        assert not out_recv.poll(0), "the child acquired a lock that was held"
+        released_at = time.monotonic()
+        holder.release()
+        assert out_recv.poll(25), "the waiting process did not report"
+        got, got_at = out_recv.recv()
+        assert got is True
+        latencies.append(got_at - released_at)
+    child.join(20)
+    assert child.exitcode == 0
+    print(f"\ncross-process hand-off latencies (ms): {[round(x * 1000, 3) for x in latencies]}")
+    assert statistics.median(latencies) < 0.5, latencies
+    assert max(latencies) < 3.0, latencies
+
+
+def _killed_holder(url: str, prefix: str, name: str, ttl: float, out: Connection) -> None:
+    c = redmutex.Client(url, prefix=prefix)
+    lock = redmutex.Lock(c, name, ttl=ttl)
+    before = time.monotonic()
+    assert lock.acquire(timeout=10)
+    after = time.monotonic()
+    out.send((before, after, lock.fence, lock.token))
+    time.sleep(120)
+
+
+@pytest.mark.timeout(90)
+def test_waiter_gets_lock_of_sigkilled_holder_when_lease_ends(
+    client: redmutex.Client,
+    redis_url: str,
+    prefix: str,
+    r: redis.Redis,
+    key_of: KeyOf,
+    mp_procs: MpProcs,
+) -> None:
+    ttl = 2.0
+    recv, send = mp_procs.ctx("fork").Pipe(duplex=False)
+    holder = mp_procs.start(_killed_holder, redis_url, prefix, "killed", ttl, send)
+    assert recv.poll(30), "holder process did not report"
+    t_before, t_after, holder_fence, holder_token = recv.recv()
+    assert r.get(key_of("killed", "lock")) == holder_token.encode()
+
+    waiter = redmutex.Lock(client, "killed", ttl=10)
+    th = _Thread(lambda: waiter.acquire(timeout=30))
+    th.start()
+    time.sleep(0.3)  # the waiter is waiting on a live holder's lease
+    assert th.finished_at is None
+    mp_procs.kill(holder)
+    assert holder.exitcode == -signal.SIGKILL
+    assert th.outcome(30) is True
+    assert th.finished_at is not None
+    # Redis set the lease after t_before: the lock cannot be free before t_before + ttl
+    assert th.finished_at >= t_before + ttl - 0.005, th.finished_at - t_before
+    # ...and is noticed when the lease ends, not much later (the waiter does not poll)
+    assert th.finished_at <= t_after + ttl + 1.5, th.finished_at - t_after
+    assert waiter.fence is not None and waiter.fence > holder_fence
+    assert r.get(key_of("killed", "lock")) == (waiter.token or "").encode()
+    waiter.release()
+
+
+# ----------------------------------------------------------------- O(1) Redis commands
+
+
+def _acquire_release(lock: redmutex.Lock, timeout: float) -> bool:
+    got = lock.acquire(timeout=timeout)
+    if got:
+        lock.release()
+    return got
+
+
+def _start_waiters(
+    c: redmutex.Client, name: str, timeouts: list[float]
+) -> tuple[list[redmutex.Lock], list[_Thread]]:
+    """One thread per timeout, each acquiring (and at once releasing) its own Lock object."""
+    locks = [redmutex.Lock(c, name, ttl=10) for _ in timeouts]
+    threads = [
+        _Thread(lambda lk=lk, t=t: _acquire_release(lk, t))  # type: ignore[misc]
+        for lk, t in zip(locks, timeouts)
+    ]
+    for th in threads:
+        th.start()
+    return locks, threads
+
+
+@pytest.mark.timeout(60)
+def test_one_waiter_sends_constant_commands(quiet_server: tuple[str, redis.Redis]) -> None:
+    """A waiter that waits 2 s on a held lock, from its start to its timeout: a handful of calls."""
+    url, conn = quiet_server
+    holder_client = redmutex.Client(url, prefix="q:")
+    waiter_client = redmutex.Client(url, prefix="q:")
+    try:
+        holder = redmutex.Lock(holder_client, "one", ttl=60)
+        assert holder.acquire(timeout=5)
+        assert redmutex.Lock(waiter_client, "warm", ttl=5).acquire(timeout=5)  # connect, load
+        before = _calls(conn)
+        waiter = redmutex.Lock(waiter_client, "one", ttl=10)
+        t0 = time.monotonic()
+        assert waiter.acquire(timeout=2.0) is False
+        assert time.monotonic() - t0 >= 2.0 - 0.01
+        delta = _delta(before, _calls(conn))
+        print(f"\ncommands during one 2 s wait: {delta}")
+        client_side = {k: n for k, n in delta.items() if k in ("evalsha", "eval", "subscribe")}
+        # a timer-driven poll (every 0.1 s) would show 20+ script calls here
+        assert sum(client_side.values()) <= 5, delta
+        assert sum(delta.values()) <= 16, delta
+        holder.release()
+    finally:
+        holder_client.close()
+        waiter_client.close()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("n_threads", [1, 16])
+def test_steady_waiting_sends_no_commands(
+    quiet_server: tuple[str, redis.Redis], n_threads: int
+) -> None:
+    """Once N threads wait on a held lock, 2 s of waiting cost Redis (almost) nothing."""
+    url, conn = quiet_server
+    holder_client = redmutex.Client(url, prefix="q:")
+    waiter_client = redmutex.Client(url, prefix="q:")
+    try:
+        holder = redmutex.Lock(holder_client, "steady", ttl=60)
+        assert holder.acquire(timeout=5)
+        _, threads = _start_waiters(waiter_client, "steady", [12.0] * n_threads)
+        time.sleep(1.5)  # all started, subscribed, looked once
+        before = _calls(conn)
+        time.sleep(2.0)
+        delta = _delta(before, _calls(conn))
+        print(f"\n{n_threads} waiting thread(s), 2 s window: {delta}")
+        assert sum(delta.values()) <= 3, delta
+        for th in threads:
+            assert th.finished_at is None, "a waiter returned while the lock was held"
+        holder.release()
+        # and then they all get it in turn
+        for th in threads:
+            assert th.outcome(15) is True
+    finally:
+        holder_client.close()
+        waiter_client.close()
+
+
+def _episode(url: str, conn: redis.Redis, name: str, n_threads: int) -> dict[str, int]:
+    """Commands sent while N threads of one process wait on a held lock until they time out.
+
+    Measured from when all of them are waiting (each acquire() call may make one try on its way
+    in) to when the last has given up. The timeouts are staggered by 20 ms, as threads arriving
+    one after another have them.
+    """
+    holder_client = redmutex.Client(url, prefix="q:")
+    waiter_client = redmutex.Client(url, prefix="q:")
+    try:
+        holder = redmutex.Lock(holder_client, name, ttl=60)
+        assert holder.acquire(timeout=5)
+        timeouts = [3.0 + 0.02 * i for i in range(n_threads)]
+        _, threads = _start_waiters(waiter_client, name, timeouts)
+        time.sleep(1.5)
+        before = _calls(conn)
+        for th in threads:
+            assert th.outcome(30) is False
+        delta = _delta(before, _calls(conn))
+        holder.release()
+        return delta
+    finally:
+        holder_client.close()
+        waiter_client.close()
+
+
+@pytest.mark.timeout(120)
+def test_waiting_commands_do_not_grow_with_threads(quiet_server: tuple[str, redis.Redis]) -> None:
+    url, conn = quiet_server
+    one = _episode(url, conn, "grow1", 1)
+    many = _episode(url, conn, "grow16", 16)
+    print(f"\nwaiting until timeout, 1 thread: {one}\n16 threads: {many}")
+    # one more attempt (a script call + its 2-3 inner commands) is slack, 15 more are not
+    assert sum(many.values()) <= sum(one.values()) + 4, (one, many)
+
+
+def _handoff_commands(url: str, conn: redis.Redis, name: str, n_threads: int) -> dict[str, int]:
+    """Commands of one hand-off from a holder to one of N threads waiting in one process."""
+    holder_client = redmutex.Client(url, prefix="q:")
+    waiter_client = redmutex.Client(url, prefix="q:")
+    finish = threading.Event()
+
+    def wait_then_hold(lk: redmutex.Lock) -> bool:
+        if not lk.acquire(timeout=60):
+            return False
+        finish.wait(60)
+        lk.release()
+        return True
+
+    try:
+        holder = redmutex.Lock(holder_client, name, ttl=60)
+        assert holder.acquire(timeout=5)
+        locks = [redmutex.Lock(waiter_client, name, ttl=60) for _ in range(n_threads)]
+        threads = [_Thread(lambda lk=lk: wait_then_hold(lk)) for lk in locks]  # type: ignore[misc]
+        for th in threads:
+            th.start()
+        time.sleep(1.5)
+        before = _calls(conn)
+        holder.release()
+        _wait_until(lambda: any(lk.token for lk in locks), 10, "a waiter to take the lock")
+        time.sleep(0.5)  # the next in-process waiter looks once and settles
+        delta = _delta(before, _calls(conn))
+        finish.set()
+        for th in threads:
+            assert th.outcome(60) is True
+        return delta
+    finally:
+        finish.set()
+        holder_client.close()
+        waiter_client.close()
+
+
+@pytest.mark.timeout(180)
+def test_handoff_commands_do_not_grow_with_threads(quiet_server: tuple[str, redis.Redis]) -> None:
+    url, conn = quiet_server
+    one = _handoff_commands(url, conn, "ho1", 1)
+    many = _handoff_commands(url, conn, "ho16", 16)
+    print(f"\none hand-off, 1 waiting thread: {one}\n16 waiting threads: {many}")
+    assert sum(one.values()) <= 16, one
+    assert sum(many.values()) <= sum(one.values()) + 4, (one, many)
+
+
+# ------------------------------------------------------------------------ lost wake-up
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("gap", [0.0, 0.05, 0.5])
+@pytest.mark.parametrize(
+    ("ttl", "wait", "prompt"),
+    [(30.0, 4.0, False), (3.0, math.inf, False), (30.0, 20.0, True)],
+    ids=["timeout-first", "lease-first", "both-far"],
+)
+def test_lost_wakeup_does_not_strand_waiter(
+    make_server: Callable[..., RedisServer], ttl: float, wait: float, prompt: bool, gap: float
+) -> None:
+    """CLIENT KILL TYPE pubsub just before the release: the waiter still gets the lock before
+    the lease would have ended and before its own timeout (the contract). With both far away
+    ("both-far"), it gets it promptly: the broken subscriber woke it to look again and it
+    subscribed anew (the design's promise)."""
+    server = make_server()
+    conn = redis.Redis(host="127.0.0.1", port=server.port)
+    holder_client = redmutex.Client(server.url, prefix="lw:")
+    waiter_client = redmutex.Client(server.url, prefix="lw:")
+    try:
+        holder = redmutex.Lock(holder_client, "lw", ttl=ttl)
+        assert holder.acquire(timeout=5)
+        lease_end = time.monotonic() + ttl
+        waiter = redmutex.Lock(waiter_client, "lw", ttl=10)
+        th = _Thread(lambda: waiter.acquire(timeout=wait))
+        started = time.monotonic()
+        th.start()
+        _wait_until(
+            lambda: len(conn.client_list(_type="pubsub")) >= 1, 10, "the waiter to subscribe"
+        )
+        time.sleep(0.3)  # it looked at the lock and sleeps now
+        assert th.finished_at is None
+        killed = conn.client_kill_filter(_type="pubsub")
+        assert killed >= 1
+        if gap:
+            time.sleep(gap)
+        released_at = time.monotonic()
+        holder.release()
+        limit = min(lease_end, started + wait) + 1.0
+        if prompt:
+            limit = min(limit, released_at + 2.0)
+        assert th.outcome(limit - time.monotonic() + 10) is True, "waiter timed out"
+        assert th.finished_at is not None
+        print(f"\nacquired {th.finished_at - released_at:.3f} s after the release")
+        assert th.finished_at <= limit, th.finished_at - limit
+        assert waiter.owned()
+        waiter.release()
+    finally:
+        holder_client.close()
+        waiter_client.close()
+        conn.close()
+
+
+@pytest.mark.timeout(90)
+def test_repeated_subscriber_kills_while_waiting(make_server: Callable[..., RedisServer]) -> None:
+    """The subscriber connection is killed several times while a waiter waits, then the lock is
+    released: the waiter still hears of it at once (it resubscribed), well before the lease ends."""
+    server = make_server()
+    conn = redis.Redis(host="127.0.0.1", port=server.port)
+    holder_client = redmutex.Client(server.url, prefix="lw:")
+    waiter_client = redmutex.Client(server.url, prefix="lw:")
+    try:
+        holder = redmutex.Lock(holder_client, "rk", ttl=60)
+        assert holder.acquire(timeout=5)
+        waiter = redmutex.Lock(waiter_client, "rk", ttl=10)
+        th = _Thread(lambda: waiter.acquire(timeout=40))
+        th.start()
+        for _ in range(3):
+            _wait_until(lambda: len(conn.client_list(_type="pubsub")) >= 1, 10, "a subscriber")
+            time.sleep(0.3)
+            assert conn.client_kill_filter(_type="pubsub") >= 1
+        _wait_until(lambda: len(conn.client_list(_type="pubsub")) >= 1, 10, "a resubscription")
+        time.sleep(0.3)
+        assert th.finished_at is None
+        released_at = time.monotonic()
+        holder.release()
+        assert th.outcome(45) is True
+        assert th.finished_at is not None
+        assert th.finished_at - released_at < 3.0
+        waiter.release()
+    finally:
+        holder_client.close()
+        waiter_client.close()
+        conn.close()
