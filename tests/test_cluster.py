@@ -178,6 +178,37 @@ def test_fair_lock_auto_renew_and_asyncio(cluster: Cluster, client: redmutex.Cli
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("index", [0, 1, 2])
+def test_semaphore_and_rwlock_on_every_node(
+    cluster: Cluster, client: redmutex.Client, index: int
+) -> None:
+    n = name_on(cluster, index, "prim")
+    first = redmutex.Semaphore(client, n, 2, ttl=10)
+    second = redmutex.Semaphore(client, n, 2, ttl=10)
+    assert first.acquire(blocking=False) and second.acquire(blocking=False)
+    assert first.holders() == 2
+    third = redmutex.Semaphore(client, n, 2, ttl=10)
+    assert third.acquire(blocking=False) is False
+    threading.Timer(0.3, first.release).start()
+    t0 = time.monotonic()
+    assert third.acquire(timeout=10)
+    assert time.monotonic() - t0 < 2.0  # woken by the release
+    second.release()
+    third.release()
+
+    rw = redmutex.RWLock(client, n + ":rw", ttl=10)
+    r1, r2 = rw.read(), rw.read()
+    assert r1.acquire(blocking=False) and r2.acquire(blocking=False)
+    writer = redmutex.RWLock(client, n + ":rw", ttl=10).write()
+    assert writer.acquire(blocking=False) is False
+    r1.release()
+    threading.Timer(0.3, r2.release).start()
+    t0 = time.monotonic()
+    assert writer.acquire(timeout=10)
+    assert time.monotonic() - t0 < 2.0
+    writer.release()
+
+
 def test_recipes(client: redmutex.Client) -> None:
     identifier = redmutex.acquire_lock(client, "recipe", atime=1, ltime=5)
     assert identifier

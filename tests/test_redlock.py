@@ -334,10 +334,9 @@ def test_asyncio_and_recipes(masters: Masters) -> None:
 
 
 def test_other_primitives_name_the_limitation(masters: Masters) -> None:
-    # The engine refuses single-keyspace-only work on a Redlock client with a clear message;
-    # Semaphore, RWLock and the cache reach their connections through `Client.shared()`.
-    if not hasattr(redmutex, "Semaphore"):
-        pytest.skip("no Semaphore on this branch yet")
+    # Semaphore and RWLock have no quorum protocol: a clear error at construction.
     c = client(masters)
-    with pytest.raises(NotImplementedError, match="Redlock"):
-        redmutex.Semaphore(c, name(), 2).acquire()
+    with pytest.raises(NotImplementedError, match="Semaphore.*Redlock"):
+        redmutex.Semaphore(c, name(), 2)
+    with pytest.raises(NotImplementedError, match="RWLock.*Redlock"):
+        redmutex.RWLock(c, name())

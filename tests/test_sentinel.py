@@ -80,6 +80,11 @@ def test_failover_moves_new_acquisitions_to_the_new_master(group: SentinelGroup)
     with redis.Redis(port=new.port) as r:
         assert r.info("replication")["role"] == "master"
     after.release()
+    sem = redmutex.Semaphore(client, "sem-after", 1, ttl=30)
+    assert sem.acquire(blocking=False)
+    with redis.Redis(port=new.port) as r:
+        assert r.exists("s:{sem-after}:sem:holders")
+    sem.release()
 
     waiter.join(30)
     assert waited == [True]

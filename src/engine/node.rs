@@ -186,6 +186,26 @@ pub struct Node {
     connecting: tokio::sync::Mutex<()>,
 }
 
+/// The pause between two tries of a call that a cluster refused for the moment.
+const CLUSTER_PAUSE: Duration = Duration::from_millis(20);
+
+/// Errors of a cluster that is resharding or failing over: worth another try shortly.
+fn cluster_transient(err: &redis::RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    matches!(
+        err.kind(),
+        ErrorKind::ClusterConnectionNotFound
+            | ErrorKind::Server(
+                ServerErrorKind::TryAgain
+                    | ServerErrorKind::Moved
+                    | ServerErrorKind::Ask
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::BusyLoading
+            )
+    )
+}
+
 /// Bounds `fut` by `limit`, turning the overrun into a connection error.
 pub async fn within<T>(
     limit: Duration,
@@ -350,6 +370,11 @@ impl Node {
         Fut: Future<Output = redis::RedisResult<T>>,
     {
         let mut may_retry = retry == Retry::Once;
+        // A cluster in the middle of a reshard or a failover answers with transient errors that
+        // the cluster client's own retries may not outlast; they are tried again (every script is
+        // token-checked, so a repeat is safe) until the command timeout has passed.
+        let cluster_until = (retry == Retry::Once && self.target.is_cluster())
+            .then(|| Instant::now() + self.timeouts.command);
         loop {
             let (generation, live) = self.connection().await?;
             let err = match tokio::time::timeout(self.timeouts.command, op(live.conn)).await {
@@ -363,6 +388,15 @@ impl Node {
                     )));
                 }
             };
+            if let Some(until) = cluster_until {
+                if cluster_transient(&err) && Instant::now() + CLUSTER_PAUSE < until {
+                    if err.kind() == redis::ErrorKind::ClusterConnectionNotFound {
+                        self.invalidate(generation);
+                    }
+                    tokio::time::sleep(CLUSTER_PAUSE).await;
+                    continue;
+                }
+            }
             // Only a connection that broke under the call is worth one more try (a timeout
             // already used the caller's time), or one to a server that is no longer a master
             // (READONLY: failover happened; reconnecting asks Sentinel anew).

@@ -207,6 +207,13 @@ mod tests {
                 keys.fence(),
                 keys.queue(),
                 keys.queue_deadlines(),
+                keys.semaphore_holders(),
+                keys.semaphore_queue(),
+                keys.semaphore_queue_deadlines(),
+                keys.rw_readers(),
+                keys.rw_writer(),
+                keys.rw_writers_waiting(),
+                keys.wake_channel(),
             ] {
                 assert_eq!(key_slot(&key), slot, "{key:?}");
             }
