@@ -63,6 +63,14 @@ pub struct Gates {
     gates: Mutex<HashMap<Vec<u8>, Weak<Gate>>>,
 }
 
+impl Shared {
+    /// Moves whenever a connection broke under a call: a call that spans a move may have been
+    /// sent twice, and its second answer may describe the effect of its first.
+    pub fn fault_epoch(&self) -> u64 {
+        self.node.drops() + self.direct.drops()
+    }
+}
+
 impl Gates {
     /// The gate of one lock name in this process (fair locks queue in Redis instead).
     pub fn gate(&self, name: &[u8]) -> Arc<Gate> {

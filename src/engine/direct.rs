@@ -4,6 +4,7 @@
 //! round trip; here it costs none, which is what lets a lock + unlock pair approach the
 //! round-trip limit. Waiting and everything in the background still go through the runtime.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use redis::{Cmd, ConnectionLike, FromRedisValue, ScriptInvocation, Value};
@@ -19,6 +20,8 @@ pub struct DirectPool {
     client: Option<redis::Client>,
     timeouts: Timeouts,
     idle: Mutex<Vec<redis::Connection>>,
+    /// How many connections broke under a call.
+    drops: AtomicU64,
 }
 
 impl DirectPool {
@@ -27,6 +30,7 @@ impl DirectPool {
             client: Some(client),
             timeouts,
             idle: Mutex::new(Vec::new()),
+            drops: AtomicU64::new(0),
         }
     }
 
@@ -36,12 +40,20 @@ impl DirectPool {
             client: None,
             timeouts,
             idle: Mutex::new(Vec::new()),
+            drops: AtomicU64::new(0),
         }
     }
 
-    fn take(&self) -> Result<redis::Connection> {
-        if let Some(conn) = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop() {
-            return Ok(conn);
+    /// How many connections broke under a call so far.
+    pub fn drops(&self) -> u64 {
+        self.drops.load(Ordering::Relaxed)
+    }
+
+    fn take(&self, fresh: bool) -> Result<redis::Connection> {
+        if !fresh {
+            if let Some(conn) = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+                return Ok(conn);
+            }
         }
         let Some(client) = &self.client else {
             return Err(Error::Usage(
@@ -77,8 +89,9 @@ impl DirectPool {
         op: impl Fn(&mut redis::Connection) -> redis::RedisResult<T>,
     ) -> Result<T> {
         let mut may_retry = retry == Retry::Once;
+        let mut fresh = false;
         loop {
-            let mut conn = self.take()?;
+            let mut conn = self.take(fresh)?;
             match op(&mut conn) {
                 Ok(value) => {
                     self.give_back(conn);
@@ -99,10 +112,17 @@ impl DirectPool {
                     if !err.is_connection() {
                         self.give_back(conn);
                     }
+                    if dropped {
+                        self.drops.fetch_add(1, Ordering::Relaxed);
+                        // The server closed this one (restart, cut): the idle ones went the
+                        // same way, and a socket it closed still looks open until used.
+                        self.idle.lock().unwrap_or_else(|p| p.into_inner()).clear();
+                    }
                     if !(dropped && may_retry) {
                         return Err(err);
                     }
                     may_retry = false;
+                    fresh = true;
                 }
             }
         }

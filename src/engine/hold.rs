@@ -501,9 +501,12 @@ impl<P: Leased> Holder<P> {
         Ok(hold)
     }
 
-    fn finish_release(&self, hold: HoldRef, outcome: Result<bool>) -> Result<()> {
+    /// `retried`: the release went out while the lease was still ours and its connection broke
+    /// meanwhile, so a "not ours" may be the answer of a resend to our own first delete: that
+    /// counts as released (the local deadline never outlives Redis's lease).
+    fn finish_release(&self, hold: HoldRef, outcome: Result<bool>, retried: bool) -> Result<()> {
         hold.status.set_releasing(false);
-        let released = outcome?;
+        let released = outcome? || retried;
         let lost = !released || hold.status.is_lost();
         {
             let mut state = self.state();
@@ -521,24 +524,31 @@ impl<P: Leased> Holder<P> {
 
     pub async fn release(&self) -> Result<()> {
         let hold = self.begin_release()?;
-        let outcome = match self.client.backend() {
-            Ok(Backend::Single(shared)) => self.primitive.release(&shared, &hold.token).await,
+        let shared = match self.client.backend() {
+            Ok(Backend::Single(shared)) => shared,
             Ok(Backend::Redlock(redlock)) => {
-                self.primitive.release_quorum(&redlock, &hold.token).await
+                let outcome = self.primitive.release_quorum(&redlock, &hold.token).await;
+                return self.finish_release(hold, outcome, false);
             }
-            Err(err) => Err(err),
+            Err(err) => return self.finish_release(hold, Err(err), false),
         };
-        self.finish_release(hold, outcome)
+        let (epoch, sent_at) = (shared.fault_epoch(), Instant::now());
+        let outcome = self.primitive.release(&shared, &hold.token).await;
+        let retried = shared.fault_epoch() != epoch && sent_at < hold.status.deadline();
+        self.finish_release(hold, outcome, retried)
     }
 
     /// `release` on the caller's thread (only when `has_direct`).
     pub fn release_direct(&self) -> Result<()> {
         let hold = self.begin_release()?;
-        let outcome = self
-            .client
-            .shared()
-            .and_then(|shared| self.primitive.release_direct(&shared, &hold.token));
-        self.finish_release(hold, outcome)
+        let shared = match self.client.shared() {
+            Ok(shared) => shared,
+            Err(err) => return self.finish_release(hold, Err(err), false),
+        };
+        let (epoch, sent_at) = (shared.fault_epoch(), Instant::now());
+        let outcome = self.primitive.release_direct(&shared, &hold.token);
+        let retried = shared.fault_epoch() != epoch && sent_at < hold.status.deadline();
+        self.finish_release(hold, outcome, retried)
     }
 
     fn finish_extend(

@@ -9,8 +9,7 @@ use super::error::{Error, Result};
 use super::hold::{DirectTry, Holder, Leased, Naming};
 use super::node::Retry;
 use super::redlock::{self, Redlock};
-use super::runtime;
-use super::waiting::{self, Contender, Detached, Outcome, Plan};
+use super::waiting::{self, spawn_undo, Contender, Outcome, Plan, Undo, UndoStep};
 use crate::protocol::keys::Keys;
 use crate::protocol::lease;
 use crate::protocol::replies::{parse_attempt, parse_flag, Attempt};
@@ -120,20 +119,28 @@ impl Contender for LockContender<'_> {
         Ok(())
     }
 
-    fn undo(&self) -> Detached {
+    fn undo(&self) -> Undo {
         let shared = self.shared.clone();
         let keys = self.spec.keys.clone();
         let token = self.token.to_string();
-        Box::pin(async move {
-            let _ = shared
-                .node
-                .invoke(&scripts::release(&keys, &token), Retry::Once)
-                .await;
-            let _ = shared
-                .node
-                .invoke(&scripts::leave_queue(&keys, &token), Retry::Once)
-                .await;
-        })
+        let step = move || -> UndoStep {
+            let (shared, keys, token) = (shared.clone(), keys.clone(), token.clone());
+            Box::pin(async move {
+                shared
+                    .node
+                    .invoke(&scripts::release(&keys, &token), Retry::Once)
+                    .await?;
+                shared
+                    .node
+                    .invoke(&scripts::leave_queue(&keys, &token), Retry::Once)
+                    .await?;
+                Ok(())
+            })
+        };
+        Undo {
+            step: Box::new(step),
+            horizon: self.spec.lease.max(QUEUE_PLACE),
+        }
     }
 }
 
@@ -286,7 +293,7 @@ impl Leased for LockSpec {
                     spec: self,
                     token,
                 };
-                runtime::spawn(contender.undo());
+                spawn_undo(contender.undo());
                 return Err(err);
             }
         };

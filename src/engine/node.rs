@@ -184,6 +184,7 @@ pub struct Node {
     current: Mutex<(u64, Option<Live>)>,
     /// Serialises (re)connecting so a burst of callers opens one connection, not many.
     connecting: tokio::sync::Mutex<()>,
+    drops: std::sync::atomic::AtomicU64,
 }
 
 /// The pause between two tries of a call that a cluster refused for the moment.
@@ -229,6 +230,7 @@ impl Node {
             identify: false,
             current: Mutex::new((0, None)),
             connecting: tokio::sync::Mutex::new(()),
+            drops: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -242,6 +244,11 @@ impl Node {
 
     pub fn target(&self) -> &Arc<Target> {
         &self.target
+    }
+
+    /// How many connections broke (or timed out) under a call so far.
+    pub fn drops(&self) -> u64 {
+        self.drops.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn timeouts(&self) -> Timeouts {
@@ -305,8 +312,10 @@ impl Node {
     /// Forgets the connection of `generation` so the next call opens a fresh one.
     fn invalidate(&self, generation: u64) {
         let mut guard = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        if guard.0 == generation {
+        if guard.0 == generation && guard.1.is_some() {
             guard.1 = None;
+            self.drops
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
 

@@ -18,7 +18,7 @@ use super::error::{Error, Result};
 use super::hold::{Holder, Leased, Naming, OnLost};
 use super::node::Retry;
 use super::runtime::pid;
-use super::waiting::{self, Contender, Detached, Outcome, Plan, Wait, QUEUE_PLACE};
+use super::waiting::{self, Contender, Outcome, Plan, Undo, UndoStep, Wait, QUEUE_PLACE};
 use crate::protocol::keys::Keys;
 use crate::protocol::lease;
 use crate::protocol::replies::{parse_admission, parse_flag, parse_rw_state, Admission, RwState};
@@ -146,25 +146,34 @@ impl Contender for RwContender<'_> {
         Ok(())
     }
 
-    fn undo(&self) -> Detached {
+    fn undo(&self) -> Undo {
         let shared = self.shared.clone();
         let keys = self.spec.keys.clone();
         let token = self.token.to_string();
         let mode = self.mode;
-        Box::pin(async move {
-            match mode {
-                Mode::Read => {
-                    let inv = scripts::rw_read_release(&keys, &token);
-                    let _ = shared.node.invoke(&inv, Retry::Once).await;
+        let horizon = self.spec.lease.max(QUEUE_PLACE);
+        let step = move || -> UndoStep {
+            let (shared, keys, token) = (shared.clone(), keys.clone(), token.clone());
+            Box::pin(async move {
+                match mode {
+                    Mode::Read => {
+                        let inv = scripts::rw_read_release(&keys, &token);
+                        shared.node.invoke(&inv, Retry::Once).await?;
+                    }
+                    Mode::Write => {
+                        let inv = scripts::rw_write_release(&keys, &token);
+                        shared.node.invoke(&inv, Retry::Once).await?;
+                        let inv = scripts::rw_writer_leave(&keys, &token);
+                        shared.node.invoke(&inv, Retry::Once).await?;
+                    }
                 }
-                Mode::Write => {
-                    let inv = scripts::rw_write_release(&keys, &token);
-                    let _ = shared.node.invoke(&inv, Retry::Once).await;
-                    let inv = scripts::rw_writer_leave(&keys, &token);
-                    let _ = shared.node.invoke(&inv, Retry::Once).await;
-                }
-            }
-        })
+                Ok(())
+            })
+        };
+        Undo {
+            step: Box::new(step),
+            horizon,
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use super::client::{Client, Shared};
 use super::error::Result;
 use super::hold::{Holder, Leased, Naming, OnLost};
 use super::node::Retry;
-use super::waiting::{self, Contender, Detached, Outcome, Plan, Wait, QUEUE_PLACE};
+use super::waiting::{self, Contender, Outcome, Plan, Undo, UndoStep, Wait, QUEUE_PLACE};
 use crate::protocol::keys::Keys;
 use crate::protocol::lease;
 use crate::protocol::replies::{parse_admission, parse_count, parse_flag, Admission};
@@ -67,28 +67,27 @@ impl Contender for SemaphoreContender<'_> {
         Ok(())
     }
 
-    fn undo(&self) -> Detached {
+    fn undo(&self) -> Undo {
         let shared = self.shared.clone();
         let spec = self.spec.clone();
         let token = self.token.to_string();
-        Box::pin(async move {
-            let _ = shared
-                .node
-                .invoke(
-                    &scripts::semaphore_release(&spec.keys, &token, spec.limit),
-                    Retry::Once,
-                )
-                .await;
-            if spec.fair {
-                let _ = shared
-                    .node
-                    .invoke(
-                        &scripts::semaphore_leave(&spec.keys, &token, spec.limit),
-                        Retry::Once,
-                    )
-                    .await;
-            }
-        })
+        let horizon = spec.lease.max(QUEUE_PLACE);
+        let step = move || -> UndoStep {
+            let (shared, spec, token) = (shared.clone(), spec.clone(), token.clone());
+            Box::pin(async move {
+                let release = scripts::semaphore_release(&spec.keys, &token, spec.limit);
+                shared.node.invoke(&release, Retry::Once).await?;
+                if spec.fair {
+                    let leave = scripts::semaphore_leave(&spec.keys, &token, spec.limit);
+                    shared.node.invoke(&leave, Retry::Once).await?;
+                }
+                Ok(())
+            })
+        };
+        Undo {
+            step: Box::new(step),
+            horizon,
+        }
     }
 }
 

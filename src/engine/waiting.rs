@@ -73,8 +73,31 @@ pub enum Outcome<G> {
     Refused,
 }
 
-/// A future that runs detached on the runtime.
-pub type Detached = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+/// One try of an undo, run detached on the runtime.
+pub type UndoStep = Pin<Box<dyn Future<Output = Result<()>> + Send + 'static>>;
+
+/// How to undo an attempt whose outcome is unknown: a step to try (again), and for how long
+/// trying is worth it (after that, whatever the attempt could have taken has lapsed by itself).
+pub struct Undo {
+    pub step: Box<dyn FnMut() -> UndoStep + Send>,
+    pub horizon: Duration,
+}
+
+/// Runs `undo` in the background until Redis has answered it, retrying with backoff while it
+/// cannot be reached, so an orphan does not outlive a short outage by a whole lease.
+pub fn spawn_undo(mut undo: Undo) {
+    let until = Instant::now() + undo.horizon;
+    runtime::spawn(async move {
+        let mut pause = Duration::from_millis(50);
+        loop {
+            if (undo.step)().await.is_ok() || Instant::now() + pause >= until {
+                return;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
+        }
+    });
+}
 
 /// One waiter's attempts on one primitive, for one token.
 pub trait Contender: Sync {
@@ -89,7 +112,7 @@ pub trait Contender: Sync {
 
     /// Best-effort undo of an attempt whose outcome is unknown: give back whatever the token may
     /// hold or occupy. Runs detached, after the caller is gone.
-    fn undo(&self) -> Detached;
+    fn undo(&self) -> Undo;
 }
 
 /// How a primitive's waiters wait.
@@ -122,7 +145,7 @@ impl<C: Contender> Cleanup<'_, C> {
 impl<C: Contender> Drop for Cleanup<'_, C> {
     fn drop(&mut self) {
         if self.armed {
-            runtime::spawn(self.contender.undo());
+            spawn_undo(self.contender.undo());
         }
     }
 }
