@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: all deps redis-server venv build test test-rust test-python demo bench bench-quick lint fmt clean
+.PHONY: all deps redis-server venv build test test-rust test-python demo bench bench-quick lint \
+	lint-types fmt package package-check clean
 
 all: build
 
@@ -49,12 +50,30 @@ lint: venv
 	cargo fmt --check
 	cargo clippy -q --all-targets -- -D warnings
 	cargo clippy -q --all-targets --no-default-features -- -D warnings
-	$(VENV)/bin/ruff check python tests benchmarks
-	$(VENV)/bin/ruff format --check python tests benchmarks
+	$(VENV)/bin/ruff check python tests examples benchmarks
+	$(VENV)/bin/ruff format --check python tests examples benchmarks
+	$(MAKE) --no-print-directory lint-types
+
+# Types: mypy --strict on the package and the examples; stubtest compares _core.pyi with the
+# built extension (hence `build`).
+lint-types: venv build
+	$(PY) -m mypy --strict python/redmutex examples
+	$(PY) -m mypy.stubtest redmutex._core
 
 fmt: venv
 	cargo fmt
-	$(VENV)/bin/ruff format python tests benchmarks
+	$(VENV)/bin/ruff format python tests examples benchmarks
+
+# Release artifacts in dist/: the abi3 wheel (one wheel for every CPython >= 3.10) and the sdist.
+package: venv
+	rm -rf dist
+	$(VENV)/bin/maturin build --release --out dist
+	$(VENV)/bin/maturin sdist --out dist
+
+# Installs the wheel, the sdist and `pip install .` into fresh venvs and uses each (slow: the
+# sdist and `.` are compiled again, reusing this checkout's cargo target dir for dependencies).
+package-check: package redis-server
+	CARGO_TARGET_DIR=$(CURDIR)/target $(PYTHON) .ci/package-check dist
 
 clean:
 	rm -rf target $(VENV)

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 import pytest
 import redis
 import redmutex
+from _helpers import ResultThread as _Thread
+from _helpers import wait_until as _wait_until
 
 if TYPE_CHECKING:
     from conftest import MpProcs
@@ -25,39 +27,6 @@ KeyOf = Callable[[str, str], bytes]
 
 # Contract: a dead waiter stops holding its place within 10 s.
 DEAD_PLACE_BOUND = 10.0
-
-
-class _Thread(threading.Thread):
-    """A thread that keeps its target's result or exception and when it finished."""
-
-    def __init__(self, target: Callable[[], object]) -> None:
-        super().__init__(daemon=True)
-        self._fn = target
-        self.result: object = None
-        self.error: BaseException | None = None
-        self.finished_at: float | None = None
-
-    def run(self) -> None:
-        try:
-            self.result = self._fn()
-        except BaseException as exc:  # noqa: BLE001 - inspected by the test
-            self.error = exc
-        finally:
-            self.finished_at = time.monotonic()
-
-    def outcome(self, timeout: float) -> object:
-        self.join(timeout)
-        assert not self.is_alive(), f"thread did not finish within {timeout} s"
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-
-def _wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.01)
 
 
 def _name_keys(r: redis.Redis, prefix: str, name: str) -> set[bytes]:

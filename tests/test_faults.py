@@ -34,6 +34,8 @@ from typing import Any
 import pytest
 import redis
 import redmutex
+from _helpers import ResultThread as _Thread
+from _helpers import wait_until as _wait_until
 from _proxy import FaultProxy
 from redmutex._server import RedisServer
 
@@ -48,32 +50,6 @@ LATE = 1.5
 # ----------------------------------------------------------------------------- helpers
 
 
-class _Thread(threading.Thread):
-    """A daemon thread that keeps its target's result or exception and when it finished."""
-
-    def __init__(self, target: Callable[[], object]) -> None:
-        super().__init__(daemon=True)
-        self._fn = target
-        self.result: object = None
-        self.error: BaseException | None = None
-        self.finished_at: float | None = None
-
-    def run(self) -> None:
-        try:
-            self.result = self._fn()
-        except BaseException as exc:  # noqa: BLE001 - inspected by the test
-            self.error = exc
-        finally:
-            self.finished_at = time.monotonic()
-
-    def outcome(self, timeout: float) -> object:
-        self.join(timeout)
-        assert not self.is_alive(), f"thread did not finish within {timeout} s"
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-
 class _LostLog:
     """An on_lost callback recording when it was called and with what."""
 
@@ -84,13 +60,6 @@ class _LostLog:
     def __call__(self, lock: object) -> None:
         self.calls.append((lock, time.monotonic()))
         self.called.set()
-
-
-def _wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.01)
 
 
 def _sleep_until(t: float) -> None:

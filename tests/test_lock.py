@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import pytest
 import redis
 import redmutex
+from _helpers import ResultThread as _Thread
 from redmutex._server import RedisServer
 
 if TYPE_CHECKING:
@@ -28,32 +29,6 @@ TOKEN_RE = re.compile(r"[0-9a-f]{32}")
 
 def _prefix_keys(r: redis.Redis, prefix: str) -> set[bytes]:
     return set(r.scan_iter(match=prefix.encode() + b"*", count=1000))
-
-
-class _Thread(threading.Thread):
-    """A thread that keeps its target's result or exception."""
-
-    def __init__(self, target: Callable[[], object]) -> None:
-        super().__init__(daemon=True)
-        self._fn = target
-        self.result: object = None
-        self.error: BaseException | None = None
-        self.finished_at: float | None = None
-
-    def run(self) -> None:
-        try:
-            self.result = self._fn()
-        except BaseException as exc:  # noqa: BLE001 - inspected by the test
-            self.error = exc
-        finally:
-            self.finished_at = time.monotonic()
-
-    def outcome(self, timeout: float) -> object:
-        self.join(timeout)
-        assert not self.is_alive(), "thread did not finish in time"
-        if self.error is not None:
-            raise self.error
-        return self.result
 
 
 @pytest.fixture

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 import pytest
 import redis
 import redmutex
+from _helpers import command_calls as _calls
+from _helpers import wait_until as _wait_until
 from redmutex._server import RedisServer
 
 if TYPE_CHECKING:
@@ -25,23 +27,6 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 KeyOf = Callable[[str, str], bytes]
-
-
-def _calls(conn: redis.Redis) -> dict[str, int]:
-    """Calls per command from INFO commandstats (script-internal calls included), minus INFO."""
-    stats = conn.info("commandstats")
-    return {
-        name.removeprefix("cmdstat_"): int(v["calls"])
-        for name, v in stats.items()
-        if name != "cmdstat_info"
-    }
-
-
-def _wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.01)
 
 
 class _LostLog:

@@ -19,60 +19,16 @@ from typing import TYPE_CHECKING
 import pytest
 import redis
 import redmutex
+from _helpers import ResultThread as _Thread
+from _helpers import calls_delta as _delta
+from _helpers import command_calls as _calls
+from _helpers import wait_until as _wait_until
 from redmutex._server import RedisServer
 
 if TYPE_CHECKING:
     from conftest import MpProcs
 
 KeyOf = Callable[[str, str], bytes]
-
-
-class _Thread(threading.Thread):
-    """A thread that keeps its target's result or exception and when it finished."""
-
-    def __init__(self, target: Callable[[], object]) -> None:
-        super().__init__(daemon=True)
-        self._fn = target
-        self.result: object = None
-        self.error: BaseException | None = None
-        self.finished_at: float | None = None
-
-    def run(self) -> None:
-        try:
-            self.result = self._fn()
-        except BaseException as exc:  # noqa: BLE001 - inspected by the test
-            self.error = exc
-        finally:
-            self.finished_at = time.monotonic()
-
-    def outcome(self, timeout: float) -> object:
-        self.join(timeout)
-        assert not self.is_alive(), f"thread did not finish within {timeout} s"
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-
-def _calls(conn: redis.Redis) -> dict[str, int]:
-    """Calls per command from INFO commandstats (script-internal calls included), minus INFO."""
-    stats = conn.info("commandstats")
-    return {
-        name.removeprefix("cmdstat_"): int(v["calls"])
-        for name, v in stats.items()
-        if name != "cmdstat_info"
-    }
-
-
-def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    out = {k: n - before.get(k, 0) for k, n in after.items()}
-    return {k: n for k, n in out.items() if n}
-
-
-def _wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.01)
 
 
 @pytest.fixture

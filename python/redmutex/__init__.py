@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
+
+from . import _core, metrics
 from ._core import Client, Lock, RWLock, Semaphore, __version__
 from ._recipes import acquire_lock, locked, redis_lock, release_lock
 from .errors import (
@@ -29,6 +32,10 @@ __all__ = [
     "__version__",
     "acquire_lock",
     "locked",
+    "metrics",
     "redis_lock",
     "release_lock",
 ]
+
+# Background threads of the core must not call into Python once the interpreter shuts down.
+atexit.register(_core._interpreter_exiting)

@@ -1,8 +1,8 @@
 """`python -m redmutex COMMAND`: the command line.
 
-Each command is a subparser with a handler `(args) -> exit code`; `status`, `list` and `release`
-are to be added the same way as `demo`. Every error is one line on stderr and a non-zero exit
-code, with any password taken out of the message.
+Each command is a subparser with a handler `(args) -> exit code`: `demo` here, `status`, `list`
+and `release` in `_cli` (exit codes documented there). Every error is one line on stderr and a
+non-zero exit code, with any password taken out of the message.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from redmutex._cli import CliError, add_commands
 
 EXIT_ERROR = 2  # the command could not do its job (bad arguments, Redis unreachable, ...)
 EXIT_INTERRUPTED = 130
@@ -90,10 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser(
         "demo",
-        help="transfer money between accounts from several processes under redis_lock",
+        help="money transfers under redis_lock, a fair hand-off, a semaphore (several processes)",
         description="Runs the money-transfer example of the API from several processes and"
-        " checks that the total is conserved and no balance goes negative. Without --redis"
-        " or $REDIS_URL it starts (and afterwards stops) a private redis-server.",
+        " checks that the total is conserved and no balance goes negative; then shows a fair"
+        " lock granted in arrival order across processes, and a semaphore holding a limit."
+        " Exits non-zero if any of these breaks. Without --redis or $REDIS_URL it starts (and"
+        " afterwards stops) a private redis-server.",
     )
     _redis_option(demo)
     demo.add_argument("--processes", type=_positive_int, default=6, help="default: 6")
@@ -101,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--transfers", type=_positive_int, default=300, help="per process (default: 300)"
     )
     demo.set_defaults(handler=_cmd_demo)
+    add_commands(commands)
     return parser
 
 
@@ -118,6 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("redmutex: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except CliError as exc:  # a failure the command already put into words
+        _fail(str(exc), args)
+        return EXIT_ERROR
     except Exception as exc:  # noqa: BLE001 - the CLI reports every failure as one line
         _fail(f"{type(exc).__name__}: {exc}", args)
         return EXIT_ERROR

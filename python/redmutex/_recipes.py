@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import functools
 import secrets
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal, ParamSpec, TypeVar
 
-from . import _core
+from . import _core, metrics
 from ._callkeys import compile_template
 from .errors import LockError, LockLostError
 
@@ -33,13 +34,25 @@ def acquire_lock(
     """
     if identifier is None:
         identifier = secrets.token_hex(16)
-    fence = _core.acquire_token(conn, lockname, identifier, atime, ltime)
+    if metrics._active is None:
+        fence = _core.acquire_token(conn, lockname, identifier, atime, ltime)
+        return identifier if fence is not None else False
+    started = time.perf_counter()
+    try:
+        fence = _core.acquire_token(conn, lockname, identifier, atime, ltime)
+    except BaseException:
+        metrics.recipe_acquired(lockname, identifier, started, False)
+        raise
+    metrics.recipe_acquired(lockname, identifier, started, fence is not None)
     return identifier if fence is not None else False
 
 
 def release_lock(conn: Any, lockname: str, identifier: str) -> bool:
     """Release `lockname` if `identifier` holds it; False means "we lost the lock"."""
-    return bool(_core.release_token(conn, lockname, identifier))
+    released = bool(_core.release_token(conn, lockname, identifier))
+    if metrics._active is not None:
+        metrics.recipe_released(lockname, identifier, released)
+    return released
 
 
 @contextmanager
@@ -86,7 +99,10 @@ def locked(
                 auto_renew=auto_renew,
                 fair=fair,
             )
-            with lock:
+            if metrics._active is None:
+                with lock:
+                    return func(*args, **kwargs)
+            with metrics.measured(lock):
                 return func(*args, **kwargs)
 
         return wrapper

@@ -111,8 +111,10 @@ class _Hold:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool:
-        return bool(await self._core._exit_async(exc_type is not None))
+    ) -> None:
+        # Never swallows the block's exception (so `-> None`: type checkers then know that code
+        # after an `async with` whose block returns is unreachable).
+        await self._core._exit_async(exc_type is not None)
 
     def __repr__(self) -> str:
         return f"aio.{self._core!r}"

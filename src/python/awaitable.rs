@@ -1,8 +1,19 @@
 //! The asyncio bridge: runs an engine future on the tokio runtime and resolves an asyncio
 //! future on the caller's event loop when it ends. The loop never blocks; cancelling the asyncio
 //! future aborts the tokio task (whose drop guards clean up in Redis).
+//!
+//! Runtime threads never call into Python. A finished operation goes into its loop's queue, and
+//! one byte on a socket pair wakes the loop, which resolves the futures on its own thread (a
+//! reader callback). Calling Python from a runtime thread instead (call_soon_threadsafe) can
+//! catch that thread re-taking the GIL while the interpreter shuts down, where CPython ends the
+//! thread with pthread_exit, which cannot unwind through Rust frames: the process aborts.
 
 use std::future::Future;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
@@ -38,6 +49,83 @@ pub enum OnCancel {
     Finish,
 }
 
+/// Turns a finished operation into the future's result, on the loop's thread.
+type Settle = Box<dyn for<'py> FnOnce(Python<'py>) -> PyResult<Bound<'py, PyAny>> + Send>;
+
+struct Finished {
+    future: Py<PyAny>,
+    settle: Settle,
+}
+
+struct Shared {
+    done: Mutex<Vec<Finished>>,
+    /// A wake-up byte is on its way and the loop has not drained yet.
+    signalled: AtomicBool,
+    writer: UnixStream,
+}
+
+impl Shared {
+    fn finish(&self, finished: Finished) {
+        self.done
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(finished);
+        if !self.signalled.swap(true, Ordering::AcqRel) {
+            // Non-blocking: if the socket buffer is full, a byte is pending anyway.
+            let _ = (&self.writer).write(&[1]);
+        }
+    }
+}
+
+/// One event loop's end of the bridge: `fileno()` is registered with `loop.add_reader(fileno,
+/// waker.drain)` by `redmutex._aio_bridge`, which keeps one waker per loop.
+#[pyclass(frozen, module = "redmutex._core", name = "LoopWaker")]
+pub struct LoopWaker {
+    shared: Arc<Shared>,
+    reader: UnixStream,
+}
+
+#[pymethods]
+impl LoopWaker {
+    #[new]
+    fn new() -> PyResult<Self> {
+        let (reader, writer) = UnixStream::pair()?;
+        reader.set_nonblocking(true)?;
+        writer.set_nonblocking(true)?;
+        let shared = Arc::new(Shared {
+            done: Mutex::new(Vec::new()),
+            signalled: AtomicBool::new(false),
+            writer,
+        });
+        Ok(LoopWaker { shared, reader })
+    }
+
+    fn fileno(&self) -> i32 {
+        self.reader.as_raw_fd()
+    }
+
+    /// Resolves every finished operation's future (the loop's reader callback).
+    fn drain(&self, py: Python<'_>) -> PyResult<()> {
+        let mut sink = [0u8; 64];
+        while matches!((&self.reader).read(&mut sink), Ok(n) if n > 0) {}
+        self.shared.signalled.store(false, Ordering::Release);
+        let finished =
+            std::mem::take(&mut *self.shared.done.lock().unwrap_or_else(|p| p.into_inner()));
+        for Finished { future, settle } in finished {
+            let future = future.bind(py);
+            // Cancelled meanwhile: the runtime side has already cleaned up.
+            if future.call_method0("done")?.is_truthy()? {
+                continue;
+            }
+            match settle(py) {
+                Ok(value) => future.call_method1("set_result", (value,))?,
+                Err(err) => future.call_method1("set_exception", (err.into_value(py),))?,
+            };
+        }
+        Ok(())
+    }
+}
+
 /// An awaitable for `fut`, whose output is turned into a Python object by `convert`.
 pub fn spawn<'py, F, T, C>(
     py: Python<'py>,
@@ -51,27 +139,27 @@ where
     C: for<'a> FnOnce(Python<'a>, T) -> PyResult<Bound<'a, PyAny>> + Send + 'static,
 {
     let event_loop = py.import("asyncio")?.call_method0("get_running_loop")?;
+    let waker = py
+        .import("redmutex._aio_bridge")?
+        .call_method1("waker_for", (&event_loop,))?;
+    let shared = waker
+        .cast::<LoopWaker>()
+        .map_err(PyErr::from)?
+        .get()
+        .shared
+        .clone();
     let py_future = event_loop.call_method0("create_future")?;
-    let resolve = py.import("redmutex._aio_bridge")?.getattr("resolve")?;
     let target = py_future.clone().unbind();
-    let loop_ref = event_loop.unbind();
-    let resolve_ref = resolve.unbind();
     let handle = runtime::handle()?;
     let task = handle.spawn(async move {
         let outcome = fut.await;
-        Python::attach(|py| {
-            let (value, error) = match outcome.map_err(PyErr::from).and_then(|v| convert(py, v)) {
-                Ok(value) => (value, py.None().into_bound(py)),
-                Err(err) => (
-                    py.None().into_bound(py),
-                    err.into_value(py).into_bound(py).into_any(),
-                ),
-            };
-            // The loop may be closed by now; then nobody is waiting for the answer.
-            let _ = loop_ref.bind(py).call_method1(
-                "call_soon_threadsafe",
-                (resolve_ref.bind(py), target.bind(py), value, error),
-            );
+        let settle: Settle = Box::new(move |py| match outcome {
+            Ok(value) => convert(py, value),
+            Err(err) => Err(PyErr::from(err)),
+        });
+        shared.finish(Finished {
+            future: target,
+            settle,
         });
     });
     if on_cancel == OnCancel::Abort {

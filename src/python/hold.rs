@@ -84,6 +84,9 @@ impl Listener for PyListener {
         let target = self.target.clone();
         let on_lost = self.on_lost.clone();
         let message = format!("{} was lost: its lease ended before renewal", self.label);
+        if super::interpreter_exiting() {
+            return;
+        }
         std::thread::spawn(move || {
             Python::attach(|py| {
                 log::warning(py, &message);
@@ -99,6 +102,9 @@ impl Listener for PyListener {
 
     fn warn(&self, message: &str) {
         let message = format!("{}: {message}", self.label);
+        if super::interpreter_exiting() {
+            return;
+        }
         std::thread::spawn(move || Python::attach(|py| log::warning(py, &message)));
     }
 }

@@ -13,18 +13,35 @@ mod recipes;
 mod rwlock;
 mod semaphore;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use pyo3::prelude::*;
+
+/// Set by an atexit hook: from then on no background thread calls into Python (a thread that
+/// takes the GIL during interpreter shutdown is ended by CPython, which aborts through Rust).
+static EXITING: AtomicBool = AtomicBool::new(false);
+
+pub fn interpreter_exiting() -> bool {
+    EXITING.load(Ordering::Acquire)
+}
+
+#[pyfunction]
+fn _interpreter_exiting() {
+    EXITING.store(true, Ordering::Release);
+}
 
 #[pymodule]
 #[pyo3(name = "_core")]
 fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::PyClient>()?;
+    m.add_class::<awaitable::LoopWaker>()?;
     m.add_class::<lock::PyLock>()?;
     m.add_class::<semaphore::PySemaphore>()?;
     m.add_class::<rwlock::PyRwLock>()?;
     m.add_class::<rwlock::PyRwSide>()?;
     m.add_function(wrap_pyfunction!(recipes::acquire_token, m)?)?;
     m.add_function(wrap_pyfunction!(recipes::release_token, m)?)?;
+    m.add_function(wrap_pyfunction!(_interpreter_exiting, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

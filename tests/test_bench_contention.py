@@ -1,0 +1,62 @@
+"""The benchmark's analysis of recorded critical sections (benchmarks/contention.py), on
+hand-made timelines: no server, no timing."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import contention
+from contention import Section
+
+
+def _roundtrip(sections: list[Section]) -> list[Section]:
+    flat = [v for s in sections for v in (s.owner, s.acq_start, s.acq_end, s.rel_start, s.rel_end)]
+    return contention.decode([contention.encode(flat)])
+
+
+def test_encode_decode_orders_by_start_of_section() -> None:
+    a = Section(1, 0, 10, 20, 22)
+    b = Section(2, 5, 25, 30, 31)
+    assert _roundtrip([b, a]) == [a, b]
+
+
+def test_handoff_latency_counts_only_waiters_that_were_waiting() -> None:
+    sections = [
+        Section(1, 0, 10, 20, 22),  # holder
+        Section(2, 5, 25, 30, 31),  # was waiting before 20: hand-off of 25 - 22 = 3
+        Section(2, 40, 41, 50, 52),  # same owner again: no hand-off
+        Section(3, 60, 62, 70, 71),  # asked after the release began: not a hand-off
+    ]
+    assert contention.handoff_latencies(sections, 0, 100) == [3]
+    assert contention.handoff_latencies(sections, 30, 100) == []  # outside the window
+    assert contention.owner_switches(sections) == 2
+
+
+def test_contended_summary() -> None:
+    sections = [
+        Section(1, 0, 10, 11, 12),
+        Section(2, 1, 13, 14, 15),
+        Section(1, 12, 16, 17, 18),
+        Section(3, 2, 150, 151, 152),  # asked inside the window, served after it
+    ]
+    summary = contention.contended_summary(sections, 0, 100, capacity=1)
+    assert summary["sections"] == 3
+    assert summary["owner_switch_pct"] == 100.0
+    assert summary["longest_wait_ms_max"] == 148 / 1e6
+    assert summary["sections_per_contender_min"] == 1
+    assert summary["sections_per_contender_max"] == 2
+    assert summary["max_holders_max"] == 1
+    assert summary["exclusion_violated"] is False
+
+
+def test_overlapping_sections_break_exclusion() -> None:
+    sections = [Section(1, 0, 10, 20, 21), Section(2, 0, 15, 25, 26), Section(3, 0, 20, 30, 31)]
+    assert contention.max_concurrent(sections) == 2  # a release at 20 counts before the acquire
+    summary = contention.contended_summary(sections, 0, 100, capacity=1)
+    assert summary["exclusion_violated"] is True
+    assert (
+        contention.contended_summary(sections, 0, 100, capacity=None)["exclusion_violated"] is False
+    )

@@ -1,0 +1,231 @@
+"""redmutex.metrics hooks, and the `redmutex` logger (which never carries a password)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+import redmutex
+from redmutex import aio, metrics
+from redmutex._server import RedisServer
+from redmutex.metrics import AcquireEvent, ReleaseEvent
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.acquired: list[AcquireEvent] = []
+        self.released: list[ReleaseEvent] = []
+
+    def install(self) -> None:
+        metrics.set_hooks(on_acquire=self.acquired.append, on_release=self.released.append)
+
+
+@pytest.fixture
+def events() -> Iterator[Recorder]:
+    recorder = Recorder()
+    recorder.install()
+    try:
+        yield recorder
+    finally:
+        metrics.clear_hooks()
+
+
+def name_() -> str:
+    return f"m-{uuid.uuid4().hex[:8]}"
+
+
+def test_redis_lock_reports_wait_and_hold(client: redmutex.Client, events: Recorder) -> None:
+    name = name_()
+    with redmutex.redis_lock(client, name):
+        time.sleep(0.05)
+    assert len(events.acquired) == 1 and len(events.released) == 1
+    acquired, released = events.acquired[0], events.released[0]
+    assert (acquired.name, acquired.kind, acquired.acquired) == (name, "lock", True)
+    assert 0 <= acquired.waited < 5
+    assert (released.name, released.kind, released.lost) == (name, "lock", False)
+    assert 0.05 <= released.held < 5
+
+
+def test_acquire_lock_wait_is_measured(client: redmutex.Client, events: Recorder) -> None:
+    name = name_()
+    first = redmutex.acquire_lock(client, name, ltime=0.3)
+    assert first
+    second = redmutex.acquire_lock(client, name, atime=5)  # waits for the 0.3 s lease to end
+    assert second
+    assert [e.acquired for e in events.acquired] == [True, True]
+    assert events.acquired[1].waited >= 0.1
+    assert redmutex.release_lock(client, name, first) is False  # its lease had ended
+    assert redmutex.release_lock(client, name, second) is True
+    assert [e.lost for e in events.released] == [True, False]
+
+
+def test_a_timeout_is_reported_as_not_acquired(client: redmutex.Client, events: Recorder) -> None:
+    name = name_()
+    holder = redmutex.Lock(client, name, ttl=10)
+    holder.acquire()
+    try:
+        assert redmutex.acquire_lock(client, name, atime=0.1) is False
+        with (
+            pytest.raises(redmutex.LockTimeoutError),
+            metrics.measured(redmutex.Lock(client, name, timeout=0.1)),
+        ):
+            pass
+    finally:
+        holder.release()
+    assert [e.acquired for e in events.acquired] == [False, False]
+    assert all(e.waited >= 0.09 for e in events.acquired)
+    assert events.released == []
+
+
+def test_locked_decorator_reports(client: redmutex.Client, events: Recorder) -> None:
+    @redmutex.locked(client, "game:{game_id}")
+    def play(game_id: int) -> int:
+        return game_id * 2
+
+    assert play(21) == 42
+    assert [(e.name, e.kind) for e in events.acquired] == [("game:21", "lock")]
+    assert [(e.name, e.lost) for e in events.released] == [("game:21", False)]
+
+
+def test_measured_knows_the_kinds(client: redmutex.Client, events: Recorder) -> None:
+    name = name_()
+    rw = redmutex.RWLock(client, name)
+    with metrics.measured(redmutex.Semaphore(client, name, 2)) as sem:
+        assert isinstance(sem, redmutex.Semaphore)  # `as` binds the lock object itself
+    with metrics.measured(rw.read()):
+        pass
+    with metrics.measured(rw.write()):
+        pass
+    kinds = ["semaphore", "rwlock.read", "rwlock.write"]
+    assert [e.kind for e in events.acquired] == kinds
+    assert [e.kind for e in events.released] == kinds
+
+
+def test_measured_reports_a_lost_lease(
+    client: redmutex.Client, r: redis.Redis, prefix: str, events: Recorder
+) -> None:
+    name = name_()
+    with (
+        pytest.raises(redmutex.LockLostError),
+        metrics.measured(redmutex.Lock(client, name, ttl=10)),
+    ):
+        r.delete((prefix + "{" + name + "}:lock").encode())
+    assert [e.lost for e in events.released] == [True]
+
+
+def test_measured_with_asyncio(client: redmutex.Client, events: Recorder) -> None:
+    name = name_()
+
+    async def main() -> None:
+        async with metrics.measured(aio.Lock(client, name)) as lock:
+            assert isinstance(lock, aio.Lock)
+            await asyncio.sleep(0.02)
+
+    asyncio.run(main())
+    assert [(e.name, e.kind, e.acquired) for e in events.acquired] == [(name, "lock", True)]
+    assert events.released[0].held >= 0.02
+
+
+def test_without_hooks_nothing_is_reported(client: redmutex.Client) -> None:
+    seen: list[object] = []
+    metrics.set_hooks(on_acquire=seen.append)
+    metrics.clear_hooks()
+    with redmutex.redis_lock(client, name_()):
+        pass
+    with metrics.measured(redmutex.Lock(client, name_())):
+        pass
+    assert seen == []
+    assert metrics._active is None
+
+
+def test_only_one_hook(client: redmutex.Client) -> None:
+    seen: list[ReleaseEvent] = []
+    metrics.set_hooks(on_release=seen.append)
+    try:
+        with redmutex.redis_lock(client, name_()):
+            pass
+    finally:
+        metrics.clear_hooks()
+    assert len(seen) == 1
+
+
+def test_a_failing_hook_is_logged_and_ignored(
+    client: redmutex.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(event: AcquireEvent) -> None:
+        raise RuntimeError("hook bug")
+
+    metrics.set_hooks(on_acquire=broken)
+    try:
+        with (
+            caplog.at_level(logging.WARNING, logger="redmutex"),
+            redmutex.redis_lock(client, name_()) as identifier,
+        ):
+            assert identifier
+    finally:
+        metrics.clear_hooks()
+    records = [r for r in caplog.records if r.name == "redmutex"]
+    assert len(records) == 1 and "metrics hook" in records[0].getMessage()
+    assert records[0].exc_info is not None
+
+
+def test_hooks_must_be_callable() -> None:
+    with pytest.raises(TypeError, match="on_acquire"):
+        metrics.set_hooks(on_acquire=42)  # type: ignore[arg-type]
+    assert metrics._active is None
+
+
+def test_threads_share_the_hooks(client: redmutex.Client, events: Recorder) -> None:
+    name = name_()
+
+    def work() -> None:
+        for _ in range(5):
+            with redmutex.redis_lock(client, name):
+                pass
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(events.acquired) == 20 and len(events.released) == 20
+    assert metrics._recipe_starts == {}
+
+
+# -- the redmutex logger ----------------------------------------------------------------------
+
+SECRET = "L0g-Secret-Pa55word"
+
+
+def test_lost_leases_are_logged_without_secrets(
+    make_server: Callable[..., RedisServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    server = make_server(["--requirepass", SECRET])
+    url = f"redis://default:{SECRET}@127.0.0.1:{server.port}/0"
+    client = redmutex.Client(url, prefix="log:")
+    conn = redis.Redis(host="127.0.0.1", port=server.port, password=SECRET)
+    lost = threading.Event()
+    with caplog.at_level(logging.WARNING, logger="redmutex"):
+        lock = redmutex.Lock(client, "job", ttl=0.3, auto_renew=True, on_lost=lambda _: lost.set())
+        with pytest.raises(ValueError, match="body"), lock:
+            conn.delete(b"log:{job}:lock")
+            assert lost.wait(10)
+            raise ValueError("body failed")
+        deadline = time.monotonic() + 5
+        while len([r for r in caplog.records if r.name == "redmutex"]) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    conn.close()
+    client.close()
+    records = [r for r in caplog.records if r.name == "redmutex"]
+    texts = [caplog.text] + [r.getMessage() for r in records]
+    assert any("lock 'job' was lost" in t for t in texts)
+    assert any("on leaving a block that raised" in t for t in texts)
+    assert all(r.levelno == logging.WARNING for r in records)
+    assert not any(SECRET in t for t in texts)
