@@ -7,15 +7,17 @@ pub mod exclusive;
 pub mod hold;
 pub mod lock;
 pub mod node;
+pub mod redlock;
 pub mod renew;
 pub mod runtime;
 pub mod rwlock;
 pub mod semaphore;
+pub mod sentinel;
 pub mod token;
 pub mod waiting;
 pub mod wake;
 
-pub use client::{Client, ClientConfig, Shared};
+pub use client::{Backend, Client, ClientConfig, Deployment, Shared};
 pub use error::{Error, Result};
 
 #[cfg(test)]
