@@ -1,10 +1,13 @@
 """The libraries under comparison ("peers"), each behind the same tiny interface.
 
-A peer opens a `Session` for a Redis URL; a session hands out primitives by capability
-(`lock` today; `semaphore`, `cache`... later). Scenarios only ever talk to these interfaces, so a
-new peer (python-redis-lock, pottery, dogpile.cache) is one `register(Peer(...))` here, and a
+A peer opens a `Session` for a Redis URL; a session hands out primitives by capability:
+`lock` (every lock peer), `semaphore` and `rwlock` (redmutex only: no peer has them). Scenarios
+only ever talk to these interfaces, so a new peer is one `register(Peer(...))` here, and a
 scenario declares the capability it needs. Peers are looked up by name, so a scenario that runs
-in child processes can pass `(peer name, url)` and reopen the session there.
+in worker processes passes `(peer name, url)` and the worker reopens the session there.
+
+Every handle's `acquire()` blocks for at most the `wait` it was made with and returns False
+when that ran out, so no benchmark loop can hang on a lock that never comes.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+WAIT = 30.0  # seconds: the longest any benchmark acquire() may wait
+
 
 class LockHandle(Protocol):
     def acquire(self) -> Any: ...
@@ -21,7 +26,7 @@ class LockHandle(Protocol):
 
 
 class Session(Protocol):
-    def lock(self, name: str, ttl: float) -> LockHandle: ...
+    def lock(self, name: str, ttl: float, wait: float = WAIT) -> LockHandle: ...
     def close(self) -> None: ...
 
 
@@ -30,7 +35,7 @@ class Peer:
     name: str
     label: str  # how the table names it, including the call measured
     capabilities: frozenset[str]
-    open: Callable[[str], Session]
+    open: Callable[[str], Any]  # url -> a Session (with the methods its capabilities need)
     probe: Callable[[], str | None]  # None when usable, else the reason why not
     info: Callable[[], dict[str, Any]] = field(default=dict)
     required: bool = True  # a required peer that is unavailable fails the run
@@ -51,18 +56,40 @@ def _version(distribution: str) -> str | None:
         return None
 
 
+def _probe_import(module: str, install: str) -> Callable[[], str | None]:
+    def probe() -> str | None:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            return f"not installed ({exc}); `.venv/bin/pip install {install}`"
+        return None
+
+    return probe
+
+
 # --- redmutex ------------------------------------------------------------------------------
 
 
 class _RedmutexSession:
-    def __init__(self, url: str) -> None:
+    """redmutex: `fair` selects the mode of every Lock this session hands out."""
+
+    def __init__(self, url: str, *, fair: bool = False) -> None:
         import redmutex
 
         self._redmutex = redmutex
+        self._fair = fair
         self.client = redmutex.Client(url)
 
-    def lock(self, name: str, ttl: float) -> LockHandle:
-        return self._redmutex.Lock(self.client, name, ttl=ttl)
+    def lock(self, name: str, ttl: float, wait: float = WAIT) -> LockHandle:
+        return self._redmutex.Lock(self.client, name, ttl=ttl, timeout=wait, fair=self._fair)
+
+    def semaphore(
+        self, name: str, limit: int, ttl: float, *, fair: bool = True, wait: float = WAIT
+    ) -> LockHandle:
+        return self._redmutex.Semaphore(self.client, name, limit, ttl=ttl, timeout=wait, fair=fair)
+
+    def rwlock_read(self, name: str, ttl: float, wait: float = WAIT) -> LockHandle:
+        return self._redmutex.RWLock(self.client, name, ttl=ttl, timeout=wait).read()
 
     def close(self) -> None:
         self.client.close()
@@ -83,8 +110,19 @@ register(
     Peer(
         name="redmutex",
         label="redmutex `Lock(client, name, ttl=10)`",
-        capabilities=frozenset({"lock"}),
+        capabilities=frozenset({"lock", "semaphore", "rwlock"}),
         open=_RedmutexSession,
+        probe=_probe_redmutex,
+        info=lambda: {"version": _version("redmutex")},
+    )
+)
+
+register(
+    Peer(
+        name="redmutex-fair",
+        label="redmutex `Lock(client, name, ttl=10, fair=True)`",
+        capabilities=frozenset({"lock"}),
+        open=lambda url: _RedmutexSession(url, fair=True),
         probe=_probe_redmutex,
         info=lambda: {"version": _version("redmutex")},
     )
@@ -95,13 +133,18 @@ register(
 
 
 class _RedisPySession:
-    def __init__(self, url: str) -> None:
+    """redis-py's `Lock`: SET NX PX, then a retry every `sleep` seconds while it is taken."""
+
+    def __init__(self, url: str, *, sleep: float | None = None) -> None:
         import redis
 
         self.client = redis.Redis.from_url(url)
+        self._sleep = sleep
 
-    def lock(self, name: str, ttl: float) -> LockHandle:
-        return self.client.lock(name, timeout=ttl)
+    def lock(self, name: str, ttl: float, wait: float = WAIT) -> LockHandle:
+        if self._sleep is None:  # the library's default (0.1 s), not restated here
+            return self.client.lock(name, timeout=ttl, blocking_timeout=wait)
+        return self.client.lock(name, timeout=ttl, sleep=self._sleep, blocking_timeout=wait)
 
     def close(self) -> None:
         self.client.close()
@@ -118,21 +161,119 @@ def _redis_py_info() -> dict[str, Any]:
     }
 
 
-def _probe_redis_py() -> str | None:
-    try:
-        import redis  # noqa: F401
-    except ImportError:
-        return "redis-py is not installed"
-    return None
+register(
+    Peer(
+        name="redis-py",
+        label="redis-py `Redis().lock(name, timeout=10)` (sleep=0.1 s, the default)",
+        capabilities=frozenset({"lock"}),
+        open=_RedisPySession,
+        probe=_probe_import("redis", "redis hiredis"),
+        info=_redis_py_info,
+    )
+)
+
+register(
+    Peer(
+        name="redis-py-1ms",
+        label="redis-py `Redis().lock(name, timeout=10, sleep=0.001)`",
+        capabilities=frozenset({"lock"}),
+        open=lambda url: _RedisPySession(url, sleep=0.001),
+        probe=_probe_import("redis", "redis hiredis"),
+        info=_redis_py_info,
+        required=False,
+    )
+)
+
+
+# --- python-redis-lock ---------------------------------------------------------------------
+
+
+class _PythonRedisLockHandle:
+    """`redis_lock.Lock`: SET NX EX, then BLPOP on a signal list that release pushes to."""
+
+    def __init__(self, lock: Any, wait: int) -> None:
+        self._lock = lock
+        self._wait = wait
+
+    def acquire(self) -> bool:
+        return bool(self._lock.acquire(timeout=self._wait))
+
+    def release(self) -> None:
+        self._lock.release()
+
+
+class _PythonRedisLockSession:
+    def __init__(self, url: str) -> None:
+        import redis
+
+        self.client = redis.Redis.from_url(url)
+
+    def lock(self, name: str, ttl: float, wait: float = WAIT) -> LockHandle:
+        import redis_lock
+
+        expire = max(1, round(ttl))  # whole seconds only
+        # it refuses a timeout longer than the lease (TimeoutTooLarge) without auto_renewal
+        return _PythonRedisLockHandle(
+            redis_lock.Lock(self.client, name, expire=expire), max(1, min(expire, round(wait)))
+        )
+
+    def close(self) -> None:
+        self.client.close()
 
 
 register(
     Peer(
-        name="redis-py",
-        label="redis-py `Redis().lock(name, timeout=10)`",
+        name="python-redis-lock",
+        label="python-redis-lock `redis_lock.Lock(Redis(), name, expire=10)`",
         capabilities=frozenset({"lock"}),
-        open=_RedisPySession,
-        probe=_probe_redis_py,
-        info=_redis_py_info,
+        open=_PythonRedisLockSession,
+        probe=_probe_import("redis_lock", "python-redis-lock"),
+        info=lambda: {"version": _version("python-redis-lock")},
+        required=False,
+    )
+)
+
+
+# --- pottery -------------------------------------------------------------------------------
+
+
+class _PotteryHandle:
+    """pottery's `Redlock` on one master: SET NX PX, retried after a random 0-0.2 s sleep."""
+
+    def __init__(self, lock: Any, wait: float) -> None:
+        self._lock = lock
+        self._wait = wait
+
+    def acquire(self) -> bool:
+        return bool(self._lock.acquire(timeout=self._wait))
+
+    def release(self) -> None:
+        self._lock.release()
+
+
+class _PotterySession:
+    def __init__(self, url: str) -> None:
+        import redis
+
+        self.client = redis.Redis.from_url(url)
+
+    def lock(self, name: str, ttl: float, wait: float = WAIT) -> LockHandle:
+        from pottery import Redlock
+
+        return _PotteryHandle(Redlock(key=name, masters={self.client}, auto_release_time=ttl), wait)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+register(
+    Peer(
+        name="pottery",
+        label="pottery `Redlock(key=name, masters={Redis()}, auto_release_time=10)`",
+        capabilities=frozenset({"lock"}),
+        open=_PotterySession,
+        probe=_probe_import("pottery", "pottery"),
+        info=lambda: {"version": _version("pottery")},
+        required=False,
     )
 )

@@ -1,9 +1,15 @@
 """The scenarios: what is timed, written once against the peer interface.
 
-A scenario is a function `(session, context) -> Measurement` plus the capability it needs; adding
-one (contended hand-off between processes, cache stampede, semaphore...) is a function and a
-`register(Scenario(...))`. Every scenario warms up before it starts the clock, times with
-`time.perf_counter_ns`, and keeps the cyclic GC out of the timed region.
+A scenario is a function `(session, context) -> Measurement` plus the capability it needs and
+the kind of result it gives (which decides the table it lands in):
+
+- "pairs": acquire+release pairs/s in this process, per-pair latency;
+- "handoff": hand-off latency between processes (the `latencies_ns` are hand-offs);
+- "contended": critical sections/s of processes competing for one name, owner switches, waits;
+- "commands": Redis commands (INFO commandstats) per hand-off, at one point of an axis.
+
+In-process scenarios warm up before they start the clock, time with `time.perf_counter_ns`, and
+keep the cyclic GC out of the timed region; multi-process ones run on the worker pool (pool.py).
 """
 
 from __future__ import annotations
@@ -12,11 +18,16 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+import contention
 from peers import LockHandle, Session
+from pool import Job, JobResult, WorkerPool
 from timing import Measurement, gc_paused
 
 TTL = 10.0  # seconds: every lock in the lock scenarios is taken with this lease
+HOLD_S = 0.001  # hand-off scenarios: each holder keeps the lock this long, so others queue up
+SEMAPHORE_LIMIT = 4
 
 
 @dataclass(frozen=True)
@@ -24,13 +35,39 @@ class Sizes:
     pairs: int  # timed acquire+release pairs, single-thread scenarios
     warmup: int  # untimed pairs before each timed run (per thread)
     thread_pairs: int  # timed pairs per thread, threaded scenarios
-    rounds: int  # each scenario x peer is run this many times, peers interleaved
+    rounds: int  # each in-process scenario x peer is run this many times, peers interleaved
     benchmark_requests: int  # requests per redis-benchmark run (physical limit)
+    max_seconds: float  # an in-process timed run stops after this long, pairs done or not
+    process_rounds: int  # rounds of the multi-process scenarios
+    process_seconds: float  # timed window of one multi-process run
+    command_seconds: float  # timed window of one commands-per-hand-off run (one round)
+    warmup_seconds: float  # warm-up of the workers before a multi-process run
+    command_rounds: int = 1  # rounds of the commands-per-hand-off points (counts, not speeds)
 
 
-QUICK = Sizes(pairs=5_000, warmup=500, thread_pairs=1_000, rounds=3, benchmark_requests=20_000)
+QUICK = Sizes(
+    pairs=5_000,
+    warmup=500,
+    thread_pairs=1_000,
+    rounds=2,
+    benchmark_requests=20_000,
+    max_seconds=0.5,
+    process_rounds=1,
+    process_seconds=0.8,
+    command_seconds=0.5,
+    warmup_seconds=0.1,
+)
 DEFAULT = Sizes(
-    pairs=20_000, warmup=2_000, thread_pairs=3_000, rounds=5, benchmark_requests=100_000
+    pairs=20_000,
+    warmup=2_000,
+    thread_pairs=3_000,
+    rounds=4,
+    benchmark_requests=100_000,
+    max_seconds=1.5,
+    process_rounds=2,
+    process_seconds=2.0,
+    command_seconds=1.2,
+    warmup_seconds=0.3,
 )
 
 
@@ -39,6 +76,8 @@ class Context:
     namespace: str  # every key name a scenario uses starts with this (unique per run)
     sizes: Sizes
     peer: str
+    pool: WorkerPool | None = None  # the worker processes (multi-process scenarios)
+    commandstats: Callable[[], dict[str, int]] | None = None  # calls per command, INFO excluded
 
     def name(self, *parts: object) -> str:
         return ":".join([self.namespace, self.peer, *map(str, parts)])
@@ -52,6 +91,13 @@ class Scenario:
     unit: str  # what one operation is
     run: Callable[[Session, Context], Measurement]
     single_connection: bool = False  # comparable with the single-connection physical limit
+    kind: str = "pairs"  # "pairs", "handoff", "contended" or "commands" (see the module doc)
+    rounds: str = "rounds"  # the Sizes field that gives its number of rounds
+    processes: int = 0  # worker processes it needs (0: it runs in the benchmark process)
+    axis: str = ""  # "commands": "threads" or "processes"
+    point: int = 0  # "commands": the value on that axis
+    capacity: int | None = 1  # holders allowed at once (None: any number, e.g. readers)
+    quick: bool = True  # part of a --quick run's default selection
 
 
 SCENARIOS: dict[str, Scenario] = {}
@@ -62,34 +108,57 @@ def register(scenario: Scenario) -> Scenario:
     return scenario
 
 
-def _pairs(lock: LockHandle, count: int, latencies: list[int] | None) -> None:
-    """`count` acquire+release pairs; with `latencies`, append each pair's duration in ns."""
+# --- in-process scenarios ------------------------------------------------------------------
+
+
+def _pairs(lock: LockHandle, count: int, latencies: list[int] | None, deadline_ns: int) -> int:
+    """Up to `count` acquire+release pairs, fewer if `deadline_ns` passes; returns how many.
+
+    With `latencies`, appends each pair's duration in ns.
+    """
     acquire, release, clock = lock.acquire, lock.release, time.perf_counter_ns
+    done = 0
     if latencies is None:
-        for _ in range(count):
+        for done in range(1, count + 1):
             if not acquire():
                 raise RuntimeError("an uncontended acquire() returned False")
             release()
-        return
+            if done % 64 == 0 and clock() >= deadline_ns:
+                break
+        return done
     append = latencies.append
-    for _ in range(count):
+    for done in range(1, count + 1):
         start = clock()
         if not acquire():
             raise RuntimeError("an uncontended acquire() returned False")
         release()
-        append(clock() - start)
+        end = clock()
+        append(end - start)
+        if end >= deadline_ns:
+            break
+    return done
 
 
-def uncontended(session: Session, ctx: Context) -> Measurement:
-    """One thread, one name, one reused lock object: N acquire+release pairs back to back."""
-    lock = session.lock(ctx.name("uncontended"), TTL)
-    _pairs(lock, ctx.sizes.warmup, None)
-    latencies: list[int] = []
-    with gc_paused():
-        start = time.perf_counter_ns()
-        _pairs(lock, ctx.sizes.pairs, latencies)
-        elapsed = time.perf_counter_ns() - start
-    return Measurement(ctx.sizes.pairs, elapsed, latencies)
+def _deadline(seconds: float) -> int:
+    return time.perf_counter_ns() + int(seconds * 1e9)
+
+
+def _single_thread(make: Callable[[Session, Context], LockHandle]) -> Callable[..., Measurement]:
+    """One thread, one name, one reused object: N acquire+release pairs back to back."""
+
+    def run(session: Session, ctx: Context) -> Measurement:
+        lock = make(session, ctx)
+        _pairs(lock, ctx.sizes.warmup, None, _deadline(ctx.sizes.max_seconds / 4))
+        latencies: list[int] = []
+        with gc_paused():
+            start = time.perf_counter_ns()
+            done = _pairs(
+                lock, ctx.sizes.pairs, latencies, start + int(ctx.sizes.max_seconds * 1e9)
+            )
+            elapsed = time.perf_counter_ns() - start
+        return Measurement(done, elapsed, latencies)
+
+    return run
 
 
 def threads_on_names(threads: int, names: int) -> Callable[[Session, Context], Measurement]:
@@ -107,15 +176,17 @@ def threads_on_names(threads: int, names: int) -> Callable[[Session, Context], M
         barrier = threading.Barrier(threads)
         starts = [0] * threads
         ends = [0] * threads
+        done = [0] * threads
         latencies: list[list[int]] = [[] for _ in range(threads)]
         errors: list[BaseException] = []
 
         def worker(i: int) -> None:
             try:
-                _pairs(locks[i], ctx.sizes.warmup, None)
+                _pairs(locks[i], ctx.sizes.warmup, None, _deadline(ctx.sizes.max_seconds / 4))
                 barrier.wait(timeout=120)
                 starts[i] = time.perf_counter_ns()
-                _pairs(locks[i], count, latencies[i])
+                deadline = starts[i] + int(ctx.sizes.max_seconds * 1e9)
+                done[i] = _pairs(locks[i], count, latencies[i], deadline)
                 ends[i] = time.perf_counter_ns()
             except BaseException as exc:  # noqa: BLE001 - re-raised by the main thread
                 errors.append(exc)
@@ -133,14 +204,160 @@ def threads_on_names(threads: int, names: int) -> Callable[[Session, Context], M
             raise RuntimeError("a benchmark thread did not finish within 600 s")
         merged = [value for per_thread in latencies for value in per_thread]
         return Measurement(
-            threads * count,
-            max(ends) - min(starts),
-            merged,
-            {"threads": threads, "names": names},
+            sum(done), max(ends) - min(starts), merged, {"threads": threads, "names": names}
         )
 
     return run
 
+
+# --- multi-process scenarios ---------------------------------------------------------------
+
+
+def _run_job(ctx: Context, job: Job, processes: int, **hooks: Any) -> JobResult:
+    if ctx.pool is None:
+        raise RuntimeError("this scenario needs the worker pool")
+    result = ctx.pool.run(job, processes, **hooks)
+    if result.errors:
+        raise RuntimeError(f"{len(result.errors)} contender(s) failed: {result.errors[0]}")
+    return result
+
+
+def _check_exclusion(summary: dict[str, Any]) -> None:
+    if summary["exclusion_violated"]:
+        raise RuntimeError(
+            f"exclusion violated: {summary['max_holders_max']} holders at once"
+            f" (at most {summary['capacity']} allowed)"
+        )
+
+
+def handoff(processes: int) -> Callable[[Session, Context], Measurement]:
+    """`processes` processes pass one lock around: each holds it HOLD_S, then releases and
+    asks again only once another has taken over, so each release finds the others waiting.
+    What is timed is release() returning in one process -> acquire() returning in the next."""
+
+    def run(session: Session, ctx: Context) -> Measurement:
+        job = Job(
+            peer=ctx.peer,
+            primitive="lock",
+            name=ctx.name(f"handoff{processes}"),
+            threads=1,
+            seconds=ctx.sizes.process_seconds,
+            warmup_s=ctx.sizes.warmup_seconds,
+            ttl=TTL,
+            ring=True,
+            hold_s=HOLD_S,
+        )
+        result = _run_job(ctx, job, processes)
+        summary = contention.contended_summary(result.sections, result.start_ns, result.end_ns, 1)
+        _check_exclusion(summary)
+        latencies = contention.handoff_latencies(result.sections, result.start_ns, result.end_ns)
+        if not latencies:
+            raise RuntimeError("no hand-off happened in the window")
+        return Measurement(
+            len(latencies),
+            result.end_ns - result.start_ns,
+            latencies,
+            {"processes": processes, "handoffs": len(latencies)},
+        )
+
+    return run
+
+
+def contended(
+    processes: int, primitive: str = "lock", *, capacity: int | None = 1, fair: bool = True
+) -> Callable[[Session, Context], Measurement]:
+    """`processes` processes loop acquire -> (empty section) -> release on one name, asking
+    again at once: total sections/s, owner switches, the longest wait of any acquire()."""
+
+    def run(session: Session, ctx: Context) -> Measurement:
+        job = Job(
+            peer=ctx.peer,
+            primitive=primitive,
+            name=ctx.name(f"contended-{primitive}{processes}{'' if fair else 'u'}"),
+            threads=1,
+            seconds=ctx.sizes.process_seconds,
+            warmup_s=ctx.sizes.warmup_seconds,
+            ttl=TTL,
+            limit=capacity or 1,
+            fair=fair,
+        )
+        result = _run_job(ctx, job, processes)
+        summary = contention.contended_summary(
+            result.sections, result.start_ns, result.end_ns, capacity
+        )
+        _check_exclusion(summary)
+        waits = summary.pop("wait_ns")
+        extra = {
+            k: v for k, v in summary.items() if k not in ("sections", "per_second", "capacity")
+        }
+        return Measurement(
+            summary["sections"],
+            result.end_ns - result.start_ns,
+            waits,
+            {"processes": processes, **extra},
+        )
+
+    return run
+
+
+def commands_per_handoff(processes: int, threads: int) -> Callable[[Session, Context], Measurement]:
+    """Hand-offs as in `handoff`, among `threads` threads in each of `processes` processes;
+    the Redis commands executed meanwhile (INFO commandstats deltas, which count the commands
+    a script runs as well as the script call itself) divided by the number of hand-offs."""
+
+    def run(session: Session, ctx: Context) -> Measurement:
+        if ctx.commandstats is None:
+            raise RuntimeError("this scenario needs INFO commandstats")
+        read = ctx.commandstats
+        stats: dict[str, dict[str, int]] = {}
+        job = Job(
+            peer=ctx.peer,
+            primitive="lock",
+            name=ctx.name(f"commands-p{processes}t{threads}"),
+            threads=threads,
+            seconds=ctx.sizes.command_seconds,
+            warmup_s=ctx.sizes.warmup_seconds,
+            ttl=TTL,
+            ring=True,
+            hold_s=HOLD_S,
+        )
+        result = _run_job(
+            ctx,
+            job,
+            processes,
+            before=lambda: stats.__setitem__("before", read()),
+            after=lambda: stats.__setitem__("after", read()),
+        )
+        summary = contention.contended_summary(result.sections, result.start_ns, result.end_ns, 1)
+        _check_exclusion(summary)
+        handoffs = contention.owner_switches(result.sections)
+        if handoffs < 1:
+            raise RuntimeError("no hand-off happened in the window")
+        before, after = stats["before"], stats["after"]
+        delta = {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)}
+        total = sum(delta.values())
+        return Measurement(
+            handoffs,
+            result.end_ns - result.start_ns,
+            [],
+            {
+                "processes": processes,
+                "threads_per_process": threads,
+                "waiting": processes * threads - 1,
+                "handoffs": handoffs,
+                "commands": total,
+                "commands_per_handoff": total / handoffs,
+                "per_command": {
+                    k: round(n / handoffs, 3)
+                    for k, n in sorted(delta.items(), key=lambda kv: -kv[1])
+                },
+            },
+        )
+
+    return run
+
+
+# --- the registry --------------------------------------------------------------------------
 
 register(
     Scenario(
@@ -148,7 +365,7 @@ register(
         title="uncontended (1 thread, 1 name)",
         needs="lock",
         unit="pair",
-        run=uncontended,
+        run=_single_thread(lambda s, ctx: s.lock(ctx.name("uncontended"), TTL)),
         single_connection=True,
     )
 )
@@ -160,5 +377,122 @@ register(
         needs="lock",
         unit="pair",
         run=threads_on_names(8, 8),
+    )
+)
+
+for _p in (2, 4):
+    register(
+        Scenario(
+            key=f"handoff{_p}",
+            title=f"hand-off, {_p} processes",
+            needs="lock",
+            unit="hand-off",
+            run=handoff(_p),
+            kind="handoff",
+            rounds="process_rounds",
+            processes=_p,
+        )
+    )
+
+for _p in (4, 8):
+    register(
+        Scenario(
+            key=f"contended{_p}",
+            title=f"contended, {_p} processes on 1 name",
+            needs="lock",
+            unit="section",
+            run=contended(_p),
+            kind="contended",
+            rounds="process_rounds",
+            processes=_p,
+        )
+    )
+
+for _w in (1, 4, 16, 64):
+    register(
+        Scenario(
+            key=f"commands-w{_w}",
+            title=f"commands per hand-off, 1 process, {_w} waiting thread(s)",
+            needs="lock",
+            unit="hand-off",
+            run=commands_per_handoff(1, _w + 1),
+            kind="commands",
+            rounds="command_rounds",
+            processes=1,
+            axis="threads",
+            point=_w,
+            quick=_w in (1, 64),
+        )
+    )
+
+for _p in (1, 2, 4, 8):
+    register(
+        Scenario(
+            key=f"commands-p{_p}",
+            title=f"commands per hand-off, {_p} process(es) x 2 threads",
+            needs="lock",
+            unit="hand-off",
+            run=commands_per_handoff(_p, 2),
+            kind="commands",
+            rounds="command_rounds",
+            processes=_p,
+            axis="processes",
+            point=_p,
+            quick=_p in (1, 8),
+        )
+    )
+
+register(
+    Scenario(
+        key="semaphore",
+        title=f"Semaphore uncontended (limit {SEMAPHORE_LIMIT})",
+        needs="semaphore",
+        unit="pair",
+        run=_single_thread(
+            lambda s, ctx: s.semaphore(ctx.name("semaphore"), SEMAPHORE_LIMIT, TTL)  # type: ignore[attr-defined]
+        ),
+        single_connection=True,
+    )
+)
+
+for _fair in (True, False):
+    register(
+        Scenario(
+            key=f"semaphore8-{'fair' if _fair else 'unfair'}",
+            title=(
+                f"Semaphore, 8 processes on limit {SEMAPHORE_LIMIT}, {'fair' if _fair else 'unfair'}"
+            ),
+            needs="semaphore",
+            unit="section",
+            run=contended(8, "semaphore", capacity=SEMAPHORE_LIMIT, fair=_fair),
+            kind="contended",
+            rounds="process_rounds",
+            processes=8,
+            capacity=SEMAPHORE_LIMIT,
+        )
+    )
+
+register(
+    Scenario(
+        key="rwlock-read",
+        title="RWLock read, uncontended",
+        needs="rwlock",
+        unit="pair",
+        run=_single_thread(lambda s, ctx: s.rwlock_read(ctx.name("rwlock-read"), TTL)),  # type: ignore[attr-defined]
+        single_connection=True,
+    )
+)
+
+register(
+    Scenario(
+        key="rwlock-read8",
+        title="RWLock readers, 8 processes",
+        needs="rwlock",
+        unit="section",
+        run=contended(8, "read", capacity=None),
+        kind="contended",
+        rounds="process_rounds",
+        processes=8,
+        capacity=None,
     )
 )

@@ -465,9 +465,10 @@ def test_fuzz_client_url(url: Any) -> None:
     except ALLOWED as exc:
         assert "url" in str(exc).lower(), str(exc)
         return
-    # only a string (or None, perhaps meaning the default) may be accepted; a list of non-URLs
-    # (or an empty list of masters) is not a valid Redlock configuration
-    assert isinstance(url, str) or url is None, f"accepted {url!r}"
+    # only a string (or None, perhaps meaning the default) may be accepted, or a non-empty list
+    # of URL strings (Redlock masters); a list of non-URLs or an empty list is refused
+    redlock = isinstance(url, (list, tuple)) and bool(url) and all(isinstance(u, str) for u in url)
+    assert isinstance(url, str) or url is None or redlock, f"accepted {url!r}"
     c.close()
 
 

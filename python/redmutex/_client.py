@@ -29,6 +29,53 @@ def _userinfo(username: str | None, password: str | None) -> str:
     return f"{user}:{quote(str(password), safe='')}@"
 
 
+def _host_port(host: str | None, port: int | None, default_port: int) -> str:
+    host = host or "127.0.0.1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{int(port or default_port)}"
+
+
+def _sentinel_url(pool: Any, kwargs: dict[str, Any]) -> str | None:
+    """A redis+sentinel:// URL for a redis-py client made by `Sentinel.master_for(...)`."""
+    manager = getattr(pool, "sentinel_manager", None)
+    service = getattr(pool, "service_name", None)
+    if manager is None or not isinstance(service, str):
+        return None
+    hosts = []
+    for sentinel in getattr(manager, "sentinels", []):
+        skw = getattr(getattr(sentinel, "connection_pool", None), "connection_kwargs", {})
+        hosts.append(_host_port(skw.get("host"), skw.get("port"), 26379))
+    if not hosts:
+        return None
+    db = int(kwargs.get("db") or 0)
+    userinfo = _userinfo(kwargs.get("username"), kwargs.get("password"))
+    query = {}
+    sentinel_kwargs = getattr(manager, "sentinel_kwargs", None) or {}
+    if sentinel_kwargs.get("username"):
+        query["sentinel_username"] = str(sentinel_kwargs["username"])
+    if sentinel_kwargs.get("password") is not None:
+        query["sentinel_password"] = str(sentinel_kwargs["password"])
+    tail = f"?{urlencode(query)}" if query else ""
+    return f"redis+sentinel://{userinfo}{','.join(hosts)}/{quote(service, safe='')}/{db}{tail}"
+
+
+def cluster_urls_of_redis_py(redis_client: Any) -> list[str] | None:
+    """The node URLs of a redis-py `RedisCluster`, or None for anything else."""
+    get_nodes = getattr(redis_client, "get_nodes", None)
+    manager = getattr(redis_client, "nodes_manager", None)
+    if get_nodes is None or manager is None:
+        return None
+    kwargs = getattr(manager, "connection_kwargs", None) or {}
+    scheme = "rediss" if kwargs.get("ssl") else "redis"
+    userinfo = _userinfo(kwargs.get("username"), kwargs.get("password"))
+    return [
+        f"{scheme}://{userinfo}{_host_port(node.host, node.port, 6379)}/0"
+        for node in get_nodes()
+        if getattr(node, "server_type", "primary") == "primary"
+    ]
+
+
 def url_of_redis_py(redis_client: Any) -> tuple[str, float | None, float | None]:
     """The URL (and timeouts, if set) of a redis-py client's connection pool."""
     pool = getattr(redis_client, "connection_pool", None)
@@ -39,7 +86,10 @@ def url_of_redis_py(redis_client: Any) -> tuple[str, float | None, float | None]
     username = kwargs.get("username")
     password = kwargs.get("password")
     path = kwargs.get("path")
-    if path:
+    sentinel = _sentinel_url(pool, kwargs)
+    if sentinel is not None:
+        url = sentinel
+    elif path:
         query = {"db": str(db)}
         if username:
             query["user"] = username
@@ -69,13 +119,17 @@ def from_redis(redis_client: Any, prefix: str = "redmutex:") -> Client:
             cached = None
         if cached is not None and cached.prefix == prefix:
             return cached
-    url, connect_timeout, command_timeout = url_of_redis_py(redis_client)
     options: dict[str, Any] = {"prefix": prefix}
-    if isinstance(connect_timeout, (int, float)) and connect_timeout > 0:
-        options["connect_timeout"] = float(connect_timeout)
-    if isinstance(command_timeout, (int, float)) and command_timeout > 0:
-        options["command_timeout"] = float(command_timeout)
-    client = Client(url, **options)
+    cluster = cluster_urls_of_redis_py(redis_client)
+    if cluster is not None:
+        client = Client(cluster=cluster, **options)
+    else:
+        url, connect_timeout, command_timeout = url_of_redis_py(redis_client)
+        if isinstance(connect_timeout, (int, float)) and connect_timeout > 0:
+            options["connect_timeout"] = float(connect_timeout)
+        if isinstance(command_timeout, (int, float)) and command_timeout > 0:
+            options["command_timeout"] = float(command_timeout)
+        client = Client(url, **options)
     with _cache_lock:
         try:
             _from_redis_cache[redis_client] = client
@@ -98,7 +152,7 @@ def coerce(obj: Any) -> Client:
             if len(_by_url) >= _BY_URL_KEPT:
                 _by_url.pop(next(iter(_by_url)))
             return _by_url.setdefault(obj, client)
-    if hasattr(obj, "connection_pool"):
+    if hasattr(obj, "connection_pool") or hasattr(obj, "nodes_manager"):
         return from_redis(obj)
     raise TypeError(
         f"client: expected a redmutex.Client, a URL string or a redis.Redis, "

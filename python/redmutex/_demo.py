@@ -1,5 +1,9 @@
 """`python -m redmutex demo`: the book's money transfer, run from several processes at once.
 
+After it, the same server shows two more scenarios: a fair lock handing over in arrival order
+across processes (`_demo_fair`) and a semaphore limiting calls to a slow resource
+(`_demo_semaphore`). The exit code is 0 only if every scenario's invariant held.
+
 Five accounts start with the same balance. Several processes (started with "spawn", so each has
 its own interpreter, connections and locks) make random transfers with `transfer_funds`, exactly
 as in the API page: the sender's balance is checked and debited under `redis_lock(conn, "lock:" +
@@ -63,7 +67,7 @@ def _audited_connection(url: str) -> Any:
             execute = pipe.execute
 
             def audited_execute(raise_on_error: bool = True) -> list[Any]:
-                replies = execute(raise_on_error)
+                replies: list[Any] = execute(raise_on_error)
                 if any(type(r) is int and r < 0 for r in replies):
                     self.overdrafts += 1
                 return replies
@@ -286,28 +290,40 @@ def report(outcome: Outcome, out: TextIO) -> bool:
     return ok
 
 
+def _run_all(url: str, processes: int, transfers: int, out: TextIO, label: str) -> int:
+    """The money transfer, then a fair hand-off between processes, then the semaphore."""
+    from redmutex._demo_fair import fair_demo
+    from redmutex._demo_semaphore import semaphore_demo
+
+    outcome = run_demo(url, processes, transfers, out, label)
+    ok = report(outcome, out)
+    if outcome.failures and ok:
+        raise DemoError(f"{len(outcome.failures)} worker(s) failed, first: {outcome.failures[0]}")
+    print(file=out)
+    fair_ok = fair_demo(url, out=out) == 0
+    print(file=out)
+    out.flush()
+    semaphore_ok = semaphore_demo(url) == 0  # prints to stdout
+    return 0 if ok and fair_ok and semaphore_ok else 1
+
+
 def main(
     url: str | None, processes: int = 6, transfers: int = 300, out: TextIO = sys.stdout
 ) -> int:
-    """Runs the demo; 0 when the invariant held, 1 when it broke. Raises DemoError otherwise."""
+    """Runs the demo; 0 when every invariant held, 1 when one broke. Raises DemoError otherwise."""
     label = "from --redis"
     if url is None:
         url, label = os.environ.get("REDIS_URL") or None, "from REDIS_URL"
     if url is not None:
-        outcome = run_demo(url, processes, transfers, out, label)
-    else:
-        from redmutex._server import RedisServer
+        return _run_all(url, processes, transfers, out, label)
+    from redmutex._server import RedisServer
 
-        server = RedisServer()
-        try:
-            server.start()
-        except RuntimeError as exc:
-            raise DemoError(f"cannot start a private redis-server: {exc}") from None
-        try:
-            outcome = run_demo(server.url, processes, transfers, out, "private, for this demo")
-        finally:
-            server.stop()
-    ok = report(outcome, out)
-    if outcome.failures and ok:
-        raise DemoError(f"{len(outcome.failures)} worker(s) failed, first: {outcome.failures[0]}")
-    return 0 if ok else 1
+    server = RedisServer()
+    try:
+        server.start()
+    except RuntimeError as exc:
+        raise DemoError(f"cannot start a private redis-server: {exc}") from None
+    try:
+        return _run_all(server.url, processes, transfers, out, "private, for this demo")
+    finally:
+        server.stop()

@@ -26,11 +26,22 @@ def free_port() -> int:
 
 
 class RedisServer:
-    """Starts `redis-server` on 127.0.0.1 with no persistence; `stop()` ends exactly that process."""
+    """Starts `redis-server` on 127.0.0.1 with no persistence; `stop()` ends exactly that process.
 
-    def __init__(self, port: int | None = None, *, extra_args: list[str] | None = None) -> None:
+    `config_file` is passed first (Sentinel needs one it can rewrite: `config_file=path,
+    extra_args=["--sentinel"]`).
+    """
+
+    def __init__(
+        self,
+        port: int | None = None,
+        *,
+        extra_args: list[str] | None = None,
+        config_file: str | None = None,
+    ) -> None:
         self.port = port or free_port()
         self.extra_args = list(extra_args or [])
+        self.config_file = config_file
         self.process: subprocess.Popen[bytes] | None = None
         self.dir = tempfile.mkdtemp(prefix="redmutex-redis-")
 
@@ -44,6 +55,7 @@ class RedisServer:
             raise RuntimeError("redis-server is not installed (make deps installs it)")
         args = [
             binary,
+            *([self.config_file] if self.config_file else []),
             "--port", str(self.port),
             "--bind", "127.0.0.1",
             "--save", "",

@@ -54,12 +54,13 @@ pub struct CacheSpec {
 }
 
 impl CacheSpec {
-    pub fn new(client: &Client, name: &[u8], claim_lease: Duration) -> Self {
-        CacheSpec {
+    /// Fails for a name the deployment cannot hold (on a cluster, one starting with '}').
+    pub fn new(client: &Client, name: &[u8], claim_lease: Duration) -> Result<Self> {
+        Ok(CacheSpec {
             name: name.to_vec(),
-            keys: client.keys(name),
+            keys: client.keys(name)?,
             claim_lease,
-        }
+        })
     }
 }
 
@@ -571,7 +572,7 @@ mod server_tests {
     use crate::engine::tests::{block_on, Server};
 
     fn spec(client: &Client, name: &str, lease_ms: u64) -> CacheSpec {
-        CacheSpec::new(client, name.as_bytes(), Duration::from_millis(lease_ms))
+        CacheSpec::new(client, name.as_bytes(), Duration::from_millis(lease_ms)).unwrap()
     }
 
     async fn query<T: redis::FromRedisValue + Send>(shared: &Shared, cmd: &redis::Cmd) -> T {

@@ -1,6 +1,14 @@
 //! A client: the settings of one Redis deployment, and per process the connections to it.
+//!
+//! Deployments come in two shapes behind one `Backend`:
+//! - `Single`: one logical keyspace reached through one `Shared` — a server, a Sentinel-managed
+//!   master, or a Redis Cluster (the cluster client routes each script by its first key, and all
+//!   keys of a primitive share one slot, so every script works there unchanged);
+//! - `Redlock`: N independent masters, each a `Shared` of its own, with per-primitive quorum
+//!   logic (`engine::redlock`). Primitives without such logic get `Error::Unsupported` there.
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, Weak};
 
 use redis::ConnectionInfo;
@@ -9,32 +17,52 @@ use super::cache::Flight;
 use super::direct::DirectPool;
 use super::error::{Error, Result};
 use super::exclusive::ExclusivePool;
-use super::gates::Gates;
-use super::node::{Node, Timeouts};
-use super::runtime::pid;
+use super::name_map::NameMap;
+use super::node::{Node, Retry, Target, Timeouts};
+use super::redlock::Redlock;
+use super::runtime::{self, pid};
+use super::sentinel::Sentinel;
 use super::waiting::Gate;
 use super::wake::WakeHub;
 use crate::protocol::keys::Keys;
+use crate::protocol::url::{self, Endpoint};
+
+/// The Redis deployment a client talks to.
+#[derive(Clone, Debug)]
+pub enum Deployment {
+    /// One server, or a Sentinel-managed master.
+    Single(Box<Endpoint>),
+    /// A Redis Cluster, found through these seed nodes.
+    Cluster(Vec<ConnectionInfo>),
+    /// Redlock over independent masters (each a server or a Sentinel-managed master), with a
+    /// label (the redacted URL) for each, for messages.
+    Redlock(Vec<(Endpoint, String)>),
+}
 
 #[derive(Clone, Debug)]
 pub struct ClientConfig {
-    pub info: ConnectionInfo,
+    pub deployment: Deployment,
     pub prefix: Vec<u8>,
     pub timeouts: Timeouts,
 }
 
-/// What a process shares on one client: the command connection, the subscriber hub, and the
-/// in-process gates that let only one waiter per lock name compete in Redis at a time.
-pub struct Shared {
-    pub node: Node,
-    /// Connections used one call at a time, for writes that WAIT must follow (replicas).
-    pub exclusive: ExclusivePool,
-    /// Blocking connections for one-round-trip calls made from the caller's thread.
-    pub direct: DirectPool,
-    pub hub: WakeHub,
+impl ClientConfig {
+    /// One server (or Sentinel URL), the common case.
+    pub fn single(url_text: &str, prefix: &[u8], timeouts: Timeouts) -> Result<Self> {
+        Ok(ClientConfig {
+            deployment: Deployment::Single(Box::new(
+                url::parse_endpoint(url_text).map_err(Error::Invalid)?,
+            )),
+            prefix: prefix.to_vec(),
+            timeouts,
+        })
+    }
+}
+
+/// The in-process gates that let only one waiter per lock name compete in Redis at a time.
+#[derive(Default)]
+pub struct Gates {
     gates: Mutex<HashMap<Vec<u8>, Weak<Gate>>>,
-    /// The same for cache entries, each gate guarding the value its last waiter read.
-    pub cache_flights: Gates<Flight>,
 }
 
 impl Shared {
@@ -43,7 +71,9 @@ impl Shared {
     pub fn fault_epoch(&self) -> u64 {
         self.node.drops() + self.direct.drops()
     }
+}
 
+impl Gates {
     /// The gate of one lock name in this process (fair locks queue in Redis instead).
     pub fn gate(&self, name: &[u8]) -> Arc<Gate> {
         let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
@@ -59,18 +89,190 @@ impl Shared {
     }
 }
 
+/// Aborts a background task when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// What a process shares on one Redis deployment: the command connection, the subscriber hub,
+/// and the in-process gates.
+pub struct Shared {
+    pub node: Node,
+    /// Connections used one call at a time, for writes that WAIT must follow (replicas).
+    pub exclusive: ExclusivePool,
+    /// Blocking connections for one-round-trip calls made from the caller's thread; only for a
+    /// single server (a cluster routes by slot and a Sentinel master moves: they go through
+    /// the runtime, and this pool refuses).
+    pub direct: DirectPool,
+    pub hub: WakeHub,
+    gates: Gates,
+    /// Per cache entry: the gate of its waiters and the value last read for them.
+    pub cache_flights: NameMap<Flight>,
+    /// Sentinel: the task that moves the connections when a failover is announced.
+    _watcher: Option<AbortOnDrop>,
+}
+
+impl Shared {
+    /// Connections (opened lazily) to `target`; `identify` reads each server's run_id as its
+    /// connection opens (Redlock masters).
+    pub fn open(target: Arc<Target>, timeouts: Timeouts, identify: bool) -> Arc<Shared> {
+        Arc::new_cyclic(|me: &Weak<Shared>| {
+            let watcher = match &*target {
+                Target::Sentinel(sentinel) => {
+                    let me = me.clone();
+                    let watch = sentinel
+                        .clone()
+                        .watch(timeouts, move || match me.upgrade() {
+                            Some(shared) => {
+                                shared.node.reset();
+                                shared.exclusive.reset();
+                                shared.hub.reset();
+                                true
+                            }
+                            None => false,
+                        });
+                    runtime::handle()
+                        .ok()
+                        .map(|h| AbortOnDrop(h.spawn(watch).abort_handle()))
+                }
+                _ => None,
+            };
+            let node = if identify {
+                Node::identified(target.clone(), timeouts)
+            } else {
+                Node::new(target.clone(), timeouts)
+            };
+            let direct = match &*target {
+                Target::Direct(client) => DirectPool::new(client.clone(), timeouts),
+                _ => DirectPool::unavailable(timeouts),
+            };
+            Shared {
+                node,
+                exclusive: ExclusivePool::new(target.clone(), timeouts),
+                direct,
+                hub: WakeHub::new(target, timeouts),
+                gates: Gates::default(),
+                cache_flights: NameMap::new(),
+                _watcher: watcher,
+            }
+        })
+    }
+
+    /// The gate of one lock name in this process (fair locks queue in Redis instead).
+    pub fn gate(&self, name: &[u8]) -> Arc<Gate> {
+        self.gates.gate(name)
+    }
+}
+
+/// This process's connections to the deployment.
+#[derive(Clone)]
+pub enum Backend {
+    /// One keyspace: a server, a Sentinel-managed master, or a Redis Cluster.
+    Single(Arc<Shared>),
+    /// Independent masters, agreeing by majority.
+    Redlock(Arc<Redlock>),
+}
+
+impl Backend {
+    /// One round trip to the deployment (on Redlock, to a majority of the masters).
+    pub async fn ping(&self) -> Result<()> {
+        match self {
+            Backend::Single(shared) => {
+                let reply: String = shared.node.query(&redis::cmd("PING"), Retry::Once).await?;
+                if reply == "PONG" {
+                    Ok(())
+                } else {
+                    Err(Error::Server(format!("unexpected reply to PING: {reply}")))
+                }
+            }
+            Backend::Redlock(redlock) => redlock.ping().await,
+        }
+    }
+}
+
+/// Connection-free descriptions of what to connect to, made once (a forked child reuses them).
+enum Plan {
+    Single(Arc<Target>),
+    Redlock(Vec<(Arc<Target>, String)>),
+}
+
 pub struct Client {
     config: ClientConfig,
-    per_process: Mutex<Option<(u32, Arc<Shared>)>>,
+    plan: Plan,
+    per_process: Mutex<Option<(u32, Backend)>>,
+}
+
+fn endpoint_target(endpoint: &Endpoint) -> Result<Arc<Target>> {
+    Ok(Arc::new(match endpoint {
+        Endpoint::Direct(info) => Target::Direct(
+            redis::Client::open(info.clone()).map_err(|e| Error::Invalid(format!("url: {e}")))?,
+        ),
+        Endpoint::Sentinel(url) => Target::Sentinel(Arc::new(Sentinel::new(url.clone())?)),
+    }))
+}
+
+fn cluster_target(seeds: &[ConnectionInfo], timeouts: Timeouts) -> Result<Arc<Target>> {
+    let invalid = |e: redis::RedisError| Error::Invalid(format!("cluster: {e}"));
+    let client = redis::cluster::ClusterClientBuilder::new(seeds.to_vec())
+        .connection_timeout(timeouts.connect)
+        .response_timeout(timeouts.command)
+        // Redirections and TRYAGAIN during resharding are retried quickly; the command timeout
+        // bounds the whole call anyway.
+        .retries(12)
+        .min_retry_wait(5)
+        .max_retry_wait(200)
+        .build()
+        .map_err(invalid)?;
+    let seeds = seeds
+        .iter()
+        .map(|info| redis::Client::open(info.clone()))
+        .collect::<redis::RedisResult<Vec<_>>>()
+        .map_err(invalid)?;
+    Ok(Arc::new(Target::Cluster {
+        client: Box::new(client),
+        seeds,
+        next_seed: AtomicUsize::new(0),
+    }))
 }
 
 impl Client {
     pub fn new(config: ClientConfig) -> Result<Self> {
         // Validates the settings without connecting.
-        redis::Client::open(config.info.clone())
-            .map_err(|e| Error::Invalid(format!("url: {e}")))?;
+        let plan = match &config.deployment {
+            Deployment::Single(endpoint) => Plan::Single(endpoint_target(endpoint)?),
+            Deployment::Cluster(seeds) => {
+                if seeds.is_empty() {
+                    return Err(Error::Invalid(
+                        "cluster: give at least one seed node".into(),
+                    ));
+                }
+                if config.prefix.contains(&b'{') && !Keys::new(&config.prefix, b"x").single_slot() {
+                    return Err(Error::Invalid(
+                        "prefix: on Redis Cluster the prefix must not hold an empty hash tag '{}'"
+                            .into(),
+                    ));
+                }
+                Plan::Single(cluster_target(seeds, config.timeouts)?)
+            }
+            Deployment::Redlock(masters) => {
+                if masters.is_empty() {
+                    return Err(Error::Invalid("url: give at least one master".into()));
+                }
+                Plan::Redlock(
+                    masters
+                        .iter()
+                        .map(|(e, label)| Ok((endpoint_target(e)?, label.clone())))
+                        .collect::<Result<Vec<_>>>()?,
+                )
+            }
+        };
         Ok(Client {
             config,
+            plan,
             per_process: Mutex::new(None),
         })
     }
@@ -79,43 +281,83 @@ impl Client {
         &self.config
     }
 
-    pub fn keys(&self, name: &[u8]) -> Keys {
-        Keys::new(&self.config.prefix, name)
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.config.deployment, Deployment::Cluster(_))
+    }
+
+    pub fn is_redlock(&self) -> bool {
+        matches!(self.plan, Plan::Redlock(_))
+    }
+
+    /// Whether the blocking API may make one-round-trip calls on the caller's thread (a single
+    /// server, reached directly).
+    pub fn supports_direct(&self) -> bool {
+        matches!(&self.plan, Plan::Single(target) if matches!(**target, Target::Direct(_)))
+    }
+
+    /// The keys of the primitive `name`. On a cluster every key of a primitive must share one
+    /// slot, which a name starting with '}' would break (its hash tag would be empty).
+    pub fn keys(&self, name: &[u8]) -> Result<Keys> {
+        let keys = Keys::new(&self.config.prefix, name);
+        if self.is_cluster() && !keys.single_slot() {
+            return Err(Error::Invalid(
+                "name: on Redis Cluster a name must not start with '}' (its keys would not \
+                 share one hash slot)"
+                    .into(),
+            ));
+        }
+        Ok(keys)
     }
 
     /// This process's connections, opened lazily. In a forked child the parent's are forgotten
     /// (leaked, never used or closed: closing would disturb the parent's sockets).
-    pub fn shared(&self) -> Result<Arc<Shared>> {
+    pub fn backend(&self) -> Result<Backend> {
         let mut slot = self.per_process.lock().unwrap_or_else(|p| p.into_inner());
         let me = pid();
-        if let Some((owner, shared)) = slot.as_ref() {
+        if let Some((owner, backend)) = slot.as_ref() {
             if *owner == me {
-                return Ok(shared.clone());
+                return Ok(backend.clone());
             }
         }
         if let Some((_, inherited)) = slot.take() {
             std::mem::forget(inherited);
         }
-        let redis_client = redis::Client::open(self.config.info.clone())
-            .map_err(|e| Error::Invalid(format!("url: {e}")))?;
-        let shared = Arc::new(Shared {
-            node: Node::new(redis_client.clone(), self.config.timeouts),
-            exclusive: ExclusivePool::new(redis_client.clone(), self.config.timeouts),
-            direct: DirectPool::new(redis_client.clone(), self.config.timeouts),
-            hub: WakeHub::new(redis_client, self.config.timeouts),
-            gates: Mutex::new(HashMap::new()),
-            cache_flights: Gates::new(),
-        });
-        *slot = Some((me, shared.clone()));
-        Ok(shared)
+        let timeouts = self.config.timeouts;
+        let backend = match &self.plan {
+            Plan::Single(target) => Backend::Single(Shared::open(target.clone(), timeouts, false)),
+            Plan::Redlock(masters) => Backend::Redlock(Arc::new(Redlock::new(
+                masters
+                    .iter()
+                    .map(|(target, label)| {
+                        (Shared::open(target.clone(), timeouts, true), label.clone())
+                    })
+                    .collect(),
+            ))),
+        };
+        *slot = Some((me, backend.clone()));
+        Ok(backend)
+    }
+
+    /// The connections of a single-keyspace deployment (server, Sentinel or Cluster). Primitives
+    /// without a quorum protocol use this, and get a clear error on a Redlock client.
+    pub fn shared(&self) -> Result<Arc<Shared>> {
+        match self.backend()? {
+            Backend::Single(shared) => Ok(shared),
+            Backend::Redlock(_) => Err(Error::Unsupported(
+                "this primitive is not available on a Redlock client (several independent \
+                 masters): only Lock and the lock recipes have a quorum protocol; use one Redis, \
+                 Sentinel or Redis Cluster for Semaphore, RWLock and the cache"
+                    .into(),
+            )),
+        }
     }
 
     /// Drops this process's connections; the next use opens new ones.
     pub fn close(&self) {
         let mut slot = self.per_process.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((owner, shared)) = slot.take() {
+        if let Some((owner, backend)) = slot.take() {
             if owner != pid() {
-                std::mem::forget(shared);
+                std::mem::forget(backend);
             }
         }
     }

@@ -16,7 +16,8 @@ use super::node::{Retry, Timeouts};
 const KEPT: usize = 16;
 
 pub struct DirectPool {
-    client: redis::Client,
+    /// None: no direct calls on this deployment (Cluster, Sentinel); every call is refused.
+    client: Option<redis::Client>,
     timeouts: Timeouts,
     idle: Mutex<Vec<redis::Connection>>,
     /// How many connections broke under a call.
@@ -26,7 +27,17 @@ pub struct DirectPool {
 impl DirectPool {
     pub fn new(client: redis::Client, timeouts: Timeouts) -> Self {
         DirectPool {
-            client,
+            client: Some(client),
+            timeouts,
+            idle: Mutex::new(Vec::new()),
+            drops: AtomicU64::new(0),
+        }
+    }
+
+    /// A pool that refuses every call (the deployment is not one server reached directly).
+    pub fn unavailable(timeouts: Timeouts) -> Self {
+        DirectPool {
+            client: None,
             timeouts,
             idle: Mutex::new(Vec::new()),
             drops: AtomicU64::new(0),
@@ -44,9 +55,12 @@ impl DirectPool {
                 return Ok(conn);
             }
         }
-        let conn = self
-            .client
-            .get_connection_with_timeout(self.timeouts.connect)?;
+        let Some(client) = &self.client else {
+            return Err(Error::Usage(
+                "no direct connection to this deployment (only to a single server)".into(),
+            ));
+        };
+        let conn = client.get_connection_with_timeout(self.timeouts.connect)?;
         conn.set_read_timeout(Some(self.timeouts.command))?;
         conn.set_write_timeout(Some(self.timeouts.command))?;
         Ok(conn)

@@ -18,6 +18,10 @@ pub enum Error {
     Usage(String),
     /// A bad argument; the message names it.
     Invalid(String),
+    /// Redlock: fewer than a majority of the masters answered.
+    Quorum(String),
+    /// The deployment cannot do this (e.g. a Semaphore on several independent masters).
+    Unsupported(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -31,7 +35,9 @@ impl fmt::Display for Error {
             | Error::NotOwned(m)
             | Error::Lost(m)
             | Error::Usage(m)
-            | Error::Invalid(m) => f.write_str(m),
+            | Error::Invalid(m)
+            | Error::Quorum(m)
+            | Error::Unsupported(m) => f.write_str(m),
         }
     }
 }

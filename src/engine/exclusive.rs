@@ -3,51 +3,56 @@
 //! it vouches for. Sharing one connection would queue concurrent WAITs behind each other and
 //! let a WAIT after a reconnect vouch for nothing; here each caller has its own.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, FromRedisValue, Pipeline};
+use redis::{FromRedisValue, Pipeline};
 
-use super::error::Result;
-use super::node::{within, Timeouts};
+use super::error::{Error, Result};
+use super::node::{within, Conn, Target, Timeouts};
 
 /// Idle connections kept for reuse.
 const KEPT: usize = 8;
 
 pub struct ExclusivePool {
-    client: redis::Client,
+    target: Arc<Target>,
     timeouts: Timeouts,
-    idle: Mutex<Vec<MultiplexedConnection>>,
+    idle: Mutex<Vec<Conn>>,
 }
 
 impl ExclusivePool {
-    pub fn new(client: redis::Client, timeouts: Timeouts) -> Self {
+    /// On a cluster each connection is a cluster connection of its own: the pipeline goes to the
+    /// node of its first key, WAIT with it. Through Sentinel, each opens on the current master.
+    pub fn new(target: Arc<Target>, timeouts: Timeouts) -> Self {
         ExclusivePool {
-            client,
+            target,
             timeouts,
             idle: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Forgets the idle connections (the master moved).
+    pub fn reset(&self) {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 
     pub fn timeouts(&self) -> Timeouts {
         self.timeouts
     }
 
-    async fn take(&self) -> Result<MultiplexedConnection> {
+    async fn take(&self) -> Result<Conn> {
         if let Some(conn) = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop() {
             return Ok(conn);
         }
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.timeouts.connect))
-            .set_response_timeout(None);
-        within(
-            self.timeouts.connect + self.timeouts.command,
-            "the connection",
-            self.client
-                .get_multiplexed_async_connection_with_config(&config),
-        )
-        .await
+        let limit = self.timeouts.connect + self.timeouts.command;
+        tokio::time::timeout(limit, self.target.connect(self.timeouts))
+            .await
+            .map_err(|_| {
+                Error::Connection(format!(
+                    "Redis did not accept a connection within {:.3} s",
+                    limit.as_secs_f64()
+                ))
+            })?
     }
 
     /// Sends `pipe` on a connection of its own, once, waiting at most `limit` for the replies.

@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::client::{Client, Shared};
+use super::client::{Backend, Client, Shared};
 use super::error::{Error, Result};
+use super::redlock::Redlock;
 use super::renew::{self, Renewal};
 use super::runtime::pid;
 use super::token::new_token;
@@ -149,10 +150,62 @@ pub trait Leased: Send + Sync + 'static {
     fn owned_direct(&self, _shared: &Shared, _token: &str) -> Result<bool> {
         Err(no_direct())
     }
+
+    // Redlock (several independent masters): a primitive takes part only with a quorum protocol
+    // of its own; by default it says so. Instants are when the lease counts from (Redlock's
+    // drift allowance already taken off).
+
+    fn acquire_quorum(
+        &self,
+        _redlock: &Arc<Redlock>,
+        _token: &str,
+        _wait: Wait,
+        _args: &Self::Args,
+    ) -> impl Future<Output = Result<Option<(Instant, Self::Detail)>>> + Send {
+        let err = no_quorum(self.naming());
+        async move { Err(err) }
+    }
+
+    fn release_quorum(
+        &self,
+        _redlock: &Redlock,
+        _token: &str,
+    ) -> impl Future<Output = Result<bool>> + Send {
+        let err = no_quorum(self.naming());
+        async move { Err(err) }
+    }
+
+    fn extend_quorum(
+        &self,
+        _redlock: &Redlock,
+        _token: &str,
+        _lease: Duration,
+    ) -> impl Future<Output = Result<Option<Instant>>> + Send {
+        let err = no_quorum(self.naming());
+        async move { Err(err) }
+    }
+
+    fn owned_quorum(
+        &self,
+        _redlock: &Redlock,
+        _token: &str,
+    ) -> impl Future<Output = Result<bool>> + Send {
+        let err = no_quorum(self.naming());
+        async move { Err(err) }
+    }
 }
 
 fn no_direct() -> Error {
     Error::Usage("no direct call for this primitive".into())
+}
+
+/// The error of a primitive used on a Redlock client without a quorum protocol of its own.
+pub fn no_quorum(naming: Naming) -> Error {
+    Error::Unsupported(format!(
+        "{} is not available on a Redlock client (several independent masters): it has no \
+         quorum protocol; use one Redis, Sentinel or Redis Cluster",
+        naming.object
+    ))
 }
 
 /// What a direct first attempt found.
@@ -176,7 +229,7 @@ pub struct Pending<'a, P: Leased> {
 impl<P: Leased> Pending<'_, P> {
     fn settle(
         mut self,
-        shared: &Arc<Shared>,
+        backend: &Backend,
         token: String,
         granted: Result<Option<(Instant, P::Detail)>>,
         listener: Option<OnLost>,
@@ -190,7 +243,7 @@ impl<P: Leased> Pending<'_, P> {
                 let status = Arc::new(HoldStatus::new(lease::deadline(sent_at, lease)));
                 let renewal = holder
                     .auto_renew
-                    .then(|| holder.start_renewal(shared, &token, &status, listener));
+                    .then(|| holder.start_renewal(backend, &token, &status, listener));
                 *state = State::Held(Hold {
                     pid: pid(),
                     token,
@@ -328,20 +381,21 @@ impl<P: Leased> Holder<P> {
     /// primitive offers it. `Done` when that settles it; otherwise finish with `acquire_pending`.
     pub fn acquire_direct(&self, wait: Wait, listener: Option<OnLost>) -> Result<Direct<'_, P>> {
         let mut pending = self.begin_acquire()?;
-        if !self.primitive.direct() {
+        if !self.has_direct() {
             return Ok(Direct::Wait(pending));
         }
         let shared = self.client.shared()?;
+        let backend = Backend::Single(shared.clone());
         let token = new_token()?;
         match self.primitive.try_direct(&shared, &token)? {
             DirectTry::Granted(sent_at, detail) => {
                 let granted = Ok(Some((sent_at, detail)));
                 Ok(Direct::Done(
-                    pending.settle(&shared, token, granted, listener)?,
+                    pending.settle(&backend, token, granted, listener)?,
                 ))
             }
             DirectTry::Busy { .. } if wait == Wait::Once => Ok(Direct::Done(pending.settle(
-                &shared,
+                &backend,
                 token,
                 Ok(None),
                 listener,
@@ -362,20 +416,27 @@ impl<P: Leased> Holder<P> {
         listener: Option<OnLost>,
         args: &P::Args,
     ) -> Result<bool> {
-        let shared = self.client.shared()?;
+        let backend = self.client.backend()?;
         let token = match pending.token.take() {
             Some(token) => token,
             None => new_token()?,
         };
-        let granted = match pending.busy_retry_ms.take() {
-            Some(retry_ms) => {
+        let granted = match (&backend, pending.busy_retry_ms.take()) {
+            (Backend::Single(shared), Some(retry_ms)) => {
                 self.primitive
-                    .acquire_after(&shared, &token, wait, args, retry_ms)
+                    .acquire_after(shared, &token, wait, args, retry_ms)
                     .await
             }
-            None => self.primitive.acquire(&shared, &token, wait, args).await,
+            (Backend::Single(shared), None) => {
+                self.primitive.acquire(shared, &token, wait, args).await
+            }
+            (Backend::Redlock(redlock), _) => {
+                self.primitive
+                    .acquire_quorum(redlock, &token, wait, args)
+                    .await
+            }
         };
-        pending.settle(&shared, token, granted, listener)
+        pending.settle(&backend, token, granted, listener)
     }
 
     fn begin_acquire(&self) -> Result<Pending<'_, P>> {
@@ -402,26 +463,34 @@ impl<P: Leased> Holder<P> {
         }
     }
 
-    /// Whether the blocking API may use the `*_direct` calls.
+    /// Whether the blocking API may use the `*_direct` calls (the primitive offers them and
+    /// the client is one server, reached directly).
     pub fn has_direct(&self) -> bool {
-        self.primitive.direct()
+        self.primitive.direct() && self.client.supports_direct()
     }
 
     fn start_renewal(
         &self,
-        shared: &Arc<Shared>,
+        backend: &Backend,
         token: &str,
         status: &Arc<HoldStatus>,
         listener: Option<OnLost>,
     ) -> Renewal {
         let primitive = self.primitive.clone();
-        let shared = shared.clone();
+        let backend = backend.clone();
         let token = token.to_string();
         let extend = move |lease: Duration| {
             let primitive = primitive.clone();
-            let shared = shared.clone();
+            let backend = backend.clone();
             let token = token.clone();
-            async move { primitive.extend(&shared, &token, lease).await }
+            async move {
+                match &backend {
+                    Backend::Single(shared) => primitive.extend(shared, &token, lease).await,
+                    Backend::Redlock(redlock) => {
+                        primitive.extend_quorum(redlock, &token, lease).await
+                    }
+                }
+            }
         };
         renew::start(extend, self.primitive.lease(), status.clone(), listener)
     }
@@ -455,8 +524,12 @@ impl<P: Leased> Holder<P> {
 
     pub async fn release(&self) -> Result<()> {
         let hold = self.begin_release()?;
-        let shared = match self.client.shared() {
-            Ok(shared) => shared,
+        let shared = match self.client.backend() {
+            Ok(Backend::Single(shared)) => shared,
+            Ok(Backend::Redlock(redlock)) => {
+                let outcome = self.primitive.release_quorum(&redlock, &hold.token).await;
+                return self.finish_release(hold, outcome, false);
+            }
             Err(err) => return self.finish_release(hold, Err(err), false),
         };
         let (epoch, sent_at) = (shared.fault_epoch(), Instant::now());
@@ -499,8 +572,13 @@ impl<P: Leased> Holder<P> {
     pub async fn extend(&self, lease: Option<Duration>) -> Result<()> {
         let hold = self.current().ok_or_else(|| self.not_owned())?;
         let lease = lease.unwrap_or(self.primitive.lease());
-        let outcome = match self.client.shared() {
-            Ok(shared) => self.primitive.extend(&shared, &hold.token, lease).await,
+        let outcome = match self.client.backend() {
+            Ok(Backend::Single(shared)) => self.primitive.extend(&shared, &hold.token, lease).await,
+            Ok(Backend::Redlock(redlock)) => {
+                self.primitive
+                    .extend_quorum(&redlock, &hold.token, lease)
+                    .await
+            }
             Err(err) => Err(err),
         };
         self.finish_extend(&hold, lease, outcome)
@@ -521,8 +599,10 @@ impl<P: Leased> Holder<P> {
         let Some(hold) = self.current() else {
             return Ok(false);
         };
-        let shared = self.client.shared()?;
-        self.primitive.owned(&shared, &hold.token).await
+        match self.client.backend()? {
+            Backend::Single(shared) => self.primitive.owned(&shared, &hold.token).await,
+            Backend::Redlock(redlock) => self.primitive.owned_quorum(&redlock, &hold.token).await,
+        }
     }
 
     /// `owned` on the caller's thread (only when `has_direct`).

@@ -4,10 +4,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::client::{Client, Shared};
-use super::error::Result;
+use super::client::{Backend, Client, Shared};
+use super::error::{Error, Result};
 use super::hold::{DirectTry, Holder, Leased, Naming};
 use super::node::Retry;
+use super::redlock::{self, Redlock};
 use super::waiting::{self, spawn_undo, Contender, Outcome, Plan, Undo, UndoStep};
 use crate::protocol::keys::Keys;
 use crate::protocol::lease;
@@ -39,7 +40,7 @@ pub struct Granted {
 /// it alone, so WAIT covers exactly this write (a WAIT sent on another connection, e.g. after a
 /// reconnect, would have nothing to wait for and vouch for nothing). A grant that fewer replicas
 /// acknowledged within the command timeout is given back: None.
-async fn attempt_with_replicas(
+pub(crate) async fn attempt_with_replicas(
     shared: &Shared,
     spec: &LockSpec,
     fair: Option<Queueing>,
@@ -201,6 +202,27 @@ pub async fn extend(
     Ok(parse_flag(&reply)?.then_some(sent_at))
 }
 
+/// `acquire` on any deployment (the recipes' entry point).
+pub async fn acquire_on(
+    backend: &Backend,
+    spec: &LockSpec,
+    token: &str,
+    wait: Wait,
+) -> Result<Option<Granted>> {
+    match backend {
+        Backend::Single(shared) => acquire(shared, spec, token, wait).await,
+        Backend::Redlock(r) => redlock::acquire(r, spec, token, wait).await,
+    }
+}
+
+/// `release` on any deployment; `Ok(false)` when the lock was not ours (any more).
+pub async fn release_on(backend: &Backend, keys: &Keys, token: &str) -> Result<bool> {
+    match backend {
+        Backend::Single(shared) => release(shared, keys, token).await,
+        Backend::Redlock(r) => r.release(keys, token).await,
+    }
+}
+
 /// The current owner token of a lock, if anybody holds it.
 pub async fn owner(shared: &Shared, keys: &Keys) -> Result<Option<Vec<u8>>> {
     shared
@@ -316,6 +338,34 @@ impl Leased for LockSpec {
     fn owned_direct(&self, shared: &Shared, token: &str) -> Result<bool> {
         Ok(owner_direct(shared, &self.keys)?.as_deref() == Some(token.as_bytes()))
     }
+
+    async fn acquire_quorum(
+        &self,
+        redlock: &Arc<Redlock>,
+        token: &str,
+        wait: Wait,
+        _args: &(),
+    ) -> Result<Option<(Instant, i64)>> {
+        let granted = redlock::acquire(redlock, self, token, wait).await?;
+        Ok(granted.map(|g| (g.sent_at, g.fence)))
+    }
+
+    async fn release_quorum(&self, redlock: &Redlock, token: &str) -> Result<bool> {
+        redlock.release(&self.keys, token).await
+    }
+
+    async fn extend_quorum(
+        &self,
+        redlock: &Redlock,
+        token: &str,
+        lease: Duration,
+    ) -> Result<Option<Instant>> {
+        redlock.extend(&self.keys, token, lease).await
+    }
+
+    async fn owned_quorum(&self, redlock: &Redlock, token: &str) -> Result<bool> {
+        redlock.owned(&self.keys, token).await
+    }
 }
 
 /// The current owner token, looked up on the caller's thread.
@@ -338,17 +388,25 @@ impl LockHandle {
         fair: bool,
         replicas: u32,
         auto_renew: bool,
-    ) -> Self {
+    ) -> Result<Self> {
+        if fair && client.is_redlock() {
+            return Err(Error::Unsupported(
+                "fair: a fair (FIFO) lock is not available on a Redlock client (several \
+                 independent masters): one queue cannot be kept by majority; use one Redis, \
+                 Sentinel or Redis Cluster"
+                    .into(),
+            ));
+        }
         let spec = LockSpec {
             name: name.to_vec(),
-            keys: client.keys(name),
+            keys: client.keys(name)?,
             lease,
             fair,
             replicas,
         };
-        LockHandle {
+        Ok(LockHandle {
             holder: Holder::new(client, spec, auto_renew),
-        }
+        })
     }
 
     pub fn auto_renew(&self) -> bool {
@@ -381,8 +439,10 @@ impl LockHandle {
     }
 
     pub async fn locked(&self) -> Result<bool> {
-        let shared = self.holder.client().shared()?;
-        Ok(owner(&shared, &self.spec().keys).await?.is_some())
+        match self.holder.client().backend()? {
+            Backend::Single(shared) => Ok(owner(&shared, &self.spec().keys).await?.is_some()),
+            Backend::Redlock(redlock) => redlock.locked(&self.spec().keys).await,
+        }
     }
 
     /// Whether the blocking API may use the `*_direct` calls below.

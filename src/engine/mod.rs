@@ -5,19 +5,21 @@ pub mod client;
 pub mod direct;
 pub mod error;
 pub mod exclusive;
-pub mod gates;
 pub mod hold;
 pub mod lock;
+pub mod name_map;
 pub mod node;
+pub mod redlock;
 pub mod renew;
 pub mod runtime;
 pub mod rwlock;
 pub mod semaphore;
+pub mod sentinel;
 pub mod token;
 pub mod waiting;
 pub mod wake;
 
-pub use client::{Client, ClientConfig, Shared};
+pub use client::{Backend, Client, ClientConfig, Deployment, Shared};
 pub use error::{Error, Result};
 
 #[cfg(test)]

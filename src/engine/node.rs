@@ -1,14 +1,20 @@
-//! One Redis server: a lazily opened multiplexed connection shared by every thread and task,
-//! reopened after it fails, with every call bounded by the client's timeouts.
+//! One Redis deployment used as one node: a lazily opened multiplexed connection (to a server,
+//! to the master that Sentinel names, or across a Redis Cluster) shared by every thread and
+//! task, reopened after it fails, with every call bounded by the client's timeouts.
 
 use std::future::Future;
-use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Cmd, FromRedisValue, ScriptInvocation, Value};
+use redis::aio::{ConnectionLike, MultiplexedConnection, PubSub};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{AsyncConnectionConfig, Cmd, FromRedisValue, RedisFuture, ScriptInvocation, Value};
 
 use super::error::{Error, Result};
+use super::sentinel::Sentinel;
+use crate::protocol::replies::parse_server_info;
 
 #[derive(Clone, Copy, Debug)]
 pub struct Timeouts {
@@ -24,14 +30,181 @@ pub enum Retry {
     Never,
 }
 
+/// What a node connects to.
+pub enum Target {
+    /// One server.
+    Direct(redis::Client),
+    /// Whichever master the sentinels name, looked up again on every reconnect.
+    Sentinel(Arc<Sentinel>),
+    /// A Redis Cluster. The cluster client routes every command by its first key (all keys of a
+    /// primitive share one slot) and follows MOVED/ASK; `seeds` serve the subscriber, which may
+    /// sit on any node since a classic PUBLISH reaches every node of a cluster.
+    Cluster {
+        client: Box<ClusterClient>,
+        seeds: Vec<redis::Client>,
+        next_seed: AtomicUsize,
+    },
+}
+
+impl Target {
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, Target::Cluster { .. })
+    }
+
+    /// A new connection. Replies are bounded by the callers' own deadlines.
+    pub(crate) async fn connect(&self, timeouts: Timeouts) -> Result<Conn> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(timeouts.connect))
+            .set_response_timeout(None);
+        let limit = timeouts.connect + timeouts.command;
+        match self {
+            Target::Direct(client) => within(
+                limit,
+                "the connection",
+                client.get_multiplexed_async_connection_with_config(&config),
+            )
+            .await
+            .map(Conn::Plain),
+            Target::Sentinel(sentinel) => sentinel
+                .master(timeouts)
+                .await
+                .map(|(_, conn)| Conn::Plain(conn)),
+            Target::Cluster { client, .. } => {
+                within(limit, "the cluster", client.get_async_connection())
+                    .await
+                    .map(|conn| Conn::Cluster(Box::new(conn)))
+            }
+        }
+    }
+
+    /// A subscriber connection: to the server, to the current master, or to the first
+    /// reachable cluster node (starting after the one that served last).
+    pub async fn pubsub(&self, timeouts: Timeouts) -> Result<PubSub> {
+        let limit = timeouts.connect + timeouts.command;
+        match self {
+            Target::Direct(client) => {
+                within(
+                    limit,
+                    "the subscriber connection",
+                    client.get_async_pubsub(),
+                )
+                .await
+            }
+            Target::Sentinel(sentinel) => {
+                let (client, _) = sentinel.master(timeouts).await?;
+                within(
+                    limit,
+                    "the subscriber connection",
+                    client.get_async_pubsub(),
+                )
+                .await
+            }
+            Target::Cluster {
+                seeds, next_seed, ..
+            } => {
+                let start = next_seed.load(Ordering::Relaxed);
+                let mut last = Error::Connection("no cluster node to subscribe on".into());
+                for i in 0..seeds.len() {
+                    let index = (start + i) % seeds.len();
+                    let Some(seed) = seeds.get(index) else {
+                        continue;
+                    };
+                    match within(limit, "the subscriber connection", seed.get_async_pubsub()).await
+                    {
+                        Ok(pubsub) => {
+                            // Next time, start after this node: if it failed, another one serves.
+                            next_seed.store(index + 1, Ordering::Relaxed);
+                            return Ok(pubsub);
+                        }
+                        Err(err) => last = err,
+                    }
+                }
+                Err(last)
+            }
+        }
+    }
+}
+
+/// A live connection of either kind; both pipeline concurrent callers over few sockets.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Plain(MultiplexedConnection),
+    Cluster(Box<ClusterConnection>),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Plain(conn) => conn.req_packed_command(cmd),
+            Conn::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Plain(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Plain(conn) => conn.get_db(),
+            Conn::Cluster(conn) => conn.get_db(),
+        }
+    }
+}
+
+/// Which incarnation of a server a connection talks to (`INFO server`, read when it opened):
+/// a connection never outlives a server restart, so this holds for every reply it carries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    pub run_id: String,
+    pub uptime: Duration,
+    pub observed_at: Instant,
+}
+
+#[derive(Clone)]
+struct Live {
+    conn: Conn,
+    identity: Option<Arc<Identity>>,
+}
+
 pub struct Node {
-    client: redis::Client,
+    target: Arc<Target>,
     timeouts: Timeouts,
+    /// Read the server's identity on every new connection (Redlock masters).
+    identify: bool,
     /// The current connection and its generation; the lock is never held across a call.
-    current: Mutex<(u64, Option<MultiplexedConnection>)>,
+    current: Mutex<(u64, Option<Live>)>,
     /// Serialises (re)connecting so a burst of callers opens one connection, not many.
     connecting: tokio::sync::Mutex<()>,
     drops: std::sync::atomic::AtomicU64,
+}
+
+/// The pause between two tries of a call that a cluster refused for the moment.
+const CLUSTER_PAUSE: Duration = Duration::from_millis(20);
+
+/// Errors of a cluster that is resharding or failing over: worth another try shortly.
+fn cluster_transient(err: &redis::RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    matches!(
+        err.kind(),
+        ErrorKind::ClusterConnectionNotFound
+            | ErrorKind::Server(
+                ServerErrorKind::TryAgain
+                    | ServerErrorKind::Moved
+                    | ServerErrorKind::Ask
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::BusyLoading
+            )
+    )
 }
 
 /// Bounds `fut` by `limit`, turning the overrun into a connection error.
@@ -50,14 +223,27 @@ pub async fn within<T>(
 }
 
 impl Node {
-    pub fn new(client: redis::Client, timeouts: Timeouts) -> Self {
+    pub fn new(target: Arc<Target>, timeouts: Timeouts) -> Self {
         Node {
-            client,
+            target,
             timeouts,
+            identify: false,
             current: Mutex::new((0, None)),
             connecting: tokio::sync::Mutex::new(()),
             drops: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// A node that reads the server's `run_id` on each new connection.
+    pub fn identified(target: Arc<Target>, timeouts: Timeouts) -> Self {
+        Node {
+            identify: true,
+            ..Node::new(target, timeouts)
+        }
+    }
+
+    pub fn target(&self) -> &Arc<Target> {
+        &self.target
     }
 
     /// How many connections broke (or timed out) under a call so far.
@@ -65,20 +251,16 @@ impl Node {
         self.drops.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    pub fn redis_client(&self) -> &redis::Client {
-        &self.client
-    }
-
     pub fn timeouts(&self) -> Timeouts {
         self.timeouts
     }
 
-    fn cached(&self) -> Option<(u64, MultiplexedConnection)> {
+    fn cached(&self) -> Option<(u64, Live)> {
         let guard = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        guard.1.clone().map(|conn| (guard.0, conn))
+        guard.1.clone().map(|live| (guard.0, live))
     }
 
-    async fn connection(&self) -> Result<(u64, MultiplexedConnection)> {
+    async fn connection(&self) -> Result<(u64, Live)> {
         if let Some(found) = self.cached() {
             return Ok(found);
         }
@@ -88,21 +270,43 @@ impl Node {
         if let Some(found) = self.cached() {
             return Ok(found);
         }
-        // Replies are bounded by our own deadline in `call`.
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.timeouts.connect))
-            .set_response_timeout(None);
-        let conn = within(
-            self.timeouts.connect + self.timeouts.command,
-            "the connection",
-            self.client
-                .get_multiplexed_async_connection_with_config(&config),
-        )
-        .await?;
+        // Opening (and identifying) a connection takes at most connect + command timeouts.
+        let limit = self.timeouts.connect + self.timeouts.command;
+        let live = tokio::time::timeout(limit, self.open())
+            .await
+            .map_err(|_| {
+                Error::Connection(format!(
+                    "Redis did not accept a connection within {:.3} s",
+                    limit.as_secs_f64()
+                ))
+            })??;
         let mut guard = self.current.lock().unwrap_or_else(|p| p.into_inner());
         guard.0 += 1;
-        guard.1 = Some(conn.clone());
-        Ok((guard.0, conn))
+        guard.1 = Some(live.clone());
+        Ok((guard.0, live))
+    }
+
+    async fn open(&self) -> Result<Live> {
+        let mut conn = self.target.connect(self.timeouts).await?;
+        let identity = if self.identify {
+            let info: String = within(
+                self.timeouts.command,
+                "INFO",
+                redis::cmd("INFO").arg("server").query_async(&mut conn),
+            )
+            .await?;
+            let (run_id, uptime) = parse_server_info(&info).ok_or_else(|| {
+                Error::Server("INFO server did not report run_id and uptime".into())
+            })?;
+            Some(Arc::new(Identity {
+                run_id,
+                uptime: Duration::from_secs(uptime),
+                observed_at: Instant::now(),
+            }))
+        } else {
+            None
+        };
+        Ok(Live { conn, identity })
     }
 
     /// Forgets the connection of `generation` so the next call opens a fresh one.
@@ -115,9 +319,28 @@ impl Node {
         }
     }
 
+    /// Forgets the current connection, whichever it is (the master changed under it).
+    pub fn reset(&self) {
+        let mut guard = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        guard.1 = None;
+    }
+
     /// Runs a script (EVALSHA, loading it on NOSCRIPT), retrying once on a dropped connection
     /// when `retry` allows.
     pub async fn invoke(&self, inv: &ScriptInvocation<'_>, retry: Retry) -> Result<Value> {
+        self.call(retry, |mut conn| async move {
+            inv.invoke_async::<Value>(&mut conn).await
+        })
+        .await
+        .map(|(value, _)| value)
+    }
+
+    /// `invoke`, also telling which server incarnation answered (on an `identified` node).
+    pub async fn invoke_identified(
+        &self,
+        inv: &ScriptInvocation<'_>,
+        retry: Retry,
+    ) -> Result<(Value, Option<Arc<Identity>>)> {
         self.call(retry, |mut conn| async move {
             inv.invoke_async::<Value>(&mut conn).await
         })
@@ -130,18 +353,41 @@ impl Node {
             cmd.query_async::<T>(&mut conn).await
         })
         .await
+        .map(|(value, _)| value)
     }
 
-    async fn call<T, F, Fut>(&self, retry: Retry, op: F) -> Result<T>
+    /// `query`, also telling which server incarnation answered (on an `identified` node).
+    pub async fn query_identified<T: FromRedisValue + Send>(
+        &self,
+        cmd: &Cmd,
+        retry: Retry,
+    ) -> Result<(T, Option<Arc<Identity>>)> {
+        self.call(retry, |mut conn| async move {
+            cmd.query_async::<T>(&mut conn).await
+        })
+        .await
+    }
+
+    /// The identity of the current connection, if one is open (on an `identified` node).
+    pub fn identity(&self) -> Option<Arc<Identity>> {
+        self.cached().and_then(|(_, live)| live.identity)
+    }
+
+    async fn call<T, F, Fut>(&self, retry: Retry, op: F) -> Result<(T, Option<Arc<Identity>>)>
     where
-        F: Fn(MultiplexedConnection) -> Fut,
+        F: Fn(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
         let mut may_retry = retry == Retry::Once;
+        // A cluster in the middle of a reshard or a failover answers with transient errors that
+        // the cluster client's own retries may not outlast; they are tried again (every script is
+        // token-checked, so a repeat is safe) until the command timeout has passed.
+        let cluster_until = (retry == Retry::Once && self.target.is_cluster())
+            .then(|| Instant::now() + self.timeouts.command);
         loop {
-            let (generation, conn) = self.connection().await?;
-            let err = match tokio::time::timeout(self.timeouts.command, op(conn)).await {
-                Ok(Ok(value)) => return Ok(value),
+            let (generation, live) = self.connection().await?;
+            let err = match tokio::time::timeout(self.timeouts.command, op(live.conn)).await {
+                Ok(Ok(value)) => return Ok((value, live.identity)),
                 Ok(Err(err)) => err,
                 Err(_) => {
                     self.invalidate(generation);
@@ -151,14 +397,26 @@ impl Node {
                     )));
                 }
             };
-            // Only a connection that broke under the call is worth one more try; a timeout
-            // already used the caller's time.
+            if let Some(until) = cluster_until {
+                if cluster_transient(&err) && Instant::now() + CLUSTER_PAUSE < until {
+                    if err.kind() == redis::ErrorKind::ClusterConnectionNotFound {
+                        self.invalidate(generation);
+                    }
+                    tokio::time::sleep(CLUSTER_PAUSE).await;
+                    continue;
+                }
+            }
+            // Only a connection that broke under the call is worth one more try (a timeout
+            // already used the caller's time), or one to a server that is no longer a master
+            // (READONLY: failover happened; reconnecting asks Sentinel anew).
+            let read_only =
+                err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly);
             let dropped = err.is_connection_dropped() && !err.is_timeout();
             let err = Error::from(err);
-            if err.is_connection() {
+            if err.is_connection() || read_only {
                 self.invalidate(generation);
             }
-            if !(dropped && may_retry) {
+            if !((dropped || read_only) && may_retry) {
                 return Err(err);
             }
             may_retry = false;

@@ -315,18 +315,29 @@ pub struct RwLock {
 }
 
 impl RwLock {
-    pub fn new(client: Arc<Client>, name: &[u8], lease: Duration, auto_renew: bool) -> Self {
+    pub fn new(
+        client: Arc<Client>,
+        name: &[u8],
+        lease: Duration,
+        auto_renew: bool,
+    ) -> Result<Self> {
+        if client.is_redlock() {
+            return Err(super::hold::no_quorum(super::hold::Naming {
+                object: "RWLock",
+                held: "the read-write lock",
+            }));
+        }
         let spec = RwSpec {
             name: name.to_vec(),
-            keys: client.keys(name),
+            keys: client.keys(name)?,
             lease,
         };
-        RwLock {
+        Ok(RwLock {
             client,
             spec,
             auto_renew,
             registry: Arc::new(Registry::default()),
-        }
+        })
     }
 
     pub fn spec(&self) -> &RwSpec {

@@ -205,17 +205,20 @@ impl SemaphoreHandle {
         lease: Duration,
         fair: bool,
         auto_renew: bool,
-    ) -> Self {
+    ) -> Result<Self> {
         let spec = SemaphoreSpec {
             name: name.to_vec(),
-            keys: client.keys(name),
+            keys: client.keys(name)?,
             limit: limit.max(1),
             lease,
             fair,
         };
-        SemaphoreHandle {
-            holder: Holder::new(client, spec, auto_renew),
+        if client.is_redlock() {
+            return Err(super::hold::no_quorum(spec.naming()));
         }
+        Ok(SemaphoreHandle {
+            holder: Holder::new(client, spec, auto_renew),
+        })
     }
 
     pub fn spec(&self) -> &SemaphoreSpec {

@@ -49,18 +49,12 @@ impl Server {
 
     pub(super) fn client(&self, prefix: &str) -> Arc<Client> {
         let url = format!("redis://127.0.0.1:{}/0", self.port);
-        let info = crate::protocol::url::parse(&url).unwrap();
         let timeouts = Timeouts {
             connect: Duration::from_secs(2),
             command: Duration::from_secs(2),
         };
         Arc::new(
-            Client::new(ClientConfig {
-                info,
-                prefix: prefix.as_bytes().to_vec(),
-                timeouts,
-            })
-            .unwrap(),
+            Client::new(ClientConfig::single(&url, prefix.as_bytes(), timeouts).unwrap()).unwrap(),
         )
     }
 }
@@ -79,7 +73,7 @@ pub(super) fn block_on<F: std::future::Future>(fut: F) -> F::Output {
 fn spec(client: &Client, name: &str, lease_ms: u64, fair: bool) -> LockSpec {
     LockSpec {
         name: name.as_bytes().to_vec(),
-        keys: client.keys(name.as_bytes()),
+        keys: client.keys(name.as_bytes()).unwrap(),
         lease: Duration::from_millis(lease_ms),
         fair,
         replicas: 0,
@@ -150,7 +144,8 @@ fn a_release_wakes_a_waiter_at_once() {
         false,
         0,
         false,
-    );
+    )
+    .unwrap();
     assert!(block_on(handle.acquire(Wait::Once, None)).unwrap());
     let waiter_client = client.clone();
     let waiter = std::thread::spawn(move || {
@@ -161,7 +156,8 @@ fn a_release_wakes_a_waiter_at_once() {
             false,
             0,
             false,
-        );
+        )
+        .unwrap();
         let started = Instant::now();
         let got = block_on(other.acquire(Wait::from_timeout(Some(Duration::from_secs(5))), None))
             .unwrap();
@@ -212,14 +208,16 @@ fn fair_waiters_are_served_in_arrival_order_and_leave_on_timeout() {
         true,
         0,
         false,
-    );
+    )
+    .unwrap();
     assert!(block_on(holder.acquire(Wait::Once, None)).unwrap());
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut threads = Vec::new();
     for i in 0..4 {
         let (client, order) = (client.clone(), order.clone());
         threads.push(std::thread::spawn(move || {
-            let me = LockHandle::new(client, b"f", Duration::from_secs(10), true, 0, false);
+            let me =
+                LockHandle::new(client, b"f", Duration::from_secs(10), true, 0, false).unwrap();
             assert!(block_on(me.acquire(Wait::Forever, None)).unwrap());
             order.lock().unwrap().push(i);
             std::thread::sleep(Duration::from_millis(20));
@@ -235,7 +233,8 @@ fn fair_waiters_are_served_in_arrival_order_and_leave_on_timeout() {
         true,
         0,
         false,
-    );
+    )
+    .unwrap();
     assert!(
         !block_on(quitter.acquire(Wait::from_timeout(Some(Duration::from_millis(200))), None))
             .unwrap()
@@ -291,7 +290,7 @@ fn the_fair_script_grants_only_the_head() {
     let client = server.client("t6:");
     block_on(async {
         let shared = client.shared().unwrap();
-        let keys = client.keys(b"h");
+        let keys = client.keys(b"h").unwrap();
         let join = Some(Queueing::Join { place_ms: 5_000 });
         let run = |token: &'static str| {
             let inv = scripts::acquire(&keys, token, 10_000, join);
@@ -306,4 +305,78 @@ fn the_fair_script_grants_only_the_head() {
         assert!(matches!(run("c").await, Attempt::Busy { .. }));
         assert!(matches!(run("b").await, Attempt::Granted { .. }));
     });
+}
+
+fn redlock_client(servers: &[&Server], prefix: &str) -> Arc<Client> {
+    use super::client::Deployment;
+    use crate::protocol::url::{parse_endpoint, Endpoint};
+    let masters: Vec<(Endpoint, String)> = servers
+        .iter()
+        .map(|s| {
+            let url = format!("redis://127.0.0.1:{}/0", s.port);
+            (parse_endpoint(&url).unwrap(), url)
+        })
+        .collect();
+    let timeouts = Timeouts {
+        connect: Duration::from_secs(1),
+        command: Duration::from_secs(1),
+    };
+    Arc::new(
+        Client::new(ClientConfig {
+            deployment: Deployment::Redlock(masters),
+            prefix: prefix.as_bytes().to_vec(),
+            timeouts,
+        })
+        .unwrap(),
+    )
+}
+
+#[test]
+fn redlock_needs_a_majority_and_raises_fences_past_every_previous_one() {
+    use super::error::Error;
+    let (a, b) = (Server::start(), Server::start());
+    let mut c = Some(Server::start());
+    let client = redlock_client(&[&a, &b, c.as_ref().unwrap()], "rl:");
+    assert!(client.shared().is_err(), "no single keyspace on Redlock");
+    let handle = LockHandle::new(
+        client.clone(),
+        b"n",
+        Duration::from_secs(5),
+        false,
+        0,
+        false,
+    )
+    .unwrap();
+    let other = LockHandle::new(
+        client.clone(),
+        b"n",
+        Duration::from_secs(5),
+        false,
+        0,
+        false,
+    )
+    .unwrap();
+    let mut fences = Vec::new();
+    for _ in 0..2 {
+        assert!(block_on(handle.acquire(Wait::Once, None)).unwrap());
+        assert!(!block_on(other.acquire(Wait::Once, None)).unwrap());
+        assert!(block_on(handle.owned()).unwrap());
+        let left = handle.remaining().unwrap();
+        assert!(left <= Duration::from_millis(5000 - 52), "{left:?}");
+        fences.push(handle.fence().unwrap());
+        block_on(handle.release()).unwrap();
+    }
+    // One of three down: a majority is still there.
+    drop(c.take());
+    assert!(block_on(handle.acquire(Wait::Once, None)).unwrap());
+    fences.push(handle.fence().unwrap());
+    block_on(handle.release()).unwrap();
+    assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
+    // Two of three down: a quorum error, at once.
+    drop(b);
+    let t0 = Instant::now();
+    let err = block_on(handle.acquire(Wait::Forever, None)).unwrap_err();
+    assert!(matches!(err, Error::Quorum(_)), "{err:?}");
+    assert!(t0.elapsed() < Duration::from_secs(2));
+    drop(a);
 }

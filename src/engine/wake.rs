@@ -3,6 +3,10 @@
 //! registered for that channel (all of them, or only the one whose token the message names).
 //! If the subscriber connection breaks, every waiter is woken to look again, and the channels are
 //! subscribed anew before they wait, so a lost message never strands anybody.
+//!
+//! On a Redis Cluster the hub subscribes (classic SUBSCRIBE) on any one live node: a PUBLISH on
+//! the node that owns a lock's slot reaches every node over the cluster bus, so wake-ups need no
+//! slot routing and survive resharding untouched.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -12,7 +16,7 @@ use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::Notify;
 
 use super::error::{Error, Result};
-use super::node::{within, Timeouts};
+use super::node::{within, Target, Timeouts};
 
 /// Channels kept subscribed after their last waiter left, before they are dropped in a batch.
 const IDLE_CHANNELS_KEPT: usize = 256;
@@ -22,7 +26,7 @@ pub struct WakeHub {
 }
 
 struct HubCore {
-    client: redis::Client,
+    target: Arc<Target>,
     timeouts: Timeouts,
     state: Mutex<HubState>,
     /// Serialises connecting, subscribing and unsubscribing, so they reach Redis in order.
@@ -60,15 +64,22 @@ pub struct Registration {
 }
 
 impl WakeHub {
-    pub fn new(client: redis::Client, timeouts: Timeouts) -> Self {
+    pub fn new(target: Arc<Target>, timeouts: Timeouts) -> Self {
         WakeHub {
             core: Arc::new(HubCore {
-                client,
+                target,
                 timeouts,
                 state: Mutex::new(HubState::default()),
                 subscribing: tokio::sync::Mutex::new(()),
             }),
         }
+    }
+
+    /// Drops the subscriber connection (the master moved) and wakes every waiter to look again;
+    /// they subscribe anew, on the new connection, before they wait.
+    pub fn reset(&self) {
+        let generation = self.core.lock_state().generation;
+        self.core.disconnected(generation);
     }
 
     /// Registers a waiter on `channel`; call `ready()` before looking at the lock, so that any
@@ -157,13 +168,7 @@ impl HubCore {
                 return Ok((state.generation, sink.clone()));
             }
         }
-        let limit = self.timeouts.connect + self.timeouts.command;
-        let pubsub = within(
-            limit,
-            "the subscriber connection",
-            self.client.get_async_pubsub(),
-        )
-        .await?;
+        let pubsub = self.target.pubsub(self.timeouts).await?;
         let (sink, stream) = pubsub.split();
         let generation = {
             let mut state = self.lock_state();

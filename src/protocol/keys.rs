@@ -97,6 +97,50 @@ impl Keys {
     pub fn wake_channel(&self) -> Vec<u8> {
         self.with_suffix(b":wake")
     }
+
+    /// Whether every key built from this base lands in one cluster hash slot whatever its
+    /// suffix: true unless the hash tag (the bytes between the first `{` and the first `}` after
+    /// it) is empty, which happens only for a name starting with `}` (or a prefix holding `{}`).
+    pub fn single_slot(&self) -> bool {
+        hash_tag(&self.base).is_some()
+    }
+
+    /// The cluster hash slot of every key of this primitive (meaningful when `single_slot`).
+    pub fn slot(&self) -> u16 {
+        key_slot(&self.base)
+    }
+}
+
+/// The number of hash slots of a Redis Cluster.
+pub const SLOTS: u16 = 16384;
+
+/// The hash tag of a key as Redis Cluster reads it: the bytes between the first `{` and the
+/// first `}` after it, if that is non-empty.
+pub fn hash_tag(key: &[u8]) -> Option<&[u8]> {
+    let open = key.iter().position(|&b| b == b'{')?;
+    let len = key[open + 1..].iter().position(|&b| b == b'}')?;
+    (len > 0).then(|| &key[open + 1..open + 1 + len])
+}
+
+/// The cluster hash slot of a key: CRC16 (XMODEM) of its hash tag, or of the whole key.
+pub fn key_slot(key: &[u8]) -> u16 {
+    crc16(hash_tag(key).unwrap_or(key)) % SLOTS
+}
+
+/// CRC16-CCITT (XMODEM): polynomial 0x1021, initial value 0, as Redis Cluster uses it.
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in bytes {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
 }
 
 #[cfg(test)]
@@ -155,6 +199,46 @@ mod tests {
         ];
         let distinct: std::collections::HashSet<_> = all.iter().collect();
         assert_eq!(distinct.len(), all.len());
+    }
+
+    #[test]
+    fn slots_match_redis_cluster() {
+        // Reference values: CLUSTER KEYSLOT on a real server, and the CRC16 check value.
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        assert_eq!(key_slot(b"foo"), 12182);
+        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
+        assert_eq!(key_slot(b"foo{}{bar}"), key_slot(b"foo{}{bar}"));
+        assert_eq!(hash_tag(b"foo{}{bar}"), None);
+        assert_eq!(hash_tag(b"foo{{bar}}zap"), Some(&b"{bar"[..]));
+        assert_eq!(hash_tag(b"foo{bar}{zap}"), Some(&b"bar"[..]));
+    }
+
+    #[test]
+    fn every_key_of_a_name_shares_one_slot() {
+        for name in [&b"a"[..], b"acct:1", b"a{b}c", b"{x}", b"a\0b", b"x}"] {
+            let keys = Keys::new(b"redmutex:", name);
+            assert!(keys.single_slot(), "{name:?}");
+            let slot = keys.slot();
+            for key in [
+                keys.lock(),
+                keys.fence(),
+                keys.queue(),
+                keys.queue_deadlines(),
+                keys.semaphore_holders(),
+                keys.semaphore_queue(),
+                keys.semaphore_queue_deadlines(),
+                keys.rw_readers(),
+                keys.rw_writer(),
+                keys.rw_writers_waiting(),
+                keys.wake_channel(),
+            ] {
+                assert_eq!(key_slot(&key), slot, "{key:?}");
+            }
+        }
+        // A name starting with '}' leaves the tag empty: its keys would spread over slots.
+        assert!(!Keys::new(b"redmutex:", b"}a").single_slot());
+        assert!(!Keys::new(b"p{}", b"a").single_slot());
+        assert!(Keys::new(b"p{", b"}a").single_slot());
     }
 
     #[test]

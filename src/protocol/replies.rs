@@ -142,6 +142,25 @@ pub fn parse_flag(value: &Value) -> Result<bool, UnexpectedReply> {
     }
 }
 
+/// An integer reply (a counter).
+pub fn parse_int(value: &Value) -> Result<i64, UnexpectedReply> {
+    as_int(value).ok_or_else(|| UnexpectedReply(format!("{value:?}")))
+}
+
+/// `run_id` and `uptime_in_seconds` from the text of `INFO server`.
+pub fn parse_server_info(text: &str) -> Option<(String, u64)> {
+    let mut run_id = None;
+    let mut uptime = None;
+    for line in text.lines() {
+        if let Some(v) = line.strip_prefix("run_id:") {
+            run_id = Some(v.trim().to_string());
+        } else if let Some(v) = line.strip_prefix("uptime_in_seconds:") {
+            uptime = v.trim().parse().ok();
+        }
+    }
+    Some((run_id.filter(|r| !r.is_empty())?, uptime?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,6 +173,17 @@ mod tests {
         assert_eq!(parse_attempt(&busy), Ok(Attempt::Busy { retry_ms: -1 }));
         assert!(parse_attempt(&Value::Int(1)).is_err());
         assert!(parse_attempt(&Value::Array(vec![Value::Int(2), Value::Int(0)])).is_err());
+    }
+
+    #[test]
+    fn server_info_parses() {
+        let text = "# Server\r\nredis_version:7.0.15\r\nrun_id:4f1c2e\r\ntcp_port:6379\r\n\
+                    uptime_in_seconds:42\r\nuptime_in_days:0\r\n";
+        assert_eq!(parse_server_info(text), Some(("4f1c2e".to_string(), 42)));
+        assert_eq!(parse_server_info("run_id:\r\nuptime_in_seconds:1"), None);
+        assert_eq!(parse_server_info("uptime_in_seconds:1"), None);
+        assert_eq!(parse_int(&Value::Int(7)), Ok(7));
+        assert!(parse_int(&Value::Nil).is_err());
     }
 
     #[test]

@@ -35,6 +35,8 @@ pub static LOCK_EXTEND: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/lock_extend.lua")));
 pub static QUEUE_LEAVE: LazyLock<Script> =
     LazyLock::new(|| Script::new(queue_script!("lua/queue_leave.lua")));
+pub static FENCE_RAISE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/fence_raise.lua")));
 
 pub static SEM_ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(leases_script!("lua/sem_acquire.lua")));
@@ -364,6 +366,13 @@ pub fn rw_state<'a>(keys: &Keys) -> ScriptInvocation<'a> {
     inv
 }
 
+/// Raises the fencing counter to at least `fence` (Redlock's write-back; never lowers it).
+pub fn raise_fence<'a>(keys: &Keys, fence: i64) -> ScriptInvocation<'a> {
+    let mut inv = FENCE_RAISE.prepare_invoke();
+    inv.key(keys.fence()).arg(fence);
+    inv
+}
+
 // -------------------------------------------------------------------------------------- cache
 
 /// Look up a cache entry or claim its fill for `token` with a lease of `lease_ms`. `skip` is the
@@ -437,6 +446,7 @@ mod tests {
             include_str!("lua/lock_release.lua"),
             include_str!("lua/lock_extend.lua"),
             include_str!("lua/queue_leave.lua"),
+            include_str!("lua/fence_raise.lua"),
             include_str!("lua/cache_get_or_claim.lua"),
             include_str!("lua/cache_store.lua"),
             include_str!("lua/cache_abandon.lua"),

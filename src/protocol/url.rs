@@ -5,6 +5,214 @@ use redis::{ConnectionInfo, IntoConnectionInfo};
 
 /// The schemes the contract accepts.
 const SCHEMES: [&str; 4] = ["redis://", "rediss://", "redis+unix://", "unix://"];
+/// A Sentinel-managed master (an addition to the contract), plain or over TLS.
+const SENTINEL_SCHEMES: [&str; 2] = ["redis+sentinel://", "rediss+sentinel://"];
+/// The port of a sentinel when the URL gives none.
+pub const SENTINEL_PORT: u16 = 26379;
+/// Query keys whose values are secrets.
+const SECRET_KEYS: [&str; 3] = ["pass", "password", "sentinel_password"];
+
+/// Where a client connects: one server, or whichever master the sentinels name.
+#[derive(Clone, Debug)]
+pub enum Endpoint {
+    Direct(ConnectionInfo),
+    Sentinel(SentinelUrl),
+}
+
+/// `redis+sentinel://[user:pass@]host[:port][,host[:port]...]/service[/db]`
+/// `[?sentinel_username=U&sentinel_password=P][#insecure]`: the user-info and db are the master's;
+/// the sentinels take their own credentials from the query.
+#[derive(Clone, Debug)]
+pub struct SentinelUrl {
+    pub sentinels: Vec<ConnectionInfo>,
+    pub service: String,
+    tls: bool,
+    insecure: bool,
+    userinfo: String,
+    db: i64,
+}
+
+impl SentinelUrl {
+    /// The settings of the master at `host:port` (as a sentinel named it).
+    pub fn master_info(&self, host: &str, port: u16) -> Result<ConnectionInfo, String> {
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        let host = bracket(host);
+        let fragment = if self.insecure { "#insecure" } else { "" };
+        let url = format!(
+            "{scheme}://{}{host}:{port}/{}{fragment}",
+            self.userinfo, self.db
+        );
+        url.as_str()
+            .into_connection_info()
+            .map_err(|e| format!("the master {host}:{port} named by Sentinel: {e}"))
+    }
+}
+
+/// Parses a URL of any accepted scheme, Sentinel included.
+pub fn parse_endpoint(url: &str) -> Result<Endpoint, String> {
+    if SENTINEL_SCHEMES
+        .iter()
+        .any(|scheme| url.starts_with(scheme))
+    {
+        parse_sentinel(url).map(Endpoint::Sentinel)
+    } else {
+        parse(url).map(Endpoint::Direct)
+    }
+}
+
+fn bracket(host: &str) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]")
+    } else {
+        host.to_string()
+    }
+}
+
+fn parse_sentinel(url: &str) -> Result<SentinelUrl, String> {
+    let fail = |why: &str| format!("url: invalid Sentinel URL '{}': {}", redact(url), why);
+    let (scheme, rest) = url.split_once("://").ok_or_else(|| fail("no scheme"))?;
+    let tls = scheme == "rediss+sentinel";
+    let (rest, fragment) = match rest.split_once('#') {
+        Some((r, f)) => (r, f),
+        None => (rest, ""),
+    };
+    let insecure = match fragment {
+        "" => false,
+        "insecure" => true,
+        _ => return Err(fail("the only fragment understood is #insecure")),
+    };
+    let (rest, query) = match rest.split_once('?') {
+        Some((r, q)) => (r, q),
+        None => (rest, ""),
+    };
+    let (authority, path) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    let (userinfo, hosts) = match authority.rfind('@') {
+        Some(at) => (&authority[..=at], &authority[at + 1..]),
+        None => ("", authority),
+    };
+    let mut parts = path.trim_start_matches('/').split('/');
+    let service = parts.next().unwrap_or_default();
+    if service.is_empty() {
+        return Err(fail(
+            "the path must name the master's service: /service[/db]",
+        ));
+    }
+    let db = match parts.next() {
+        None | Some("") => 0,
+        Some(d) => d
+            .parse::<i64>()
+            .ok()
+            .filter(|d| *d >= 0)
+            .ok_or_else(|| fail("the db must be a non-negative integer"))?,
+    };
+    if parts.next().is_some() {
+        return Err(fail("the path is /service[/db]"));
+    }
+    let (mut s_user, mut s_pass) = (String::new(), None);
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("sentinel_username", v)) => s_user = percent_decode(v),
+            Some(("sentinel_password", v)) => s_pass = Some(percent_decode(v)),
+            _ => {
+                return Err(fail(
+                    "the query may hold only sentinel_username and sentinel_password",
+                ))
+            }
+        }
+    }
+    let s_userinfo = match (&s_user[..], &s_pass) {
+        ("", None) => String::new(),
+        (user, None) => format!("{}@", percent_encode(user)),
+        (user, Some(pass)) => format!("{}:{}@", percent_encode(user), percent_encode(pass)),
+    };
+    let mut sentinels = Vec::new();
+    for host in hosts.split(',') {
+        let (name, port) =
+            split_host_port(host).ok_or_else(|| fail("a sentinel is host[:port]"))?;
+        let scheme = if tls { "rediss" } else { "redis" };
+        let fragment = if insecure { "#insecure" } else { "" };
+        let one = format!("{scheme}://{s_userinfo}{}:{port}{fragment}", bracket(name));
+        let info = one
+            .as_str()
+            .into_connection_info()
+            .map_err(|e| fail(&scrub(&e.to_string(), url)))?;
+        sentinels.push(info);
+    }
+    let parsed = SentinelUrl {
+        sentinels,
+        service: percent_decode(service),
+        tls,
+        insecure,
+        userinfo: userinfo.to_string(),
+        db,
+    };
+    // The master's settings must parse too (checked once here, with a placeholder address).
+    parsed
+        .master_info("127.0.0.1", 6379)
+        .map_err(|_| fail("bad credentials or db for the master"))?;
+    Ok(parsed)
+}
+
+/// `host[:port]` or `[v6]:port`; the port defaults to Sentinel's.
+fn split_host_port(text: &str) -> Option<(&str, u16)> {
+    let (host, port) = if let Some(v6) = text.strip_prefix('[') {
+        let (host, rest) = v6.split_once(']')?;
+        match rest.strip_prefix(':') {
+            Some(p) => (host, Some(p)),
+            None if rest.is_empty() => (host, None),
+            None => return None,
+        }
+    } else {
+        match text.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (text, None),
+        }
+    };
+    if host.is_empty() {
+        return None;
+    }
+    let port = match port {
+        None => SENTINEL_PORT,
+        Some(p) => p.parse::<u16>().ok().filter(|p| *p > 0)?,
+    };
+    Some((host, port))
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
+            (b'%', Some(&h), Some(&l)) if hex(h).is_some() && hex(l).is_some() => {
+                let value = hex(h).unwrap_or(0) * 16 + hex(l).unwrap_or(0);
+                out.push(value as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
 
 /// Parses a Redis URL, or says why not (with the URL redacted).
 pub fn parse(url: &str) -> Result<ConnectionInfo, String> {
@@ -48,7 +256,12 @@ pub fn redact(url: &str) -> String {
         }
         None => out.push_str(authority),
     }
+    let (tail, fragment) = match tail.find('#') {
+        Some(h) if !tail[..h].contains('?') => tail.split_at(h),
+        _ => (tail, ""),
+    };
     out.push_str(&redact_query(tail));
+    out.push_str(fragment);
     out
 }
 
@@ -64,7 +277,7 @@ fn redact_query(tail: &str) -> String {
     let pairs: Vec<String> = query
         .split('&')
         .map(|pair| match pair.split_once('=') {
-            Some((k, _)) if k == "pass" || k == "password" => format!("{k}=***"),
+            Some((k, _)) if SECRET_KEYS.contains(&k) => format!("{k}=***"),
             _ => pair.to_string(),
         })
         .collect();
@@ -73,13 +286,38 @@ fn redact_query(tail: &str) -> String {
 
 /// Removes the password of `url` from `text`, wherever it appears.
 pub fn scrub(text: &str, url: &str) -> String {
-    match url.into_connection_info() {
+    let mut out = match url.into_connection_info() {
         Ok(info) => match info.redis_settings().password() {
             Some(pw) if !pw.is_empty() => text.replace(pw, "***"),
             _ => text.to_string(),
         },
         Err(_) => text.to_string(),
+    };
+    // Secrets of forms the parser does not read (Sentinel URLs): user-info and query values.
+    let mut secrets = Vec::new();
+    if let Some((_, rest)) = url.split_once("://") {
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+        if let Some((userinfo, _)) = authority.rsplit_once('@') {
+            if let Some((_, pw)) = userinfo.split_once(':') {
+                secrets.push(pw.to_string());
+                secrets.push(percent_decode(pw));
+            }
+        }
+        if let Some((_, query)) = rest.split_once('?') {
+            for pair in query.split(['&', '#']) {
+                if let Some((k, v)) = pair.split_once('=') {
+                    if SECRET_KEYS.contains(&k) {
+                        secrets.push(v.to_string());
+                        secrets.push(percent_decode(v));
+                    }
+                }
+            }
+        }
     }
+    for secret in secrets.iter().filter(|s| !s.is_empty()) {
+        out = out.replace(secret.as_str(), "***");
+    }
+    out
 }
 
 #[cfg(test)]
@@ -110,6 +348,62 @@ mod tests {
         ] {
             assert!(parse(url).is_ok(), "{url}");
         }
+    }
+
+    #[test]
+    fn parses_sentinel_urls() {
+        let Ok(Endpoint::Sentinel(s)) = parse_endpoint(
+            "redis+sentinel://u:pw@127.0.0.1:5000,[::1],h2:26380/mymaster/2?sentinel_password=sp%40x",
+        ) else {
+            panic!("not a sentinel URL");
+        };
+        assert_eq!(s.service, "mymaster");
+        assert_eq!(s.sentinels.len(), 3);
+        assert_eq!(s.sentinels[0].addr().to_string(), "127.0.0.1:5000");
+        assert_eq!(s.sentinels[1].addr().to_string(), "::1:26379");
+        assert_eq!(s.sentinels[0].redis_settings().password(), Some("sp@x"));
+        let master = s.master_info("10.0.0.1", 7000).unwrap();
+        assert_eq!(master.addr().to_string(), "10.0.0.1:7000");
+        assert_eq!(master.redis_settings().db(), 2);
+        assert_eq!(master.redis_settings().username(), Some("u"));
+        assert_eq!(master.redis_settings().password(), Some("pw"));
+        assert!(matches!(
+            parse_endpoint("redis://h:1/0"),
+            Ok(Endpoint::Direct(_))
+        ));
+        assert!(matches!(
+            parse_endpoint("redis+sentinel://h/svc"),
+            Ok(Endpoint::Sentinel(_))
+        ));
+        for bad in [
+            "redis+sentinel://h",
+            "redis+sentinel://h/",
+            "redis+sentinel://h/svc/x",
+            "redis+sentinel://h:0/svc",
+            "redis+sentinel://h/svc/1/2",
+            "redis+sentinel://:hunter2@h/svc?what=1",
+            "redis+sentinel://h/svc#other",
+        ] {
+            let err = parse_endpoint(bad).map(|_| ()).expect_err(bad);
+            assert!(err.starts_with("url: "), "{err}");
+            assert!(!err.contains("hunter2"), "{err}");
+        }
+    }
+
+    #[test]
+    fn redacts_sentinel_secrets() {
+        assert_eq!(
+            redact("redis+sentinel://u:pw@h1,h2:1/m?sentinel_password=s3&x=1#insecure"),
+            "redis+sentinel://u:***@h1,h2:1/m?sentinel_password=***&x=1#insecure"
+        );
+        let text = "boom s3 and pw and s@x";
+        assert_eq!(
+            scrub(
+                text,
+                "redis+sentinel://u:pw@h/m?sentinel_password=s%40x&y=s3"
+            ),
+            "boom s3 and *** and ***"
+        );
     }
 
     #[test]

@@ -46,7 +46,7 @@ pub struct PyCacheStore {
 impl PyCacheStore {
     fn spec(&self, key: &Bound<'_, PyAny>) -> PyResult<CacheSpec> {
         let name = args::name("key", key)?;
-        Ok(CacheSpec::new(&self.inner, &name, self.lock_ttl))
+        Ok(CacheSpec::new(&self.inner, &name, self.lock_ttl)?)
     }
 
     fn run_fetch<'py>(
@@ -58,15 +58,19 @@ impl PyCacheStore {
     ) -> PyResult<FetchReply<'py>> {
         let spec = self.spec(key)?;
         let shared = self.inner.shared()?;
-        // The first look on a direct connection of this thread (the hot path: one round trip,
-        // no hand-off to the runtime); only a wait for another caller's fill runs there.
-        let first =
-            py.detach(|| cache::first_look_direct(&shared, &spec, wait, skip.as_deref()))?;
-        let fetched = match first {
-            First::Done(fetched) => fetched,
-            First::Wait(pending) => {
-                blocking::wait(py, pending.wait(&shared, &spec, wait, skip.as_deref()))??
+        let skip = skip.as_deref();
+        let fetched = if self.inner.supports_direct() {
+            // The first look on a direct connection of this thread (the hot path: one round
+            // trip, no hand-off to the runtime); only a wait for another's fill runs there.
+            match py.detach(|| cache::first_look_direct(&shared, &spec, wait, skip))? {
+                First::Done(fetched) => fetched,
+                First::Wait(pending) => {
+                    blocking::wait(py, pending.wait(&shared, &spec, wait, skip))??
+                }
             }
+        } else {
+            // A cluster routes by slot and a Sentinel master moves: through the runtime.
+            blocking::wait(py, cache::fetch(&shared, &spec, wait, skip))??
         };
         Ok(match fetched {
             Fetched::Hit(hit) => (HIT, Some(PyBytes::new(py, &hit.payload)), hit.pttl_ms, None),
@@ -75,6 +79,7 @@ impl PyCacheStore {
                     token: claim.token().to_string(),
                     claim: Mutex::new(Some(claim)),
                     ttl: self.ttl,
+                    direct: self.inner.supports_direct(),
                 };
                 (CLAIMED, None, -1, Some(Py::new(py, claim)?))
             }
@@ -117,6 +122,14 @@ impl PyCacheStore {
         let timeout = args::timeout("timeout", timeout)?.unwrap_or(None);
         let client = coerce_client(client)?;
         let inner = client.get().inner.clone();
+        if inner.is_redlock() {
+            // Refused here, when @cached is applied, rather than at the first call.
+            return Err(Error::Unsupported(
+                "client: the cache needs one keyspace (a server, Sentinel or Redis Cluster), not                  a Redlock client of several independent masters"
+                    .into(),
+            )
+            .into());
+        }
         Ok(PyCacheStore {
             client,
             inner,
@@ -202,13 +215,16 @@ impl PyCacheStore {
 }
 
 /// The fill claim of one entry, held while the fill runs (its lease is renewed meanwhile).
-/// Exactly one of `store` or `abandon` settles it (one round trip on a direct connection);
-/// dropped unsettled, it is given back.
+/// Exactly one of `store` or `abandon` settles it (one round trip; on a direct connection where
+/// the deployment allows); dropped unsettled, it is given back.
 #[pyclass(frozen, module = "redmutex._core", name = "FillClaim")]
 pub struct PyFillClaim {
     claim: Mutex<Option<Claim>>,
     token: String,
     ttl: Duration,
+    /// Settled on a direct connection of the caller's thread (a single server), else through
+    /// the runtime.
+    direct: bool,
 }
 
 impl PyFillClaim {
@@ -230,13 +246,19 @@ impl PyFillClaim {
     fn store(&self, py: Python<'_>, payload: &[u8]) -> PyResult<bool> {
         let claim = self.take()?;
         let ttl = self.ttl;
-        Ok(py.detach(|| claim.store_direct(payload, ttl))?)
+        if self.direct {
+            return Ok(py.detach(|| claim.store_direct(payload, ttl))?);
+        }
+        Ok(blocking::wait(py, claim.store(payload, ttl))??)
     }
 
     /// Gives the claim back without a value; one waiter takes the fill over. False: not ours.
     fn abandon(&self, py: Python<'_>) -> PyResult<bool> {
         let claim = self.take()?;
-        Ok(py.detach(|| claim.abandon_direct())?)
+        if self.direct {
+            return Ok(py.detach(|| claim.abandon_direct())?);
+        }
+        Ok(blocking::wait(py, claim.abandon())??)
     }
 
     /// True until stored or given back.

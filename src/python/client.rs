@@ -3,16 +3,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pyo3::exceptions::PyNotImplementedError;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString, PyTuple, PyType};
 
 use super::args;
 use super::blocking;
-use super::errors::type_error;
-use crate::engine::node::{Retry, Timeouts};
-use crate::engine::{Client, ClientConfig, Error};
-use crate::protocol::url;
+use super::errors::{type_error, value_error};
+use crate::engine::node::Timeouts;
+use crate::engine::{Client, ClientConfig, Deployment, Error};
+use crate::protocol::url::{self, Endpoint};
 
 const DEFAULT_URL: &str = "redis://127.0.0.1:6379/0";
 
@@ -21,6 +20,96 @@ pub struct PyClient {
     pub inner: Arc<Client>,
     display_url: String,
     prefix: String,
+}
+
+/// A `str` argument as Rust text.
+fn text(arg: &str, value: &Bound<'_, PyAny>) -> PyResult<String> {
+    Ok(value
+        .cast::<PyString>()
+        .map_err(|_| type_error(arg, "a str", value))?
+        .to_str()
+        .map_err(|_| value_error(arg, "must be valid Unicode"))?
+        .to_string())
+}
+
+/// A non-empty list (or tuple) of URL strings.
+fn url_list(arg: &str, value: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
+    let items: Vec<Bound<'_, PyAny>> = if let Ok(list) = value.cast::<PyList>() {
+        list.iter().collect()
+    } else if let Ok(tuple) = value.cast::<PyTuple>() {
+        tuple.iter().collect()
+    } else {
+        return Err(type_error(arg, "a list of URL strings", value));
+    };
+    if items.is_empty() {
+        return Err(value_error(arg, "give at least one URL"));
+    }
+    items.iter().map(|item| text(arg, item)).collect()
+}
+
+/// `Client([url1, ..., urlN])`: Redlock over independent masters (servers or Sentinel URLs).
+fn redlock_deployment(value: &Bound<'_, PyAny>) -> PyResult<(Deployment, String)> {
+    let urls = url_list("url", value)?;
+    let mut masters = Vec::with_capacity(urls.len());
+    let mut seen: Vec<String> = Vec::new();
+    for u in &urls {
+        let endpoint = url::parse_endpoint(u).map_err(Error::Invalid)?;
+        // The same master twice would count its vote twice.
+        let identity = match &endpoint {
+            Endpoint::Direct(info) => format!("{}/{}", info.addr(), info.redis_settings().db()),
+            Endpoint::Sentinel(s) => {
+                let sentinels: Vec<String> =
+                    s.sentinels.iter().map(|i| i.addr().to_string()).collect();
+                format!("sentinel {} {}", s.service, sentinels.join(","))
+            }
+        };
+        if seen.contains(&identity) {
+            return Err(value_error(
+                "url",
+                &format!("the master '{}' is listed twice", url::redact(u)),
+            ));
+        }
+        seen.push(identity);
+        masters.push((endpoint, url::redact(u)));
+    }
+    let display = masters
+        .iter()
+        .map(|(_, label)| label.clone())
+        .collect::<Vec<_>>()
+        .join(", ");
+    Ok((Deployment::Redlock(masters), display))
+}
+
+/// `Client(cluster=[url, ...])`: a Redis Cluster through its seed nodes.
+fn cluster_deployment(value: &Bound<'_, PyAny>) -> PyResult<(Deployment, String)> {
+    let urls = url_list("cluster", value)?;
+    let mut seeds = Vec::with_capacity(urls.len());
+    for u in &urls {
+        if !(u.starts_with("redis://") || u.starts_with("rediss://")) {
+            return Err(value_error(
+                "cluster",
+                &format!(
+                    "'{}': cluster nodes are reached over TCP: redis:// or rediss://",
+                    url::redact(u)
+                ),
+            ));
+        }
+        let info =
+            url::parse(u).map_err(|e| value_error("cluster", e.trim_start_matches("url: ")))?;
+        if info.redis_settings().db() != 0 {
+            return Err(value_error(
+                "cluster",
+                &format!("'{}': Redis Cluster has only db 0", url::redact(u)),
+            ));
+        }
+        seeds.push(info);
+    }
+    let display = urls
+        .iter()
+        .map(|u| url::redact(u))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Ok((Deployment::Cluster(seeds), display))
 }
 
 fn seconds_or(arg: &str, value: Option<&Bound<'_, PyAny>>, default: f64) -> PyResult<Duration> {
@@ -41,60 +130,52 @@ impl PyClient {
         command_timeout: Option<&Bound<'_, PyAny>>,
         cluster: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        if cluster.is_some_and(|c| !c.is_none()) {
-            return Err(PyNotImplementedError::new_err(
-                "cluster: Redis Cluster support is not built yet",
-            ));
-        }
-        let url_text = match url {
-            None => DEFAULT_URL.to_string(),
-            Some(u) if u.is_none() => DEFAULT_URL.to_string(),
-            Some(u) if u.is_instance_of::<PyList>() || u.is_instance_of::<PyTuple>() => {
-                let urls: Vec<Bound<'_, PyAny>> = u.try_iter()?.collect::<PyResult<_>>()?;
-                if urls.is_empty() {
-                    return Err(super::errors::value_error(
-                        "url",
-                        "the list of masters is empty",
-                    ));
-                }
-                for item in &urls {
-                    if !item.is_instance_of::<PyString>() {
-                        return Err(type_error("url", "a str or a list of str", item));
-                    }
-                }
-                return Err(PyNotImplementedError::new_err(
-                    "url: Redlock over several masters is not built yet",
-                ));
-            }
-            Some(u) => u
-                .cast::<PyString>()
-                .map_err(|_| type_error("url", "a str", u))?
-                .to_str()
-                .map_err(|_| super::errors::value_error("url", "must be valid Unicode"))?
-                .to_string(),
-        };
+        let url = url.filter(|u| !u.is_none());
+        let cluster = cluster.filter(|c| !c.is_none());
         let prefix = match prefix {
-            Some(p) if !p.is_none() => p
-                .cast::<PyString>()
-                .map_err(|_| type_error("prefix", "a str", p))?
-                .to_str()
-                .map_err(|_| super::errors::value_error("prefix", "must be valid Unicode"))?
-                .to_string(),
+            Some(p) if !p.is_none() => text("prefix", p)?,
             _ => "redmutex:".to_string(),
         };
         let timeouts = Timeouts {
             connect: seconds_or("connect_timeout", connect_timeout, 5.0)?,
             command: seconds_or("command_timeout", command_timeout, 5.0)?,
         };
-        let info = url::parse(&url_text).map_err(Error::Invalid)?;
+        let (deployment, display_url) = match (url, cluster) {
+            (Some(_), Some(_)) => {
+                return Err(value_error(
+                    "url",
+                    "give either url (one server, Sentinel, or a list of Redlock masters) or \
+                     cluster=[...], not both",
+                ))
+            }
+            (None, Some(seeds)) => cluster_deployment(seeds)?,
+            (Some(u), None) if u.is_instance_of::<PyList>() || u.is_instance_of::<PyTuple>() => {
+                redlock_deployment(u)?
+            }
+            (Some(u), None) => {
+                let url_text = text("url", u)?;
+                let endpoint = url::parse_endpoint(&url_text).map_err(Error::Invalid)?;
+                (
+                    Deployment::Single(Box::new(endpoint)),
+                    url::redact(&url_text),
+                )
+            }
+            (None, None) => {
+                let endpoint = url::parse_endpoint(DEFAULT_URL).map_err(Error::Invalid)?;
+                (
+                    Deployment::Single(Box::new(endpoint)),
+                    DEFAULT_URL.to_string(),
+                )
+            }
+        };
         let config = ClientConfig {
-            info,
+            deployment,
             prefix: prefix.as_bytes().to_vec(),
             timeouts,
         };
         Ok(PyClient {
             inner: Arc::new(Client::new(config)?),
-            display_url: url::redact(&url_text),
+            display_url,
             prefix,
         })
     }
@@ -113,14 +194,8 @@ impl PyClient {
     /// True, or raises `redmutex.ConnectionError`.
     fn ping(&self, py: Python<'_>) -> PyResult<bool> {
         let client = self.inner.clone();
-        let reply = blocking::wait(py, async move {
-            let shared = client.shared()?;
-            shared
-                .node
-                .query::<String>(&redis::cmd("PING"), Retry::Once)
-                .await
-        })??;
-        Ok(reply == "PONG")
+        blocking::wait(py, async move { client.backend()?.ping().await })??;
+        Ok(true)
     }
 
     /// Closes this process's connections; a later use opens new ones.
@@ -133,7 +208,7 @@ impl PyClient {
         &self.prefix
     }
 
-    /// The URL with any password redacted.
+    /// The URL with any password redacted (several, comma-separated, for Redlock and Cluster).
     #[getter]
     fn url(&self) -> &str {
         &self.display_url
@@ -150,7 +225,22 @@ impl PyClient {
     }
 
     fn __repr__(&self) -> String {
-        format!("Client('{}', prefix='{}')", self.display_url, self.prefix)
+        let urls = || {
+            self.display_url
+                .split(", ")
+                .map(|u| format!("'{u}'"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match &self.inner.config().deployment {
+            Deployment::Single(_) => {
+                format!("Client('{}', prefix='{}')", self.display_url, self.prefix)
+            }
+            Deployment::Redlock(_) => format!("Client([{}], prefix='{}')", urls(), self.prefix),
+            Deployment::Cluster(_) => {
+                format!("Client(cluster=[{}], prefix='{}')", urls(), self.prefix)
+            }
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! The one error funnel: every engine error becomes the contract's Python exception here.
 //! The classes live in `redmutex/errors.py` (they need multiple inheritance).
 
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyNotImplementedError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 use crate::engine::Error;
@@ -11,6 +11,7 @@ pyo3::import_exception!(redmutex.errors, LockTimeoutError);
 pyo3::import_exception!(redmutex.errors, LockNotOwnedError);
 pyo3::import_exception!(redmutex.errors, LockLostError);
 pyo3::import_exception!(redmutex.errors, ConnectionError);
+pyo3::import_exception!(redmutex.errors, QuorumError);
 
 impl From<Error> for PyErr {
     fn from(err: Error) -> PyErr {
@@ -21,6 +22,8 @@ impl From<Error> for PyErr {
             Error::NotOwned(m) => LockNotOwnedError::new_err(m),
             Error::Lost(m) => LockLostError::new_err(m),
             Error::Invalid(m) => PyValueError::new_err(m),
+            Error::Quorum(m) => QuorumError::new_err(m),
+            Error::Unsupported(m) => PyNotImplementedError::new_err(m),
         }
     }
 }

@@ -92,7 +92,7 @@ impl PyLock {
                 fair,
                 replicas as u32,
                 auto_renew,
-            )),
+            )?),
             client,
             name: String::from_utf8_lossy(&name_bytes).into_owned(),
             ttl,
@@ -136,7 +136,11 @@ impl PyLock {
 
     /// Somebody holds the lock.
     fn locked(&self, py: Python<'_>) -> PyResult<bool> {
-        Ok(py.detach(|| self.handle.locked_direct())?)
+        if self.handle.client().supports_direct() {
+            return Ok(py.detach(|| self.handle.locked_direct())?);
+        }
+        let handle = self.handle.clone();
+        Ok(blocking::wait(py, async move { handle.locked().await })??)
     }
 
     /// This object holds the lock, checked against Redis.

@@ -15,7 +15,7 @@ fn spec_for(
 ) -> PyResult<(std::sync::Arc<crate::engine::Client>, LockSpec)> {
     let name = args::name("lockname", name)?;
     let client = coerce_client(client)?.get().inner.clone();
-    let keys = client.keys(&name);
+    let keys = client.keys(&name).map_err(PyErr::from)?;
     Ok((
         client,
         LockSpec {
@@ -44,8 +44,8 @@ pub fn acquire_token(
     let token = String::from_utf8(args::name("identifier", identifier)?).unwrap_or_default();
     let (client, spec) = spec_for(conn, lockname, lease)?;
     let granted = blocking::wait(py, async move {
-        let shared = client.shared()?;
-        lock::acquire(&shared, &spec, &token, wait).await
+        let backend = client.backend()?;
+        lock::acquire_on(&backend, &spec, &token, wait).await
     })??;
     Ok(granted.map(|g| g.fence))
 }
@@ -61,7 +61,7 @@ pub fn release_token(
     let token = String::from_utf8(args::name("identifier", identifier)?).unwrap_or_default();
     let (client, spec) = spec_for(conn, lockname, std::time::Duration::from_secs(1))?;
     Ok(blocking::wait(py, async move {
-        let shared = client.shared()?;
-        lock::release(&shared, &spec.keys, &token).await
+        let backend = client.backend()?;
+        lock::release_on(&backend, &spec.keys, &token).await
     })??)
 }

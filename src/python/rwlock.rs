@@ -79,7 +79,7 @@ impl PyRwLock {
         let client = coerce_client(client)?;
         let engine_client = client.get().inner.clone();
         Ok(PyRwLock {
-            core: Arc::new(RwLock::new(engine_client, &name_bytes, ttl, auto_renew)),
+            core: Arc::new(RwLock::new(engine_client, &name_bytes, ttl, auto_renew)?),
             client,
             name: String::from_utf8_lossy(&name_bytes).into_owned(),
             ttl,

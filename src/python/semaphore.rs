@@ -91,7 +91,7 @@ impl PySemaphore {
                 ttl,
                 fair,
                 auto_renew,
-            )),
+            )?),
             client,
             name: String::from_utf8_lossy(&name_bytes).into_owned(),
             limit,

@@ -1,5 +1,5 @@
-//! In-process state per name (a gate and what it guards), alive while anybody holds it: the
-//! means by which only one waiter per name talks to Redis at a time.
+//! In-process state per name, alive while anybody holds it (weakly mapped, swept as it grows):
+//! the cache keeps each entry's `Flight` (its waiters' gate and the value last read) here.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, Weak};
 /// Live gate counts below which the map is not swept for dead entries.
 const SWEEP_FLOOR: usize = 64;
 
-pub struct Gates<T> {
+pub struct NameMap<T> {
     inner: Mutex<GateMap<T>>,
 }
 
@@ -18,9 +18,9 @@ struct GateMap<T> {
     sweep_at: usize,
 }
 
-impl<T: Default> Gates<T> {
+impl<T: Default> NameMap<T> {
     pub fn new() -> Self {
-        Gates {
+        NameMap {
             inner: Mutex::new(GateMap {
                 gates: HashMap::new(),
                 sweep_at: SWEEP_FLOOR,
@@ -53,7 +53,7 @@ impl<T: Default> Gates<T> {
     }
 }
 
-impl<T: Default> Default for Gates<T> {
+impl<T: Default> Default for NameMap<T> {
     fn default() -> Self {
         Self::new()
     }
@@ -65,7 +65,7 @@ mod tests {
 
     #[test]
     fn one_gate_per_live_name() {
-        let gates: Gates<u32> = Gates::new();
+        let gates: NameMap<u32> = NameMap::new();
         let a = gates.get(b"a");
         let again = gates.get(b"a");
         assert!(Arc::ptr_eq(&a, &again));
@@ -75,7 +75,7 @@ mod tests {
 
     #[test]
     fn dead_gates_are_swept() {
-        let gates: Gates<()> = Gates::new();
+        let gates: NameMap<()> = NameMap::new();
         let keep = gates.get(b"keep");
         for i in 0..1000u32 {
             drop(gates.get(&i.to_be_bytes()));

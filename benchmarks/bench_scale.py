@@ -1,0 +1,196 @@
+"""Scale-out benchmark: uncontended acquire+release pairs per second on a Redis Cluster and on
+3- and 5-master Redlock, next to pottery's Redlock on the very same masters.
+
+Standalone: it starts its own redis-servers on loopback (a 3-master cluster made with
+`redis-cli --cluster create`, 5 independent masters, and one plain server for reference) and
+stops them, by PID, when done.
+
+    python benchmarks/bench_scale.py [--seconds 3] [--quick] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+import redmutex
+from redmutex._server import RedisServer, free_port
+
+
+def pairs_per_second(pair: Callable[[], None], seconds: float) -> float:
+    """Runs `pair` back to back for `seconds` (after a short warm-up); pairs per second."""
+    warm_until = time.perf_counter() + min(0.3, seconds / 5)
+    while time.perf_counter() < warm_until:
+        pair()
+    count = 0
+    start = time.perf_counter()
+    deadline = start + seconds
+    while True:
+        for _ in range(20):
+            pair()
+        count += 20
+        now = time.perf_counter()
+        if now >= deadline:
+            return count / (now - start)
+
+
+def redmutex_pair(client: redmutex.Client, name: str) -> Callable[[], None]:
+    lock = redmutex.Lock(client, name, ttl=10)
+
+    def pair() -> None:
+        if not lock.acquire(blocking=False):
+            raise RuntimeError("an uncontended acquire failed")
+        lock.release()
+
+    return pair
+
+
+def pottery_pair(masters: list[redis.Redis], name: str) -> Callable[[], None] | None:
+    try:
+        from pottery import Redlock
+    except ImportError:
+        return None
+    lock = Redlock(key=name, masters=set(masters), auto_release_time=10)
+
+    def pair() -> None:
+        if not lock.acquire(blocking=False):
+            raise RuntimeError("an uncontended pottery acquire failed")
+        lock.release()
+
+    return pair
+
+
+def round_trips_per_second(port: int, requests: int) -> float | None:
+    """`redis-benchmark -c 1` PING rate: the single-connection round-trip limit."""
+    binary = shutil.which("redis-benchmark")
+    if binary is None:
+        return None
+    out = subprocess.run(
+        [binary, "-p", str(port), "-c", "1", "-n", str(requests), "-t", "ping_mbulk", "-q"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    for token in out.replace("\r", "\n").split():
+        try:
+            return float(token)
+        except ValueError:
+            continue
+    return None
+
+
+def start_cluster(size: int) -> list[RedisServer]:
+    servers = [
+        RedisServer(
+            extra_args=[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-port",
+                str(free_port()),
+            ]
+        )
+        for _ in range(size)
+    ]
+    for server in servers:
+        server.start()
+    cli = shutil.which("redis-cli")
+    if cli is None:
+        raise RuntimeError("redis-cli is not installed")
+    addresses = [f"127.0.0.1:{s.port}" for s in servers]
+    subprocess.run(
+        [cli, "--cluster", "create", *addresses, "--cluster-yes"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        states = []
+        for s in servers:
+            with redis.Redis(port=s.port) as r:
+                states.append(b"cluster_state:ok" in r.execute_command("CLUSTER", "INFO"))
+        if all(states):
+            return servers
+        time.sleep(0.1)
+    raise RuntimeError("the cluster did not settle")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per row")
+    parser.add_argument("--quick", action="store_true", help="1 s per row")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    args = parser.parse_args()
+    seconds = 1.0 if args.quick else args.seconds
+
+    single = RedisServer().start()
+    masters = [RedisServer().start() for _ in range(5)]
+    cluster: list[RedisServer] = []
+    rows: list[dict[str, Any]] = []
+    try:
+        cluster = start_cluster(3)
+        rtt = round_trips_per_second(single.port, 20_000 if args.quick else 100_000)
+        clients = {
+            "single server (reference)": redmutex.Client(single.url),
+            "Redis Cluster, 3 masters": redmutex.Client(cluster=[s.url for s in cluster]),
+            "Redlock, 3 masters": redmutex.Client([m.url for m in masters[:3]]),
+            "Redlock, 5 masters": redmutex.Client([m.url for m in masters]),
+        }
+        for label, client in clients.items():
+            rate = pairs_per_second(redmutex_pair(client, "bench:" + label), seconds)
+            rows.append({"setup": label, "library": "redmutex", "pairs_per_s": rate})
+        for n in (3, 5):
+            conns = [redis.Redis(port=m.port) for m in masters[:n]]
+            pair = pottery_pair(conns, f"bench:pottery:{n}")
+            if pair is None:
+                rows.append(
+                    {"setup": f"Redlock, {n} masters", "library": "pottery", "pairs_per_s": None}
+                )
+                continue
+            rate = pairs_per_second(pair, seconds)
+            rows.append(
+                {"setup": f"Redlock, {n} masters", "library": "pottery", "pairs_per_s": rate}
+            )
+            for c in conns:
+                c.close()
+    finally:
+        for server in [single, *masters, *cluster]:
+            server.stop()
+
+    conditions = {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": __import__("os").cpu_count(),
+        "seconds_per_row": seconds,
+        "servers": "redis-server on 127.0.0.1, no persistence, one client thread, uncontended",
+        "redis_benchmark_c1_ping_per_s": rtt,
+    }
+    if args.json:
+        json.dump({"conditions": conditions, "rows": rows}, sys.stdout, indent=2)
+        print()
+        return
+    print(f"# Scale-out benchmark ({seconds:g} s per row, uncontended acquire+release pairs)")
+    for key, value in conditions.items():
+        print(f"- {key}: {value}")
+    print()
+    print("| setup | library | pairs/s |")
+    print("| --- | --- | ---: |")
+    for row in rows:
+        rate = row["pairs_per_s"]
+        shown = "not installed" if rate is None else f"{rate:,.0f}"
+        print(f"| {row['setup']} | {row['library']} | {shown} |")
+
+
+if __name__ == "__main__":
+    main()

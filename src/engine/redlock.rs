@@ -1,0 +1,629 @@
+//! Redlock over N independent masters: every master runs the very scripts of a single server;
+//! this module asks them all in parallel and decides by majority (`protocol::quorum`).
+//!
+//! - Acquire: one round sends the acquire script to every master at once; it is won when a
+//!   majority grants within the lease's validity (ttl − elapsed − drift). A round that is not won
+//!   gives its partial grants back everywhere. `Error::Quorum` when no majority of the masters
+//!   can answer; a lock that is simply held makes the caller wait (wake-ups come from every
+//!   master, and the holder's lease end is a deadline too) and finally time out.
+//! - A master whose `run_id` changed since this client last saw it (restarted, possibly empty)
+//!   has its votes discounted until the longest lease this client uses has passed since it
+//!   restarted: it may have forgotten a lease it granted to somebody else.
+//! - Fencing: the fence is the largest counter among the granting masters, written back to every
+//!   granting master before acquire returns (see `protocol::quorum` for why that makes fences
+//!   strictly increasing per name whenever a majority agrees).
+//! - Release, extend and `owned` count confirmations by majority, too.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use std::future::Future;
+
+use futures_util::future::{join_all, select_all};
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::FutureExt;
+
+use super::client::{Gates, Shared};
+use super::error::{Error, Result};
+use super::lock::{attempt_with_replicas, Granted, LockSpec};
+use super::node::{Identity, Retry};
+use super::runtime;
+use super::waiting::Wait;
+use crate::protocol::keys::Keys;
+use crate::protocol::lease;
+use crate::protocol::quorum::{self, Incarnation, Majority, Outcome, Tally, Vote};
+use crate::protocol::replies::{parse_attempt, parse_flag, parse_int, Attempt};
+use crate::protocol::scripts;
+
+/// How long a waiter sleeps when no master gives a lease to wait for.
+const NO_HINT_LOOK: Duration = Duration::from_millis(500);
+/// After a split vote (we won some votes, not a majority), a contender retries after a random
+/// pause, so that contenders do not split again in lockstep: up to this long at first...
+const SPLIT_PAUSE: Duration = Duration::from_millis(25);
+/// ...doubling while the vote keeps splitting (a stale holder, a restarted master), up to this,
+/// and sooner when a release is heard.
+const SPLIT_PAUSE_MAX: Duration = Duration::from_secs(1);
+
+struct Master {
+    shared: Arc<Shared>,
+    /// The URL, redacted, for messages.
+    label: String,
+    incarnation: Mutex<Incarnation>,
+}
+
+pub struct Redlock {
+    masters: Vec<Master>,
+    gates: Gates,
+    /// The longest lease used through this client, in ms: how long the votes of a restarted
+    /// master are discounted.
+    max_lease_ms: AtomicU64,
+}
+
+/// What one master said to an operation, and whether its word counts now.
+struct Answer<T> {
+    value: Result<T>,
+    counted: bool,
+}
+
+/// How one acquire round ended (other than with an error).
+enum RoundEnd {
+    Won(Granted),
+    Busy { retry_ms: i64, split: bool },
+}
+
+/// Releases of earlier rounds still under way, per master: the next vote on a master waits for
+/// its release, so a give-back can never delete a later grant of the same token.
+type GiveBacks = Vec<Option<tokio::task::JoinHandle<()>>>;
+
+impl Redlock {
+    pub fn new(masters: Vec<(Arc<Shared>, String)>) -> Self {
+        Redlock {
+            masters: masters
+                .into_iter()
+                .map(|(shared, label)| Master {
+                    shared,
+                    label,
+                    incarnation: Mutex::new(Incarnation::default()),
+                })
+                .collect(),
+            gates: Gates::default(),
+            max_lease_ms: AtomicU64::new(0),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.masters.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.masters.is_empty()
+    }
+
+    fn quorum(&self) -> usize {
+        quorum::quorum(self.masters.len())
+    }
+
+    fn note_lease(&self, lease: Duration) {
+        self.max_lease_ms
+            .fetch_max(lease::lease_ms(lease), Ordering::Relaxed);
+    }
+
+    fn max_lease(&self) -> Duration {
+        Duration::from_millis(self.max_lease_ms.load(Ordering::Relaxed))
+    }
+
+    /// None when the word of `master` (answering through `identity`) counts now, else how long
+    /// until it does.
+    fn discounted(&self, master: &Master, identity: Option<&Identity>) -> Option<Duration> {
+        let id = identity?;
+        let mut inc = master.incarnation.lock().unwrap_or_else(|p| p.into_inner());
+        inc.observe(&id.run_id, id.uptime, id.observed_at, self.max_lease());
+        inc.discounted_for(Instant::now())
+    }
+
+    fn labelled(master: &Master, err: &Error) -> String {
+        format!("{}: {err}", master.label)
+    }
+
+    /// Runs `op` on every master at once and collects every answer.
+    async fn on_all<'s, T, F, Fut>(&'s self, op: F) -> Vec<Answer<T>>
+    where
+        F: Fn(&'s Shared) -> Fut,
+        Fut: Future<Output = Result<(T, Option<Arc<Identity>>)>>,
+    {
+        let calls = self.masters.iter().map(|m| {
+            let call = op(&m.shared);
+            async move {
+                match call.await {
+                    Ok((value, identity)) => Answer {
+                        counted: self.discounted(m, identity.as_deref()).is_none(),
+                        value: Ok(value),
+                    },
+                    Err(err) => Answer {
+                        value: Err(Error::Connection(Self::labelled(m, &err))),
+                        counted: false,
+                    },
+                }
+            }
+        });
+        join_all(calls).await
+    }
+
+    fn quorum_error(&self, answered: usize, errors: &[String]) -> Error {
+        let mut message = format!(
+            "Redlock: only {answered} of {} masters answered; a majority ({}) is needed",
+            self.masters.len(),
+            self.quorum()
+        );
+        if let Some(last) = errors.last() {
+            message.push_str(&format!(" (last error: {last})"));
+        }
+        Error::Quorum(message)
+    }
+
+    /// One master's vote in an acquire round.
+    async fn vote(
+        self: Arc<Self>,
+        index: usize,
+        spec: LockSpec,
+        token: String,
+        before: Option<tokio::task::JoinHandle<()>>,
+    ) -> (usize, Vote, Option<String>) {
+        if let Some(give_back) = before {
+            let _ = give_back.await;
+        }
+        let Some(master) = self.masters.get(index) else {
+            return (index, Vote::Failed, None);
+        };
+        let failed = |err: Error| (index, Vote::Failed, Some(Self::labelled(master, &err)));
+        let (attempt, identity) = if spec.replicas == 0 {
+            let inv = scripts::acquire(&spec.keys, &token, lease::lease_ms(spec.lease), None);
+            // No resend after a dropped connection: a vote that fails is one vote fewer, and a
+            // resend could land after this round gave its grants back.
+            let node = &master.shared.node;
+            let (reply, identity) = match node.invoke_identified(&inv, Retry::Never).await {
+                Ok(found) => found,
+                Err(err) => return failed(err),
+            };
+            match parse_attempt(&reply) {
+                Ok(attempt) => (attempt, identity),
+                Err(err) => return failed(err.into()),
+            }
+        } else {
+            // The write and its WAIT on a connection of their own; the master's incarnation is
+            // the one its command connection knows (looked up if it has none yet).
+            match attempt_with_replicas(&master.shared, &spec, None, &token).await {
+                Ok(Some(attempt)) => {
+                    let identity = match master.shared.node.identity() {
+                        Some(found) => Some(found),
+                        None => master
+                            .shared
+                            .node
+                            .query_identified::<String>(&redis::cmd("PING"), Retry::Once)
+                            .await
+                            .ok()
+                            .and_then(|(_, identity)| identity),
+                    };
+                    (attempt, identity)
+                }
+                Ok(None) => {
+                    let why = format!("fewer than {} replicas acknowledged", spec.replicas);
+                    return failed(Error::Timeout(why));
+                }
+                Err(err) => return failed(err),
+            }
+        };
+        let fence = match attempt {
+            Attempt::Busy { retry_ms } => return (index, Vote::Busy { retry_ms }, None),
+            Attempt::Granted { fence } => fence,
+        };
+        let vote = match self.discounted(master, identity.as_deref()) {
+            None => Vote::Granted { fence },
+            Some(left) => Vote::Discounted {
+                fence,
+                counts_in_ms: i64::try_from(lease::lease_ms(left)).unwrap_or(i64::MAX),
+            },
+        };
+        (index, vote, None)
+    }
+
+    /// One round: every master votes at once; decided as soon as the outcome is certain.
+    async fn round(
+        self: &Arc<Self>,
+        spec: &LockSpec,
+        token: &str,
+        give_backs: &mut GiveBacks,
+    ) -> Result<RoundEnd> {
+        let n = self.masters.len();
+        let sent_at = Instant::now();
+        let mut votes: FuturesUnordered<_> = (0..n)
+            .map(|i| {
+                let before = give_backs.get_mut(i).and_then(Option::take);
+                self.clone()
+                    .vote(i, spec.clone(), token.to_string(), before)
+                    .boxed()
+            })
+            .collect();
+        let mut tally = Tally::new(n);
+        let mut grants: Vec<(usize, i64)> = Vec::new();
+        let mut busy = vec![false; n];
+        let mut errors = Vec::new();
+        while !tally.settled() {
+            let Some((i, vote, error)) = votes.next().await else {
+                break;
+            };
+            match vote {
+                Vote::Granted { fence } | Vote::Discounted { fence, .. } => grants.push((i, fence)),
+                Vote::Busy { .. } => {
+                    if let Some(b) = busy.get_mut(i) {
+                        *b = true;
+                    }
+                }
+                Vote::Failed => errors.extend(error),
+            }
+            tally.add(vote);
+        }
+        let outcome = tally.outcome();
+        if outcome == Outcome::Won {
+            // Votes still out go on in the background: the more masters hold the lease, the
+            // better it survives a master failing; a late grant is ours and goes with the hold.
+            if !votes.is_empty() {
+                runtime::spawn(async move { while votes.next().await.is_some() {} });
+            }
+            if let Some(granted) = self.settle_win(spec, sent_at, &grants).await {
+                return Ok(RoundEnd::Won(granted));
+            }
+        } else {
+            // Dropped: a request already sent runs before the give-back below (same connection,
+            // in order); one not yet sent never will be.
+            drop(votes);
+        }
+        // Not won: give back everywhere we may hold (all but the masters that said "busy").
+        for (i, slot) in give_backs.iter_mut().enumerate() {
+            if busy.get(i).copied().unwrap_or(false) {
+                continue;
+            }
+            let me = self.clone();
+            let keys = spec.keys.clone();
+            let token = token.to_string();
+            *slot = runtime::handle().ok().map(|h| {
+                h.spawn(async move {
+                    if let Some(m) = me.masters.get(i) {
+                        let _ = m
+                            .shared
+                            .node
+                            .invoke(&scripts::release(&keys, &token), Retry::Once)
+                            .await;
+                    }
+                })
+            });
+        }
+        match outcome {
+            Outcome::NoQuorum { answered } => Err(self.quorum_error(answered, &errors)),
+            Outcome::Busy { retry_ms, split } => Ok(RoundEnd::Busy { retry_ms, split }),
+            // Won, but too late for the lease or without an agreed fence: try again.
+            Outcome::Won => Ok(RoundEnd::Busy {
+                retry_ms: -1,
+                split: true,
+            }),
+        }
+    }
+
+    /// A majority granted: agree on the fence (writing it back where it lags) and check that the
+    /// lease is still valid. None when either fails.
+    async fn settle_win(
+        &self,
+        spec: &LockSpec,
+        sent_at: Instant,
+        grants: &[(usize, i64)],
+    ) -> Option<Granted> {
+        let (fence, behind) = quorum::agreed_fence(grants)?;
+        let mut at_fence = grants.len() - behind.len();
+        if !behind.is_empty() {
+            let raises = behind.iter().filter_map(|&i| self.masters.get(i)).map(|m| {
+                let inv = scripts::raise_fence(&spec.keys, fence);
+                async move {
+                    let reply = m.shared.node.invoke(&inv, Retry::Once).await.ok()?;
+                    parse_int(&reply).ok()
+                }
+            });
+            at_fence += join_all(raises)
+                .await
+                .into_iter()
+                .filter(|raised| raised.is_some_and(|v| v >= fence))
+                .count();
+        }
+        if at_fence < self.quorum() {
+            return None;
+        }
+        quorum::validity(sent_at, spec.lease, Instant::now())?;
+        Some(Granted {
+            fence,
+            sent_at: quorum::lease_start(sent_at, spec.lease),
+        })
+    }
+
+    /// Subscribes the waiter on a majority of the masters (a release publishes on every master
+    /// that held the lock, a majority, so one of them is heard).
+    async fn ready(&self, registrations: &[super::wake::Registration]) -> Result<()> {
+        let mut pending: FuturesUnordered<_> = registrations.iter().map(|r| r.ready()).collect();
+        let mut ready = 0;
+        let mut errors = Vec::new();
+        while let Some(outcome) = pending.next().await {
+            match outcome {
+                Ok(()) => {
+                    ready += 1;
+                    if ready >= self.quorum() {
+                        return Ok(());
+                    }
+                }
+                Err(err) => errors.push(err.to_string()),
+            }
+        }
+        Err(self.quorum_error(ready, &errors))
+    }
+
+    /// Compare-and-delete on every master; `Ok(false)` when a majority says it is not ours.
+    pub async fn release(&self, keys: &Keys, token: &str) -> Result<bool> {
+        let answers = self
+            .on_all(|s| async move {
+                s.node
+                    .invoke_identified(&scripts::release(keys, token), Retry::Once)
+                    .await
+            })
+            .await;
+        self.by_majority(answers, |v| parse_flag(v).ok())
+    }
+
+    /// Compare-and-pexpire on every master: `Ok(Some(start))` when a majority extended (the
+    /// new lease counts from `start`: the send less the drift allowance), `Ok(None)` when a
+    /// majority says it is not ours.
+    pub async fn extend(
+        &self,
+        keys: &Keys,
+        token: &str,
+        lease_for: Duration,
+    ) -> Result<Option<Instant>> {
+        self.note_lease(lease_for);
+        let sent_at = Instant::now();
+        let ms = lease::lease_ms(lease_for);
+        let answers = self
+            .on_all(|s| async move {
+                s.node
+                    .invoke_identified(&scripts::extend(keys, token, ms), Retry::Once)
+                    .await
+            })
+            .await;
+        if !self.by_majority(answers, |v| parse_flag(v).ok())? {
+            return Ok(None);
+        }
+        Ok(Some(quorum::lease_start(sent_at, lease_for)))
+    }
+
+    /// Whether `token` holds the lock on a majority of the masters.
+    pub async fn owned(&self, keys: &Keys, token: &str) -> Result<bool> {
+        let answers = self.owners(keys).await;
+        self.by_majority(answers, |owner: &Option<Vec<u8>>| {
+            Some(owner.as_deref() == Some(token.as_bytes()))
+        })
+    }
+
+    /// Whether some owner holds the lock on a majority of the masters.
+    pub async fn locked(&self, keys: &Keys) -> Result<bool> {
+        let answers = self.owners(keys).await;
+        let n = self.masters.len();
+        let mut counts: Vec<(Vec<u8>, usize)> = Vec::new();
+        let mut unanswered = 0;
+        let mut errors = Vec::new();
+        for answer in answers {
+            match (answer.value, answer.counted) {
+                (Ok(Some(owner)), true) => match counts.iter_mut().find(|(o, _)| *o == owner) {
+                    Some((_, c)) => *c += 1,
+                    None => counts.push((owner, 1)),
+                },
+                (Ok(None), true) => {}
+                (Ok(_), false) => unanswered += 1,
+                (Err(err), _) => {
+                    unanswered += 1;
+                    errors.push(err.to_string());
+                }
+            }
+        }
+        let best = counts.iter().map(|(_, c)| *c).max().unwrap_or(0);
+        match quorum::majority(n, best, n - best - unanswered) {
+            Majority::Yes => Ok(true),
+            Majority::No => Ok(false),
+            Majority::Unknown => Err(self.quorum_error(n - unanswered, &errors)),
+        }
+    }
+
+    async fn owners(&self, keys: &Keys) -> Vec<Answer<Option<Vec<u8>>>> {
+        let key = keys.lock();
+        self.on_all(|s| {
+            let key = key.clone();
+            async move {
+                s.node
+                    .query_identified(redis::cmd("GET").arg(key), Retry::Once)
+                    .await
+            }
+        })
+        .await
+    }
+
+    /// Yes / no by majority of the counted answers; too few answers is a quorum error.
+    fn by_majority<T>(
+        &self,
+        answers: Vec<Answer<T>>,
+        yes: impl Fn(&T) -> Option<bool>,
+    ) -> Result<bool> {
+        let (mut confirmed, mut denied, mut errors) = (0, 0, Vec::new());
+        for answer in &answers {
+            match (&answer.value, answer.counted) {
+                (Ok(v), true) => match yes(v) {
+                    Some(true) => confirmed += 1,
+                    Some(false) => denied += 1,
+                    None => errors.push("unexpected reply".to_string()),
+                },
+                (Ok(_), false) => {}
+                (Err(err), _) => errors.push(err.to_string()),
+            }
+        }
+        match quorum::majority(self.masters.len(), confirmed, denied) {
+            Majority::Yes => Ok(true),
+            Majority::No => Ok(false),
+            Majority::Unknown => Err(self.quorum_error(confirmed + denied, &errors)),
+        }
+    }
+
+    /// PING every master; fine when a majority answers.
+    pub async fn ping(&self) -> Result<()> {
+        let answers = self
+            .on_all(|s| async move {
+                s.node
+                    .query_identified::<String>(&redis::cmd("PING"), Retry::Once)
+                    .await
+            })
+            .await;
+        let mut errors = Vec::new();
+        let mut alive = 0;
+        for answer in answers {
+            match answer.value {
+                Ok(_) => alive += 1,
+                Err(err) => errors.push(err.to_string()),
+            }
+        }
+        if alive >= self.quorum() {
+            return Ok(());
+        }
+        let mut message = format!(
+            "Redlock: only {alive} of {} masters answered PING; a majority ({}) is needed",
+            self.masters.len(),
+            self.quorum()
+        );
+        if let Some(last) = errors.last() {
+            message.push_str(&format!(" (last error: {last})"));
+        }
+        Err(Error::Connection(message))
+    }
+}
+
+/// Gives the lock back on every master if dropped while armed (an acquire cancelled mid-way).
+struct Cleanup {
+    redlock: Arc<Redlock>,
+    keys: Keys,
+    token: String,
+    armed: bool,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let redlock = self.redlock.clone();
+        let keys = self.keys.clone();
+        let token = std::mem::take(&mut self.token);
+        runtime::spawn(async move {
+            let _ = redlock.release(&keys, &token).await;
+        });
+    }
+}
+
+/// A random pause in `0..=max`.
+fn jitter(max: Duration) -> Duration {
+    let mut bytes = [0u8; 8];
+    if getrandom::fill(&mut bytes).is_err() {
+        return max / 2;
+    }
+    let ms = u64::from_le_bytes(bytes) % (max.as_millis() as u64 + 1);
+    Duration::from_millis(ms)
+}
+
+/// Takes the lock for `token` on a majority, waiting as `wait` allows, without polling.
+pub async fn acquire(
+    redlock: &Arc<Redlock>,
+    spec: &LockSpec,
+    token: &str,
+    wait: Wait,
+) -> Result<Option<Granted>> {
+    redlock.note_lease(spec.lease);
+    let mut cleanup = Cleanup {
+        redlock: redlock.clone(),
+        keys: spec.keys.clone(),
+        token: token.to_string(),
+        armed: true,
+    };
+    let mut give_backs: GiveBacks = (0..redlock.len()).map(|_| None).collect();
+    let outcome = acquire_rounds(redlock, spec, token, wait, &mut give_backs).await;
+    cleanup.armed = false;
+    outcome
+}
+
+async fn acquire_rounds(
+    redlock: &Arc<Redlock>,
+    spec: &LockSpec,
+    token: &str,
+    wait: Wait,
+    give_backs: &mut GiveBacks,
+) -> Result<Option<Granted>> {
+    if let RoundEnd::Won(granted) = redlock.round(spec, token, give_backs).await? {
+        return Ok(Some(granted));
+    }
+    if wait.expired(Instant::now()) {
+        return Ok(None);
+    }
+    // One competitor per name in this process; the others queue here.
+    let gate = redlock.gates.gate(&spec.name);
+    let _turn = match wait.deadline() {
+        None => gate.lock().await,
+        Some(d) => match tokio::time::timeout_at(d.into(), gate.lock()).await {
+            Ok(turn) => turn,
+            Err(_) => return Ok(None),
+        },
+    };
+    let channel = spec.keys.wake_channel();
+    let registrations: Vec<_> = redlock
+        .masters
+        .iter()
+        .map(|m| m.shared.hub.register(channel.clone(), None))
+        .collect();
+    let mut split_pause = SPLIT_PAUSE;
+    loop {
+        // Subscribed before looking, so a release after the look is heard.
+        redlock.ready(&registrations).await?;
+        let (retry_ms, split) = match redlock.round(spec, token, give_backs).await? {
+            RoundEnd::Won(granted) => return Ok(Some(granted)),
+            RoundEnd::Busy { retry_ms, split } => (retry_ms, split),
+        };
+        let now = Instant::now();
+        if wait.expired(now) {
+            return Ok(None);
+        }
+        let mut nap = lease::next_look(retry_ms, NO_HINT_LOOK, wait.deadline(), now);
+        if split {
+            // The vote split: pause a random moment (longer while it keeps splitting), or
+            // less when a release is heard, and then a little more, to fall out of step.
+            nap = nap.min(jitter(split_pause));
+            split_pause = (split_pause * 2).min(SPLIT_PAUSE_MAX);
+        } else {
+            split_pause = SPLIT_PAUSE;
+        }
+        let woken = select_all(registrations.iter().map(|r| r.notified().boxed()));
+        tokio::select! {
+            _ = woken => {
+                if split {
+                    tokio::time::sleep(jitter(SPLIT_PAUSE)).await;
+                }
+            }
+            _ = tokio::time::sleep(nap) => {}
+        }
+    }
+}
+
+impl std::fmt::Debug for Redlock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let labels: Vec<&str> = self.masters.iter().map(|m| m.label.as_str()).collect();
+        f.debug_struct("Redlock").field("masters", &labels).finish()
+    }
+}

@@ -1,0 +1,447 @@
+//! Redlock arithmetic over N independent masters, without I/O: the quorum, the validity of a
+//! lease won by a majority, the tally of one round of votes, the fence that a majority agrees
+//! on, and when the vote of a master that restarted (possibly empty) counts again.
+//!
+//! Fencing argument (why `fence` is strictly increasing whenever a majority agrees): a winner
+//! takes the largest counter of the masters that granted it and, before its acquire returns,
+//! raises every granting master's counter to that value, so a majority then holds a counter at
+//! least as large. The next winner's majority intersects that one in at least one master, whose
+//! INCR therefore exceeds the previous fence. It holds as long as no master of that intersection
+//! lost its counter (a restart without persistence that the client did not see).
+
+use std::time::{Duration, Instant};
+
+/// Votes needed out of `n` masters: a strict majority.
+pub fn quorum(n: usize) -> usize {
+    n / 2 + 1
+}
+
+/// The clock-drift allowance for a lease: 1% of it plus 2 ms (the masters expire keys with
+/// millisecond resolution, and their clocks may run a little fast).
+pub fn drift(lease: Duration) -> Duration {
+    lease / 100 + Duration::from_millis(2)
+}
+
+/// The local deadline of a lease whose requests were first sent at `sent_at`: the lease minus
+/// the drift allowance, counted from before the send. None when the drift eats the whole lease.
+pub fn deadline(sent_at: Instant, lease: Duration) -> Option<Instant> {
+    let usable = lease.checked_sub(drift(lease))?;
+    if usable.is_zero() {
+        return None;
+    }
+    sent_at.checked_add(usable)
+}
+
+/// When a lease won by a majority counts from, for arithmetic that adds the plain lease to it:
+/// the first send less the drift allowance, so that `start + lease` is the Redlock deadline.
+pub fn lease_start(sent_at: Instant, lease: Duration) -> Instant {
+    sent_at.checked_sub(drift(lease)).unwrap_or(sent_at)
+}
+
+/// How much of the lease is left at `now` (Redlock's validity time: ttl − elapsed − drift);
+/// None when nothing is left, in which case the majority came too late to count.
+pub fn validity(sent_at: Instant, lease: Duration, now: Instant) -> Option<Duration> {
+    deadline(sent_at, lease)
+        .map(|d| d.saturating_duration_since(now))
+        .filter(|left| !left.is_zero())
+}
+
+/// One master's answer to an acquire attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Vote {
+    /// The master holds the lock for us now; `fence` is its counter.
+    Granted { fence: i64 },
+    /// The master holds it for us, but restarted recently, so its vote does not count until
+    /// `counts_in_ms` from now (it may have forgotten another owner's lease).
+    Discounted { fence: i64, counts_in_ms: i64 },
+    /// Another owner holds it there; its lease ends within `retry_ms` (-1: unknown).
+    Busy { retry_ms: i64 },
+    /// No usable answer: unreachable, timed out, or an error.
+    Failed,
+}
+
+/// How a round of votes ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// A majority granted (the lease's validity is checked separately).
+    Won,
+    /// The lock is held (or the vote split): look again within `retry_ms` at the latest
+    /// (-1: no hint), sooner if woken. `split`: we won some votes but not a majority.
+    Busy { retry_ms: i64, split: bool },
+    /// Fewer than a majority of the masters could answer.
+    NoQuorum { answered: usize },
+}
+
+/// The votes of one round, as they come in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tally {
+    n: usize,
+    granted: usize,
+    discounted: usize,
+    busy: usize,
+    failed: usize,
+    retry_ms: i64,
+}
+
+impl Tally {
+    pub fn new(n: usize) -> Self {
+        Tally {
+            n,
+            granted: 0,
+            discounted: 0,
+            busy: 0,
+            failed: 0,
+            retry_ms: -1,
+        }
+    }
+
+    pub fn add(&mut self, vote: Vote) {
+        match vote {
+            Vote::Granted { .. } => self.granted += 1,
+            Vote::Discounted { counts_in_ms, .. } => {
+                self.discounted += 1;
+                self.hint(counts_in_ms);
+            }
+            Vote::Busy { retry_ms } => {
+                self.busy += 1;
+                self.hint(retry_ms);
+            }
+            Vote::Failed => self.failed += 1,
+        }
+    }
+
+    fn hint(&mut self, ms: i64) {
+        if ms >= 0 && (self.retry_ms < 0 || ms < self.retry_ms) {
+            self.retry_ms = ms;
+        }
+    }
+
+    fn pending(&self) -> usize {
+        self.n
+            .saturating_sub(self.granted + self.discounted + self.busy + self.failed)
+    }
+
+    /// Counted grants so far.
+    pub fn granted(&self) -> usize {
+        self.granted
+    }
+
+    /// Masters that answered (whatever they said).
+    pub fn answered(&self) -> usize {
+        self.granted + self.discounted + self.busy
+    }
+
+    /// Whether the outcome is known without the votes still to come.
+    pub fn settled(&self) -> bool {
+        let q = quorum(self.n);
+        self.granted >= q || self.granted + self.pending() < q
+    }
+
+    /// The outcome from the votes in so far.
+    pub fn outcome(&self) -> Outcome {
+        let q = quorum(self.n);
+        if self.granted >= q {
+            return Outcome::Won;
+        }
+        // Only when the masters that failed alone rule a majority out is it the masters'
+        // fault; otherwise somebody holds the lock (or the vote split). Votes still out when
+        // a round settles early are unknown, not failed.
+        if self.failed > self.n - q {
+            return Outcome::NoQuorum {
+                answered: self.answered(),
+            };
+        }
+        Outcome::Busy {
+            retry_ms: self.retry_ms,
+            split: self.granted + self.discounted > 0,
+        }
+    }
+}
+
+/// The fence a won majority agrees on, and which granting masters must have their counter
+/// raised to it: `(fence, indices below it)` from `(master index, counter)` pairs.
+pub fn agreed_fence(grants: &[(usize, i64)]) -> Option<(i64, Vec<usize>)> {
+    let fence = grants.iter().map(|&(_, f)| f).max()?;
+    let behind = grants
+        .iter()
+        .filter(|&&(_, f)| f < fence)
+        .map(|&(i, _)| i)
+        .collect();
+    Some((fence, behind))
+}
+
+/// How an operation checked by majority ended (release, extend, owned): `confirmed` masters
+/// said yes, `denied` said "not yours", the others did not answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Majority {
+    Yes,
+    /// Enough masters denied that no majority can say yes.
+    No,
+    /// Too few answered to tell.
+    Unknown,
+}
+
+pub fn majority(n: usize, confirmed: usize, denied: usize) -> Majority {
+    let q = quorum(n);
+    if confirmed >= q {
+        Majority::Yes
+    } else if denied > n - q {
+        Majority::No
+    } else {
+        Majority::Unknown
+    }
+}
+
+/// What a client knows of one master's incarnation (its `run_id`): a master that restarted
+/// since the client last saw it may have come back empty, forgetting leases it granted, so its
+/// votes are discounted until every lease it may have forgotten has ended.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Incarnation {
+    run_id: Option<String>,
+    counts_from: Option<Instant>,
+}
+
+impl Incarnation {
+    /// The master reported `run_id` and `uptime` (INFO server) at `observed_at`; `max_lease` is
+    /// the longest lease in use. A first sighting is trusted: there is nothing to compare with.
+    pub fn observe(
+        &mut self,
+        run_id: &str,
+        uptime: Duration,
+        observed_at: Instant,
+        max_lease: Duration,
+    ) {
+        if self.run_id.as_deref() == Some(run_id) {
+            return;
+        }
+        if self.run_id.is_some() {
+            // INFO floors the uptime to whole seconds, so `observed_at - uptime` is the latest
+            // moment the restart can have happened: counting from it errs on the safe side.
+            let restarted = observed_at.checked_sub(uptime);
+            let until = restarted.and_then(|r| r.checked_add(max_lease));
+            self.counts_from = match (self.counts_from, until) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        self.run_id = Some(run_id.to_string());
+    }
+
+    /// None when the master's votes count at `now`, else how long until they do.
+    pub fn discounted_for(&self, now: Instant) -> Option<Duration> {
+        self.counts_from
+            .map(|from| from.saturating_duration_since(now))
+            .filter(|left| !left.is_zero())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn quorum_is_a_strict_majority() {
+        assert_eq!(quorum(1), 1);
+        assert_eq!(quorum(2), 2);
+        assert_eq!(quorum(3), 2);
+        assert_eq!(quorum(4), 3);
+        assert_eq!(quorum(5), 3);
+        assert_eq!(quorum(6), 4);
+    }
+
+    #[test]
+    fn validity_is_lease_minus_elapsed_minus_drift() {
+        let t0 = Instant::now();
+        let lease = Duration::from_secs(10);
+        assert_eq!(drift(lease), 102 * MS);
+        assert_eq!(deadline(t0, lease), Some(t0 + 9898 * MS));
+        assert_eq!(
+            validity(t0, lease, t0 + 898 * MS),
+            Some(Duration::from_secs(9))
+        );
+        assert_eq!(validity(t0, lease, t0 + 9898 * MS), None);
+        assert_eq!(validity(t0, lease, t0 + Duration::from_secs(11)), None);
+        // A lease shorter than its drift allowance can never be valid.
+        assert_eq!(deadline(t0, 2 * MS), None);
+        assert_eq!(validity(t0, MS, t0), None);
+        assert!(deadline(t0, 3 * MS).is_some());
+        let later = t0 + Duration::from_secs(1);
+        assert_eq!(lease_start(later, lease) + lease, later + 9898 * MS);
+    }
+
+    fn tally(n: usize, votes: &[Vote]) -> Tally {
+        let mut t = Tally::new(n);
+        for v in votes {
+            t.add(*v);
+        }
+        t
+    }
+
+    const G: Vote = Vote::Granted { fence: 1 };
+    const F: Vote = Vote::Failed;
+    fn busy(ms: i64) -> Vote {
+        Vote::Busy { retry_ms: ms }
+    }
+
+    #[test]
+    fn a_majority_wins_and_settles_early() {
+        let t = tally(5, &[G, G]);
+        assert!(!t.settled());
+        let t = tally(5, &[G, G, G]);
+        assert!(t.settled());
+        assert_eq!(t.outcome(), Outcome::Won);
+        assert_eq!(tally(5, &[G, F, G, F, G]).outcome(), Outcome::Won);
+        assert_eq!(tally(1, &[G]).outcome(), Outcome::Won);
+    }
+
+    #[test]
+    fn unreachable_masters_are_a_quorum_error_held_locks_are_not() {
+        // 3 of 5 down: no majority can ever answer.
+        let t = tally(5, &[G, G, F, F, F]);
+        assert_eq!(t.outcome(), Outcome::NoQuorum { answered: 2 });
+        let t = tally(5, &[F, F, F]);
+        assert!(t.settled());
+        assert_eq!(t.outcome(), Outcome::NoQuorum { answered: 0 });
+        // 2 of 5 down and the rest busy: simply held.
+        let t = tally(5, &[busy(300), busy(200), F, F, busy(-1)]);
+        assert_eq!(
+            t.outcome(),
+            Outcome::Busy {
+                retry_ms: 200,
+                split: false
+            }
+        );
+        // Two down and one busy settles the round, but the others may well answer: held.
+        let t = tally(5, &[busy(40), F, F]);
+        assert!(t.settled());
+        assert_eq!(
+            t.outcome(),
+            Outcome::Busy {
+                retry_ms: 40,
+                split: false
+            }
+        );
+        // Settled as soon as a majority is out of reach.
+        let t = tally(5, &[busy(5), busy(5), busy(5)]);
+        assert!(t.settled());
+        assert_eq!(
+            t.outcome(),
+            Outcome::Busy {
+                retry_ms: 5,
+                split: false
+            }
+        );
+    }
+
+    #[test]
+    fn split_votes_and_discounted_grants() {
+        let t = tally(5, &[G, G, busy(7), busy(9), busy(-1)]);
+        assert_eq!(
+            t.outcome(),
+            Outcome::Busy {
+                retry_ms: 7,
+                split: true
+            }
+        );
+        let d = Vote::Discounted {
+            fence: 1,
+            counts_in_ms: 3,
+        };
+        let t = tally(5, &[G, G, d, busy(50), busy(50)]);
+        assert_eq!(t.granted(), 2);
+        assert_eq!(t.answered(), 5);
+        assert_eq!(
+            t.outcome(),
+            Outcome::Busy {
+                retry_ms: 3,
+                split: true
+            }
+        );
+    }
+
+    #[test]
+    fn the_fence_is_the_largest_and_laggards_are_raised() {
+        assert_eq!(agreed_fence(&[]), None);
+        assert_eq!(agreed_fence(&[(0, 4), (2, 4), (3, 4)]), Some((4, vec![])));
+        assert_eq!(
+            agreed_fence(&[(0, 4), (2, 9), (3, 1)]),
+            Some((9, vec![0, 3]))
+        );
+    }
+
+    #[test]
+    fn fences_increase_across_any_sequence_of_majorities() {
+        // Simulate N masters' counters; every acquisition INCRs on some majority, takes the max
+        // and raises the laggards. Fences must strictly increase whatever the majorities are.
+        for n in 1..=6usize {
+            let q = quorum(n);
+            let mut counters = vec![0i64; n];
+            let mut last = 0;
+            // Every majority, as a bit mask, in a scrambled order, three times over.
+            let masks: Vec<u32> = (0u32..(1 << n))
+                .filter(|m| m.count_ones() as usize >= q)
+                .collect();
+            for round in 0..3 * masks.len() {
+                let mask = masks[(round * 7 + 3) % masks.len()];
+                let members: Vec<usize> = (0..n).filter(|i| mask & (1 << i) != 0).collect();
+                let grants: Vec<(usize, i64)> = members
+                    .iter()
+                    .map(|&i| {
+                        counters[i] += 1;
+                        (i, counters[i])
+                    })
+                    .collect();
+                let (fence, behind) = agreed_fence(&grants).unwrap();
+                for i in behind {
+                    counters[i] = counters[i].max(fence);
+                }
+                assert!(fence > last, "n={n} mask={mask:b}: {fence} after {last}");
+                last = fence;
+            }
+        }
+    }
+
+    #[test]
+    fn majority_of_confirmations() {
+        assert_eq!(majority(5, 3, 0), Majority::Yes);
+        assert_eq!(majority(5, 2, 3), Majority::No);
+        assert_eq!(majority(5, 2, 2), Majority::Unknown);
+        assert_eq!(majority(5, 0, 2), Majority::Unknown);
+        assert_eq!(majority(3, 1, 2), Majority::No);
+    }
+
+    #[test]
+    fn a_restarted_master_is_discounted_until_the_longest_lease_passed() {
+        let t0 = Instant::now();
+        let lease = Duration::from_secs(10);
+        let mut inc = Incarnation::default();
+        inc.observe("a", Duration::from_secs(100), t0, lease);
+        assert_eq!(inc.discounted_for(t0), None, "first sighting is trusted");
+        inc.observe(
+            "a",
+            Duration::from_secs(101),
+            t0 + Duration::from_secs(1),
+            lease,
+        );
+        assert_eq!(inc.discounted_for(t0), None);
+        // Restarted 2 s before we noticed: discounted for the remaining 8 s.
+        let seen = t0 + Duration::from_secs(5);
+        inc.observe("b", Duration::from_secs(2), seen, lease);
+        assert_eq!(inc.discounted_for(seen), Some(Duration::from_secs(8)));
+        assert_eq!(inc.discounted_for(seen + Duration::from_secs(8)), None);
+        // Same incarnation seen again: nothing changes.
+        inc.observe(
+            "b",
+            Duration::from_secs(3),
+            seen + Duration::from_secs(1),
+            lease,
+        );
+        assert_eq!(inc.discounted_for(seen), Some(Duration::from_secs(8)));
+        // A restart long ago does not discount at all.
+        let later = seen + Duration::from_secs(60);
+        inc.observe("c", Duration::from_secs(30), later, lease);
+        assert_eq!(inc.discounted_for(later), None);
+    }
+}

@@ -1,0 +1,284 @@
+"""Redis Cluster: `redmutex.Client(cluster=[url, ...])` on a 3-master cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+import redmutex
+from _scale_servers import Cluster
+from redis.crc import key_slot
+
+pytestmark = pytest.mark.timeout(180)
+
+PREFIX = "c:"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    with Cluster(3) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def client(cluster: Cluster) -> redmutex.Client:
+    return redmutex.Client(
+        cluster=cluster.urls, prefix=PREFIX, connect_timeout=2.0, command_timeout=5.0
+    )
+
+
+def slot_of(name: str) -> int:
+    return int(key_slot(f"{PREFIX}{{{name}}}:lock".encode()))
+
+
+def name_on(cluster: Cluster, server_index: int, tag: str = "") -> str:
+    """A name whose slot belongs to the given node."""
+    server = cluster.servers[server_index]
+    for i in range(100_000):
+        candidate = f"on{server_index}-{tag}{i}"
+        if cluster.owner(slot_of(candidate)) is server:
+            return candidate
+    raise LookupError
+
+
+def test_constructor(cluster: Cluster) -> None:
+    with pytest.raises(ValueError, match="cluster"):
+        redmutex.Client(cluster=[])
+    with pytest.raises(ValueError, match="cluster"):
+        redmutex.Client(cluster=["unix:///tmp/x.sock"])
+    with pytest.raises(ValueError, match="cluster"):
+        redmutex.Client(cluster=["redis://127.0.0.1:1/3"])
+    with pytest.raises(TypeError, match="cluster"):
+        redmutex.Client(cluster="redis://127.0.0.1:1")
+    with pytest.raises(ValueError, match="prefix"):
+        redmutex.Client(cluster=cluster.urls, prefix="a{}")
+    c = redmutex.Client(cluster=["redis://u:hunter2@127.0.0.1:1"])
+    assert repr(c).startswith("Client(cluster=[") and "hunter2" not in repr(c)
+
+
+def test_locks_on_1000_names_across_all_slots(cluster: Cluster, client: redmutex.Client) -> None:
+    assert client.ping()
+    names = [uuid.uuid4().hex for _ in range(990)]
+    # Braces, NUL and non-ASCII are fine too: every key of a name shares its slot.
+    names += ["a{b}c", "{x}", "x}", "a\0b", "ünï", "{", "x}}{", "k" * 300, "{}", "a{}"]
+    owners = set()
+    for n in names:
+        lock = redmutex.Lock(client, n, ttl=10)
+        assert lock.acquire(blocking=False), n
+        assert lock.fence is not None and lock.fence >= 1
+        assert lock.owned()
+        lock.extend()
+        lock.release()
+        owners.add(cluster.owner(slot_of(n)).port)
+    assert owners == {s.port for s in cluster.servers}
+    # Nothing is left but the fence counters.
+    for server in cluster.servers:
+        with cluster.conn(server) as r:
+            leftovers = [k for k in r.scan_iter(match=f"{PREFIX}*") if not k.endswith(b":fence")]
+            assert leftovers == []
+    # A name starting with '}' would leave the hash tag empty: refused, not CROSSSLOT.
+    with pytest.raises(ValueError, match="name"):
+        redmutex.Lock(client, "}x")
+
+
+def test_locks_from_many_threads(client: redmutex.Client) -> None:
+    errors: list[BaseException] = []
+    counter = {"n": 0, "inside": 0}
+
+    def work() -> None:
+        try:
+            for _ in range(20):
+                with redmutex.Lock(client, "shared-counter", ttl=10, timeout=30):
+                    counter["inside"] += 1
+                    assert counter["inside"] == 1
+                    counter["n"] += 1
+                    counter["inside"] -= 1
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and counter["n"] == 160
+
+
+@pytest.mark.parametrize("index", [0, 1, 2])
+def test_wakeups_reach_waiters_on_every_node(
+    cluster: Cluster, client: redmutex.Client, index: int
+) -> None:
+    n = name_on(cluster, index, "wake")
+    holder = redmutex.Lock(client, n, ttl=30)
+    assert holder.acquire()
+    other = redmutex.Client(cluster=cluster.urls[::-1], prefix=PREFIX)
+    got: list[float] = []
+
+    def wait() -> None:
+        waiter = redmutex.Lock(other, n, ttl=5)
+        t0 = time.monotonic()
+        assert waiter.acquire(timeout=10)
+        got.append(time.monotonic() - t0)
+        waiter.release()
+
+    t = threading.Thread(target=wait)
+    t.start()
+    time.sleep(0.3)
+    holder.release()
+    t.join(15)
+    # Woken by the release (at ~0.3 s), not by the 30 s lease end.
+    assert got and got[0] < 2.0, got
+
+
+def test_fair_lock_auto_renew_and_asyncio(cluster: Cluster, client: redmutex.Client) -> None:
+    n = name_on(cluster, 1, "fair")
+    first = redmutex.Lock(client, n, ttl=10, fair=True)
+    assert first.acquire()
+    order: list[int] = []
+
+    def wait(i: int) -> None:
+        lock = redmutex.Lock(client, n, ttl=10, fair=True)
+        assert lock.acquire(timeout=10)
+        order.append(i)
+        lock.release()
+
+    threads = []
+    for i in range(3):
+        t = threading.Thread(target=wait, args=(i,))
+        t.start()
+        threads.append(t)
+        time.sleep(0.15)
+    first.release()
+    for t in threads:
+        t.join(15)
+    assert order == [0, 1, 2]
+
+    renewed = redmutex.Lock(client, n, ttl=0.6, auto_renew=True)
+    with renewed:
+        time.sleep(1.5)
+        assert renewed.owned() and not renewed.lost
+
+    async def main() -> None:
+        from redmutex import aio
+
+        lock = aio.Lock(client, n, ttl=5)
+        async with lock:
+            other = aio.Lock(client, n, ttl=5)
+            waiting = asyncio.ensure_future(other.acquire(timeout=5))
+            await asyncio.sleep(0.2)
+            assert not waiting.done()
+        assert await waiting
+        await other.release()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("index", [0, 1, 2])
+def test_semaphore_and_rwlock_on_every_node(
+    cluster: Cluster, client: redmutex.Client, index: int
+) -> None:
+    n = name_on(cluster, index, "prim")
+    first = redmutex.Semaphore(client, n, 2, ttl=10)
+    second = redmutex.Semaphore(client, n, 2, ttl=10)
+    assert first.acquire(blocking=False) and second.acquire(blocking=False)
+    assert first.holders() == 2
+    third = redmutex.Semaphore(client, n, 2, ttl=10)
+    assert third.acquire(blocking=False) is False
+    threading.Timer(0.3, first.release).start()
+    t0 = time.monotonic()
+    assert third.acquire(timeout=10)
+    assert time.monotonic() - t0 < 2.0  # woken by the release
+    second.release()
+    third.release()
+
+    rw = redmutex.RWLock(client, n + ":rw", ttl=10)
+    r1, r2 = rw.read(), rw.read()
+    assert r1.acquire(blocking=False) and r2.acquire(blocking=False)
+    writer = redmutex.RWLock(client, n + ":rw", ttl=10).write()
+    assert writer.acquire(blocking=False) is False
+    r1.release()
+    threading.Timer(0.3, r2.release).start()
+    t0 = time.monotonic()
+    assert writer.acquire(timeout=10)
+    assert time.monotonic() - t0 < 2.0
+    writer.release()
+
+
+def test_recipes(client: redmutex.Client) -> None:
+    identifier = redmutex.acquire_lock(client, "recipe", atime=1, ltime=5)
+    assert identifier
+    assert redmutex.acquire_lock(client, "recipe", atime=0.1, ltime=5) is False
+    assert redmutex.release_lock(client, "recipe", identifier)
+    with redmutex.redis_lock(client, "recipe", atime=1, ltime=5) as ident:
+        assert len(ident) == 32
+
+    @redmutex.locked(client, "acct:{who}", ttl=5, timeout=5)
+    def pay(who: str) -> str:
+        return who
+
+    assert pay("alice") == "alice"
+
+
+def test_lock_survives_a_slot_migration(cluster: Cluster, client: redmutex.Client) -> None:
+    source = cluster.servers[0]
+    target = cluster.servers[1]
+    slot = cluster.lowest_slot(source)
+    n = next(f"mig{i}" for i in range(1_000_000) if slot_of(f"mig{i}") == slot)
+    holder = redmutex.Lock(client, n, ttl=60)
+    assert holder.acquire()
+    got: list[float] = []
+
+    def wait() -> None:
+        waiter = redmutex.Lock(client, n, ttl=5)
+        assert waiter.acquire(timeout=60)
+        got.append(time.monotonic())
+        assert waiter.fence is not None and holder_fence is not None
+        assert waiter.fence > holder_fence
+        waiter.release()
+
+    holder_fence = holder.fence
+    t = threading.Thread(target=wait)
+    t.start()
+    cluster.reshard_lowest_slot(source, target)
+    assert cluster.owner(slot) is target
+    with cluster.conn(target) as r:
+        r.execute_command("READONLY")
+        assert r.get(f"{PREFIX}{{{n}}}:lock".encode()) == (holder.token or "").encode()
+    # The hold keeps working where the slot went (MOVED is followed).
+    assert holder.owned() and holder.locked()
+    holder.extend(60)
+    time.sleep(0.2)
+    assert not got
+    released_at = time.monotonic()
+    holder.release()
+    t.join(20)
+    # The waiter was woken by the release, on the node that now owns the slot.
+    assert got and got[0] - released_at < 2.0
+    # New acquisitions work there too.
+    with redmutex.Lock(client, n, ttl=5, timeout=5) as again:
+        assert again.fence is not None and holder_fence is not None
+        assert again.fence > holder_fence + 1
+
+
+def test_no_crossslot_from_redis_py_view(cluster: Cluster, client: redmutex.Client) -> None:
+    # The keys of one name really live in one slot on one node, as Redis itself sees it.
+    rc = redis.RedisCluster(host="127.0.0.1", port=cluster.servers[0].port)
+    try:
+        for n in ["a", "a{b}c", "x}", "{"]:
+            lock = redmutex.Lock(client, n, ttl=10, fair=True)
+            assert lock.acquire(blocking=False)
+            base = f"{PREFIX}{{{n}}}"
+            slots = {rc.keyslot(f"{base}{suffix}") for suffix in (":lock", ":fence", ":queue")}
+            assert len(slots) == 1
+            lock.release()
+        # A redis-py RedisCluster works as the `client` argument too.
+        with redmutex.Lock(rc, "via-redis-py", ttl=5, timeout=5) as lock:
+            assert lock.client.url.count("redis://") == 3
+            assert lock.locked()
+    finally:
+        rc.close()

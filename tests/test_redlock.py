@@ -1,0 +1,346 @@
+"""Redlock over independent masters: `redmutex.Client([url1, ..., urlN])`."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redmutex
+from _scale_servers import Masters
+
+pytestmark = pytest.mark.timeout(120)
+
+FAST = {"connect_timeout": 1.0, "command_timeout": 1.0}
+
+
+@pytest.fixture
+def masters() -> Iterator[Masters]:
+    with Masters(5) as m:
+        yield m
+
+
+def name() -> str:
+    return "rl-" + uuid.uuid4().hex[:12]
+
+
+def client(masters: Masters, **options: float) -> redmutex.Client:
+    return redmutex.Client(masters.urls, prefix="t:", **{**FAST, **options})
+
+
+def test_constructor_validates_the_master_list(masters: Masters) -> None:
+    with pytest.raises(ValueError, match="url"):
+        redmutex.Client([])
+    with pytest.raises(ValueError, match="url"):
+        redmutex.Client([masters.urls[0], masters.urls[0]])
+    with pytest.raises(TypeError, match="url"):
+        redmutex.Client([masters.urls[0], 5])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="url"):
+        redmutex.Client(["redis://127.0.0.1:1/0", "http://nope"])
+    with pytest.raises(ValueError, match="url"):
+        redmutex.Client(masters.urls[0], cluster=masters.urls)
+    c = redmutex.Client(["redis://u:hunter2@127.0.0.1:1/0", "redis://127.0.0.1:2/0"])
+    assert "hunter2" not in repr(c) and "hunter2" not in c.url
+    assert repr(c).startswith("Client([")
+    # A fair lock cannot be kept by majority: a clear error at construction.
+    with pytest.raises(NotImplementedError, match="Redlock"):
+        redmutex.Lock(c, "x", fair=True)
+
+
+def test_lock_basics_and_fences(masters: Masters) -> None:
+    c = client(masters)
+    assert c.ping() is True
+    n = name()
+    lock = redmutex.Lock(c, n, ttl=5)
+    fences = []
+    for _ in range(3):
+        assert lock.acquire(blocking=False)
+        assert lock.locked() and lock.owned()
+        assert lock.token is not None and len(lock.token) == 32
+        remaining = lock.remaining()
+        assert remaining is not None and 4.8 < remaining <= 5.0
+        lock.extend(8)
+        remaining = lock.remaining()
+        assert remaining is not None and 7.8 < remaining <= 8.0
+        fences.append(lock.fence)
+        other = redmutex.Lock(c, n)
+        assert other.acquire(blocking=False) is False
+        lock.release()
+        assert not lock.locked()
+    assert fences == sorted(fences) and len(set(fences)) == 3
+    # After the release only the fence counter is left, on (at least) a majority.
+    counters = 0
+    for i in range(5):
+        with masters.conn(i) as r:
+            keys = r.keys("t:*")
+            assert set(keys) <= {f"t:{{{n}}}:fence".encode()}, keys
+            counters += len(keys)
+    assert counters >= 3
+    with pytest.raises(redmutex.LockNotOwnedError):
+        lock.release()
+
+
+def test_waiters_are_woken_by_a_release(masters: Masters) -> None:
+    c = client(masters)
+    n = name()
+    holder = redmutex.Lock(c, n, ttl=30)
+    assert holder.acquire()
+    got: list[float] = []
+
+    def wait() -> None:
+        waiter = redmutex.Lock(client(masters), n, ttl=5)
+        t0 = time.monotonic()
+        assert waiter.acquire(timeout=10)
+        got.append(time.monotonic() - t0)
+        waiter.release()
+
+    t = threading.Thread(target=wait)
+    t.start()
+    time.sleep(0.3)
+    holder.release()
+    t.join(10)
+    assert got and got[0] < 2.0, got
+
+
+def test_mutual_exclusion_across_8_processes(masters: Masters, tmp_path: object) -> None:
+    workdir = tempfile.mkdtemp(prefix="redmutex-rl-")
+    log = os.path.join(workdir, "log")
+    marker = os.path.join(workdir, "inside")
+    n = name()
+    script = textwrap.dedent(
+        f"""
+        import os, sys, time
+        import redmutex
+        client = redmutex.Client({masters.urls!r}, prefix="t:", connect_timeout=2, command_timeout=2)
+        for i in range(12):
+            with redmutex.Lock(client, {n!r}, ttl=10, timeout=60) as lock:
+                fd = os.open({marker!r}, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                with open({log!r}, "a") as f:
+                    f.write(f"{{lock.fence}}\\n")
+                time.sleep(0.002)
+                os.close(fd)
+                os.unlink({marker!r})
+        """
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", script]) for _ in range(8)]
+    try:
+        for p in procs:
+            assert p.wait(timeout=100) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    with open(log) as f:
+        fences = [int(line) for line in f]
+    assert len(fences) == 8 * 12
+    # Exclusive sections append in acquisition order: fences strictly increase.
+    assert all(a < b for a, b in itertools.pairwise(fences)), fences
+
+
+def test_works_with_two_masters_down(masters: Masters) -> None:
+    c = client(masters)
+    n = name()
+    assert c.ping()
+    masters.stop_one(3)
+    masters.stop_one(4)
+    lock = redmutex.Lock(c, n, ttl=5)
+    f1 = None
+    for _ in range(3):
+        assert lock.acquire(timeout=2)
+        f1, f0 = lock.fence, f1
+        assert f0 is None or f1 is not None and f1 > f0
+        assert lock.owned()
+        lock.extend()
+        lock.release()
+    # Waiting still works (wake-ups come from the masters that are up).
+    holder = redmutex.Lock(c, n, ttl=30)
+    assert holder.acquire()
+    threading.Timer(0.3, holder.release).start()
+    t0 = time.monotonic()
+    assert redmutex.Lock(client(masters), n).acquire(timeout=10)
+    assert time.monotonic() - t0 < 3
+    assert c.ping()
+
+
+def test_quorum_error_with_three_masters_down(masters: Masters) -> None:
+    c = client(masters)
+    assert c.ping()  # connected before the masters go
+    for i in (0, 2, 4):
+        masters.stop_one(i)
+    for blocking, timeout in ((True, None), (False, None), (True, 5.0)):
+        lock = redmutex.Lock(c, name())
+        t0 = time.monotonic()
+        with pytest.raises(redmutex.QuorumError, match="majority"):
+            if blocking:
+                lock.acquire(timeout=timeout)  # None: would wait forever
+            else:
+                lock.acquire(blocking=False)
+        assert time.monotonic() - t0 < 1.0 + 0.5  # within the connect timeout (1 s), never a hang
+        assert isinstance(redmutex.QuorumError("x"), redmutex.LockError)
+    # A fresh client (no connections yet) says the same, as fast.
+    fresh = redmutex.Lock(client(masters), name())
+    t0 = time.monotonic()
+    with pytest.raises(redmutex.QuorumError):
+        fresh.acquire()
+    assert time.monotonic() - t0 < 1.5
+    with pytest.raises(redmutex.ConnectionError):
+        c.ping()
+
+
+def test_quorum_error_with_three_masters_frozen(masters: Masters) -> None:
+    # SIGSTOP: the sockets accept, nothing answers. Bounded by the timeouts all the same.
+    c = client(masters)
+    assert c.ping()
+    frozen = [masters.servers[i].process for i in (1, 2, 3)]
+    try:
+        for p in frozen:
+            assert p is not None
+            p.send_signal(signal.SIGSTOP)
+        for lock_client in (c, client(masters)):  # connected before, and a fresh one
+            lock = redmutex.Lock(lock_client, name())
+            t0 = time.monotonic()
+            with pytest.raises(redmutex.QuorumError):
+                lock.acquire()
+            assert time.monotonic() - t0 < 2.0 + 1.0  # connect (1 s) + command (1 s), no hang
+    finally:
+        for p in frozen:
+            if p is not None:
+                p.send_signal(signal.SIGCONT)
+
+
+def test_restarted_master_does_not_let_b_in_before_a_lease_ends(masters: Masters) -> None:
+    n = name()
+    ttl = 3.0
+    a_client, b_client = client(masters), client(masters)
+    assert b_client.ping()  # B has seen every master's run_id
+    # Masters 3 and 4 are briefly held by a stale owner, so A wins exactly masters 0, 1, 2.
+    for i in (3, 4):
+        with masters.conn(i) as r:
+            r.set(f"t:{{{n}}}:lock", "stale", px=300)
+    a = redmutex.Lock(a_client, n, ttl=ttl)
+    assert a.acquire(blocking=False)
+    a_deadline = time.monotonic() + (a.remaining() or 0)
+    time.sleep(0.35)  # the stale keys are gone: masters 3 and 4 are free
+    # Master 0 restarts empty: it forgot A's lease.
+    masters.start_one(0)
+    with masters.conn(0) as r:
+        assert r.get(f"t:{{{n}}}:lock") is None
+    # Without discounting, masters 0, 3, 4 would be a majority for B right now.
+    b = redmutex.Lock(b_client, n, ttl=ttl)
+    assert b.acquire(blocking=False) is False
+    assert b.acquire(timeout=ttl + 3)
+    got_at = time.monotonic()
+    assert got_at >= a_deadline - 0.05, (
+        f"B got in {a_deadline - got_at:.3f} s before A's lease ended; "
+        f"A fence {a.fence}, B fence {b.fence}"
+    )
+    assert b.fence is not None and a.fence is not None and b.fence > a.fence
+    b.release()
+
+
+def test_fences_increase_across_changing_majorities(masters: Masters) -> None:
+    n = name()
+    ttl = 0.5  # a restarted master's vote counts again after the longest lease (0.5 s)
+    c = client(masters)
+    lock = redmutex.Lock(c, n, ttl=ttl)
+    fences = []
+
+    def take() -> None:
+        assert lock.acquire(timeout=5)
+        fences.append(lock.fence)
+        lock.release()
+
+    take()
+    take()
+    masters.stop_one(3)
+    masters.stop_one(4)
+    take()
+    take()
+    take()  # masters 0-2 are at 5, masters 3-4 (down) at 2
+    masters.stop_one(0)
+    masters.stop_one(1)
+    masters.start_one(3)  # back empty: counters at 0
+    masters.start_one(4)
+    time.sleep(ttl + 0.2)
+    take()  # majority {2, 3, 4}: counters 6, 1, 1 -> fence 6, written back to 3 and 4
+    for i in (3, 4):
+        with masters.conn(i) as r:
+            assert int(r.get(f"t:{{{n}}}:fence") or 0) == fences[-1]
+    masters.stop_one(2)
+    masters.start_one(0)
+    masters.start_one(1)
+    time.sleep(ttl + 0.2)
+    take()  # majority among {0, 1, 3, 4}: the raised counters carry it past 6
+    assert fences == sorted(set(fences)), fences
+    assert fences[-1] > fences[-2] > fences[-3]
+
+
+def test_auto_renew_and_on_lost(masters: Masters) -> None:
+    c = client(masters)
+    n = name()
+    lock = redmutex.Lock(c, n, ttl=0.6, auto_renew=True)
+    with lock:
+        time.sleep(1.5)
+        assert lock.owned() and not lock.lost
+        assert redmutex.Lock(c, n).acquire(blocking=False) is False
+    # Renewal that finds the lease gone reports it.
+    lost = threading.Event()
+    lock = redmutex.Lock(c, n, ttl=0.6, auto_renew=True, on_lost=lambda _: lost.set())
+    assert lock.acquire()
+    for i in range(5):
+        with masters.conn(i) as r:
+            r.delete(f"t:{{{n}}}:lock")
+    assert lost.wait(3)
+    assert lock.lost
+    with pytest.raises(redmutex.LockLostError):
+        lock.release()
+
+
+def test_asyncio_and_recipes(masters: Masters) -> None:
+    c = client(masters)
+    n = name()
+
+    async def main() -> list[int]:
+        from redmutex import aio
+
+        lock = aio.Lock(c, n, ttl=5)
+        got = []
+        async with lock:
+            got.append(lock.fence or 0)
+            other = aio.Lock(c, n, ttl=5)
+            waiting = asyncio.ensure_future(other.acquire(timeout=5))
+            await asyncio.sleep(0.2)
+            assert not waiting.done()
+        assert await waiting
+        got.append(other.fence or 0)
+        await other.release()
+        return got
+
+    a, b = asyncio.run(main())
+    assert b > a
+    identifier = redmutex.acquire_lock(c, n, atime=1, ltime=5)
+    assert identifier
+    assert redmutex.acquire_lock(c, n, atime=0.1, ltime=5) is False
+    assert redmutex.release_lock(c, n, identifier) is True
+    assert redmutex.release_lock(c, n, identifier) is False
+    with redmutex.redis_lock(c, n, atime=1, ltime=5) as ident:
+        assert len(ident) == 32
+
+
+def test_other_primitives_name_the_limitation(masters: Masters) -> None:
+    # Semaphore and RWLock have no quorum protocol: a clear error at construction.
+    c = client(masters)
+    with pytest.raises(NotImplementedError, match="Semaphore.*Redlock"):
+        redmutex.Semaphore(c, name(), 2)
+    with pytest.raises(NotImplementedError, match="RWLock.*Redlock"):
+        redmutex.RWLock(c, name())

@@ -1,0 +1,106 @@
+"""Sentinel: `redmutex.Client("redis+sentinel://host:port[,host:port...]/service[/db]")`."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+import redis.sentinel
+import redmutex
+from _scale_servers import SentinelGroup, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def group() -> Iterator[SentinelGroup]:
+    with SentinelGroup() as g:
+        yield g
+
+
+def lock_value(port: int, name: str) -> bytes | None:
+    with redis.Redis(port=port, socket_timeout=5) as r:
+        value = r.get(f"s:{{{name}}}:lock")
+        return value if isinstance(value, bytes) else None
+
+
+def test_urls_are_validated_and_redacted() -> None:
+    for bad in ["redis+sentinel://h", "redis+sentinel://h:0/svc", "redis+sentinel://h/svc?x=1"]:
+        with pytest.raises(ValueError, match="url"):
+            redmutex.Client(bad)
+    c = redmutex.Client("redis+sentinel://u:hunter2@127.0.0.1:1/svc?sentinel_password=s3cret")
+    assert "hunter2" not in repr(c) and "s3cret" not in repr(c)
+    # No sentinel answers: a ConnectionError within the timeouts, never a hang.
+    c = redmutex.Client(
+        "redis+sentinel://127.0.0.1:1/svc", connect_timeout=0.5, command_timeout=0.5
+    )
+    t0 = time.monotonic()
+    with pytest.raises(redmutex.ConnectionError):
+        c.ping()
+    assert time.monotonic() - t0 < 3
+
+
+def test_failover_moves_new_acquisitions_to_the_new_master(group: SentinelGroup) -> None:
+    client = redmutex.Client(group.url, prefix="s:", connect_timeout=2.0, command_timeout=2.0)
+    assert client.ping()
+    before = redmutex.Lock(client, "before", ttl=30)
+    assert before.acquire(blocking=False)
+    assert lock_value(group.master.port, "before") == (before.token or "").encode()
+    before.release()
+    # A redis-py client made by Sentinel.master_for is followed through the same sentinels.
+    sentinel = redis.sentinel.Sentinel([("127.0.0.1", group.sentinel.port)], socket_timeout=2)
+    via_redis_py = redmutex.Lock(sentinel.master_for(group.name), "via-redis-py", ttl=30)
+    assert via_redis_py.acquire(blocking=False)
+    assert via_redis_py.client.url.startswith("redis+sentinel://127.0.0.1:")
+    assert redmutex.Lock(client, "x").client is client
+    via_redis_py.release()
+
+    # A waiter across the failover: it must not be stranded.
+    blocker = redmutex.Lock(client, "across", ttl=4)
+    assert blocker.acquire()
+    waited: list[bool] = []
+
+    def wait() -> None:
+        waited.append(redmutex.Lock(client, "across", ttl=5).acquire(timeout=30))
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+
+    old, new = group.master, group.replica
+    group.failover()
+    wait_for("Sentinel to name the new master", lambda: group.master_port() == new.port)
+    time.sleep(0.5)  # the +switch-master announcement reaches the client
+
+    after = redmutex.Lock(client, "after", ttl=30)
+    assert after.acquire(timeout=10)
+    assert lock_value(new.port, "after") == (after.token or "").encode()
+    with redis.Redis(port=new.port) as r:
+        assert r.info("replication")["role"] == "master"
+    after.release()
+    sem = redmutex.Semaphore(client, "sem-after", 1, ttl=30)
+    assert sem.acquire(blocking=False)
+    with redis.Redis(port=new.port) as r:
+        assert r.exists("s:{sem-after}:sem:holders")
+    sem.release()
+
+    waiter.join(30)
+    assert waited == [True]
+
+    # Once Sentinel turned the old master into a replica of the new one, replicas=1 succeeds:
+    # the lock write is acknowledged by a replica before acquire returns.
+    def old_is_replica() -> bool:
+        with redis.Redis(port=old.port, socket_timeout=2) as r:
+            info = r.info("replication")
+            return bool(info["role"] == "slave" and info.get("master_link_status") == "up")
+
+    wait_for("the old master to follow the new one", old_is_replica, timeout=40)
+    safe = redmutex.Lock(client, "safe", ttl=30, replicas=1)
+    assert safe.acquire(timeout=10)
+    assert lock_value(new.port, "safe") == (safe.token or "").encode()
+    assert lock_value(old.port, "safe") == (safe.token or "").encode()
+    safe.release()
+    # Asking for more replicas than exist fails like a timeout.
+    assert redmutex.Lock(client, "greedy", ttl=5, replicas=2).acquire(blocking=False) is False
