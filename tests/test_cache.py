@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import logging
@@ -56,7 +57,9 @@ def run_threads(n: int, target: Callable[[int], None], timeout: float = 60) -> N
 # --------------------------------------------------------------------------------------------
 
 
-def test_miss_fills_and_stores_then_hits(client: redmutex.Client, r: redis.Redis, prefix: str):
+def test_miss_fills_and_stores_then_hits(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
     calls = []
 
     def fill() -> dict[str, int]:
@@ -71,7 +74,7 @@ def test_miss_fills_and_stores_then_hits(client: redmutex.Client, r: redis.Redis
     assert 29_000 < r.pttl(value_key(prefix, "k")) <= 30_000
 
 
-def test_none_is_cached_like_any_value(client: redmutex.Client):
+def test_none_is_cached_like_any_value(client: redmutex.Client) -> None:
     calls = []
 
     def fill() -> None:
@@ -82,14 +85,16 @@ def test_none_is_cached_like_any_value(client: redmutex.Client):
     assert len(calls) == 1
 
 
-def test_value_expires_after_ttl(client: redmutex.Client):
+def test_value_expires_after_ttl(client: redmutex.Client) -> None:
     values = iter(range(10))
     first = redmutex.get_or_fill(client, "short", lambda: next(values), ttl=0.2, beta=0)
     time.sleep(0.3)
     assert redmutex.get_or_fill(client, "short", lambda: next(values), ttl=0.2, beta=0) == first + 1
 
 
-def test_accepts_url_and_redis_py_clients(redis_server: RedisServer, r: redis.Redis, prefix: str):
+def test_accepts_url_and_redis_py_clients(
+    redis_server: RedisServer, r: redis.Redis, prefix: str
+) -> None:
     name = prefix + "by-url"
     assert redmutex.get_or_fill(redis_server.url, name, lambda: "url", ttl=30) == "url"
     # The redis-py client reaches the same server (default prefix), so this is a hit.
@@ -97,7 +102,7 @@ def test_accepts_url_and_redis_py_clients(redis_server: RedisServer, r: redis.Re
     assert r.exists(value_key("redmutex:", name))
 
 
-def test_exports():
+def test_exports() -> None:
     assert "get_or_fill" in redmutex.__all__ and "cached" in redmutex.__all__
 
 
@@ -127,7 +132,7 @@ def _stampede_call(url: str, prefix: str, barrier: Any, out: Any, fill_s: float)
 
 def test_stampede_32_threads_and_8_processes_fill_once(
     redis_server: RedisServer, r: redis.Redis, prefix: str, mp_procs: MpProcs
-):
+) -> None:
     n_threads, n_procs, fill_s = 32, 8, 0.3
     barrier = FORK.Barrier(n_threads + n_procs)
     out = FORK.Queue()
@@ -148,7 +153,7 @@ def test_stampede_32_threads_and_8_processes_fill_once(
     assert not r.exists(fill_key(prefix, "cold"))
 
 
-def test_waiters_are_woken_by_the_store_not_by_a_timer(client: redmutex.Client):
+def test_waiters_are_woken_by_the_store_not_by_a_timer(client: redmutex.Client) -> None:
     """With a 60 s claim lease, waiters can only learn of the value through the wake-up."""
     release = threading.Event()
     results: dict[int, tuple[str, float]] = {}
@@ -202,7 +207,7 @@ def _handover_call(url: str, prefix: str, barrier: Any, out: Any) -> None:
 
 def test_fill_raising_hands_over_to_exactly_one_waiter(
     redis_server: RedisServer, r: redis.Redis, prefix: str, mp_procs: MpProcs
-):
+) -> None:
     n_threads, n_procs = 12, 4
     barrier = FORK.Barrier(n_threads + n_procs)
     out = FORK.Queue()
@@ -220,7 +225,7 @@ def test_fill_raising_hands_over_to_exactly_one_waiter(
 
 def test_fill_raising_without_waiters_leaves_nothing(
     client: redmutex.Client, r: redis.Redis, prefix: str
-):
+) -> None:
     def fill() -> None:
         raise KeyError("nope")
 
@@ -249,7 +254,7 @@ def test_killed_filler_is_replaced_once_its_lease_ends(
     r: redis.Redis,
     prefix: str,
     mp_procs: MpProcs,
-):
+) -> None:
     lock_ttl = 1.0
     child = mp_procs.start(_filler_that_hangs, redis_server.url, prefix, lock_ttl)
     deadline = time.monotonic() + 30
@@ -282,10 +287,10 @@ def test_killed_filler_is_replaced_once_its_lease_ends(
 
 def test_a_claim_dropped_unsettled_is_given_back(
     client: redmutex.Client, r: redis.Redis, prefix: str
-):
+) -> None:
     store = _core.CacheStore(client, ttl=30, lock_ttl=60)
     state, payload, _pttl, claim = store.fetch("dropped")
-    assert state == _core.CACHE_CLAIMED and payload is None and claim.held
+    assert state == _core.CACHE_CLAIMED and payload is None and claim is not None and claim.held
     assert r.get(fill_key(prefix, "dropped")) == claim.token.encode()
     del claim
     gc.collect()
@@ -294,7 +299,7 @@ def test_a_claim_dropped_unsettled_is_given_back(
         assert time.monotonic() < deadline
         time.sleep(0.01)
     state, _payload, _pttl, claim = store.fetch("dropped", timeout=0)
-    assert state == _core.CACHE_CLAIMED
+    assert state == _core.CACHE_CLAIMED and claim is not None
     assert claim.abandon() is True
     with pytest.raises(redmutex.LockError):
         claim.abandon()
@@ -305,7 +310,7 @@ def test_a_claim_dropped_unsettled_is_given_back(
 # --------------------------------------------------------------------------------------------
 
 
-def test_timeout_waiting_for_another_fill(client: redmutex.Client):
+def test_timeout_waiting_for_another_fill(client: redmutex.Client) -> None:
     release = threading.Event()
     filling = threading.Event()
 
@@ -334,7 +339,9 @@ def test_timeout_waiting_for_another_fill(client: redmutex.Client):
     assert redmutex.get_or_fill(client, "busy", lambda: "mine", ttl=30, timeout=0) == "slow"
 
 
-def test_a_fill_longer_than_lock_ttl_keeps_its_claim(client: redmutex.Client, r: redis.Redis):
+def test_a_fill_longer_than_lock_ttl_keeps_its_claim(
+    client: redmutex.Client, r: redis.Redis
+) -> None:
     fills = []
 
     def fill() -> str:
@@ -360,7 +367,7 @@ def test_a_fill_longer_than_lock_ttl_keeps_its_claim(client: redmutex.Client, r:
 
 def test_tampered_payload_is_a_miss_and_a_warning(
     client: redmutex.Client, r: redis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
-):
+) -> None:
     assert redmutex.get_or_fill(client, "t", lambda: "good", ttl=30) == "good"
     r.set(value_key(prefix, "t"), b"garbage written by somebody else")
     with caplog.at_level(logging.WARNING, logger="redmutex"):
@@ -374,7 +381,7 @@ def test_tampered_payload_is_a_miss_and_a_warning(
 
 def test_tampered_payload_under_concurrency_fills_once(
     client: redmutex.Client, r: redis.Redis, prefix: str
-):
+) -> None:
     r.set(value_key(prefix, "g"), b"RM\x01\x02garbage")
     fills = []
 
@@ -389,7 +396,7 @@ def test_tampered_payload_under_concurrency_fills_once(
     assert len(fills) == 1
 
 
-def test_foreign_key_type_is_a_miss(client: redmutex.Client, r: redis.Redis, prefix: str):
+def test_foreign_key_type_is_a_miss(client: redmutex.Client, r: redis.Redis, prefix: str) -> None:
     r.hset(value_key(prefix, "h"), "field", "value")
     assert redmutex.get_or_fill(client, "h", lambda: "string now", ttl=30) == "string now"
     assert r.type(value_key(prefix, "h")) == b"string"
@@ -408,7 +415,7 @@ def _exploit_ran() -> None:
 
 def test_unsigned_payload_is_never_unpickled_with_a_secret(
     client: redmutex.Client, r: redis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
-):
+) -> None:
     forged = make_codec("pickle").encode(_Exploit(), 0.1, context="s")
     r.set(value_key(prefix, "s"), forged)
     with caplog.at_level(logging.WARNING, logger="redmutex"):
@@ -418,12 +425,13 @@ def test_unsigned_payload_is_never_unpickled_with_a_secret(
     assert any("signed" in rec.getMessage() for rec in caplog.records)
 
 
-def test_signed_payloads(client: redmutex.Client, r: redis.Redis, prefix: str, caplog: Any):
+def test_signed_payloads(client: redmutex.Client, r: redis.Redis, prefix: str, caplog: Any) -> None:
     assert redmutex.get_or_fill(client, "sig", lambda: [1, 2], ttl=30, secret=b"k1") == [1, 2]
     payload = r.get(value_key(prefix, "sig"))
     assert payload is not None and len(payload) > 32
     # Same secret: a hit. Another secret: a miss (and a warning), filled and signed anew.
-    assert redmutex.get_or_fill(client, "sig", lambda: "x", ttl=30, secret=b"k1") == [1, 2]
+    other: Callable[[], Any] = lambda: "x"  # never called: the signed value is a hit
+    assert redmutex.get_or_fill(client, "sig", other, ttl=30, secret=b"k1") == [1, 2]
     with caplog.at_level(logging.WARNING, logger="redmutex"):
         assert redmutex.get_or_fill(client, "sig", lambda: "k2", ttl=30, secret=b"k2") == "k2"
     assert any("signature" in rec.getMessage() for rec in caplog.records)
@@ -434,13 +442,14 @@ def test_signed_payloads(client: redmutex.Client, r: redis.Redis, prefix: str, c
     assert redmutex.get_or_fill(client, "copy", lambda: "own", ttl=30, secret=b"k2") == "own"
 
 
-def test_json_and_custom_serializers(client: redmutex.Client, r: redis.Redis, prefix: str):
+def test_json_and_custom_serializers(client: redmutex.Client, r: redis.Redis, prefix: str) -> None:
     assert redmutex.get_or_fill(client, "j", lambda: {"a": [1, 2]}, ttl=30, serializer="json") == {
         "a": [1, 2]
     }
     payload = r.get(value_key(prefix, "j"))
     assert payload is not None and b'{"a":[1,2]}' in payload
-    assert redmutex.get_or_fill(client, "j", lambda: 0, ttl=30, serializer="json") == {"a": [1, 2]}
+    zero: Callable[[], Any] = lambda: 0  # never called: a hit
+    assert redmutex.get_or_fill(client, "j", zero, ttl=30, serializer="json") == {"a": [1, 2]}
 
     class Upper:
         def dumps(self, obj: str) -> bytes:
@@ -459,7 +468,7 @@ def test_json_and_custom_serializers(client: redmutex.Client, r: redis.Redis, pr
 
 def test_unserializable_value_raises_and_releases_the_claim(
     client: redmutex.Client, r: redis.Redis, prefix: str
-):
+) -> None:
     with pytest.raises(TypeError):
         redmutex.get_or_fill(client, "bad", lambda: {1, 2}, ttl=30, serializer="json")
     assert not r.exists(fill_key(prefix, "bad"))
@@ -473,7 +482,7 @@ def test_unserializable_value_raises_and_releases_the_claim(
 
 def test_cached_with_template_key_and_invalidate(
     client: redmutex.Client, r: redis.Redis, prefix: str
-):
+) -> None:
     calls: list[int] = []
 
     @redmutex.cached(client, ttl=30, key="user:{user_id}")
@@ -492,7 +501,7 @@ def test_cached_with_template_key_and_invalidate(
     assert load.__name__ == "load" and load.__wrapped__ is not None
 
 
-def test_constant_key_is_shared_with_get_or_fill(client: redmutex.Client):
+def test_constant_key_is_shared_with_get_or_fill(client: redmutex.Client) -> None:
     @redmutex.cached(client, ttl=30, key="stats")
     def stats() -> str:
         return "from-decorator"
@@ -507,7 +516,9 @@ def derived(url: str, retries: int = 3, *, tags: tuple[str, ...] = ()) -> str:
     return f"{url}/{retries}/{tags}"
 
 
-def test_derived_keys_are_stable_and_readable(client: redmutex.Client, r: redis.Redis, prefix: str):
+def test_derived_keys_are_stable_and_readable(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
     fetch = redmutex.cached(client, ttl=30)(derived)
     assert fetch("http://x") == "http://x/3/()"
     name = f"{__name__}.derived(url='http://x', retries=3, tags=())"
@@ -524,7 +535,7 @@ def _derive_in_child(out: Any) -> None:
     out.put(derive_key(derived, ("http://x",), {"tags": ("a", "b")}))
 
 
-def test_derived_keys_match_in_another_process(mp_procs: MpProcs):
+def test_derived_keys_match_in_another_process(mp_procs: MpProcs) -> None:
     from redmutex._callkeys import derive_key
 
     out = FORK.Queue()
@@ -533,7 +544,7 @@ def test_derived_keys_match_in_another_process(mp_procs: MpProcs):
     assert out.get(timeout=30) == here
 
 
-def test_derived_keys_reject_unstable_arguments(client: redmutex.Client):
+def test_derived_keys_reject_unstable_arguments(client: redmutex.Client) -> None:
     @redmutex.cached(client, ttl=30)
     def by_object(thing: object) -> int:
         return 1
@@ -544,7 +555,7 @@ def test_derived_keys_reject_unstable_arguments(client: redmutex.Client):
         by_object.invalidate(object())
 
 
-def test_cached_validates_at_decoration_time(client: redmutex.Client):
+def test_cached_validates_at_decoration_time(client: redmutex.Client) -> None:
     with pytest.raises(ValueError, match="ttl"):
         redmutex.cached(client, ttl=-1)
     with pytest.raises(ValueError, match="nope"):
@@ -567,7 +578,7 @@ def test_cached_validates_at_decoration_time(client: redmutex.Client):
 
 def test_invalidate_during_a_fill_drops_its_result(
     client: redmutex.Client, r: redis.Redis, prefix: str
-):
+) -> None:
     filling, release = threading.Event(), threading.Event()
     got: list[str] = []
 
@@ -597,7 +608,7 @@ def test_invalidate_during_a_fill_drops_its_result(
 
 def test_xfetch_refreshes_before_expiry_and_nobody_waits(
     client: redmutex.Client, r: redis.Redis, prefix: str
-):
+) -> None:
     ttl, fill_s, run_s = 1.0, 0.1, 4.0
     vkey = value_key(prefix, "hot")
     codec = make_codec("pickle")
@@ -670,7 +681,7 @@ def test_xfetch_refreshes_before_expiry_and_nobody_waits(
     assert len(set(values)) == len(fills)
 
 
-def test_beta_zero_never_refreshes_early(client: redmutex.Client):
+def test_beta_zero_never_refreshes_early(client: redmutex.Client) -> None:
     fills = []
 
     def fill() -> int:
@@ -686,14 +697,14 @@ def test_beta_zero_never_refreshes_early(client: redmutex.Client):
 
 def test_xfetch_decision_uses_redis_time_left_and_the_random_draw(
     client: redmutex.Client, monkeypatch: pytest.MonkeyPatch
-):
+) -> None:
     """δ = 1000 s and 30 s left: a reader refreshes iff 30 <= 1000·(-ln r), i.e. r <= 0.9704."""
     from redmutex import _cache
 
     codec = make_codec("pickle")
     store = _core.CacheStore(client, ttl=30)
     state, _p, _t, claim = store.fetch("soon")
-    assert state == _core.CACHE_CLAIMED
+    assert state == _core.CACHE_CLAIMED and claim is not None
     claim.store(codec.encode("old", 1000.0, context="soon"))
     monkeypatch.setattr(_cache, "_random", lambda: 0.98)  # just too large: no refresh
     assert {redmutex.get_or_fill(client, "soon", lambda: "new", ttl=30) for _ in range(5)} == {
@@ -735,7 +746,7 @@ def test_xfetch_decision_uses_redis_time_left_and_the_random_draw(
 )
 def test_arguments_are_checked(
     client: redmutex.Client, kwargs: dict[str, Any], error: type[Exception] | None, name: str
-):
+) -> None:
     if error is None:
         assert redmutex.get_or_fill(client, "args", lambda: 1, **kwargs) == 1
         return
@@ -743,7 +754,7 @@ def test_arguments_are_checked(
         redmutex.get_or_fill(client, "args", lambda: 1, **kwargs)
 
 
-def test_key_and_fill_are_checked(client: redmutex.Client):
+def test_key_and_fill_are_checked(client: redmutex.Client) -> None:
     with pytest.raises(ValueError, match="key"):
         redmutex.get_or_fill(client, "", lambda: 1, ttl=1)
     with pytest.raises(TypeError, match="key"):
@@ -756,21 +767,25 @@ def test_key_and_fill_are_checked(client: redmutex.Client):
         redmutex.get_or_fill(42, "k", lambda: 1, ttl=1)
 
 
-def test_binary_safe_keys(client: redmutex.Client, r: redis.Redis, prefix: str):
+def test_binary_safe_keys(client: redmutex.Client, r: redis.Redis, prefix: str) -> None:
     name = "a\0{b}:c ü"
     assert redmutex.get_or_fill(client, name, lambda: "odd", ttl=30) == "odd"
     assert r.exists(value_key(prefix, name).encode())
     assert redmutex.get_or_fill(client, name, lambda: "other", ttl=30) == "odd"
 
 
-def test_json_payload_is_what_json_says(client: redmutex.Client, r: redis.Redis, prefix: str):
+def test_json_payload_is_what_json_says(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
     redmutex.get_or_fill(client, "jj", lambda: {"x": 1}, ttl=30, serializer="json")
     payload = r.get(value_key(prefix, "jj"))
     assert payload is not None
     assert json.loads(payload[16:]) == {"x": 1}  # the codec's 16-byte header, then the body
 
 
-def test_cache_demo_reports_one_fill(redis_server: RedisServer, capsys: pytest.CaptureFixture[str]):
+def test_cache_demo_reports_one_fill(
+    redis_server: RedisServer, capsys: pytest.CaptureFixture[str]
+) -> None:
     from redmutex._demo_cache import cache_demo
 
     assert cache_demo(redis_server.url, threads=6, processes=2, fill_seconds=0.2) == 0
@@ -781,7 +796,7 @@ def test_cache_demo_reports_one_fill(redis_server: RedisServer, capsys: pytest.C
 
 def test_a_fill_asking_for_its_own_entry_raises_instead_of_hanging(
     client: redmutex.Client, r: redis.Redis, prefix: str
-):
+) -> None:
     def fill() -> str:
         return redmutex.get_or_fill(client, "self", fill, ttl=30)
 
@@ -805,10 +820,10 @@ def _store_in_child(claim: Any, out: Any) -> None:
 
 def test_a_fill_claim_is_not_usable_in_a_forked_child(
     client: redmutex.Client, r: redis.Redis, prefix: str, mp_procs: MpProcs
-):
+) -> None:
     store = _core.CacheStore(client, ttl=30)
     state, _p, _t, claim = store.fetch("forked")
-    assert state == _core.CACHE_CLAIMED
+    assert state == _core.CACHE_CLAIMED and claim is not None
     out = FORK.Queue()
     child = mp_procs.start(_store_in_child, claim, out)
     assert out.get(timeout=30).startswith("refused: ")
@@ -817,7 +832,7 @@ def test_a_fill_claim_is_not_usable_in_a_forked_child(
     assert claim.store(b"from the parent") is True
 
 
-def test_unreachable_server_raises_connection_error_in_time():
+def test_unreachable_server_raises_connection_error_in_time() -> None:
     from redmutex._server import free_port
 
     client = redmutex.Client(
@@ -829,3 +844,46 @@ def test_unreachable_server_raises_connection_error_in_time():
         redmutex.get_or_fill(client, "k", lambda: fills.append(1), ttl=1)
     assert time.monotonic() - started < 3
     assert not fills  # nothing is computed when the cache cannot be asked
+
+
+def test_a_redlock_client_is_refused_when_the_cache_is_set_up(redis_url: str) -> None:
+    masters = redmutex.Client([redis_url, "redis://127.0.0.1:1/0", "redis://127.0.0.1:2/0"])
+    with pytest.raises(NotImplementedError, match="Redlock"):
+        redmutex.cached(masters, ttl=1)
+    with pytest.raises(NotImplementedError, match="Redlock"):
+        redmutex.get_or_fill(masters, "k", lambda: 1, ttl=1)
+
+
+@pytest.mark.timeout(180)
+def test_on_a_redis_cluster() -> None:
+    """No direct connections on a cluster: every step goes through the runtime (slot routing)."""
+    from _scale_servers import Cluster
+
+    with Cluster(3) as cluster:
+        client = redmutex.Client(cluster=cluster.urls, prefix="cc:", command_timeout=5.0)
+        fills: list[int] = []
+
+        def fill() -> str:
+            fills.append(1)
+            time.sleep(0.3)
+            return "clustered"
+
+        results: list[str] = []
+        run_threads(
+            8, lambda _i: results.append(redmutex.get_or_fill(client, "k", fill, ttl=30)), 60
+        )
+        assert results == ["clustered"] * 8 and len(fills) == 1
+        # Entries of other names land on other masters, each filled once.
+        for n in range(20):
+            assert redmutex.get_or_fill(client, f"user:{n}", functools.partial(int, n), ttl=30) == n
+            assert redmutex.get_or_fill(client, f"user:{n}", lambda: -1, ttl=30) == n
+
+        @redmutex.cached(client, ttl=30, key="stats:{day}")
+        def stats(day: str) -> str:
+            fills.append(1)
+            return day
+
+        assert stats("mon") == "mon" and stats("mon") == "mon" and len(fills) == 2
+        assert stats.invalidate("mon") is True
+        with pytest.raises(ValueError, match="hash slot"):
+            redmutex.get_or_fill(client, "}bad", lambda: 1, ttl=30)
