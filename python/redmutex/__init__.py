@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 
 from . import _core, metrics
+from ._cache import cached, get_or_fill
 from ._core import Client, Lock, RWLock, Semaphore, __version__
 from ._recipes import acquire_lock, locked, redis_lock, release_lock
 from .errors import (
@@ -31,6 +32,8 @@ __all__ = [
     "Semaphore",
     "__version__",
     "acquire_lock",
+    "cached",
+    "get_or_fill",
     "locked",
     "metrics",
     "redis_lock",

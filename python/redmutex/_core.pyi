@@ -11,7 +11,12 @@ from typing import Any, Literal, Protocol, TypeAlias, final
 from typing_extensions import Self
 
 __all__ = [
+    "CACHE_BUSY",
+    "CACHE_CLAIMED",
+    "CACHE_HIT",
+    "CacheStore",
     "Client",
+    "FillClaim",
     "Lock",
     "LoopWaker",
     "RWLock",
@@ -221,6 +226,55 @@ class RWLockSide:
     def _owned_async(self) -> asyncio.Future[bool]: ...
     def _locked_async(self) -> asyncio.Future[bool]: ...
     def _exit_async(self, body_raised: bool) -> asyncio.Future[bool]: ...
+
+# The states of CacheStore.fetch/try_claim (the first item of their reply).
+CACHE_HIT: int  # a value is stored: its payload and the ms it has left (-1: no expiry)
+CACHE_CLAIMED: int  # the caller holds the fill claim: it fills, then stores or abandons
+CACHE_BUSY: int  # another caller fills, and the wait allowed ended first
+
+# (state, payload or None, pttl in ms (-1: none), claim or None)
+_FetchReply: TypeAlias = tuple[int, bytes | None, int, FillClaim | None]
+
+@final
+class CacheStore:
+    """The Redis steps of one get_or_fill/@cached (redmutex._cache does the rest)."""
+
+    def __new__(
+        cls,
+        client: _ClientLike,
+        *,
+        ttl: _Seconds,
+        lock_ttl: _Seconds | None = None,
+        timeout: _Seconds | None = None,
+    ) -> Self: ...
+    def fetch(
+        self, key: str, skip: str | None = None, *, timeout: _Seconds | None = None
+    ) -> _FetchReply:
+        """Look up `key`; on a miss claim its fill or wait for another caller's (at most
+        `timeout`, default the store's). `skip`: SHA-1 hex of a payload that counts as absent."""
+    def try_claim(self, key: str, seen: str) -> _FetchReply:
+        """The early-refresh claim, never waiting, taken only if the payload with SHA-1 `seen`
+        is still the stored one (or none is)."""
+    def invalidate(self, key: str) -> bool: ...
+    @property
+    def client(self) -> Client: ...
+    @property
+    def ttl(self) -> float: ...
+    @property
+    def lock_ttl(self) -> float: ...
+    @property
+    def timeout(self) -> float | None: ...
+
+@final
+class FillClaim:
+    """The fill claim of one cache entry (renewed while held); settled by store or abandon."""
+
+    def store(self, payload: bytes) -> bool: ...
+    def abandon(self) -> bool: ...
+    @property
+    def held(self) -> bool: ...
+    @property
+    def token(self) -> str: ...
 
 def acquire_token(
     conn: _ClientLike, lockname: str, identifier: str, atime: _Seconds, ltime: _Seconds

@@ -13,9 +13,11 @@ use std::sync::{Arc, Mutex, Weak};
 
 use redis::ConnectionInfo;
 
+use super::cache::Flight;
 use super::direct::DirectPool;
 use super::error::{Error, Result};
 use super::exclusive::ExclusivePool;
+use super::name_map::NameMap;
 use super::node::{Node, Retry, Target, Timeouts};
 use super::redlock::Redlock;
 use super::runtime::{self, pid};
@@ -108,6 +110,8 @@ pub struct Shared {
     pub direct: DirectPool,
     pub hub: WakeHub,
     gates: Gates,
+    /// Per cache entry: the gate of its waiters and the value last read for them.
+    pub cache_flights: NameMap<Flight>,
     /// Sentinel: the task that moves the connections when a failover is announced.
     _watcher: Option<AbortOnDrop>,
 }
@@ -152,6 +156,7 @@ impl Shared {
                 direct,
                 hub: WakeHub::new(target, timeouts),
                 gates: Gates::default(),
+                cache_flights: NameMap::new(),
                 _watcher: watcher,
             }
         })

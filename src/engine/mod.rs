@@ -1,11 +1,13 @@
 //! I/O without Python: the tokio runtime, connections, waiting, renewal and fork safety.
 
+pub mod cache;
 pub mod client;
 pub mod direct;
 pub mod error;
 pub mod exclusive;
 pub mod hold;
 pub mod lock;
+pub mod name_map;
 pub mod node;
 pub mod redlock;
 pub mod renew;

@@ -12,13 +12,13 @@ use super::runtime;
 use crate::protocol::replies::{parse_attempt, Attempt};
 use crate::protocol::scripts::{self, Queueing};
 
-struct Server {
+pub(super) struct Server {
     child: Child,
     port: u16,
 }
 
 impl Server {
-    fn start() -> Server {
+    pub(super) fn start() -> Server {
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -47,7 +47,7 @@ impl Server {
         Server { child, port }
     }
 
-    fn client(&self, prefix: &str) -> Arc<Client> {
+    pub(super) fn client(&self, prefix: &str) -> Arc<Client> {
         let url = format!("redis://127.0.0.1:{}/0", self.port);
         let timeouts = Timeouts {
             connect: Duration::from_secs(2),
@@ -66,7 +66,7 @@ impl Drop for Server {
     }
 }
 
-fn block_on<F: std::future::Future>(fut: F) -> F::Output {
+pub(super) fn block_on<F: std::future::Future>(fut: F) -> F::Output {
     runtime::handle().unwrap().block_on(fut)
 }
 

@@ -82,6 +82,17 @@ impl Keys {
         self.with_suffix(b":rw:writers_waiting")
     }
 
+    /// Cache entry: the stored payload, expiring (PX) with the entry's ttl.
+    pub fn cache_value(&self) -> Vec<u8> {
+        self.with_suffix(b":value")
+    }
+
+    /// Cache entry: the fill claim (owner token, expiring with the claim's lease), held by the
+    /// one caller that fills or refreshes the entry.
+    pub fn cache_fill(&self) -> Vec<u8> {
+        self.with_suffix(b":fill")
+    }
+
     /// Pub/sub channel on which releases wake waiters (a channel, not a key).
     pub fn wake_channel(&self) -> Vec<u8> {
         self.with_suffix(b":wake")
@@ -150,12 +161,16 @@ mod tests {
             keys.rw_readers(),
             keys.rw_writer(),
             keys.rw_writers_waiting(),
+            keys.cache_value(),
+            keys.cache_fill(),
             keys.wake_channel(),
         ] {
             assert!(key.starts_with(b"redmutex:{acct:1}"), "{key:?}");
         }
         assert_eq!(keys.lock(), b"redmutex:{acct:1}:lock");
         assert_eq!(keys.fence(), b"redmutex:{acct:1}:fence");
+        assert_eq!(keys.cache_value(), b"redmutex:{acct:1}:value");
+        assert_eq!(keys.cache_fill(), b"redmutex:{acct:1}:fill");
         assert_eq!(keys.semaphore_holders(), b"redmutex:{acct:1}:sem:holders");
         assert_eq!(keys.rw_readers(), b"redmutex:{acct:1}:rw:readers");
         assert_eq!(keys.rw_writer(), b"redmutex:{acct:1}:rw:writer");
@@ -179,6 +194,8 @@ mod tests {
             keys.rw_readers(),
             keys.rw_writer(),
             keys.rw_writers_waiting(),
+            keys.cache_value(),
+            keys.cache_fill(),
         ];
         let distinct: std::collections::HashSet<_> = all.iter().collect();
         assert_eq!(distinct.len(), all.len());

@@ -27,6 +27,17 @@ pub struct RwState {
     pub readers: i64,
 }
 
+/// What a cache lookup found (the reply of `cache_get_or_claim.lua`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// A value is stored: its payload, and the ms it has left (-1: no expiry).
+    Hit { payload: Vec<u8>, pttl_ms: i64 },
+    /// The caller holds the fill claim now.
+    Claimed,
+    /// Another caller fills; look again within `retry_ms` at the latest (when its lease ends).
+    Busy { retry_ms: i64 },
+}
+
 /// A reply the protocol did not expect: a bug or a foreign value in our keys.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UnexpectedReply(pub String);
@@ -98,6 +109,28 @@ pub fn parse_rw_state(value: &Value) -> Result<RwState, UnexpectedReply> {
         }
     }
     Err(UnexpectedReply(format!("{value:?}")))
+}
+
+/// `{1, payload, pttl}`, `{2, lease_ms}` or `{0, pttl}`. Takes the reply by value so that the
+/// payload is moved out, not copied.
+pub fn parse_lookup(value: Value) -> Result<Lookup, UnexpectedReply> {
+    let items = match value {
+        Value::Array(items) => items,
+        other => return Err(UnexpectedReply(format!("{other:?}"))),
+    };
+    let mut items = items.into_iter();
+    let flag = items.next().as_ref().and_then(as_int);
+    let lookup = match (flag, items.next(), items.next(), items.next()) {
+        (Some(1), Some(Value::BulkString(payload)), Some(pttl), None) => {
+            as_int(&pttl).map(|pttl_ms| Lookup::Hit { payload, pttl_ms })
+        }
+        (Some(2), Some(lease), None, None) => as_int(&lease).map(|_| Lookup::Claimed),
+        (Some(0), Some(pttl), None, None) => {
+            as_int(&pttl).map(|retry_ms| Lookup::Busy { retry_ms })
+        }
+        _ => None,
+    };
+    lookup.ok_or_else(|| UnexpectedReply("a cache lookup reply of unexpected shape".into()))
 }
 
 /// `1` (done) or `0` (not ours).
@@ -212,6 +245,61 @@ mod tests {
         assert!(parse_rw_state(&read).is_ok_and(|s| !s.writer && s.readers == 7));
         assert!(parse_rw_state(&Value::Array(vec![Value::Int(2), Value::Int(0)])).is_err());
         assert!(parse_rw_state(&Value::Int(0)).is_err());
+    }
+
+    #[test]
+    fn lookups_parse() {
+        let hit = Value::Array(vec![
+            Value::Int(1),
+            Value::BulkString(b"RM\x01payload".to_vec()),
+            Value::Int(950),
+        ]);
+        assert_eq!(
+            parse_lookup(hit),
+            Ok(Lookup::Hit {
+                payload: b"RM\x01payload".to_vec(),
+                pttl_ms: 950
+            })
+        );
+        let forever = Value::Array(vec![
+            Value::Int(1),
+            Value::BulkString(Vec::new()),
+            Value::Int(-1),
+        ]);
+        assert_eq!(
+            parse_lookup(forever),
+            Ok(Lookup::Hit {
+                payload: Vec::new(),
+                pttl_ms: -1
+            })
+        );
+        let claimed = Value::Array(vec![Value::Int(2), Value::Int(10_000)]);
+        assert_eq!(parse_lookup(claimed), Ok(Lookup::Claimed));
+        let busy = Value::Array(vec![Value::Int(0), Value::Int(9_876)]);
+        assert_eq!(parse_lookup(busy), Ok(Lookup::Busy { retry_ms: 9_876 }));
+    }
+
+    #[test]
+    fn malformed_lookups_are_errors() {
+        for reply in [
+            Value::Nil,
+            Value::Int(1),
+            Value::Array(vec![]),
+            // A hit whose payload is not a bulk string, or without its pttl.
+            Value::Array(vec![Value::Int(1), Value::Int(5), Value::Int(5)]),
+            Value::Array(vec![Value::Int(1), Value::BulkString(b"x".to_vec())]),
+            Value::Array(vec![
+                Value::Int(1),
+                Value::BulkString(b"x".to_vec()),
+                Value::Nil,
+            ]),
+            // Unknown states.
+            Value::Array(vec![Value::Int(3), Value::Int(0)]),
+            Value::Array(vec![Value::Int(1), Value::Int(0)]),
+            Value::Array(vec![Value::Int(0), Value::Nil]),
+        ] {
+            assert!(parse_lookup(reply.clone()).is_err(), "{reply:?}");
+        }
     }
 
     #[test]

@@ -63,6 +63,15 @@ pub static RW_WRITER_LEAVE: LazyLock<Script> =
 pub static RW_STATE: LazyLock<Script> =
     LazyLock::new(|| Script::new(leases_script!("lua/rw_state.lua")));
 
+pub static CACHE_GET_OR_CLAIM: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/cache_get_or_claim.lua")));
+pub static CACHE_STORE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/cache_store.lua")));
+pub static CACHE_ABANDON: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/cache_abandon.lua")));
+pub static CACHE_INVALIDATE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/cache_invalidate.lua")));
+
 /// How a fair waiter treats the queue on an attempt that is not granted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Queueing {
@@ -364,6 +373,67 @@ pub fn raise_fence<'a>(keys: &Keys, fence: i64) -> ScriptInvocation<'a> {
     inv
 }
 
+// -------------------------------------------------------------------------------------- cache
+
+/// Look up a cache entry or claim its fill for `token` with a lease of `lease_ms`. `skip` is the
+/// SHA-1 hex of a payload the caller cannot use: a stored value with that digest counts as absent.
+pub fn cache_get_or_claim<'a>(
+    keys: &Keys,
+    token: &str,
+    lease_ms: u64,
+    skip: Option<&str>,
+) -> ScriptInvocation<'a> {
+    let mut inv = CACHE_GET_OR_CLAIM.prepare_invoke();
+    inv.key(keys.cache_value())
+        .key(keys.cache_fill())
+        .arg(token)
+        .arg(lease_ms)
+        .arg(skip.unwrap_or(""));
+    inv
+}
+
+/// Store `payload` for `ttl_ms` if `token` holds the fill claim; give the claim back; wake.
+pub fn cache_store<'a>(
+    keys: &Keys,
+    token: &str,
+    payload: &[u8],
+    ttl_ms: u64,
+) -> ScriptInvocation<'a> {
+    let mut inv = CACHE_STORE.prepare_invoke();
+    inv.key(keys.cache_value())
+        .key(keys.cache_fill())
+        .arg(token)
+        .arg(payload)
+        .arg(ttl_ms)
+        .arg(keys.wake_channel());
+    inv
+}
+
+/// Give the fill claim of `token` back without a value, waking the waiters.
+pub fn cache_abandon<'a>(keys: &Keys, token: &str) -> ScriptInvocation<'a> {
+    let mut inv = CACHE_ABANDON.prepare_invoke();
+    inv.key(keys.cache_fill())
+        .arg(token)
+        .arg(keys.wake_channel());
+    inv
+}
+
+/// Compare-and-pexpire of the fill claim: the same atomic step as a lock's extend, on the claim.
+pub fn cache_extend<'a>(keys: &Keys, token: &str, lease_ms: u64) -> ScriptInvocation<'a> {
+    let mut inv = LOCK_EXTEND.prepare_invoke();
+    inv.key(keys.cache_fill()).arg(token).arg(lease_ms);
+    inv
+}
+
+/// Drop a cache entry and any fill claim on it, waking that fill's waiters.
+pub fn cache_invalidate<'a>(keys: &Keys) -> ScriptInvocation<'a> {
+    let mut inv = CACHE_INVALIDATE.prepare_invoke();
+    inv.key(keys.cache_value())
+        .key(keys.cache_fill())
+        .arg(keys.wake_channel());
+    inv
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -377,6 +447,10 @@ mod tests {
             include_str!("lua/lock_extend.lua"),
             include_str!("lua/queue_leave.lua"),
             include_str!("lua/fence_raise.lua"),
+            include_str!("lua/cache_get_or_claim.lua"),
+            include_str!("lua/cache_store.lua"),
+            include_str!("lua/cache_abandon.lua"),
+            include_str!("lua/cache_invalidate.lua"),
         ] {
             assert!(source.starts_with("-- "), "{source}");
             for word in ["KEYS[1]", "ARGV[1]", "Reply"] {

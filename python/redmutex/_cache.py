@@ -1,0 +1,357 @@
+"""The stampede-safe cache: ``get_or_fill`` and ``@cached`` (check, lock, re-check, fill).
+
+Division of labour: the Rust core (``_core.CacheStore``/``_core.FillClaim``) does the atomic Redis
+steps and the waiting; this module serializes and signs values (``_codec``), decides early
+refreshes (``_xfetch``), runs ``fill`` and builds the decorator.
+
+Keys
+----
+The entry named N lives in ``prefix{N}:value`` (the payload, expiring after ``ttl``) and, while
+somebody fills it, ``prefix{N}:fill`` (the filler's token, expiring after ``lock_ttl``); wake-ups
+go out on the channel ``prefix{N}:wake``. ``@cached(key="user:{user_id}")`` fills N from the call's
+arguments, a key without placeholders is N itself (shared with ``get_or_fill(client, N, ...)``),
+and ``key=None`` derives N from the function's module, qualified name and arguments (see
+``_callkeys``: ``mymod.fetch(url='http://x', retries=3)``, the same in every process; arguments
+without a process-independent encoding raise ``TypeError``).
+
+One call
+--------
+1. ``fetch`` runs one script, from the calling thread on a connection of its own (the hot path:
+   one round trip, GIL released): the value is there → HIT (payload and the ms it has left);
+   else the fill claim is free → the caller takes it (CLAIMED); else somebody fills → the caller
+   waits, without polling, for the wake-up published when the value is stored or the claim given
+   back, or for the claim's lease to end (its holder died), then runs the script again. Inside
+   one process only one waiter per key looks in Redis, and hands what it read to all the others
+   at once; a fill of the same process hands them its value without a look at all.
+2. HIT: the payload is decoded (and its HMAC checked, with ``secret``) and returned. A payload
+   that does not decode is a miss: a WARNING on the ``redmutex`` logger, then step 1 again with the
+   payload's SHA-1, so that the script treats exactly that payload as absent (never as a value).
+3. CLAIMED: ``fill()`` runs while a task of the Rust runtime extends the claim every
+   ``lock_ttl``/3, so a fill may outlast ``lock_ttl``; a process that dies stops renewing, and its
+   claim ends at most ``lock_ttl`` later, when one waiter takes over. The value is stored with the
+   fill's duration δ, the claim is dropped and the waiters are woken, in one script. If ``fill``
+   raises, the claim is given back (waking the waiters, of which exactly one claims the fill
+   anew) and the exception propagates to this caller only. A store is token-checked: when the
+   claim ended meanwhile (the entry was invalidated, or the process stalled beyond the lease),
+   the value is returned to this caller but not stored. A ``fill`` that asks (in its own
+   thread) for the entry it is filling raises ``RuntimeError`` instead of waiting for itself.
+4. ``timeout``: a caller that waited that long for another caller's fill raises
+   ``LockTimeoutError`` (``None``: wait as long as fills go on; ``0``: never wait).
+
+XFetch (``beta`` > 0)
+---------------------
+On a HIT with ``pttl`` ms left and a fill duration δ, the caller refreshes early when
+``now - δ·beta·ln(rand()) ≥ expiry``, i.e. with probability ``exp(-pttl / (δ·beta))``
+(``_xfetch.should_refresh`` with ``now = 0``, ``expiry = pttl``: Redis's clock, not ours). It then
+tries to claim the fill without waiting, and only if the value it read is still the stored one:
+the winner refills and returns the new value, everybody else returns the value they read. So
+each stored value is refreshed at most once, and readers never wait while it is refreshed.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, ParamSpec, Protocol, TypeVar, cast
+
+from . import _core
+from ._callkeys import compile_key
+from ._codec import Codec, PayloadError, Serializer, make_codec
+from ._xfetch import should_refresh, validate_beta
+from .errors import LockError, LockTimeoutError
+
+__all__ = ["CachedFunction", "cached", "get_or_fill"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+R_co = TypeVar("R_co", covariant=True)
+
+_log = logging.getLogger("redmutex")
+_HIT: int = _core.CACHE_HIT
+_CLAIMED: int = _core.CACHE_CLAIMED
+_random = random.random  # the XFetch draw; module-level so tests can seed or replace it
+
+
+class CachedFunction(Protocol[P, R_co]):
+    """What ``@cached`` returns: the function, plus ``invalidate`` with the same parameters."""
+
+    __name__: str
+    __qualname__: str
+
+    @property
+    def __wrapped__(self) -> Callable[P, R_co]: ...
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R_co: ...
+
+    def invalidate(self, *args: P.args, **kwargs: P.kwargs) -> bool:
+        """Drops the cached value of that call (and any fill of it in progress); True when a
+        value was dropped."""
+        ...
+
+
+class _Settings:
+    """The validated options of one ``get_or_fill`` call or one ``@cached`` function."""
+
+    __slots__ = ("beta", "client_id", "codec", "store", "timeout")
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        ttl: float,
+        lock_ttl: float,
+        timeout: float | None,
+        serializer: str | Serializer,
+        secret: bytes | None,
+        beta: float,
+    ) -> None:
+        self.store = _core.CacheStore(client, ttl=ttl, lock_ttl=lock_ttl, timeout=timeout)
+        self.codec: Codec = make_codec(serializer, secret)
+        self.beta = validate_beta(beta)
+        self.timeout = self.store.timeout  # validated: None (forever) or seconds
+        self.client_id = id(self.store.client)  # stable: the store keeps its client alive
+
+
+# The entries each thread is filling right now, as (client id, key): a fill that asks for its
+# own entry would wait for itself (its claim is renewed while it runs), so it raises instead.
+_filling = threading.local()
+
+
+def _fill_guard(settings: _Settings, key: str) -> set[tuple[int, str]]:
+    entries: set[tuple[int, str]] | None = getattr(_filling, "entries", None)
+    if entries is None:
+        entries = _filling.entries = set()
+    if (settings.client_id, key) in entries:
+        raise RuntimeError(
+            f"cache entry {key!r} was asked for from its own fill, which would wait for itself"
+        )
+    return entries
+
+
+def _digest(payload: bytes) -> str:
+    """How a payload is named to the scripts (compared with Redis's ``redis.sha1hex``)."""
+    return hashlib.sha1(payload, usedforsecurity=False).hexdigest()
+
+
+def _refresh_due(settings: _Settings, pttl_ms: int, delta: float) -> bool:
+    """XFetch, on Redis's clock: the value expires ``pttl_ms`` from now (-1: never)."""
+    if settings.beta <= 0 or pttl_ms < 0:
+        return False
+    return should_refresh(0.0, pttl_ms / 1000.0, delta, settings.beta, _random)
+
+
+def _timeout_error(settings: _Settings, key: str) -> LockTimeoutError:
+    return LockTimeoutError(
+        f"cache entry {key!r}: another caller's fill did not finish within {settings.timeout} s"
+    )
+
+
+def _give_back(claim: _core.FillClaim, key: str) -> None:
+    """Abandons the claim after a failed fill; never masks the fill's own exception."""
+    try:
+        claim.abandon()
+    except LockError as exc:
+        _log.warning(
+            "cache entry %r: could not give the fill claim back (it ends with its lease): %s",
+            key,
+            exc,
+        )
+
+
+def _fill(settings: _Settings, key: str, fill: Callable[[], T], claim: _core.FillClaim) -> T:
+    """Runs ``fill`` holding the claim, stores its value (with δ) and wakes the waiters."""
+    entries = _fill_guard(settings, key)
+    entry = (settings.client_id, key)
+    entries.add(entry)
+    started = time.monotonic()
+    try:
+        value = fill()
+        delta = time.monotonic() - started
+        payload = settings.codec.encode(value, delta, context=key)
+    except BaseException:
+        _give_back(claim, key)
+        raise
+    finally:
+        entries.discard(entry)
+    try:
+        stored = claim.store(payload)
+    except LockError as exc:  # Redis trouble: this caller still has its value
+        _log.warning("cache entry %r: the filled value could not be stored: %s", key, exc)
+        return value
+    if not stored:
+        _log.info(
+            "cache entry %r: the filled value was not stored: the fill claim ended first "
+            "(the entry was invalidated, or the fill outlived its lease)",
+            key,
+        )
+    return value
+
+
+def _get(settings: _Settings, key: str, fill: Callable[[], T]) -> T:
+    """One cache read: see the module docstring. The hit path is kept short on purpose."""
+    if getattr(_filling, "entries", None):  # inside a fill: refuse to wait for ourselves
+        _fill_guard(settings, key)
+    state, payload, pttl, claim = settings.store.fetch(key)
+    if state == _HIT:
+        assert payload is not None
+        try:
+            value, delta = settings.codec.decode(payload, context=key)
+        except PayloadError as exc:
+            return _miss_after_unusable(settings, key, fill, payload, exc)
+        beta = settings.beta
+        if beta and pttl >= 0 and should_refresh(0.0, pttl / 1000.0, delta, beta, _random):
+            return _refresh(settings, key, fill, value, payload)
+        return cast(T, value)
+    if state == _CLAIMED:
+        assert claim is not None
+        return _fill(settings, key, fill, claim)
+    raise _timeout_error(settings, key)
+
+
+def _miss_after_unusable(
+    settings: _Settings, key: str, fill: Callable[[], T], payload: bytes, exc: PayloadError
+) -> T:
+    """A payload that does not decode is a miss: logged, then looked up again with exactly
+    that payload counting as absent, until a usable value, a claim, or the timeout."""
+    deadline = None if settings.timeout is None else time.monotonic() + settings.timeout
+    while True:
+        _log.warning("cache entry %r: ignoring the stored payload (%s); filling anew", key, exc)
+        timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        state, found, pttl, claim = settings.store.fetch(key, _digest(payload), timeout=timeout)
+        if state == _CLAIMED:
+            assert claim is not None
+            return _fill(settings, key, fill, claim)
+        if state != _HIT or found is None:
+            raise _timeout_error(settings, key)
+        payload = found
+        try:
+            value, delta = settings.codec.decode(payload, context=key)
+        except PayloadError as again:
+            exc = again
+            continue
+        if _refresh_due(settings, pttl, delta):
+            return _refresh(settings, key, fill, value, payload)
+        return cast(T, value)
+
+
+def _refresh(settings: _Settings, key: str, fill: Callable[[], T], value: Any, payload: bytes) -> T:
+    """XFetch chose this caller: refill if nobody does yet and the value is still the one read."""
+    state, _payload, _pttl, claim = settings.store.try_claim(key, _digest(payload))
+    if state == _CLAIMED and claim is not None:
+        return _fill(settings, key, fill, claim)
+    return cast(T, value)
+
+
+def get_or_fill(
+    client: Any,
+    key: str,
+    fill: Callable[[], T],
+    *,
+    ttl: float,
+    lock_ttl: float = 10.0,
+    timeout: float | None = None,
+    serializer: str | Serializer = "pickle",
+    secret: bytes | None = None,
+    beta: float = 1.0,
+) -> T:
+    """The cached value of ``key``; on a miss exactly one caller runs ``fill`` and stores it.
+
+    Of any number of concurrent callers (threads or processes) that miss ``key``, one runs
+    ``fill``; the others wait without polling and return the value it stored. If ``fill`` raises,
+    its caller gets the exception and one waiting caller takes over the fill. ``None`` is cached
+    like any value. ``ttl``: how long the value lives; ``lock_ttl``: the lease of the fill claim
+    (renewed while the fill runs, so it bounds how long a dead filler holds the others up);
+    ``timeout``: how long to wait for another caller's fill before ``LockTimeoutError``.
+    ``beta`` > 0 refreshes early (XFetch), ``0`` never. ``serializer``: ``"pickle"``, ``"json"``
+    or an object with ``dumps``/``loads``; with ``secret`` payloads are HMAC-SHA256 signed and a
+    payload that fails the check is a miss, logged on the ``redmutex`` logger.
+    """
+    if not callable(fill):
+        raise TypeError(f"fill: expected a callable, not {type(fill).__name__}")
+    settings = _Settings(
+        client,
+        ttl=ttl,
+        lock_ttl=lock_ttl,
+        timeout=timeout,
+        serializer=serializer,
+        secret=secret,
+        beta=beta,
+    )
+    return _get(settings, key, fill)
+
+
+def cached(
+    client: Any,
+    *,
+    ttl: float,
+    key: str | None = None,
+    lock_ttl: float = 10.0,
+    timeout: float | None = None,
+    serializer: str | Serializer = "pickle",
+    secret: bytes | None = None,
+    beta: float = 1.0,
+) -> Callable[[Callable[P, T]], CachedFunction[P, T]]:
+    """Decorator: ``get_or_fill`` for every call of the function, with the same options
+    (checked here, at decoration time).
+
+    ``key`` names each call's entry:
+
+    * a template such as ``"user:{user_id}"``: ``{param}`` is filled with ``str()`` of the call's
+      argument (bound to the signature, defaults applied; ``{param.attr}``, ``{param[key]}`` and
+      format specs work as in ``str.format``); checked against the signature when decorating;
+    * a string without placeholders: that one entry for every call, shared with
+      ``get_or_fill(client, key, ...)``;
+    * ``None``: derived from the function's module, qualified name and arguments, e.g.
+      ``mymod.fetch(url='http://x', retries=3)`` — the same in every process and Python
+      version (never ``hash()``, ``id()`` or ``repr()`` of arbitrary objects). Positional,
+      keyword and defaulted spellings of a call give one key. Arguments must be ``None``,
+      bool, int, float, str, bytes, enum members, or tuples, lists, dicts, sets and frozensets
+      of those; anything else (an object, a ``self``) raises ``TypeError`` naming the argument:
+      pass ``key="..."`` then. Keys over 200 characters are shortened with a SHA-256 digest.
+      (The full rules: ``redmutex._callkeys``.)
+
+    ``fetch.invalidate(*args, **kwargs)`` drops the cached value of that call (and any fill of
+    it in progress, whose value is then not stored); it returns True when a value was dropped.
+    """
+    settings = _Settings(
+        client,
+        ttl=ttl,
+        lock_ttl=lock_ttl,
+        timeout=timeout,
+        serializer=serializer,
+        secret=secret,
+        beta=beta,
+    )
+
+    def decorate(func: Callable[P, T]) -> CachedFunction[P, T]:
+        if not callable(func):
+            raise TypeError(f"@cached: expected a function, not {type(func).__name__}")
+        if inspect.iscoroutinefunction(func):
+            raise TypeError(
+                f"@cached: {getattr(func, '__qualname__', func)!r} is an async function; "
+                "use redmutex.aio.cached"
+            )
+        key_of = compile_key(key, func)
+        # A key without placeholders names one entry for every call: no binding needed.
+        constant = key_of((), {}) if getattr(key_of, "is_constant", False) else None
+
+        @functools.wraps(func)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+            name = constant if constant is not None else key_of(args, kwargs)
+            if not args and not kwargs:
+                return _get(settings, name, func)
+            return _get(settings, name, functools.partial(func, *args, **kwargs))
+
+        def invalidate(*args: P.args, **kwargs: P.kwargs) -> bool:
+            return bool(settings.store.invalidate(key_of(args, kwargs)))
+
+        wrapper.invalidate = invalidate  # type: ignore[attr-defined]
+        return cast(CachedFunction[P, T], wrapper)
+
+    return decorate

@@ -1,0 +1,281 @@
+//! The Redis steps of the stampede-safe cache for `redmutex/_cache.py`, which serializes, signs,
+//! decides early refreshes and runs the fill: `CacheStore.fetch` (look up, or claim the fill, or
+//! wait for another caller's fill without polling), `FillClaim.store`/`abandon`, `invalidate`.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use super::args;
+use super::blocking;
+use super::client::{coerce_client, PyClient};
+use super::errors::value_error;
+use crate::engine::cache::{self, CacheSpec, Claim, Fetched, First};
+use crate::engine::waiting::Wait;
+use crate::engine::{Client, Error};
+
+/// `fetch`'s state: a value is stored (payload and pttl are set).
+pub const HIT: u8 = 1;
+/// `fetch`'s state: the caller holds the fill claim (the claim is set).
+pub const CLAIMED: u8 = 2;
+/// `fetch`'s state: another caller fills, and the wait allowed ended first.
+pub const BUSY: u8 = 0;
+
+/// `(state, payload or None, pttl ms (-1: no expiry), claim or None)`.
+type FetchReply<'py> = (
+    u8,
+    Option<Bound<'py, PyBytes>>,
+    i64,
+    Option<Py<PyFillClaim>>,
+);
+
+/// The cache settings that concern Redis, bound to a client; shared by every call of one
+/// `get_or_fill`/`@cached`.
+#[pyclass(frozen, module = "redmutex._core", name = "CacheStore")]
+pub struct PyCacheStore {
+    client: Py<PyClient>,
+    inner: Arc<Client>,
+    ttl: Duration,
+    lock_ttl: Duration,
+    /// How long `fetch` waits for another caller's fill by default; None: forever.
+    timeout: Option<Duration>,
+}
+
+impl PyCacheStore {
+    fn spec(&self, key: &Bound<'_, PyAny>) -> PyResult<CacheSpec> {
+        let name = args::name("key", key)?;
+        Ok(CacheSpec::new(&self.inner, &name, self.lock_ttl)?)
+    }
+
+    fn run_fetch<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+        wait: Wait,
+        skip: Option<String>,
+    ) -> PyResult<FetchReply<'py>> {
+        let spec = self.spec(key)?;
+        let shared = self.inner.shared()?;
+        let skip = skip.as_deref();
+        let fetched = if self.inner.supports_direct() {
+            // The first look on a direct connection of this thread (the hot path: one round
+            // trip, no hand-off to the runtime); only a wait for another's fill runs there.
+            match py.detach(|| cache::first_look_direct(&shared, &spec, wait, skip))? {
+                First::Done(fetched) => fetched,
+                First::Wait(pending) => {
+                    blocking::wait(py, pending.wait(&shared, &spec, wait, skip))??
+                }
+            }
+        } else {
+            // A cluster routes by slot and a Sentinel master moves: through the runtime.
+            blocking::wait(py, cache::fetch(&shared, &spec, wait, skip))??
+        };
+        Ok(match fetched {
+            Fetched::Hit(hit) => (HIT, Some(PyBytes::new(py, &hit.payload)), hit.pttl_ms, None),
+            Fetched::Claimed(claim) => {
+                let claim = PyFillClaim {
+                    token: claim.token().to_string(),
+                    claim: Mutex::new(Some(claim)),
+                    ttl: self.ttl,
+                    direct: self.inner.supports_direct(),
+                };
+                (CLAIMED, None, -1, Some(Py::new(py, claim)?))
+            }
+            Fetched::Busy => (BUSY, None, -1, None),
+        })
+    }
+}
+
+fn digest(arg: &str, value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<String>> {
+    match value {
+        Some(v) if !v.is_none() => {
+            let text: String = v.extract()?;
+            if text.len() != 40 || !text.bytes().all(|c| c.is_ascii_hexdigit()) {
+                return Err(value_error(
+                    arg,
+                    "must be the SHA-1 hex digest of a payload",
+                ));
+            }
+            Ok(Some(text.to_ascii_lowercase()))
+        }
+        _ => Ok(None),
+    }
+}
+
+#[pymethods]
+impl PyCacheStore {
+    #[new]
+    #[pyo3(signature = (client, *, ttl, lock_ttl=None, timeout=None))]
+    fn new(
+        client: &Bound<'_, PyAny>,
+        ttl: &Bound<'_, PyAny>,
+        lock_ttl: Option<&Bound<'_, PyAny>>,
+        timeout: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let ttl = args::duration("ttl", ttl, 0.001)?;
+        let lock_ttl = match lock_ttl {
+            Some(t) if !t.is_none() => args::duration("lock_ttl", t, 0.001)?,
+            _ => Duration::from_secs(10),
+        };
+        let timeout = args::timeout("timeout", timeout)?.unwrap_or(None);
+        let client = coerce_client(client)?;
+        let inner = client.get().inner.clone();
+        if inner.is_redlock() {
+            // Refused here, when @cached is applied, rather than at the first call.
+            return Err(Error::Unsupported(
+                "client: the cache needs one keyspace (a server, Sentinel or Redis Cluster), not                  a Redlock client of several independent masters"
+                    .into(),
+            )
+            .into());
+        }
+        Ok(PyCacheStore {
+            client,
+            inner,
+            ttl,
+            lock_ttl,
+            timeout,
+        })
+    }
+
+    /// Looks `key` up; on a miss claims its fill, or waits for another caller's fill (at most
+    /// `timeout` seconds: the store's own timeout when not given or None, inf for forever, 0 to
+    /// not wait). `skip`: SHA-1 hex of a payload the caller cannot use, which counts as absent.
+    /// Returns `(state, payload, pttl_ms, claim)`; state is HIT, CLAIMED or BUSY (timed out).
+    #[pyo3(signature = (key, skip=None, *, timeout=None))]
+    fn fetch<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+        skip: Option<&Bound<'py, PyAny>>,
+        timeout: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<FetchReply<'py>> {
+        let skip = digest("skip", skip)?;
+        // Not given (or None): the store's own timeout.
+        let wait = match timeout {
+            None => Wait::from_timeout(self.timeout),
+            Some(t) => Wait::from_timeout(args::forever_or_duration("timeout", t, 0.0)?),
+        };
+        self.run_fetch(py, key, wait, skip)
+    }
+
+    /// The early-refresh claim, never waiting: CLAIMED when the value whose payload has the SHA-1
+    /// hex `seen` is still the stored one (or none is) and nobody fills; HIT with the newer value
+    /// when another caller already replaced it; BUSY when another caller is filling.
+    fn try_claim<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+        seen: &Bound<'py, PyAny>,
+    ) -> PyResult<FetchReply<'py>> {
+        let skip = digest("seen", Some(seen))?;
+        self.run_fetch(py, key, Wait::Once, skip)
+    }
+
+    /// Drops `key`'s value and any fill in progress; True when a value was dropped.
+    fn invalidate(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let spec = self.spec(key)?;
+        let client = self.inner.clone();
+        Ok(blocking::wait(py, async move {
+            let shared = client.shared()?;
+            cache::invalidate(&shared, &spec.keys).await
+        })??)
+    }
+
+    #[getter]
+    fn client(&self, py: Python<'_>) -> Py<PyClient> {
+        self.client.clone_ref(py)
+    }
+
+    #[getter]
+    fn ttl(&self) -> f64 {
+        self.ttl.as_secs_f64()
+    }
+
+    #[getter]
+    fn lock_ttl(&self) -> f64 {
+        self.lock_ttl.as_secs_f64()
+    }
+
+    #[getter]
+    fn timeout(&self) -> Option<f64> {
+        self.timeout.map(|t| t.as_secs_f64())
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "CacheStore(ttl={}, lock_ttl={}, timeout={})",
+            self.ttl.as_secs_f64(),
+            self.lock_ttl.as_secs_f64(),
+            self.timeout
+                .map_or("None".to_string(), |t| t.as_secs_f64().to_string())
+        )
+    }
+}
+
+/// The fill claim of one entry, held while the fill runs (its lease is renewed meanwhile).
+/// Exactly one of `store` or `abandon` settles it (one round trip; on a direct connection where
+/// the deployment allows); dropped unsettled, it is given back.
+#[pyclass(frozen, module = "redmutex._core", name = "FillClaim")]
+pub struct PyFillClaim {
+    claim: Mutex<Option<Claim>>,
+    token: String,
+    ttl: Duration,
+    /// Settled on a direct connection of the caller's thread (a single server), else through
+    /// the runtime.
+    direct: bool,
+}
+
+impl PyFillClaim {
+    fn take(&self) -> PyResult<Claim> {
+        self.claim
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .ok_or_else(|| {
+                Error::Usage("this fill claim was already stored or given back".into()).into()
+            })
+    }
+}
+
+#[pymethods]
+impl PyFillClaim {
+    /// Stores the payload for the store's ttl and wakes the waiters. False: not stored, since
+    /// the claim is not ours any more (its lease ended, or the entry was invalidated meanwhile).
+    fn store(&self, py: Python<'_>, payload: &[u8]) -> PyResult<bool> {
+        let claim = self.take()?;
+        let ttl = self.ttl;
+        if self.direct {
+            return Ok(py.detach(|| claim.store_direct(payload, ttl))?);
+        }
+        Ok(blocking::wait(py, claim.store(payload, ttl))??)
+    }
+
+    /// Gives the claim back without a value; one waiter takes the fill over. False: not ours.
+    fn abandon(&self, py: Python<'_>) -> PyResult<bool> {
+        let claim = self.take()?;
+        if self.direct {
+            return Ok(py.detach(|| claim.abandon_direct())?);
+        }
+        Ok(blocking::wait(py, claim.abandon())??)
+    }
+
+    /// True until stored or given back.
+    #[getter]
+    fn held(&self) -> bool {
+        self.claim
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+
+    #[getter]
+    fn token(&self) -> &str {
+        &self.token
+    }
+
+    fn __repr__(&self) -> String {
+        format!("FillClaim(token='{}', held={})", self.token, self.held())
+    }
+}
