@@ -40,11 +40,16 @@ test: deps build test-rust test-python
 demo: deps build
 	$(PY) -m redmutex demo
 
+# The lock scenarios against the peers, then the cache stampede and the scale-out set-ups.
 bench: deps build
 	$(PY) benchmarks/run.py
+	$(PY) benchmarks/bench_cache.py
+	$(PY) benchmarks/bench_scale.py
 
 bench-quick: deps build
 	$(PY) benchmarks/run.py --quick
+	$(PY) benchmarks/bench_cache.py --quick
+	$(PY) benchmarks/bench_scale.py --quick
 
 lint: venv
 	cargo fmt --check
