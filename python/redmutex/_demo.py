@@ -291,7 +291,8 @@ def report(outcome: Outcome, out: TextIO) -> bool:
 
 
 def _run_all(url: str, processes: int, transfers: int, out: TextIO, label: str) -> int:
-    """The money transfer, then a fair hand-off between processes, then the semaphore."""
+    """The money transfer, a fair hand-off between processes, the semaphore, the cache."""
+    from redmutex._demo_cache import cache_demo
     from redmutex._demo_fair import fair_demo
     from redmutex._demo_semaphore import semaphore_demo
 
@@ -304,7 +305,10 @@ def _run_all(url: str, processes: int, transfers: int, out: TextIO, label: str) 
     print(file=out)
     out.flush()
     semaphore_ok = semaphore_demo(url) == 0  # prints to stdout
-    return 0 if ok and fair_ok and semaphore_ok else 1
+    print(file=out)
+    out.flush()
+    cache_ok = cache_demo(url) == 0  # prints to stdout
+    return 0 if ok and fair_ok and semaphore_ok and cache_ok else 1
 
 
 def main(
