@@ -281,8 +281,11 @@ def _rate(read: Callable[[], Any], threads: int, seconds: float) -> float:
 def hit_path(url: str, repeats: int, seconds: float) -> dict[tuple[str, int], float]:
     readers = _hit_readers(url)
     best: dict[tuple[str, int], float] = {}
-    for _ in range(repeats):
-        for threads in (1, HIT_THREADS):
+    # All single-thread runs first: a multi-threaded run reshuffles where the kernel places this
+    # process's threads and the server, and a single-thread ping-pong measured after it was
+    # seen 2-3x slower for every contender alike, depending on which one ran last.
+    for threads in (1, HIT_THREADS):
+        for _ in range(repeats):
             for name, read in readers.items():
                 rate = _rate(read, threads, seconds)
                 best[name, threads] = max(best.get((name, threads), 0.0), rate)
