@@ -10,11 +10,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 
 import pytest
 import redis
 import redmutex
+from _helpers import ResultThread as Worker
 
 # ---------------------------------------------------------------------------------- fixtures
 # redis_url, prefix, client, r, other_client and children come from conftest.py.
@@ -45,32 +45,6 @@ def rw_key(prefix: str, name: str, suffix: str) -> bytes:
 
 def prefix_keys(r: redis.Redis, prefix: str) -> set[bytes]:
     return set(r.scan_iter(match=prefix.encode() + b"*", count=1000))
-
-
-class Worker(threading.Thread):
-    """A thread that keeps its target's result or exception, and when it finished."""
-
-    def __init__(self, target: Callable[[], object]) -> None:
-        super().__init__(daemon=True)
-        self._fn = target
-        self.result: object = None
-        self.error: BaseException | None = None
-        self.finished_at: float | None = None
-
-    def run(self) -> None:
-        try:
-            self.result = self._fn()
-        except BaseException as exc:  # noqa: BLE001 - inspected by the test
-            self.error = exc
-        finally:
-            self.finished_at = time.monotonic()
-
-    def outcome(self, timeout: float) -> object:
-        self.join(timeout)
-        assert not self.is_alive(), "thread did not finish in time"
-        if self.error is not None:
-            raise self.error
-        return self.result
 
 
 @pytest.fixture

@@ -14,11 +14,11 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
 
 import pytest
 import redis
 import redmutex
+from _helpers import ResultThread as Worker
 from redmutex._server import RedisServer
 
 # ---------------------------------------------------------------------------------- fixtures
@@ -62,32 +62,6 @@ def prefix_keys(r: redis.Redis, prefix: str) -> set[bytes]:
 def server_ms(r: redis.Redis) -> float:
     sec, usec = r.time()
     return sec * 1000 + usec / 1000
-
-
-class Worker(threading.Thread):
-    """A thread that keeps its target's result or exception, and when it finished."""
-
-    def __init__(self, target: Callable[[], object]) -> None:
-        super().__init__(daemon=True)
-        self._fn = target
-        self.result: object = None
-        self.error: BaseException | None = None
-        self.finished_at: float | None = None
-
-    def run(self) -> None:
-        try:
-            self.result = self._fn()
-        except BaseException as exc:  # noqa: BLE001 - inspected by the test
-            self.error = exc
-        finally:
-            self.finished_at = time.monotonic()
-
-    def outcome(self, timeout: float) -> object:
-        self.join(timeout)
-        assert not self.is_alive(), "thread did not finish in time"
-        if self.error is not None:
-            raise self.error
-        return self.result
 
 
 # ---------------------------------------------------------------------------------- basics
