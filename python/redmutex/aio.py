@@ -17,12 +17,22 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from . import _core
+from ._aio_cache import AsyncCachedFunction, cached, get_or_fill
 from ._callkeys import compile_template
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["Lock", "RWLock", "RWLockSide", "Semaphore", "locked"]
+__all__ = [
+    "AsyncCachedFunction",
+    "Lock",
+    "RWLock",
+    "RWLockSide",
+    "Semaphore",
+    "cached",
+    "get_or_fill",
+    "locked",
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -2,13 +2,16 @@
 //! decides early refreshes and runs the fill: `CacheStore.fetch` (look up, or claim the fill, or
 //! wait for another caller's fill without polling), `FillClaim.store`/`abandon`, `invalidate`.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
+use pyo3::IntoPyObjectExt;
 
 use super::args;
+use super::awaitable::{self, OnCancel};
 use super::blocking;
 use super::client::{coerce_client, PyClient};
 use super::errors::value_error;
@@ -72,20 +75,73 @@ impl PyCacheStore {
             // A cluster routes by slot and a Sentinel master moves: through the runtime.
             blocking::wait(py, cache::fetch(&shared, &spec, wait, skip))??
         };
-        Ok(match fetched {
-            Fetched::Hit(hit) => (HIT, Some(PyBytes::new(py, &hit.payload)), hit.pttl_ms, None),
-            Fetched::Claimed(claim) => {
-                let claim = PyFillClaim {
-                    token: claim.token().to_string(),
-                    claim: Mutex::new(Some(claim)),
-                    ttl: self.ttl,
-                    direct: self.inner.supports_direct(),
-                };
-                (CLAIMED, None, -1, Some(Py::new(py, claim)?))
-            }
-            Fetched::Busy => (BUSY, None, -1, None),
+        fetch_reply(py, fetched, self.ttl, self.inner.supports_direct())
+    }
+
+    fn invalidation(
+        &self,
+        key: &Bound<'_, PyAny>,
+    ) -> PyResult<impl Future<Output = Result<bool, Error>> + Send + 'static> {
+        let spec = self.spec(key)?;
+        let client = self.inner.clone();
+        Ok(async move {
+            let shared = client.shared()?;
+            cache::invalidate(&shared, &spec.keys).await
         })
     }
+
+    /// `fetch` as an awaitable: every step in the runtime. Cancelled, it stops waiting, and a
+    /// claim its lookups took is given back (the engine's `Claim` does so when dropped).
+    fn run_fetch_async<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+        wait: Wait,
+        skip: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let spec = self.spec(key)?;
+        let client = self.inner.clone();
+        let (ttl, direct) = (self.ttl, self.inner.supports_direct());
+        awaitable::spawn(
+            py,
+            OnCancel::Abort,
+            async move {
+                let shared = client.shared()?;
+                cache::fetch(&shared, &spec, wait, skip.as_deref()).await
+            },
+            move |py, fetched| fetch_reply(py, fetched, ttl, direct)?.into_bound_py_any(py),
+        )
+    }
+
+    /// The wait of `fetch(timeout=...)`: not given (or None), the store's own timeout.
+    fn fetch_wait(&self, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<Wait> {
+        Ok(match timeout {
+            None => Wait::from_timeout(self.timeout),
+            Some(t) => Wait::from_timeout(args::forever_or_duration("timeout", t, 0.0)?),
+        })
+    }
+}
+
+/// What `fetch` found, as the `(state, payload, pttl_ms, claim)` tuple of the Python side.
+fn fetch_reply(
+    py: Python<'_>,
+    fetched: Fetched,
+    ttl: Duration,
+    direct: bool,
+) -> PyResult<FetchReply<'_>> {
+    Ok(match fetched {
+        Fetched::Hit(hit) => (HIT, Some(PyBytes::new(py, &hit.payload)), hit.pttl_ms, None),
+        Fetched::Claimed(claim) => {
+            let claim = PyFillClaim {
+                token: claim.token().to_string(),
+                claim: Mutex::new(Some(claim)),
+                ttl,
+                direct,
+            };
+            (CLAIMED, None, -1, Some(Py::new(py, claim)?))
+        }
+        Fetched::Busy => (BUSY, None, -1, None),
+    })
 }
 
 fn digest(arg: &str, value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<String>> {
@@ -152,12 +208,22 @@ impl PyCacheStore {
         timeout: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<FetchReply<'py>> {
         let skip = digest("skip", skip)?;
-        // Not given (or None): the store's own timeout.
-        let wait = match timeout {
-            None => Wait::from_timeout(self.timeout),
-            Some(t) => Wait::from_timeout(args::forever_or_duration("timeout", t, 0.0)?),
-        };
+        let wait = self.fetch_wait(timeout)?;
         self.run_fetch(py, key, wait, skip)
+    }
+
+    /// `fetch` as an awaitable resolving to the same tuple.
+    #[pyo3(signature = (key, skip=None, *, timeout=None))]
+    fn _fetch_async<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+        skip: Option<&Bound<'py, PyAny>>,
+        timeout: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let skip = digest("skip", skip)?;
+        let wait = self.fetch_wait(timeout)?;
+        self.run_fetch_async(py, key, wait, skip)
     }
 
     /// The early-refresh claim, never waiting: CLAIMED when the value whose payload has the SHA-1
@@ -173,14 +239,34 @@ impl PyCacheStore {
         self.run_fetch(py, key, Wait::Once, skip)
     }
 
+    /// `try_claim` as an awaitable resolving to the same tuple.
+    fn _try_claim_async<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+        seen: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let skip = digest("seen", Some(seen))?;
+        self.run_fetch_async(py, key, Wait::Once, skip)
+    }
+
     /// Drops `key`'s value and any fill in progress; True when a value was dropped.
     fn invalidate(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
-        let spec = self.spec(key)?;
-        let client = self.inner.clone();
-        Ok(blocking::wait(py, async move {
-            let shared = client.shared()?;
-            cache::invalidate(&shared, &spec.keys).await
-        })??)
+        Ok(blocking::wait(py, self.invalidation(key)?)??)
+    }
+
+    /// `invalidate` as an awaitable (runs to its end even if the awaiting task is cancelled).
+    fn _invalidate_async<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        awaitable::spawn(
+            py,
+            OnCancel::Finish,
+            self.invalidation(key)?,
+            |py, dropped| dropped.into_bound_py_any(py),
+        )
     }
 
     #[getter]
@@ -250,6 +336,27 @@ impl PyFillClaim {
             return Ok(py.detach(|| claim.store_direct(payload, ttl))?);
         }
         Ok(blocking::wait(py, claim.store(payload, ttl))??)
+    }
+
+    /// `store` as an awaitable; it runs to its end even if the awaiting task is cancelled.
+    fn _store_async<'py>(&self, py: Python<'py>, payload: &[u8]) -> PyResult<Bound<'py, PyAny>> {
+        let claim = self.take()?;
+        let payload = payload.to_vec();
+        let ttl = self.ttl;
+        awaitable::spawn(
+            py,
+            OnCancel::Finish,
+            async move { claim.store(&payload, ttl).await },
+            |py, stored| stored.into_bound_py_any(py),
+        )
+    }
+
+    /// `abandon` as an awaitable; it runs to its end even if the awaiting task is cancelled.
+    fn _abandon_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let claim = self.take()?;
+        awaitable::spawn(py, OnCancel::Finish, claim.abandon(), |py, given_back| {
+            given_back.into_bound_py_any(py)
+        })
     }
 
     /// Gives the claim back without a value; one waiter takes the fill over. False: not ours.

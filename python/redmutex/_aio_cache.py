@@ -1,0 +1,250 @@
+"""The stampede-safe cache for asyncio: ``redmutex.aio.get_or_fill`` and ``@redmutex.aio.cached``.
+
+The same steps, keys, codecs and XFetch rule as ``redmutex._cache`` (read its docstring): only the
+Redis steps are awaited (the Rust runtime does them, the event loop never blocks) and ``fill`` may
+be an ``async def`` or return an awaitable. Of any number of tasks and processes that miss one
+entry, one runs ``fill``; the others wait without polling and are woken when the value is stored.
+
+Cancellation: a task cancelled while it waits for another's fill leaves nothing behind; a task
+cancelled while its own fill runs gives the claim back, so one waiting caller takes the fill over.
+A ``fill`` that asks for its own entry (in its task, or in a task it started) raises
+``RuntimeError`` instead of waiting for itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, ParamSpec, Protocol, TypeVar, cast
+
+from . import _core
+from ._cache import _CLAIMED, _HIT, _digest, _log, _refresh_due, _Settings, _timeout_error
+from ._callkeys import compile_key
+from ._codec import PayloadError, Serializer
+from .errors import LockError
+
+__all__ = ["AsyncCachedFunction", "cached", "get_or_fill"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+R_co = TypeVar("R_co", covariant=True)
+
+# A fill may be an async function or a plain one (whose value may itself be awaitable).
+Fill = Callable[[], Awaitable[T] | T]
+
+# The entries this task is filling, as (client id, key); copied into the tasks a fill starts, so
+# they too are refused instead of waiting for the fill that waits for them.
+_filling: contextvars.ContextVar[frozenset[tuple[int, str]]] = contextvars.ContextVar(
+    "redmutex_aio_filling", default=frozenset()
+)
+
+
+class AsyncCachedFunction(Protocol[P, R_co]):
+    """What ``@aio.cached`` returns: the coroutine function, plus an awaitable ``invalidate``."""
+
+    __name__: str
+    __qualname__: str
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R_co]: ...
+
+    async def invalidate(self, *args: P.args, **kwargs: P.kwargs) -> bool:
+        """Drops the cached value of that call (and any fill of it in progress); True when a
+        value was dropped."""
+        ...
+
+
+def _consume(future: asyncio.Future[Any]) -> None:
+    """Retrieve a background operation's outcome so asyncio does not warn about it."""
+    if not future.cancelled():
+        future.exception()
+
+
+def _refuse_own_entry(settings: _Settings, key: str) -> None:
+    if (settings.client_id, key) in _filling.get():
+        raise RuntimeError(
+            f"cache entry {key!r} was asked for from its own fill, which would wait for itself"
+        )
+
+
+async def _give_back(claim: _core.FillClaim, key: str, cancelled: bool) -> None:
+    """Abandons the claim after a failed fill; never masks the fill's own exception. After a
+    cancellation the give-back runs on in the background rather than delaying the unwind."""
+    try:
+        pending = claim._abandon_async()
+        if cancelled:
+            pending.add_done_callback(_consume)
+            return
+        await pending
+    except LockError as exc:
+        _log.warning(
+            "cache entry %r: could not give the fill claim back (it ends with its lease): %s",
+            key,
+            exc,
+        )
+
+
+async def _fill(settings: _Settings, key: str, fill: Fill[T], claim: _core.FillClaim) -> T:
+    """Runs ``fill`` holding the claim, stores its value (with δ) and wakes the waiters."""
+    entry = (settings.client_id, key)
+    marker = _filling.set(_filling.get() | {entry})
+    started = time.monotonic()
+    try:
+        value = fill()
+        if inspect.isawaitable(value):
+            value = await value
+        delta = time.monotonic() - started
+        payload = settings.codec.encode(value, delta, context=key)
+    except BaseException as exc:
+        await _give_back(claim, key, isinstance(exc, asyncio.CancelledError))
+        raise
+    finally:
+        _filling.reset(marker)
+    try:
+        stored = await claim._store_async(payload)
+    except LockError as exc:  # Redis trouble: this caller still has its value
+        _log.warning("cache entry %r: the filled value could not be stored: %s", key, exc)
+        return cast(T, value)
+    if not stored:
+        _log.info(
+            "cache entry %r: the filled value was not stored: the fill claim ended first "
+            "(the entry was invalidated, or the fill outlived its lease)",
+            key,
+        )
+    return cast(T, value)
+
+
+async def _get(settings: _Settings, key: str, fill: Fill[T]) -> T:
+    """One cache read, as ``redmutex._cache._get``."""
+    _refuse_own_entry(settings, key)
+    state, payload, pttl, claim = await settings.store._fetch_async(key)
+    if state == _HIT:
+        assert payload is not None
+        try:
+            value, delta = settings.codec.decode(payload, context=key)
+        except PayloadError as exc:
+            return await _miss_after_unusable(settings, key, fill, payload, exc)
+        if _refresh_due(settings, pttl, delta):
+            return await _refresh(settings, key, fill, value, payload)
+        return cast(T, value)
+    if state == _CLAIMED:
+        assert claim is not None
+        return await _fill(settings, key, fill, claim)
+    raise _timeout_error(settings, key)
+
+
+async def _miss_after_unusable(
+    settings: _Settings, key: str, fill: Fill[T], payload: bytes, exc: PayloadError
+) -> T:
+    """A payload that does not decode is a miss: logged, then looked up again with exactly that
+    payload counting as absent, until a usable value, a claim, or the timeout."""
+    deadline = None if settings.timeout is None else time.monotonic() + settings.timeout
+    while True:
+        _log.warning("cache entry %r: ignoring the stored payload (%s); filling anew", key, exc)
+        timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        state, found, pttl, claim = await settings.store._fetch_async(
+            key, _digest(payload), timeout=timeout
+        )
+        if state == _CLAIMED:
+            assert claim is not None
+            return await _fill(settings, key, fill, claim)
+        if state != _HIT or found is None:
+            raise _timeout_error(settings, key)
+        payload = found
+        try:
+            value, delta = settings.codec.decode(payload, context=key)
+        except PayloadError as again:
+            exc = again
+            continue
+        if _refresh_due(settings, pttl, delta):
+            return await _refresh(settings, key, fill, value, payload)
+        return cast(T, value)
+
+
+async def _refresh(settings: _Settings, key: str, fill: Fill[T], value: Any, payload: bytes) -> T:
+    """XFetch chose this caller: refill if nobody does yet and the value is still the one read."""
+    state, _payload, _pttl, claim = await settings.store._try_claim_async(key, _digest(payload))
+    if state == _CLAIMED and claim is not None:
+        return await _fill(settings, key, fill, claim)
+    return cast(T, value)
+
+
+async def get_or_fill(
+    client: Any,
+    key: str,
+    fill: Callable[[], Awaitable[T] | T],
+    *,
+    ttl: float,
+    lock_ttl: float = 10.0,
+    timeout: float | None = None,
+    serializer: str | Serializer = "pickle",
+    secret: bytes | None = None,
+    beta: float = 1.0,
+) -> T:
+    """The cached value of ``key``; on a miss exactly one caller awaits ``fill`` and stores it.
+
+    ``redmutex.get_or_fill`` for asyncio, with the same options and errors: ``fill`` is an
+    ``async def`` (or returns an awaitable; a plain value is used as it is). Waiting for another
+    caller's fill never blocks the event loop.
+    """
+    if not callable(fill):
+        raise TypeError(f"fill: expected a callable, not {type(fill).__name__}")
+    settings = _Settings(
+        client,
+        ttl=ttl,
+        lock_ttl=lock_ttl,
+        timeout=timeout,
+        serializer=serializer,
+        secret=secret,
+        beta=beta,
+    )
+    return await _get(settings, key, fill)
+
+
+def cached(
+    client: Any,
+    *,
+    ttl: float,
+    key: str | None = None,
+    lock_ttl: float = 10.0,
+    timeout: float | None = None,
+    serializer: str | Serializer = "pickle",
+    secret: bytes | None = None,
+    beta: float = 1.0,
+) -> Callable[[Callable[P, Awaitable[T]]], AsyncCachedFunction[P, T]]:
+    """Decorator for ``async def`` functions: ``aio.get_or_fill`` for every call, with the same
+    options (checked here, at decoration time) and the same ``key`` rules as
+    ``redmutex.cached``. ``await fetch.invalidate(*args, **kwargs)`` drops that call's value."""
+    settings = _Settings(
+        client,
+        ttl=ttl,
+        lock_ttl=lock_ttl,
+        timeout=timeout,
+        serializer=serializer,
+        secret=secret,
+        beta=beta,
+    )
+
+    def decorate(func: Callable[P, Awaitable[T]]) -> AsyncCachedFunction[P, T]:
+        if not callable(func):
+            raise TypeError(f"@aio.cached: expected a function, not {type(func).__name__}")
+        key_of = compile_key(key, func)
+        constant = key_of((), {}) if getattr(key_of, "is_constant", False) else None
+
+        @functools.wraps(func)
+        async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+            name = constant if constant is not None else key_of(args, kwargs)
+            if not args and not kwargs:
+                return await _get(settings, name, func)
+            return await _get(settings, name, functools.partial(func, *args, **kwargs))
+
+        async def invalidate(*args: P.args, **kwargs: P.kwargs) -> bool:
+            return bool(await settings.store._invalidate_async(key_of(args, kwargs)))
+
+        wrapper.invalidate = invalidate  # type: ignore[attr-defined]
+        return cast(AsyncCachedFunction[P, T], wrapper)
+
+    return decorate

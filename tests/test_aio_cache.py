@@ -1,0 +1,472 @@
+"""`redmutex.aio.get_or_fill` and `@redmutex.aio.cached` against a real redis-server on loopback:
+the cache contract again through asyncio (one fill across tasks and processes, waiters woken by
+the store, hand-over when a fill fails or is cancelled, XFetch, keys, codecs) plus what is
+asyncio's own: the loop never blocks, cancellation leaves nothing behind."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import multiprocessing
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import pytest
+import redis
+import redmutex
+from redmutex import _cache, aio
+from redmutex._server import RedisServer
+
+if TYPE_CHECKING:
+    from conftest import MpProcs
+
+T = TypeVar("T")
+FORK = multiprocessing.get_context("fork")
+
+
+def run(coro: Awaitable[T]) -> T:
+    async def main() -> T:
+        return await coro
+
+    return asyncio.run(main())
+
+
+def value_key(prefix: str, name: str) -> str:
+    return f"{prefix}{{{name}}}:value"
+
+
+def fill_key(prefix: str, name: str) -> str:
+    return f"{prefix}{{{name}}}:fill"
+
+
+def counting_fill(value: T, seconds: float = 0.0) -> tuple[list[int], Callable[[], Awaitable[T]]]:
+    """An async fill returning `value` after `seconds`, and the list its calls are counted in."""
+    calls: list[int] = []
+
+    async def fill() -> T:
+        calls.append(1)
+        await asyncio.sleep(seconds)
+        return value
+
+    return calls, fill
+
+
+# --------------------------------------------------------------------------------------------
+# Basics
+# --------------------------------------------------------------------------------------------
+
+
+def test_miss_fills_and_stores_then_hits(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
+    calls, fill = counting_fill({"answer": 42})
+
+    async def main() -> None:
+        assert await aio.get_or_fill(client, "basic", fill, ttl=30) == {"answer": 42}
+        assert await aio.get_or_fill(client, "basic", fill, ttl=30) == {"answer": 42}
+
+    run(main())
+    assert len(calls) == 1
+    assert 0 < r.pttl(value_key(prefix, "basic")) <= 30_000
+    assert not r.exists(fill_key(prefix, "basic"))
+
+
+def test_none_and_plain_fills_and_the_sync_api_share_entries(client: redmutex.Client) -> None:
+    async def main() -> None:
+        assert await aio.get_or_fill(client, "none", lambda: None, ttl=30) is None
+        # A fill that is not async is called as it is; its value is cached like any other.
+        assert await aio.get_or_fill(client, "plain", lambda: "plain", ttl=30) == "plain"
+        # The value is cached: this fill must not run.
+        assert await aio.get_or_fill(client, "none", lambda: 1 / 0, ttl=30) is None
+
+    run(main())
+    # Entries are the same as the blocking API's.
+    assert redmutex.get_or_fill(client, "plain", lambda: "other", ttl=30) == "plain"
+    assert run(aio.get_or_fill(client, "sync-made", lambda: "x", ttl=30)) == "x"
+
+
+def test_exports() -> None:
+    assert {"cached", "get_or_fill", "AsyncCachedFunction"} <= set(aio.__all__)
+    assert aio.get_or_fill is not redmutex.get_or_fill
+    assert asyncio.iscoroutinefunction(aio.get_or_fill)
+
+
+# --------------------------------------------------------------------------------------------
+# One fill, waiters woken by the store
+# --------------------------------------------------------------------------------------------
+
+
+def test_stampede_of_50_tasks_fills_once(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
+    calls, fill = counting_fill("cold", 0.2)
+
+    async def main() -> list[str]:
+        return await asyncio.gather(
+            *(aio.get_or_fill(client, "cold", fill, ttl=30) for _ in range(50))
+        )
+
+    started = time.monotonic()
+    assert run(main()) == ["cold"] * 50
+    elapsed = time.monotonic() - started
+    assert len(calls) == 1
+    assert elapsed < 0.2 + 5, elapsed
+    assert not r.exists(fill_key(prefix, "cold"))
+
+
+def _stampede_process(url: str, prefix: str, barrier: Any, out: Any) -> None:
+    async def main() -> list[str]:
+        client = redmutex.Client(url, prefix=prefix)
+        conn = redis.Redis.from_url(url)
+
+        async def fill() -> str:
+            n = conn.incr(prefix + "fills")
+            await asyncio.sleep(0.3)
+            return f"fill-{n}"
+
+        barrier.wait(timeout=30)
+        return await asyncio.gather(
+            *(aio.get_or_fill(client, "xproc", fill, ttl=60) for _ in range(8))
+        )
+
+    try:
+        started = time.monotonic()
+        values = asyncio.run(main())
+        out.put(("ok", values, time.monotonic() - started))
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which fails the test
+        out.put(("error", repr(exc), 0.0))
+
+
+@pytest.mark.timeout(120)
+def test_stampede_of_tasks_in_4_processes_fills_once(
+    redis_server: RedisServer, r: redis.Redis, prefix: str, mp_procs: MpProcs
+) -> None:
+    procs = 4
+    barrier = FORK.Barrier(procs)
+    out = FORK.Queue()
+    for _ in range(procs):
+        mp_procs.start(_stampede_process, redis_server.url, prefix, barrier, out)
+    results = [out.get(timeout=60) for _ in range(procs)]
+    assert all(kind == "ok" for kind, _, _ in results), results
+    assert int(r.get(prefix + "fills") or 0) == 1
+    assert {v for _, values, _ in results for v in values} == {"fill-1"}
+    slowest = max(elapsed for _, _, elapsed in results)
+    assert slowest < 0.3 + 5, slowest
+
+
+def test_waiters_are_woken_by_the_store_and_the_loop_keeps_ticking(
+    client: redmutex.Client,
+) -> None:
+    """With a 60 s claim lease, the waiting tasks can only learn of the value from the wake-up;
+    meanwhile a ticker task on the same loop keeps its 10 ms beat."""
+
+    async def main() -> tuple[list[float], float, list[float]]:
+        release = asyncio.Event()
+        done: list[float] = []
+        ticks: list[float] = []
+
+        async def fill() -> str:
+            await release.wait()
+            return "stored"
+
+        async def call() -> None:
+            assert await aio.get_or_fill(client, "wake", fill, ttl=30, lock_ttl=60) == "stored"
+            done.append(time.monotonic())
+
+        async def ticker() -> None:
+            while len(done) < 10:
+                ticks.append(time.monotonic())
+                await asyncio.sleep(0.01)
+
+        first = asyncio.ensure_future(call())
+        await asyncio.sleep(0.1)  # the first task claims the fill
+        waiters = [asyncio.ensure_future(call()) for _ in range(9)]
+        tick = asyncio.ensure_future(ticker())
+        await asyncio.sleep(0.5)
+        assert not done
+        stored_at = time.monotonic()
+        release.set()
+        await asyncio.wait_for(asyncio.gather(first, *waiters, tick), 30)
+        return done, stored_at, ticks
+
+    done, stored_at, ticks = run(main())
+    assert max(done) - stored_at < 2.0
+    gaps = [b - a for a, b in itertools.pairwise(ticks)]
+    assert len(ticks) >= 20
+    assert max(gaps) < 0.5, max(gaps)
+
+
+# --------------------------------------------------------------------------------------------
+# Failure, cancellation, timeouts
+# --------------------------------------------------------------------------------------------
+
+
+def test_fill_raising_hands_over_to_exactly_one_waiter(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
+    fills: list[int] = []
+
+    async def fill() -> str:
+        fills.append(1)
+        n = len(fills)
+        await asyncio.sleep(0.1)
+        if n == 1:
+            raise RuntimeError("the first fill fails")
+        return f"filled-by-{n}"
+
+    async def main() -> list[Any]:
+        return await asyncio.gather(
+            *(aio.get_or_fill(client, "fragile", fill, ttl=60, lock_ttl=60) for _ in range(10)),
+            return_exceptions=True,
+        )
+
+    results = run(main())
+    raised = [x for x in results if isinstance(x, RuntimeError)]
+    assert len(raised) == 1 and str(raised[0]) == "the first fill fails"
+    assert [x for x in results if not isinstance(x, BaseException)] == ["filled-by-2"] * 9
+    assert len(fills) == 2  # handed over through the give-back, not the 60 s lease
+    assert not r.exists(fill_key(prefix, "fragile"))
+
+
+def test_cancelled_filler_gives_the_claim_to_a_waiter(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
+    async def main() -> tuple[str, float]:
+        async def slow() -> str:
+            await asyncio.sleep(60)
+            return "never"
+
+        filler = asyncio.ensure_future(aio.get_or_fill(client, "cx", slow, ttl=60, lock_ttl=60))
+        await asyncio.sleep(0.2)
+        assert r.exists(fill_key(prefix, "cx"))
+        waiter = asyncio.ensure_future(aio.get_or_fill(client, "cx", lambda: "taken over", ttl=60))
+        await asyncio.sleep(0.2)
+        cancelled_at = time.monotonic()
+        filler.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await filler
+        value = await asyncio.wait_for(waiter, 10)
+        return value, time.monotonic() - cancelled_at
+
+    value, took = run(main())
+    assert value == "taken over"
+    assert took < 5, took  # not the 60 s lease
+    assert not r.exists(fill_key(prefix, "cx"))
+
+
+def test_cancellation_at_random_points_leaves_no_claim(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
+    rng = random.Random(7)
+
+    async def main() -> None:
+        async def fill() -> int:
+            await asyncio.sleep(rng.uniform(0, 0.003))
+            return 1
+
+        for i in range(200):
+            name = f"rc{i % 20}"
+            tasks = [
+                asyncio.ensure_future(aio.get_or_fill(client, name, fill, ttl=0.05, lock_ttl=30))
+                for _ in range(3)
+            ]
+            await asyncio.sleep(rng.uniform(0, 0.004))
+            for t in tasks:
+                if rng.random() < 0.7:
+                    t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        # Background give-backs of cancelled fills finish within a few round trips.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and list(r.scan_iter(prefix + "*:fill")):
+            await asyncio.sleep(0.05)
+        # And nobody is stuck: every entry can still be filled at once.
+        for n in range(20):
+            assert await aio.get_or_fill(client, f"rc{n}", lambda: "ok", ttl=30, timeout=5) in (
+                1,
+                "ok",
+            )
+
+    run(main())
+    assert list(r.scan_iter(prefix + "*:fill")) == []
+
+
+def test_timeout_waiting_for_another_fill(client: redmutex.Client) -> None:
+    async def main() -> float:
+        async def slow() -> str:
+            await asyncio.sleep(2)
+            return "slow"
+
+        filler = asyncio.ensure_future(aio.get_or_fill(client, "late", slow, ttl=30))
+        await asyncio.sleep(0.1)
+        started = time.monotonic()
+        with pytest.raises(redmutex.LockTimeoutError, match="late"):
+            await aio.get_or_fill(client, "late", slow, ttl=30, timeout=0.3)
+        waited = time.monotonic() - started
+        with pytest.raises(redmutex.LockTimeoutError):
+            await aio.get_or_fill(client, "late", slow, ttl=30, timeout=0)
+        assert await filler == "slow"
+        return waited
+
+    waited = run(main())
+    assert 0.25 < waited < 1.5, waited
+
+
+def test_a_fill_asking_for_its_own_entry_raises_instead_of_hanging(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
+    async def own() -> str:
+        return await aio.get_or_fill(client, "self", own, ttl=30)
+
+    async def via_task() -> str:
+        return await asyncio.ensure_future(aio.get_or_fill(client, "self2", via_task, ttl=30))
+
+    async def main() -> None:
+        with pytest.raises(RuntimeError, match="its own fill"):
+            await aio.get_or_fill(client, "self", own, ttl=30)
+        with pytest.raises(RuntimeError, match="its own fill"):
+            await aio.get_or_fill(client, "self2", via_task, ttl=30)
+
+        # Other entries may be filled from within a fill, and tasks are independent otherwise.
+        async def outer() -> int:
+            return await aio.get_or_fill(client, "inner", lambda: 1, ttl=30)
+
+        assert await aio.get_or_fill(client, "outer", outer, ttl=30) == 1
+
+    run(main())
+    assert not r.exists(fill_key(prefix, "self"))
+    assert not r.exists(fill_key(prefix, "self2"))
+
+
+# --------------------------------------------------------------------------------------------
+# The decorator, keys, codecs, XFetch
+# --------------------------------------------------------------------------------------------
+
+
+def test_cached_with_template_key_and_invalidate(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
+    calls: list[int] = []
+
+    @aio.cached(client, ttl=30, key="user:{user_id}")
+    async def load_user(user_id: int, verbose: bool = False) -> dict[str, Any]:
+        calls.append(user_id)
+        await asyncio.sleep(0.01)
+        return {"id": user_id, "verbose": verbose}
+
+    async def main() -> None:
+        assert await load_user(7) == {"id": 7, "verbose": False}
+        assert await load_user(user_id=7, verbose=True) == {"id": 7, "verbose": False}
+        assert await load_user(8) == {"id": 8, "verbose": False}
+        assert calls == [7, 8]
+        assert r.exists(value_key(prefix, "user:7"))
+        assert await load_user.invalidate(7) is True
+        assert await load_user.invalidate(7) is False
+        assert await load_user(7, verbose=True) == {"id": 7, "verbose": True}
+        assert calls == [7, 8, 7]
+
+    run(main())
+    assert load_user.__name__ == "load_user"
+
+
+def test_derived_and_constant_keys(client: redmutex.Client, r: redis.Redis, prefix: str) -> None:
+    @aio.cached(client, ttl=30)
+    async def square(x: int, power: int = 2) -> int:
+        return x**power
+
+    @aio.cached(client, ttl=30, key="the-one")
+    async def one() -> str:
+        return "one"
+
+    async def main() -> None:
+        assert await square(3) == 9
+        assert await one() == "one"
+        with pytest.raises(TypeError, match="argument .x."):
+            await square(object())  # type: ignore[arg-type]
+
+    run(main())
+    assert r.exists(
+        value_key(
+            prefix, f"{__name__}.test_derived_and_constant_keys.<locals>.square(x=3, power=2)"
+        )
+    )
+    assert redmutex.get_or_fill(client, "the-one", lambda: "other", ttl=30) == "one"
+
+
+def test_cached_validates_at_decoration_time(client: redmutex.Client) -> None:
+    with pytest.raises(ValueError, match="ttl"):
+        aio.cached(client, ttl=-1)
+    with pytest.raises(ValueError, match="beta"):
+        aio.cached(client, ttl=1, beta=-1)
+    with pytest.raises(ValueError):
+        aio.cached(client, ttl=1, serializer="yaml")
+
+    async def f(a: int) -> int:
+        return a
+
+    with pytest.raises((ValueError, TypeError)):
+        aio.cached(client, ttl=1, key="{missing}")(f)
+    with pytest.raises(TypeError, match="fill"):
+        run(aio.get_or_fill(client, "k", "not callable", ttl=1))  # type: ignore[arg-type]
+
+
+def test_json_codec_and_tampered_signed_payload(
+    client: redmutex.Client, r: redis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        got = await aio.get_or_fill(client, "j", lambda: {"a": [1, 2]}, ttl=30, serializer="json")
+        assert got == {"a": [1, 2]}
+        await aio.get_or_fill(client, "s", lambda: "signed", ttl=30, secret=b"k" * 32)
+        r.set(value_key(prefix, "s"), b"tampered" + (r.get(value_key(prefix, "s")) or b""))
+        with caplog.at_level(logging.WARNING, logger="redmutex"):
+            again = await aio.get_or_fill(client, "s", lambda: "refilled", ttl=30, secret=b"k" * 32)
+        assert again == "refilled"
+
+    run(main())
+    assert any("ignoring the stored payload" in rec.getMessage() for rec in caplog.records)
+
+
+def test_invalidate_during_a_fill_drops_its_result(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
+    @aio.cached(client, ttl=30, key="inv")
+    async def slow() -> str:
+        await asyncio.sleep(0.3)
+        return "old"
+
+    async def main() -> None:
+        task = asyncio.ensure_future(slow())
+        await asyncio.sleep(0.1)
+        assert await slow.invalidate() is False  # no value yet, but the fill is dropped
+        assert await task == "old"  # its caller still gets it...
+
+    run(main())
+    assert not r.exists(value_key(prefix, "inv"))  # ...but it is not stored
+
+
+def test_xfetch_refreshes_once_when_due_and_never_with_beta_zero(
+    client: redmutex.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fills: list[int] = []
+
+    async def fill() -> int:
+        fills.append(1)
+        await asyncio.sleep(0.05)
+        return len(fills)
+
+    async def main() -> None:
+        assert await aio.get_or_fill(client, "hot", fill, ttl=30) == 1
+        # A draw of ~0 makes -δ·β·ln(draw) huge: the refresh is due for every reader. Of several
+        # concurrent readers exactly one refills, the others return the value they read.
+        monkeypatch.setattr(_cache, "_random", lambda: 1e-300)
+        got = await asyncio.gather(
+            *(aio.get_or_fill(client, "hot", fill, ttl=30) for _ in range(5))
+        )
+        assert sorted(got) == [1, 1, 1, 1, 2]
+        assert await aio.get_or_fill(client, "cold", fill, ttl=30, beta=0) == 3
+        assert await aio.get_or_fill(client, "cold", fill, ttl=30, beta=0) == 3
+
+    run(main())
+    assert len(fills) == 3
