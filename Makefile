@@ -40,16 +40,18 @@ test: deps build test-rust test-python
 demo: deps build
 	$(PY) -m redmutex demo
 
-# The lock scenarios against the peers, then the cache stampede and the scale-out set-ups.
+# The lock scenarios against the peers, then the cache stampede, the scale-out set-ups and asyncio.
 bench: deps build
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/bench_cache.py
 	$(PY) benchmarks/bench_scale.py
+	$(PY) benchmarks/bench_aio.py --json benchmarks/results/aio-latest.json
 
 bench-quick: deps build
 	$(PY) benchmarks/run.py --quick
 	$(PY) benchmarks/bench_cache.py --quick
 	$(PY) benchmarks/bench_scale.py --quick
+	$(PY) benchmarks/bench_aio.py --quick
 
 lint: venv
 	cargo fmt --check

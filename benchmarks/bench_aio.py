@@ -1,0 +1,360 @@
+"""asyncio benchmarks: redmutex.aio against redis-py's asyncio Lock in the same run.
+
+Starts its own redis-server (``redmutex._server.RedisServer``) and prints Markdown tables.
+
+* Uncontended: one task acquires and releases one name as fast as it can: pairs/s (the best of
+  several short runs, contenders interleaved so that other load on the machine penalises all
+  alike) and the per-pair latency p50/p99 of the best run.
+* 8 tasks on 8 names in one event loop: pairs/s of all tasks together (one connection
+  multiplexed for redmutex; redis-py's pool opens one per concurrent task).
+* Hand-off: 2 and 4 processes, each running an event loop, loop acquire -> hold 1 ms -> release
+  on one name. Hand-off latency is the time from the holder's release() returning to the next
+  holder's acquire() returning, for waiters that were already waiting (benchmarks/contention.py).
+* Cache stampede: 4 processes x 8 tasks ask for one cold key at once (released by a barrier);
+  the fill takes 200 ms and counts itself. Fills per round and the callers' latency p50/p99.
+  No peer: dogpile.cache has no asyncio API.
+
+Peers: redis-py ``redis.asyncio.lock.Lock`` with its default ``sleep=0.1`` and with
+``sleep=0.001``; redmutex unfair (default) and ``fair=True``.
+
+Usage: ``python benchmarks/bench_aio.py [--quick] [--seconds S] [--json PATH]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import multiprocessing
+import os
+import platform
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import redis
+import redis.asyncio
+import redmutex
+from redmutex import aio
+from redmutex._server import RedisServer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import contention  # the benchmarks directory is not a package
+
+FORK = multiprocessing.get_context("fork")
+TTL = 10.0
+HOLD_S = 0.001
+FILL_S = 0.200
+
+# acquire and release of one lock object
+Pair = tuple[Callable[[], Awaitable[Any]], Callable[[], Awaitable[Any]]]
+# (url, name) -> a fresh lock's (acquire, release), made inside the running loop
+Maker = Callable[[str, str], Pair]
+
+
+def _redmutex(fair: bool) -> Maker:
+    clients: dict[str, redmutex.Client] = {}
+
+    def make(url: str, name: str) -> Pair:
+        client = clients.get(url) or clients.setdefault(url, redmutex.Client(url, prefix="bench:"))
+        lock = aio.Lock(client, name, ttl=TTL, fair=fair)
+        return lock.acquire, lock.release
+
+    return make
+
+
+def _redis_py(sleep: float) -> Maker:
+    conns: dict[tuple[str, int], redis.asyncio.Redis] = {}
+
+    def make(url: str, name: str) -> Pair:
+        # One client per event loop: redis.asyncio connections belong to the loop they opened in.
+        key = (url, id(asyncio.get_running_loop()))
+        conn = conns.get(key) or conns.setdefault(key, redis.asyncio.Redis.from_url(url))
+        lock = conn.lock("bench:py:" + name, timeout=TTL, sleep=sleep)
+        return lock.acquire, lock.release
+
+    return make
+
+
+CONTENDERS: dict[str, Maker] = {
+    "redmutex.aio": _redmutex(fair=False),
+    "redmutex.aio fair": _redmutex(fair=True),
+    "redis-py asyncio": _redis_py(0.1),
+    "redis-py asyncio sleep=1ms": _redis_py(0.001),
+}
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
+
+
+# --------------------------------------------------------------------------------------------
+# In one event loop
+# --------------------------------------------------------------------------------------------
+
+
+async def _pairs(pair: Pair, seconds: float, latencies: list[int] | None) -> int:
+    acquire, release = pair
+    n = 0
+    stop = time.perf_counter() + seconds
+    while time.perf_counter() < stop:
+        started = time.perf_counter_ns()
+        await acquire()
+        await release()
+        if latencies is not None:
+            latencies.append(time.perf_counter_ns() - started)
+        n += 1
+    return n
+
+
+async def _uncontended(make: Maker, url: str, name: str, seconds: float) -> tuple[float, list[int]]:
+    pair = make(url, name)
+    await _pairs(pair, min(seconds, 0.2), None)  # warm-up: connections, scripts
+    latencies: list[int] = []
+    started = time.perf_counter()
+    n = await _pairs(pair, seconds, latencies)
+    return n / (time.perf_counter() - started), latencies
+
+
+async def _tasks_on_names(make: Maker, url: str, tasks: int, seconds: float) -> float:
+    pairs = [make(url, f"t{i}") for i in range(tasks)]
+    await asyncio.gather(*(_pairs(p, min(seconds, 0.2), None) for p in pairs))
+    started = time.perf_counter()
+    counts = await asyncio.gather(*(_pairs(p, seconds, None) for p in pairs))
+    return sum(counts) / (time.perf_counter() - started)
+
+
+def in_loop(url: str, repeats: int, seconds: float) -> list[dict[str, Any]]:
+    best: dict[str, dict[str, Any]] = {}
+
+    async def main() -> None:
+        for _ in range(repeats):
+            for label, make in CONTENDERS.items():
+                rate, lat = await _uncontended(make, url, "u:" + label, seconds)
+                row = best.setdefault(label, {"label": label, "pairs_per_s": 0.0, "tasks8": 0.0})
+                if rate > row["pairs_per_s"]:
+                    row.update(
+                        pairs_per_s=rate,
+                        p50_us=percentile([x / 1e3 for x in lat], 50),
+                        p99_us=percentile([x / 1e3 for x in lat], 99),
+                    )
+        for _ in range(repeats):
+            for label, make in CONTENDERS.items():
+                rate = await _tasks_on_names(make, url, 8, seconds)
+                row = best[label]
+                row["tasks8"] = max(row["tasks8"], rate)
+
+    asyncio.run(main())
+    return list(best.values())
+
+
+# --------------------------------------------------------------------------------------------
+# Between processes
+# --------------------------------------------------------------------------------------------
+
+
+def _handoff_worker(label: str, url: str, index: int, barrier: Any, window: Any, out: Any) -> None:
+    async def main() -> list[int]:
+        acquire, release = CONTENDERS[label](url, "handoff")
+        await acquire()  # warm-up: connections and scripts
+        await release()
+        barrier.wait(timeout=30)
+        stop_ns = window["stop_ns"]
+        rows: list[int] = []
+        while time.perf_counter_ns() < stop_ns:
+            acq_start = time.perf_counter_ns()
+            await acquire()
+            acq_end = time.perf_counter_ns()
+            await asyncio.sleep(HOLD_S)
+            rel_start = time.perf_counter_ns()
+            await release()
+            rows += (index, acq_start, acq_end, rel_start, time.perf_counter_ns())
+        return rows
+
+    out.put(contention.encode(asyncio.run(main())))
+
+
+def handoff(label: str, url: str, processes: int, seconds: float) -> dict[str, Any]:
+    manager = FORK.Manager()
+    try:
+        window = manager.dict()
+        barrier = FORK.Barrier(processes + 1)
+        out = FORK.Queue()
+        procs = [
+            FORK.Process(target=_handoff_worker, args=(label, url, i, barrier, window, out))
+            for i in range(processes)
+        ]
+        # The window opens shortly after everybody is ready and closes `seconds` later.
+        for p in procs:
+            p.start()
+        start_ns = time.perf_counter_ns() + int(0.5e9)
+        window["stop_ns"] = start_ns + int(seconds * 1e9) + int(0.3e9)
+        barrier.wait(timeout=60)
+        buffers = [out.get(timeout=60 + seconds) for _ in procs]
+        for p in procs:
+            p.join(30)
+    finally:
+        manager.shutdown()
+    sections = contention.decode(buffers)
+    start = sections[0].acq_end if sections else 0
+    end = start + int(seconds * 1e9)
+    lat = [x / 1e3 for x in contention.handoff_latencies(sections, start, end)]
+    summary = contention.contended_summary(sections, start, end, 1)
+    return {
+        "label": label,
+        "processes": processes,
+        "handoffs": len(lat),
+        "p50_us": percentile(lat, 50),
+        "p99_us": percentile(lat, 99),
+        "owner_switch_pct": summary["owner_switch_pct"],
+        "max_holders": summary["max_holders_max"],
+    }
+
+
+def _stampede_worker(url: str, tasks: int, rounds: int, barrier: Any, out: Any) -> None:
+    async def main() -> None:
+        client = redmutex.Client(url, prefix="bench:")
+        counter = redis.Redis.from_url(url)
+        await aio.get_or_fill(client, "warm", lambda: 0, ttl=1)  # connections, scripts
+
+        async def fill() -> int:
+            n = int(counter.incr("bench:aio-fills"))
+            await asyncio.sleep(FILL_S)
+            return n
+
+        async def call() -> tuple[float, Any]:
+            started = time.monotonic()
+            value = await aio.get_or_fill(client, "cold", fill, ttl=60)
+            return time.monotonic() - started, value
+
+        for _ in range(rounds):
+            barrier.wait(timeout=30)  # the parent dropped the key: go
+            out.put(await asyncio.gather(*(call() for _ in range(tasks))))
+            barrier.wait(timeout=30)
+
+    asyncio.run(main())
+
+
+def stampede(url: str, processes: int, tasks: int, rounds: int) -> dict[str, Any]:
+    conn = redis.Redis.from_url(url)
+    barrier = FORK.Barrier(processes + 1)
+    inbox = [FORK.Queue() for _ in range(processes)]
+    procs = [
+        FORK.Process(target=_stampede_worker, args=(url, tasks, rounds, barrier, q)) for q in inbox
+    ]
+    for p in procs:
+        p.start()
+    fills: list[int] = []
+    latencies: list[float] = []
+    for _ in range(rounds):
+        conn.delete("bench:{cold}:value", "bench:aio-fills")
+        barrier.wait(timeout=30)
+        for q in inbox:
+            latencies += [lat for lat, _ in q.get(timeout=60)]
+        fills.append(int(conn.get("bench:aio-fills") or 0))
+        barrier.wait(timeout=30)
+    for p in procs:
+        p.join(30)
+    return {
+        "processes": processes,
+        "tasks": tasks,
+        "fills": fills,
+        "p50_ms": percentile(latencies, 50) * 1e3,
+        "p99_ms": percentile(latencies, 99) * 1e3,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------------
+
+
+def conditions() -> dict[str, Any]:
+    return {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "redis_py": redis.__version__,
+        "server": "redis-server on 127.0.0.1, no persistence",
+    }
+
+
+def report(result: dict[str, Any]) -> str:
+    lines = ["## asyncio: redmutex.aio vs redis-py asyncio Lock", ""]
+    lines += [f"_{json.dumps(result['conditions_start'])} -> load {result['load_end']}_", ""]
+    rows = result["in_loop"]
+    base = next((r["pairs_per_s"] for r in rows if r["label"] == "redis-py asyncio"), math.nan)
+    base8 = next((r["tasks8"] for r in rows if r["label"] == "redis-py asyncio"), math.nan)
+    lines += [
+        (
+            "| contender | uncontended pairs/s | p50 µs | p99 µs | × redis-py | "
+            "8 tasks on 8 names pairs/s | × redis-py |"
+        ),
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['label']} | {r['pairs_per_s']:,.0f} | {r['p50_us']:.0f} | {r['p99_us']:.0f} | "
+            f"{r['pairs_per_s'] / base:.2f} | {r['tasks8']:,.0f} | {r['tasks8'] / base8:.2f} |"
+        )
+    lines += [
+        "",
+        f"Hand-off between processes (hold {HOLD_S * 1e3:.0f} ms, one name):",
+        "",
+        "| contender | processes | hand-offs | p50 µs | p99 µs | owner switches % | holders |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for h in result["handoff"]:
+        switches = "—" if h["owner_switch_pct"] is None else f"{h['owner_switch_pct']:.1f}"
+        lines.append(
+            f"| {h['label']} | {h['processes']} | {h['handoffs']} | {h['p50_us']:,.0f} | "
+            f"{h['p99_us']:,.0f} | {switches} | {h['max_holders']} |"
+        )
+    s = result["stampede"]
+    lines += [
+        "",
+        (
+            f"Cache stampede, aio.get_or_fill: {s['processes']} processes x {s['tasks']} tasks, "
+            f"fill {FILL_S * 1e3:.0f} ms: fills per round {s['fills']}, latency p50 "
+            f"{s['p50_ms']:.1f} ms, p99 {s['p99_ms']:.1f} ms."
+        ),
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="shorter runs, fewer repeats")
+    parser.add_argument("--seconds", type=float, help="length of one timed run")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    seconds = args.seconds or (0.3 if args.quick else 1.0)
+    repeats = 2 if args.quick else 4
+    result: dict[str, Any] = {"conditions_start": conditions()}
+    with RedisServer() as server:
+        result["in_loop"] = in_loop(server.url, repeats, seconds)
+        result["handoff"] = [
+            handoff(label, server.url, processes, seconds * 2)
+            for processes in (2, 4)
+            for label in CONTENDERS
+        ]
+        result["stampede"] = stampede(server.url, 4, 8, 2 if args.quick else 5)
+    result["load_end"] = [round(x, 2) for x in os.getloadavg()]
+    print(report(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    bad = [h for h in result["handoff"] if h["max_holders"] > 1]
+    ok = not bad and max(result["stampede"]["fills"]) == 1
+    if not ok:
+        print("\nFAILED: mutual exclusion or the single fill was violated", file=sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
