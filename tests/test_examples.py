@@ -20,6 +20,7 @@ EXPECTED = {
     "fencing.py": "the stale write with fence",
     "auto_renew.py": "on_lost: the lease of",
     "asyncio_lock.py": "jobs ran one at a time: True",
+    "asyncio_cache.py": "the fill ran 1 time(s)",
 }
 
 
