@@ -8,9 +8,11 @@ use std::time::{Duration, Instant};
 
 use super::client::{Client, Shared};
 use super::error::Result;
-use super::hold::{Holder, Leased, Naming, OnLost};
+use super::hold::{Direct, DirectTry, Holder, Leased, Naming, OnLost, Pending};
 use super::node::Retry;
-use super::waiting::{self, Contender, Outcome, Plan, Undo, UndoStep, Wait, QUEUE_PLACE};
+use super::waiting::{
+    self, spawn_undo, Contender, Outcome, Plan, Undo, UndoStep, Wait, QUEUE_PLACE,
+};
 use crate::protocol::keys::Keys;
 use crate::protocol::lease;
 use crate::protocol::replies::{parse_admission, parse_count, parse_flag, Admission};
@@ -46,13 +48,7 @@ impl Contender for SemaphoreContender<'_> {
         } else {
             Queueing::TryOnly
         };
-        let inv = scripts::semaphore_acquire(
-            &self.spec.keys,
-            self.token,
-            lease::lease_ms(self.spec.lease),
-            self.spec.limit,
-            self.spec.fair.then_some(queueing),
-        );
+        let inv = attempt_invocation(self.spec, self.token, queueing);
         let sent_at = Instant::now();
         let reply = self.shared.node.invoke(&inv, Retry::Once).await?;
         Ok(match parse_admission(&reply)? {
@@ -91,12 +87,38 @@ impl Contender for SemaphoreContender<'_> {
     }
 }
 
+/// One admission attempt for `token` (`queueing` matters to a fair semaphore only).
+fn attempt_invocation(
+    spec: &SemaphoreSpec,
+    token: &str,
+    queueing: Queueing,
+) -> redis::ScriptInvocation<'static> {
+    scripts::semaphore_acquire(
+        &spec.keys,
+        token,
+        lease::lease_ms(spec.lease),
+        spec.limit,
+        spec.fair.then_some(queueing),
+    )
+}
+
 /// Tries to take a permit for `token`, waiting as `wait` allows; Some(sent_at) when taken.
 pub async fn acquire(
     shared: &Arc<Shared>,
     spec: &SemaphoreSpec,
     token: &str,
     wait: Wait,
+) -> Result<Option<Instant>> {
+    acquire_from(shared, spec, token, wait, None).await
+}
+
+/// `acquire`, after a first attempt (made directly) found no permit free.
+async fn acquire_from(
+    shared: &Arc<Shared>,
+    spec: &SemaphoreSpec,
+    token: &str,
+    wait: Wait,
+    first: Option<Outcome<Instant>>,
 ) -> Result<Option<Instant>> {
     let contender = SemaphoreContender {
         shared,
@@ -113,7 +135,7 @@ pub async fn acquire(
         gate: (!spec.fair).then_some(gate.as_slice()),
         queued: spec.fair,
     };
-    waiting::acquire(&contender, &plan, wait).await
+    waiting::acquire_from(&contender, &plan, wait, first).await
 }
 
 /// Gives a permit back; `Ok(false)` when `token` held none (any more).
@@ -190,6 +212,69 @@ impl Leased for SemaphoreSpec {
         let reply = shared.node.invoke(&inv, Retry::Once).await?;
         Ok(parse_flag(&reply)?)
     }
+
+    fn direct(&self) -> bool {
+        true
+    }
+
+    fn try_direct(&self, shared: &Arc<Shared>, token: &str) -> Result<DirectTry<()>> {
+        // Never queues: a fair waiter takes its place in the wait that follows a refusal.
+        let inv = attempt_invocation(self, token, Queueing::TryOnly);
+        let sent_at = Instant::now();
+        let reply = match shared.direct.invoke(&inv, Retry::Once) {
+            Ok(reply) => reply,
+            Err(err) => {
+                // The script may have run before the connection failed: give back what the
+                // token may hold.
+                let contender = SemaphoreContender {
+                    shared,
+                    spec: self,
+                    token,
+                };
+                spawn_undo(contender.undo());
+                return Err(err);
+            }
+        };
+        Ok(match parse_admission(&reply)? {
+            Admission::Admitted { .. } => DirectTry::Granted(sent_at, ()),
+            Admission::Busy { retry_ms } => DirectTry::Busy { retry_ms },
+        })
+    }
+
+    async fn acquire_after(
+        &self,
+        shared: &Arc<Shared>,
+        token: &str,
+        wait: Wait,
+        _args: &(),
+        retry_ms: i64,
+    ) -> Result<Option<(Instant, ())>> {
+        let first = Some(Outcome::Busy { retry_ms });
+        let granted = acquire_from(shared, self, token, wait, first).await?;
+        Ok(granted.map(|sent_at| (sent_at, ())))
+    }
+
+    fn release_direct(&self, shared: &Shared, token: &str) -> Result<bool> {
+        let inv = scripts::semaphore_release(&self.keys, token, self.limit);
+        Ok(parse_flag(&shared.direct.invoke(&inv, Retry::Once)?)?)
+    }
+
+    fn extend_direct(
+        &self,
+        shared: &Shared,
+        token: &str,
+        lease: Duration,
+    ) -> Result<Option<Instant>> {
+        let inv = scripts::semaphore_extend(&self.keys, token, lease::lease_ms(lease));
+        let sent_at = Instant::now();
+        let reply = shared.direct.invoke(&inv, Retry::Once)?;
+        Ok(parse_flag(&reply)?.then_some(sent_at))
+    }
+
+    fn owned_direct(&self, shared: &Shared, token: &str) -> Result<bool> {
+        let inv = scripts::semaphore_owned(&self.keys, token);
+        Ok(parse_flag(&shared.direct.invoke(&inv, Retry::Once)?)?)
+    }
 }
 
 /// One semaphore object: at most one permit at a time, held by the object (not by a thread).
@@ -255,6 +340,50 @@ impl SemaphoreHandle {
     pub async fn holders(&self) -> Result<i64> {
         let shared = self.holder.client().shared()?;
         holders(&shared, &self.spec().keys).await
+    }
+
+    /// Whether the blocking API may use the `*_direct` calls below (one server, reached
+    /// directly): one round trip on the caller's thread, no hand-off to the runtime.
+    pub fn has_direct(&self) -> bool {
+        self.holder.has_direct()
+    }
+
+    /// The blocking acquire's first step, on the caller's thread (see `Holder::acquire_direct`).
+    pub fn acquire_direct(
+        &self,
+        wait: Wait,
+        listener: Option<OnLost>,
+    ) -> Result<Direct<'_, SemaphoreSpec>> {
+        self.holder.acquire_direct(wait, listener)
+    }
+
+    pub async fn acquire_pending(
+        &self,
+        pending: Pending<'_, SemaphoreSpec>,
+        wait: Wait,
+        listener: Option<OnLost>,
+    ) -> Result<bool> {
+        self.holder
+            .acquire_pending(pending, wait, listener, &())
+            .await
+    }
+
+    pub fn release_direct(&self) -> Result<()> {
+        self.holder.release_direct()
+    }
+
+    pub fn extend_direct(&self, lease: Option<Duration>) -> Result<()> {
+        self.holder.extend_direct(lease)
+    }
+
+    pub fn owned_direct(&self) -> Result<bool> {
+        self.holder.owned_direct()
+    }
+
+    pub fn holders_direct(&self) -> Result<i64> {
+        let shared = self.holder.client().shared()?;
+        let inv = scripts::semaphore_holders(&self.spec().keys);
+        Ok(parse_count(&shared.direct.invoke(&inv, Retry::Once)?)?)
     }
 
     pub fn token(&self) -> Option<String> {

@@ -205,6 +205,10 @@ impl Releasable for SemaphoreHandle {
     fn lost(&self) -> bool {
         SemaphoreHandle::lost(self)
     }
+    fn release_direct(&self) -> Option<Result<()>> {
+        self.has_direct()
+            .then(|| SemaphoreHandle::release_direct(self))
+    }
 }
 
 impl Releasable for RwHandle {

@@ -11,7 +11,7 @@ use super::args;
 use super::blocking;
 use super::client::{coerce_client, PyClient};
 use super::hold;
-use crate::engine::lock::{OnLost, Wait};
+use crate::engine::lock::{Direct, OnLost, Wait};
 use crate::engine::semaphore::SemaphoreHandle;
 use crate::protocol::lease::MAX_MS;
 
@@ -44,17 +44,18 @@ impl PySemaphore {
     }
 
     fn acquire_with(slf: &Bound<'_, Self>, wait: Wait) -> PyResult<bool> {
-        let this = slf.get();
-        let listener = hold::listener(
-            slf.as_any(),
-            this.handle.auto_renew(),
-            this.label(),
-            this.on_lost.clone(),
-        )?;
-        let handle = this.handle.clone();
-        Ok(blocking::wait(slf.py(), async move {
-            handle.acquire(wait, listener).await
-        })??)
+        let listener = Self::listener_for(slf)?;
+        let handle = slf.get().handle.clone();
+        let py = slf.py();
+        // One direct attempt on this thread; the runtime (interruptible by signals) only to wait.
+        let first = py.detach(|| handle.acquire_direct(wait, listener.clone()))?;
+        match first {
+            Direct::Done(acquired) => Ok(acquired),
+            Direct::Wait(pending) => Ok(blocking::wait(
+                py,
+                handle.acquire_pending(pending, wait, listener),
+            )??),
+        }
     }
 }
 
@@ -115,6 +116,9 @@ impl PySemaphore {
 
     /// Gives the permit back and wakes the waiters it lets in.
     fn release(&self, py: Python<'_>) -> PyResult<()> {
+        if self.handle.has_direct() {
+            return Ok(py.detach(|| self.handle.release_direct())?);
+        }
         let handle = self.handle.clone();
         Ok(blocking::wait(py, async move { handle.release().await })??)
     }
@@ -123,6 +127,9 @@ impl PySemaphore {
     #[pyo3(signature = (ttl=None))]
     fn extend(&self, py: Python<'_>, ttl: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let lease = hold::extend_lease(ttl)?;
+        if self.handle.has_direct() {
+            return Ok(py.detach(|| self.handle.extend_direct(lease))?);
+        }
         let handle = self.handle.clone();
         Ok(blocking::wait(
             py,
@@ -132,12 +139,18 @@ impl PySemaphore {
 
     /// How many live holders the semaphore has now, in every process.
     fn holders(&self, py: Python<'_>) -> PyResult<i64> {
+        if self.handle.client().supports_direct() {
+            return Ok(py.detach(|| self.handle.holders_direct())?);
+        }
         let handle = self.handle.clone();
         Ok(blocking::wait(py, async move { handle.holders().await })??)
     }
 
     /// This object holds a live permit, checked against Redis.
     fn owned(&self, py: Python<'_>) -> PyResult<bool> {
+        if self.handle.has_direct() {
+            return Ok(py.detach(|| self.handle.owned_direct())?);
+        }
         let handle = self.handle.clone();
         Ok(blocking::wait(py, async move { handle.owned().await })??)
     }
