@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::client::{Client, Shared};
 use super::error::Result;
-use super::hold::{Direct, DirectTry, Holder, Leased, Naming, OnLost, Pending};
+use super::hold::{DirectTry, Holder, Leased, Naming, OnLost};
 use super::node::Retry;
 use super::waiting::{
     self, spawn_undo, Contender, Outcome, Plan, Undo, UndoStep, Wait, QUEUE_PLACE,
@@ -342,42 +342,10 @@ impl SemaphoreHandle {
         holders(&shared, &self.spec().keys).await
     }
 
-    /// Whether the blocking API may use the `*_direct` calls below (one server, reached
-    /// directly): one round trip on the caller's thread, no hand-off to the runtime.
-    pub fn has_direct(&self) -> bool {
-        self.holder.has_direct()
-    }
-
-    /// The blocking acquire's first step, on the caller's thread (see `Holder::acquire_direct`).
-    pub fn acquire_direct(
-        &self,
-        wait: Wait,
-        listener: Option<OnLost>,
-    ) -> Result<Direct<'_, SemaphoreSpec>> {
-        self.holder.acquire_direct(wait, listener)
-    }
-
-    pub async fn acquire_pending(
-        &self,
-        pending: Pending<'_, SemaphoreSpec>,
-        wait: Wait,
-        listener: Option<OnLost>,
-    ) -> Result<bool> {
-        self.holder
-            .acquire_pending(pending, wait, listener, &())
-            .await
-    }
-
-    pub fn release_direct(&self) -> Result<()> {
-        self.holder.release_direct()
-    }
-
-    pub fn extend_direct(&self, lease: Option<Duration>) -> Result<()> {
-        self.holder.extend_direct(lease)
-    }
-
-    pub fn owned_direct(&self) -> Result<bool> {
-        self.holder.owned_direct()
+    /// The generic hold, for the direct (caller-thread) calls of the blocking API: one round
+    /// trip each on a single server, no hand-off to the runtime (see `Holder::has_direct`).
+    pub fn holder(&self) -> &Holder<SemaphoreSpec> {
+        &self.holder
     }
 
     pub fn holders_direct(&self) -> Result<i64> {

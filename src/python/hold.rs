@@ -206,8 +206,8 @@ impl Releasable for SemaphoreHandle {
         SemaphoreHandle::lost(self)
     }
     fn release_direct(&self) -> Option<Result<()>> {
-        self.has_direct()
-            .then(|| SemaphoreHandle::release_direct(self))
+        let holder = self.holder();
+        holder.has_direct().then(|| holder.release_direct())
     }
 }
 

@@ -48,12 +48,14 @@ impl PySemaphore {
         let handle = slf.get().handle.clone();
         let py = slf.py();
         // One direct attempt on this thread; the runtime (interruptible by signals) only to wait.
-        let first = py.detach(|| handle.acquire_direct(wait, listener.clone()))?;
+        let first = py.detach(|| handle.holder().acquire_direct(wait, listener.clone()))?;
         match first {
             Direct::Done(acquired) => Ok(acquired),
             Direct::Wait(pending) => Ok(blocking::wait(
                 py,
-                handle.acquire_pending(pending, wait, listener),
+                handle
+                    .holder()
+                    .acquire_pending(pending, wait, listener, &()),
             )??),
         }
     }
@@ -116,8 +118,8 @@ impl PySemaphore {
 
     /// Gives the permit back and wakes the waiters it lets in.
     fn release(&self, py: Python<'_>) -> PyResult<()> {
-        if self.handle.has_direct() {
-            return Ok(py.detach(|| self.handle.release_direct())?);
+        if self.handle.holder().has_direct() {
+            return Ok(py.detach(|| self.handle.holder().release_direct())?);
         }
         let handle = self.handle.clone();
         Ok(blocking::wait(py, async move { handle.release().await })??)
@@ -127,8 +129,8 @@ impl PySemaphore {
     #[pyo3(signature = (ttl=None))]
     fn extend(&self, py: Python<'_>, ttl: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let lease = hold::extend_lease(ttl)?;
-        if self.handle.has_direct() {
-            return Ok(py.detach(|| self.handle.extend_direct(lease))?);
+        if self.handle.holder().has_direct() {
+            return Ok(py.detach(|| self.handle.holder().extend_direct(lease))?);
         }
         let handle = self.handle.clone();
         Ok(blocking::wait(
@@ -148,8 +150,8 @@ impl PySemaphore {
 
     /// This object holds a live permit, checked against Redis.
     fn owned(&self, py: Python<'_>) -> PyResult<bool> {
-        if self.handle.has_direct() {
-            return Ok(py.detach(|| self.handle.owned_direct())?);
+        if self.handle.holder().has_direct() {
+            return Ok(py.detach(|| self.handle.holder().owned_direct())?);
         }
         let handle = self.handle.clone();
         Ok(blocking::wait(py, async move { handle.owned().await })??)
