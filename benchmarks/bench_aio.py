@@ -9,7 +9,10 @@ Starts its own redis-server (``redmutex._server.RedisServer``) and prints Markdo
   multiplexed for redmutex; redis-py's pool opens one per concurrent task).
 * Hand-off: 2 and 4 processes, each running an event loop, loop acquire -> hold 1 ms -> release
   on one name. Hand-off latency is the time from the holder's release() returning to the next
-  holder's acquire() returning, for waiters that were already waiting (benchmarks/contention.py).
+  holder's acquire() returning, for waiters that were already waiting (benchmarks/contention.py;
+  negative when the waiter had the lock before the releaser read its own reply). A peer that
+  polls hands off rarely: the releaser takes the lock straight back, which shows in the owner
+  switches and the longest wait.
 * Cache stampede: 4 processes x 8 tasks ask for one cold key at once (released by a barrier);
   the fill takes 200 ms and counts itself. Fills per round and the callers' latency p50/p99.
   No peer: dogpile.cache has no asyncio API.
@@ -213,6 +216,8 @@ def handoff(label: str, url: str, processes: int, seconds: float) -> dict[str, A
         "p50_us": percentile(lat, 50),
         "p99_us": percentile(lat, 99),
         "owner_switch_pct": summary["owner_switch_pct"],
+        "sections_per_s": summary["per_second"],
+        "longest_wait_ms": summary["longest_wait_ms_max"],
         "max_holders": summary["max_holders_max"],
     }
 
@@ -307,14 +312,18 @@ def report(result: dict[str, Any]) -> str:
         "",
         f"Hand-off between processes (hold {HOLD_S * 1e3:.0f} ms, one name):",
         "",
-        "| contender | processes | hand-offs | p50 µs | p99 µs | owner switches % | holders |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        (
+            "| contender | processes | hand-offs | p50 µs | p99 µs | owner switches % | "
+            "sections/s | longest wait ms | holders |"
+        ),
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for h in result["handoff"]:
         switches = "—" if h["owner_switch_pct"] is None else f"{h['owner_switch_pct']:.1f}"
         lines.append(
             f"| {h['label']} | {h['processes']} | {h['handoffs']} | {h['p50_us']:,.0f} | "
-            f"{h['p99_us']:,.0f} | {switches} | {h['max_holders']} |"
+            f"{h['p99_us']:,.0f} | {switches} | {h['sections_per_s']:,.0f} | "
+            f"{h['longest_wait_ms']:,.1f} | {h['max_holders']} |"
         )
     s = result["stampede"]
     lines += [
