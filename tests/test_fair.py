@@ -167,31 +167,37 @@ def test_newcomer_does_not_barge_past_queue(
     queue_len: Callable[[str], int],
     mp_procs: MpProcs,
 ) -> None:
-    """A fair lock released while somebody waits is kept for that waiter, not taken by a fresh
-    try. The waiter is a process paused (SIGSTOP) for half a second, well within the life of its
-    place in the queue, so the window in which a barging peer would win stays open."""
+    """A fair lock released while somebody waits goes to that waiter, not to a fresh try: the
+    release grants it to the waiter at once (the lock key names the waiter's token). The waiter
+    is a process paused (SIGSTOP) for half a second, well within its grant, so the window in
+    which a barging peer would win stays open."""
     recv, send = mp_procs.ctx("fork").Pipe(duplex=False)
     holder = redmutex.Lock(client, "barge", ttl=30, fair=True)
     assert holder.acquire(timeout=5)
+    released_fence = holder.fence
+    assert released_fence is not None
     waiter = mp_procs.start(_process_waiter, redis_url, prefix, "barge", 0, 0.0, send)
     assert waiter.pid is not None
     _wait_until(lambda: queue_len("barge") == 1, 60, "the waiter to queue")
     time.sleep(0.2)
     os.kill(waiter.pid, signal.SIGSTOP)
     try:
+        holder_token = holder.token
         holder.release()
         newcomer = redmutex.Lock(client, "barge", ttl=30, fair=True)
+        granted_to = r.get(key_of("barge", "lock"))
+        assert granted_to is not None and granted_to.decode() != holder_token  # granted...
+        assert queue_len("barge") == 0  # ...to the waiter, which left the queue with it
         for _ in range(5):
-            assert r.exists(key_of("barge", "lock")) == 0  # free...
-            assert holder.acquire(timeout=0) is False  # ...but not for the releaser
+            assert holder.acquire(timeout=0) is False  # not for the releaser
             assert newcomer.acquire(timeout=0) is False  # nor for a newcomer
+            assert r.get(key_of("barge", "lock")) == granted_to
             time.sleep(0.1)
-        assert queue_len("barge") == 1
     finally:
         os.kill(waiter.pid, signal.SIGCONT)
     assert recv.poll(20), "the queued waiter did not get the lock"
     index, fence, _ = recv.recv()
-    assert (index, fence is not None) == (0, True)
+    assert (index, fence) == (0, released_fence + 1)
     waiter.join(20)
     assert waiter.exitcode == 0
     assert newcomer.acquire(timeout=5) is True

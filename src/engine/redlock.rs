@@ -215,7 +215,7 @@ impl Redlock {
             }
         };
         let fence = match attempt {
-            Attempt::Busy { retry_ms } => return (index, Vote::Busy { retry_ms }, None),
+            Attempt::Busy { retry_ms, .. } => return (index, Vote::Busy { retry_ms }, None),
             Attempt::Granted { fence } => fence,
         };
         let vote = match self.discounted(master, identity.as_deref()) {
@@ -341,6 +341,7 @@ impl Redlock {
         Some(Granted {
             fence,
             sent_at: quorum::lease_start(sent_at, spec.lease),
+            lease: spec.lease,
         })
     }
 

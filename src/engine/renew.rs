@@ -3,6 +3,9 @@
 //! starve it. It stops at release, never re-creates a hold it lost, and never dies silently:
 //! a loss sets `lost` and calls the hold's listener once; transient failures are reported too.
 //! It knows nothing of the primitive: it is given the extend operation.
+//!
+//! The same task, run once, tops up a lease granted shorter than the ttl (a fair lock handed on
+//! by a release, see `lock_grant.lua`): one extend to the full ttl at half the granted lease.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -32,11 +35,44 @@ impl Renewal {
     }
 }
 
+/// When renewal extends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Schedule {
+    /// The first extend, from now (later ones follow every third of the lease).
+    pub first: Duration,
+    /// false: stop after the first extend that succeeds (a top-up).
+    pub repeat: bool,
+}
+
+impl Schedule {
+    /// auto_renew of a hold granted `granted` (at most `lease`): every third of the lease, and
+    /// the first time before half the granted lease is gone.
+    pub fn renewing(lease: Duration, granted: Duration) -> Self {
+        Schedule {
+            first: period(lease).min(granted / 2),
+            repeat: true,
+        }
+    }
+
+    /// One top-up of a hold granted `granted`, at half of it.
+    pub fn top_up(granted: Duration) -> Self {
+        Schedule {
+            first: granted / 2,
+            repeat: false,
+        }
+    }
+}
+
+fn period(lease: Duration) -> Duration {
+    (lease / 3).max(Duration::from_millis(1))
+}
+
 /// Starts renewing: `extend(lease)` makes the lease end `lease` from now and answers
 /// Some(sent_at) when it did, None when the hold is not ours any more.
 pub fn start<F, Fut>(
     extend: F,
     lease: Duration,
+    schedule: Schedule,
     status: Arc<HoldStatus>,
     listener: Option<Arc<dyn Listener>>,
 ) -> Renewal
@@ -47,7 +83,7 @@ where
     let Ok(handle) = runtime::handle() else {
         return Renewal { task: None };
     };
-    let task = handle.spawn(renew(extend, lease, status, listener));
+    let task = handle.spawn(renew(extend, lease, schedule, status, listener));
     Renewal {
         task: Some(task.abort_handle()),
     }
@@ -56,16 +92,17 @@ where
 async fn renew<F, Fut>(
     extend: F,
     lease: Duration,
+    schedule: Schedule,
     status: Arc<HoldStatus>,
     listener: Option<Arc<dyn Listener>>,
 ) where
     F: Fn(Duration) -> Fut,
     Fut: Future<Output = Result<Option<Instant>>>,
 {
-    let period = (lease / 3).max(Duration::from_millis(1));
+    let period = period(lease);
     // After a failure, try again sooner, but without hammering a server that is down.
     let retry = (period / 4).clamp(Duration::from_millis(1), Duration::from_millis(500));
-    let mut next = Instant::now() + period;
+    let mut next = Instant::now() + schedule.first;
     loop {
         tokio::time::sleep_until(next.into()).await;
         if status.is_lost() {
@@ -80,6 +117,9 @@ async fn renew<F, Fut>(
         match renewed {
             Ok(Some(sent_at)) => {
                 status.set_deadline(sent_at.checked_add(lease).unwrap_or(sent_at));
+                if !schedule.repeat {
+                    return;
+                }
                 next = sent_at + period;
             }
             Ok(None) if status.is_releasing() => next = Instant::now() + retry,

@@ -16,6 +16,7 @@ use super::error::Result;
 use super::runtime;
 use super::wake::Registration;
 use crate::protocol::lease;
+use crate::protocol::wake::GrantNote;
 
 /// How long a silent waiter keeps its place in a Redis queue (fair lock, fair semaphore,
 /// waiting writer): a waiter that died stops holding others back within this time (the
@@ -106,6 +107,13 @@ pub trait Contender: Sync {
     /// One attempt. `join` is false for the first try (never take a place in a queue) and true
     /// while waiting (take or refresh the waiter's place, if the primitive keeps one).
     fn attempt(&self, join: bool) -> impl Future<Output = Result<Outcome<Self::Grant>>> + Send;
+
+    /// The hold that a grant published for this waiter's token gives it (a fair lock's release
+    /// hands the lock on by itself), or None when the grant is stale (it came before one of the
+    /// waiter's attempts that found the lock not its own) or the primitive has no grants.
+    fn granted(&self, _note: GrantNote) -> Option<Self::Grant> {
+        None
+    }
 
     /// Gives up a waiter's place at once (called only when the plan says `queued`).
     fn leave(&self) -> impl Future<Output = Result<()>> + Send;
@@ -304,9 +312,19 @@ async fn compete<C: Contender>(
             nap = nap.min(QUEUE_PLACE / 3);
         }
         tokio::select! {
-            _ = registration.notified() => *busy_until = None,
+            _ = registration.notified() => {
+                // A grant: the lock is ours already, no need to look.
+                if let Some(grant) = registration.take_grant().and_then(|n| contender.granted(n)) {
+                    return Ok(Some(grant));
+                }
+                *busy_until = None;
+            }
             _ = tokio::time::sleep(nap) => {
-                // Our own deadline: give up without one more look.
+                if let Some(grant) = registration.take_grant().and_then(|n| contender.granted(n)) {
+                    return Ok(Some(grant));
+                }
+                // Our own deadline: give up without one more look (a grant that comes now is
+                // given back by the leave).
                 if wait.expired(Instant::now()) {
                     return Ok(None);
                 }

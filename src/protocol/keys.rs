@@ -51,6 +51,11 @@ impl Keys {
         self.with_suffix(b":queue:deadlines")
     }
 
+    /// Fair queue: hash of token -> the waiter's lease in ms, which a release grants it.
+    pub fn queue_leases(&self) -> Vec<u8> {
+        self.with_suffix(b":queue:leases")
+    }
+
     /// Semaphore: zset of holder token -> lease end (ms, server clock from `TIME`).
     pub fn semaphore_holders(&self) -> Vec<u8> {
         self.with_suffix(b":sem:holders")
@@ -155,6 +160,7 @@ mod tests {
             keys.fence(),
             keys.queue(),
             keys.queue_deadlines(),
+            keys.queue_leases(),
             keys.semaphore_holders(),
             keys.semaphore_queue(),
             keys.semaphore_queue_deadlines(),
@@ -169,6 +175,7 @@ mod tests {
         }
         assert_eq!(keys.lock(), b"redmutex:{acct:1}:lock");
         assert_eq!(keys.fence(), b"redmutex:{acct:1}:fence");
+        assert_eq!(keys.queue_leases(), b"redmutex:{acct:1}:queue:leases");
         assert_eq!(keys.cache_value(), b"redmutex:{acct:1}:value");
         assert_eq!(keys.cache_fill(), b"redmutex:{acct:1}:fill");
         assert_eq!(keys.semaphore_holders(), b"redmutex:{acct:1}:sem:holders");
@@ -188,6 +195,7 @@ mod tests {
             keys.fence(),
             keys.queue(),
             keys.queue_deadlines(),
+            keys.queue_leases(),
             keys.semaphore_holders(),
             keys.semaphore_queue(),
             keys.semaphore_queue_deadlines(),
@@ -224,6 +232,7 @@ mod tests {
                 keys.fence(),
                 keys.queue(),
                 keys.queue_deadlines(),
+                keys.queue_leases(),
                 keys.semaphore_holders(),
                 keys.semaphore_queue(),
                 keys.semaphore_queue_deadlines(),
