@@ -156,6 +156,11 @@ impl Contender for LockContender<'_> {
     }
 
     fn granted(&self, note: GrantNote) -> Option<Granted> {
+        // With `replicas`, a hold counts only once replicas acknowledged its write: the waiter
+        // takes the grant with its next attempt (which finds its token) and a WAIT instead.
+        if self.spec.replicas > 0 {
+            return None;
+        }
         let (sent_at, seen) = (*self.last_busy.lock().unwrap_or_else(|p| p.into_inner()))?;
         // A fence no larger than the last one seen busy: an old grant, lapsed by then.
         (note.fence > seen).then(|| Granted {
