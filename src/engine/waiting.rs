@@ -2,7 +2,9 @@
 //!
 //! A waiter registers on the primitive's wake channel, makes sure it is subscribed, then
 //! attempts; when the attempt is not granted it sleeps until a release is published or until the
-//! time the server named (the soonest lease end or place lapse), whichever comes first. An
+//! time the server named (the soonest lease end or place lapse), whichever comes first. A fair
+//! lock's release grants the lock to the first waiter of its queue and publishes the grant: that
+//! waiter takes the hold from the message (`Contender::granted`) without attempting again. An
 //! acquire whose outcome is unknown (cancelled mid-flight, or its reply lost) is undone in the
 //! background, so it neither keeps nor later takes anything.
 
@@ -20,7 +22,8 @@ use crate::protocol::wake::GrantNote;
 
 /// How long a silent waiter keeps its place in a Redis queue (fair lock, fair semaphore,
 /// waiting writer): a waiter that died stops holding others back within this time (the
-/// contract allows 10 s). Live waiters refresh it every third.
+/// contract allows 10 s). Live waiters refresh it every third. A fair lock granted to a waiter
+/// that died meanwhile holds the others back at most `scripts::GRANT_SLACK_MS` longer.
 pub const QUEUE_PLACE: Duration = Duration::from_secs(6);
 /// How long a waiter sleeps when Redis gives no lease to wait for (a key without expiry).
 const NO_HINT_LOOK: Duration = Duration::from_millis(500);
