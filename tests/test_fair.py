@@ -511,3 +511,50 @@ def test_waiters_timing_out_as_they_are_granted_leave_nothing_behind(
         patient.release()
         assert _name_keys(r, prefix, name) == {key_of(name, "fence")}, outcomes
     print(f"\nquick waiter: acquired {outcomes[True]}, timed out {outcomes[False]}")
+
+
+@pytest.mark.timeout(60)
+def test_a_grant_is_published_to_the_waiters_process_only(
+    client: redmutex.Client,
+    redis_url: str,
+    prefix: str,
+    r: redis.Redis,
+    key_of: KeyOf,
+    queue_len: Callable[[str], int],
+) -> None:
+    """The grant goes to the inbox of the waiter's client (`{N}:wake:<hex id>`), not to the lock's
+    wake channel that every waiting process listens to, and says '<token> <fence> <lease ms>'."""
+    other = redmutex.Client(redis_url, prefix=prefix)
+    listener = r.pubsub()
+    try:
+        wake = key_of("inbox", "wake")
+        listener.subscribe(wake)
+        listener.psubscribe(wake + b":*")
+        for _ in range(2):  # the two confirmations
+            assert listener.get_message(timeout=5) is not None
+        holder = redmutex.Lock(client, "inbox", ttl=10, fair=True)
+        assert holder.acquire(timeout=5)
+        waiter = redmutex.Lock(other, "inbox", ttl=10, fair=True)
+        th = _Thread(lambda: waiter.acquire(timeout=20))
+        th.start()
+        _wait_until(lambda: queue_len("inbox") == 1, 20, "the waiter to queue")
+        holder.release()
+        assert th.outcome(20) is True
+        msg = listener.get_message(timeout=5)
+        assert msg is not None and msg["type"] == "pmessage", msg
+        channel, payload = msg["channel"], msg["data"]
+        assert channel.startswith(wake + b":")
+        inbox = channel[len(wake) + 1 :]
+        assert len(inbox) == 16 and all(c in b"0123456789abcdef" for c in inbox), channel
+        token, fence, lease_ms = payload.split(b" ")
+        assert token.decode() == waiter.token
+        assert int(fence) == waiter.fence
+        assert 0 < int(lease_ms) <= 10_000
+        waiter.release()  # nobody waits: '' on the wake channel
+        msg = listener.get_message(timeout=5)
+        assert msg is not None and (msg["channel"], msg["data"]) == (wake, b""), msg
+        assert listener.get_message(timeout=0.2) is None
+        assert _name_keys(r, prefix, "inbox") == {key_of("inbox", "fence")}
+    finally:
+        listener.close()
+        other.close()

@@ -70,7 +70,13 @@ pub(crate) async fn attempt_with_replicas(
     token: &str,
 ) -> Result<Option<Attempt>> {
     let limit = shared.exclusive.timeouts().command;
-    let call = scripts::acquire_call(&spec.keys, token, lease::lease_ms(spec.lease), fair);
+    let call = scripts::acquire_call(
+        &spec.keys,
+        token,
+        lease::lease_ms(spec.lease),
+        fair,
+        shared.hub.inbox(),
+    );
     let mut pipe = redis::pipe();
     pipe.add_command(call.eval())
         .cmd("WAIT")
@@ -136,6 +142,7 @@ impl Contender for LockContender<'_> {
                 self.token,
                 lease::lease_ms(self.spec.lease),
                 fair,
+                self.shared.hub.inbox(),
             );
             parse_attempt(&self.shared.node.invoke(&inv, Retry::Once).await?)?
         };
@@ -231,6 +238,8 @@ async fn acquire_from(
     let plan = Plan {
         shared,
         channel: spec.keys.wake_channel(),
+        inbox: (spec.fair && !shared.hub.inbox().is_empty())
+            .then(|| spec.keys.wake_inbox(shared.hub.inbox())),
         wake_token: spec.fair.then_some(token),
         gate: (!spec.fair).then_some(spec.name.as_slice()),
         queued: spec.fair,
@@ -343,7 +352,8 @@ impl Leased for LockSpec {
 
     fn try_direct(&self, shared: &Arc<Shared>, token: &str) -> Result<DirectTry<Fenced>> {
         let fair = self.fair.then_some(Queueing::TryOnly);
-        let inv = scripts::acquire(&self.keys, token, lease::lease_ms(self.lease), fair);
+        // A first try never queues, so it names no inbox.
+        let inv = scripts::acquire(&self.keys, token, lease::lease_ms(self.lease), fair, "");
         let sent_at = Instant::now();
         let reply = match shared.direct.invoke(&inv, Retry::Once) {
             Ok(reply) => reply,

@@ -178,7 +178,7 @@ impl Redlock {
         };
         let failed = |err: Error| (index, Vote::Failed, Some(Self::labelled(master, &err)));
         let (attempt, identity) = if spec.replicas == 0 {
-            let inv = scripts::acquire(&spec.keys, &token, lease::lease_ms(spec.lease), None);
+            let inv = scripts::acquire(&spec.keys, &token, lease::lease_ms(spec.lease), None, "");
             // No resend after a dropped connection: a vote that fails is one vote fewer, and a
             // resend could land after this round gave its grants back.
             let node = &master.shared.node;

@@ -293,7 +293,7 @@ fn the_fair_script_grants_only_the_head() {
         let keys = client.keys(b"h").unwrap();
         let join = Some(Queueing::Join { place_ms: 5_000 });
         let run = |token: &'static str| {
-            let inv = scripts::acquire(&keys, token, 10_000, join);
+            let inv = scripts::acquire(&keys, token, 10_000, join, "");
             let shared = shared.clone();
             async move { parse_attempt(&shared.node.invoke(&inv, Retry::Never).await.unwrap()).unwrap() }
         };
@@ -317,7 +317,7 @@ fn a_fair_release_grants_the_head_and_a_leave_gives_a_grant_back() {
         let keys = client.keys(b"g").unwrap();
         let join = Some(Queueing::Join { place_ms: 5_000 });
         let run = |token: &'static str, lease_ms: u64| {
-            let inv = scripts::acquire(&keys, token, lease_ms, join);
+            let inv = scripts::acquire(&keys, token, lease_ms, join, "");
             let shared = shared.clone();
             async move { parse_attempt(&shared.node.invoke(&inv, Retry::Never).await.unwrap()).unwrap() }
         };

@@ -131,6 +131,8 @@ pub struct Plan<'a> {
     pub shared: &'a Arc<Shared>,
     /// The channel on which releases publish.
     pub channel: Vec<u8>,
+    /// The channel on which this waiter alone is told of grants (a fair lock), if any.
+    pub inbox: Option<Vec<u8>>,
     /// Some(token): woken only by messages naming this token or nobody (''); None: by every one.
     pub wake_token: Option<&'a str>,
     /// Some(id): only one waiter per id in this process competes in Redis at a time; the others
@@ -267,7 +269,15 @@ async fn wait_for_turn<C: Contender>(
             None,
         ),
     };
-    let outcome = compete(contender, plan, wait, &registration, &mut busy_until).await;
+    let inbox = plan
+        .inbox
+        .as_ref()
+        .map(|channel| plan.shared.hub.register(channel.clone(), plan.wake_token));
+    let registrations = Registrations {
+        wake: &registration,
+        inbox: inbox.as_ref(),
+    };
+    let outcome = compete(contender, plan, wait, &registrations, &mut busy_until).await;
     if let (Some(state), None) = (&mut turn, plan.wake_token) {
         state.registration = Some((plan.channel.clone(), registration));
         state.busy_until = match outcome {
@@ -278,13 +288,44 @@ async fn wait_for_turn<C: Contender>(
     outcome
 }
 
+/// A waiter's places on the wake channel and, for grants, on its inbox.
+struct Registrations<'a> {
+    wake: &'a Registration,
+    inbox: Option<&'a Registration>,
+}
+
+impl Registrations<'_> {
+    async fn ready(&self) -> Result<()> {
+        self.wake.ready().await?;
+        if let Some(inbox) = self.inbox {
+            inbox.ready().await?;
+        }
+        Ok(())
+    }
+
+    async fn notified(&self) {
+        match self.inbox {
+            None => self.wake.notified().await,
+            Some(inbox) => tokio::select! {
+                _ = self.wake.notified() => {}
+                _ = inbox.notified() => {}
+            },
+        }
+    }
+
+    fn take_grant(&self) -> Option<GrantNote> {
+        let inbox = self.inbox.and_then(Registration::take_grant);
+        inbox.or_else(|| self.wake.take_grant())
+    }
+}
+
 /// The competitor's loop: look, then sleep until a wake-up or the server's hint comes due.
 /// `busy_until`: what is known of the primitive without looking (from the competitor before).
 async fn compete<C: Contender>(
     contender: &C,
     plan: &Plan<'_>,
     wait: Wait,
-    registration: &Registration,
+    registration: &Registrations<'_>,
     busy_until: &mut Option<Instant>,
 ) -> Result<Option<C::Grant>> {
     loop {

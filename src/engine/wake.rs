@@ -2,7 +2,9 @@
 //! a client in this process. A release publishes on the lock's channel; the hub wakes the waiters
 //! registered for that channel (all of them, or only the one whose token the message names). A
 //! fair lock's release grants the lock to the first waiter and says so (`protocol::wake`): the
-//! hub keeps the grant for that waiter, which takes the hold without asking Redis.
+//! hub keeps the grant for that waiter, which takes the hold without asking Redis. Grants go to
+//! the waiter's process alone: on the lock's channel with the hub's inbox id appended, which
+//! the waiter names when it queues, so the other processes are not woken by every hand-off.
 //! If the subscriber connection breaks, every waiter is woken to look again, and the channels are
 //! subscribed anew before they wait, so a lost message never strands anybody.
 //!
@@ -26,6 +28,9 @@ const IDLE_CHANNELS_KEPT: usize = 256;
 
 pub struct WakeHub {
     core: Arc<HubCore>,
+    /// This hub's inbox id (hex, '' when no randomness was to be had): fair lock grants for
+    /// its waiters are published on `Keys::wake_inbox(inbox)` only.
+    inbox: String,
 }
 
 struct HubCore {
@@ -71,6 +76,11 @@ pub struct Registration {
 
 impl WakeHub {
     pub fn new(target: Arc<Target>, timeouts: Timeouts) -> Self {
+        let mut id = [0u8; 8];
+        let inbox = match getrandom::fill(&mut id) {
+            Ok(()) => id.iter().map(|b| format!("{b:02x}")).collect(),
+            Err(_) => String::new(),
+        };
         WakeHub {
             core: Arc::new(HubCore {
                 target,
@@ -78,7 +88,13 @@ impl WakeHub {
                 state: Mutex::new(HubState::default()),
                 subscribing: tokio::sync::Mutex::new(()),
             }),
+            inbox,
         }
+    }
+
+    /// The inbox id that fair waiters of this hub give in the queue (see `inbox`).
+    pub fn inbox(&self) -> &str {
+        &self.inbox
     }
 
     /// Drops the subscriber connection (the master moved) and wakes every waiter to look again;

@@ -103,6 +103,15 @@ impl Keys {
         self.with_suffix(b":wake")
     }
 
+    /// Pub/sub channel on which a fair lock's release tells one process's waiter it was
+    /// granted the lock: the wake channel, ':' and the process's inbox id (`lock_grant.lua`).
+    pub fn wake_inbox(&self, inbox: &str) -> Vec<u8> {
+        let mut channel = self.wake_channel();
+        channel.push(b':');
+        channel.extend_from_slice(inbox.as_bytes());
+        channel
+    }
+
     /// Whether every key built from this base lands in one cluster hash slot whatever its
     /// suffix: true unless the hash tag (the bytes between the first `{` and the first `}` after
     /// it) is empty, which happens only for a name starting with `}` (or a prefix holding `{}`).
@@ -248,6 +257,12 @@ mod tests {
         assert!(!Keys::new(b"redmutex:", b"}a").single_slot());
         assert!(!Keys::new(b"p{}", b"a").single_slot());
         assert!(Keys::new(b"p{", b"}a").single_slot());
+    }
+
+    #[test]
+    fn inboxes_extend_the_wake_channel() {
+        let keys = Keys::new(b"p:", b"n");
+        assert_eq!(keys.wake_inbox("00ff"), b"p:{n}:wake:00ff");
     }
 
     #[test]

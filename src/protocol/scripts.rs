@@ -93,17 +93,26 @@ pub enum Queueing {
 }
 
 /// One acquire attempt for `token` with a lease of `lease_ms`; `fair` selects the FIFO script.
+/// `inbox`: where a fair release tells this waiter it was granted the lock (hex id, or '' for
+/// the wake channel; see `Keys::wake_inbox`).
 pub fn acquire(
     keys: &Keys,
     token: &str,
     lease_ms: u64,
     fair: Option<Queueing>,
+    inbox: &str,
 ) -> ScriptInvocation<'static> {
-    acquire_call(keys, token, lease_ms, fair).invocation()
+    acquire_call(keys, token, lease_ms, fair, inbox).invocation()
 }
 
 /// The pieces of one acquire attempt, from which both wire forms are made.
-pub fn acquire_call(keys: &Keys, token: &str, lease_ms: u64, fair: Option<Queueing>) -> Call {
+pub fn acquire_call(
+    keys: &Keys,
+    token: &str,
+    lease_ms: u64,
+    fair: Option<Queueing>,
+    inbox: &str,
+) -> Call {
     match fair {
         None => Call {
             script: &LOCK_ACQUIRE,
@@ -131,6 +140,7 @@ pub fn acquire_call(keys: &Keys, token: &str, lease_ms: u64, fair: Option<Queuei
                     lease_ms.to_string().into_bytes(),
                     place_ms.to_string().into_bytes(),
                     join.as_bytes().to_vec(),
+                    inbox.as_bytes().to_vec(),
                 ],
             }
         }
@@ -685,9 +695,10 @@ mod tests {
             "t",
             10,
             Some(Queueing::Join { place_ms: 6000 }),
+            "0a1b",
         ));
         assert_eq!(sent_keys, expected_keys);
-        assert_eq!(args, [&b"t"[..], b"10", b"6000", b"1"]);
+        assert_eq!(args, [&b"t"[..], b"10", b"6000", b"1", b"0a1b"]);
     }
 
     #[test]

@@ -1,9 +1,11 @@
 -- Acquire a lock in FIFO order (appended to queue_prune.lua).
 -- KEYS[1] lock key   KEYS[2] fence counter   KEYS[3] queue (list of tokens, arrival order)
 -- KEYS[4] place deadlines (zset token -> ms, server clock)
--- KEYS[5] queue leases (hash token -> lease ms: what a release grants the waiter, lock_grant.lua)
+-- KEYS[5] queue leases (hash token -> '<lease ms> <inbox>': what a release grants the waiter and
+--         where it tells it, lock_grant.lua)
 -- ARGV[1] token   ARGV[2] lease in ms   ARGV[3] how long a silent waiter keeps its place, in ms
 -- ARGV[4] '1': join (or stay in) the queue when not granted; '0': try once, never queue
+-- ARGV[5] the waiter's inbox: hex id of the process's subscriber, or '' (see lock_grant.lua)
 -- Reply: {1, fence} granted (also when the token holds the lock already: a retry, or a grant
 --        by a release; its lease is then renewed to ARGV[2] from now);
 --        {0, ms, fence} not granted; ms = when to look again at the latest: the holder's lease
@@ -34,7 +36,7 @@ if ARGV[4] == '1' then
   if redis.call('ZADD', KEYS[4], now + place, ARGV[1]) == 1 then
     redis.call('RPUSH', KEYS[3], ARGV[1])
   end
-  redis.call('HSET', KEYS[5], ARGV[1], ARGV[2])
+  redis.call('HSET', KEYS[5], ARGV[1], ARGV[2] .. ' ' .. ARGV[5])
   -- Every live entry ends within `place` ms from now, so the queue keys may too.
   redis.call('PEXPIRE', KEYS[3], place)
   redis.call('PEXPIRE', KEYS[4], place)
