@@ -558,3 +558,57 @@ def test_a_grant_is_published_to_the_waiters_process_only(
     finally:
         listener.close()
         other.close()
+
+
+@pytest.mark.timeout(120)
+def test_waiters_cancelled_as_they_are_granted_leave_nothing_behind(
+    client: redmutex.Client, r: redis.Redis, prefix: str, key_of: KeyOf
+) -> None:
+    """asyncio: a waiting acquire cancelled around the moment a release grants it the lock gives
+    the grant back (in the background) and the lock is free for anybody soon after."""
+    import asyncio
+    import random
+
+    from redmutex import aio
+
+    rng = random.Random(11)
+    got_it = 0
+
+    async def main() -> None:
+        nonlocal got_it
+        for i in range(150):
+            name = f"cancel{i % 5}"
+            holder = aio.Lock(client, name, ttl=10, fair=True)
+            assert await holder.acquire(timeout=5)
+            waiter = aio.Lock(client, name, ttl=10, fair=True)
+            task = asyncio.create_task(waiter.acquire(timeout=10))
+            while r.llen(key_of(name, "queue")) == 0:
+                await asyncio.sleep(0.001)
+            release = asyncio.create_task(holder.release())
+            # Cancel before the release ran, about when the grant arrives, or after.
+            delay = rng.choice([0.0, 0.0002, 0.0005, 0.001, 0.002]) * rng.random()
+            if delay:
+                await asyncio.sleep(delay)
+            task.cancel()
+            try:
+                got = await task
+            except asyncio.CancelledError:
+                got = False
+            await release
+            if got:
+                got_it += 1
+                await waiter.release()
+            # The lock is free again at once, or as soon as the cancelled one's undo has run.
+            probe = aio.Lock(client, name, ttl=10, fair=True)
+            assert await probe.acquire(timeout=3), f"round {i}: the lock stayed taken"
+            await probe.release()
+
+    asyncio.run(main())
+    print(f"\ncancelled waiter acquired anyway in {got_it} of 150 rounds")
+    assert got_it < 150  # some were cancelled in time
+    for i in range(5):
+        _wait_until(
+            lambda i=i: _name_keys(r, prefix, f"cancel{i}") == {key_of(f"cancel{i}", "fence")},  # type: ignore[misc]
+            5,
+            "only the fence to be left",
+        )

@@ -247,13 +247,15 @@ impl<P: Leased> Pending<'_, P> {
             Ok(Some((sent_at, detail))) => {
                 let lease = holder.primitive.lease();
                 let granted = holder.primitive.granted_lease(&detail).min(lease);
-                let status = Arc::new(HoldStatus::new(lease::deadline(sent_at, granted)));
-                // A shorter grant is topped up to the full lease once, at half of it, unless
-                // renewal comes anyway (sooner than that, if need be).
+                let deadline = lease::deadline(sent_at, granted);
+                let status = Arc::new(HoldStatus::new(deadline));
+                // A shorter grant is topped up to the full lease once, when half of what is left
+                // of it has passed, unless renewal comes anyway (sooner than that, if need be).
+                let left = lease::remaining(deadline, Instant::now());
                 let schedule = if holder.auto_renew {
-                    Some(Schedule::renewing(lease, granted))
+                    Some(Schedule::renewing(lease, left))
                 } else {
-                    (granted < lease).then(|| Schedule::top_up(granted))
+                    (granted < lease).then(|| Schedule::top_up(left))
                 };
                 let renewal = schedule.map(|schedule| {
                     holder.start_renewal(backend, &token, schedule, &status, listener)

@@ -5,7 +5,8 @@
 //! It knows nothing of the primitive: it is given the extend operation.
 //!
 //! The same task, run once, tops up a lease granted shorter than the ttl (a fair lock handed on
-//! by a release, see `lock_grant.lua`): one extend to the full ttl at half the granted lease.
+//! by a release, see `lock_grant.lua`): one extend to the full ttl when half of what was left of
+//! the grant has passed.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -45,19 +46,19 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    /// auto_renew of a hold granted `granted` (at most `lease`): every third of the lease, and
-    /// the first time before half the granted lease is gone.
-    pub fn renewing(lease: Duration, granted: Duration) -> Self {
+    /// auto_renew of a hold with `left` to go on its lease (at most `lease`): every third of
+    /// the lease, and the first time before half of what is left is gone.
+    pub fn renewing(lease: Duration, left: Duration) -> Self {
         Schedule {
-            first: period(lease).min(granted / 2),
+            first: period(lease).min(left / 2),
             repeat: true,
         }
     }
 
-    /// One top-up of a hold granted `granted`, at half of it.
-    pub fn top_up(granted: Duration) -> Self {
+    /// One top-up of a hold with `left` to go on its (short) lease, at half of that.
+    pub fn top_up(left: Duration) -> Self {
         Schedule {
-            first: granted / 2,
+            first: left / 2,
             repeat: false,
         }
     }
@@ -144,5 +145,26 @@ fn report_lost(status: &HoldStatus, listener: &Option<Arc<dyn Listener>>) {
         if let Some(l) = listener {
             l.lost();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedules() {
+        let s = Duration::from_secs;
+        // A full lease: renewal every third, as always.
+        assert_eq!(Schedule::renewing(s(9), s(9)).first, s(3));
+        // A short grant: renewal, or the one top-up, before half of it is gone.
+        assert_eq!(Schedule::renewing(s(9), s(4)).first, s(2));
+        assert_eq!(
+            Schedule::top_up(s(7)),
+            Schedule {
+                first: Duration::from_millis(3500),
+                repeat: false
+            }
+        );
     }
 }
