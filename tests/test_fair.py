@@ -167,31 +167,37 @@ def test_newcomer_does_not_barge_past_queue(
     queue_len: Callable[[str], int],
     mp_procs: MpProcs,
 ) -> None:
-    """A fair lock released while somebody waits is kept for that waiter, not taken by a fresh
-    try. The waiter is a process paused (SIGSTOP) for half a second, well within the life of its
-    place in the queue, so the window in which a barging peer would win stays open."""
+    """A fair lock released while somebody waits goes to that waiter, not to a fresh try: the
+    release grants it to the waiter at once (the lock key names the waiter's token). The waiter
+    is a process paused (SIGSTOP) for half a second, well within its grant, so the window in
+    which a barging peer would win stays open."""
     recv, send = mp_procs.ctx("fork").Pipe(duplex=False)
     holder = redmutex.Lock(client, "barge", ttl=30, fair=True)
     assert holder.acquire(timeout=5)
+    released_fence = holder.fence
+    assert released_fence is not None
     waiter = mp_procs.start(_process_waiter, redis_url, prefix, "barge", 0, 0.0, send)
     assert waiter.pid is not None
     _wait_until(lambda: queue_len("barge") == 1, 60, "the waiter to queue")
     time.sleep(0.2)
     os.kill(waiter.pid, signal.SIGSTOP)
     try:
+        holder_token = holder.token
         holder.release()
         newcomer = redmutex.Lock(client, "barge", ttl=30, fair=True)
+        granted_to = r.get(key_of("barge", "lock"))
+        assert granted_to is not None and granted_to.decode() != holder_token  # granted...
+        assert queue_len("barge") == 0  # ...to the waiter, which left the queue with it
         for _ in range(5):
-            assert r.exists(key_of("barge", "lock")) == 0  # free...
-            assert holder.acquire(timeout=0) is False  # ...but not for the releaser
+            assert holder.acquire(timeout=0) is False  # not for the releaser
             assert newcomer.acquire(timeout=0) is False  # nor for a newcomer
+            assert r.get(key_of("barge", "lock")) == granted_to
             time.sleep(0.1)
-        assert queue_len("barge") == 1
     finally:
         os.kill(waiter.pid, signal.SIGCONT)
     assert recv.poll(20), "the queued waiter did not get the lock"
     index, fence, _ = recv.recv()
-    assert (index, fence is not None) == (0, True)
+    assert (index, fence) == (0, released_fence + 1)
     waiter.join(20)
     assert waiter.exitcode == 0
     assert newcomer.acquire(timeout=5) is True
@@ -208,6 +214,7 @@ def test_killed_queued_waiter_does_not_hold_back_others(
     redis_url: str,
     prefix: str,
     r: redis.Redis,
+    key_of: KeyOf,
     queue_len: Callable[[str], int],
     mp_procs: MpProcs,
 ) -> None:
@@ -230,6 +237,9 @@ def test_killed_queued_waiter_does_not_hold_back_others(
     assert doomed.exitcode == -signal.SIGKILL
     assert not recv.poll(0), "the killed waiter had acquired"
     holder.release()
+    # The dead waiter is still first (its place has not lapsed yet): the release grants it the
+    # lock, for at most its place's time left plus a slack, which the bound below covers.
+    assert r.exists(key_of("dead", "lock")) == 1
     for th in threads:
         assert th.outcome(60) is True
     assert rec.order() == [1, 2], rec.grants
@@ -363,3 +373,242 @@ def test_fair_keys_gone_after_everybody_released(
     fences = sorted(f for _, f, _ in rec.grants)
     assert fences == list(range(fences[0], fences[0] + 8))
     assert _name_keys(r, prefix, "clean") == {key_of("clean", "fence")}
+
+
+# -------------------------------------------------------------- grant on release
+# A release hands a fair lock straight to the first live waiter: the lock key names the
+# waiter's token at once, and the waiter takes the hold from the published grant. The grant's
+# lease is at most the waiter's place left in the queue (6 s) plus a slack (3 s), and is topped
+# up to the full ttl at half of it.
+
+GRANT_BOUND = 6.0 + 3.0  # place + slack: the longest lease a release grants
+
+
+@pytest.mark.timeout(60)
+def test_granted_waiters_get_increasing_fences_and_a_sane_lease(
+    client: redmutex.Client,
+    r: redis.Redis,
+    prefix: str,
+    key_of: KeyOf,
+    queue_len: Callable[[str], int],
+) -> None:
+    n = 5
+    holder = redmutex.Lock(client, "grant", ttl=10, fair=True)
+    assert holder.acquire(timeout=5)
+    assert holder.fence is not None
+    first = holder.fence + 1
+    seen: list[tuple[int, int, float, float]] = []
+    seen_lock = threading.Lock()
+
+    def run(index: int, lk: redmutex.Lock) -> None:
+        assert lk.acquire(timeout=30)
+        left, fence = lk.remaining(), lk.fence
+        assert left is not None and fence is not None
+        with seen_lock:
+            seen.append((index, fence, left, time.monotonic()))
+        time.sleep(0.02)
+        lk.release()
+
+    threads = []
+    for i in range(n):
+        lk = redmutex.Lock(client, "grant", ttl=10, fair=True)
+        th = _Thread(lambda i=i, lk=lk: run(i, lk))  # type: ignore[misc]
+        th.start()
+        threads.append(th)
+        _wait_until(lambda i=i: queue_len("grant") == i + 1, 20, f"waiter {i} to queue")  # type: ignore[misc]
+    holder.release()
+    for th in threads:
+        th.outcome(30)
+    by_fence = sorted(seen, key=lambda s: s[1])
+    assert [index for index, _, _, _ in by_fence] == list(range(n)), seen
+    assert [fence for _, fence, _, _ in by_fence] == list(range(first, first + n)), seen
+    for _, _, left, _ in seen:
+        # Granted, not taken: at most place + slack (< ttl), counted from an attempt before.
+        assert 2.0 < left <= GRANT_BOUND, seen
+    assert _name_keys(r, prefix, "grant") == {key_of("grant", "fence")}
+
+
+@pytest.mark.timeout(60)
+def test_a_short_grant_is_topped_up_to_the_ttl(
+    client: redmutex.Client, r: redis.Redis, key_of: KeyOf, queue_len: Callable[[str], int]
+) -> None:
+    holder = redmutex.Lock(client, "topup", ttl=10, fair=True)
+    assert holder.acquire(timeout=5)
+    waiter = redmutex.Lock(client, "topup", ttl=10, fair=True)
+    th = _Thread(lambda: waiter.acquire(timeout=20))
+    th.start()
+    _wait_until(lambda: queue_len("topup") == 1, 20, "the waiter to queue")
+    holder.release()
+    assert th.outcome(20) is True
+    granted_at = time.monotonic()
+    left = waiter.remaining()
+    assert left is not None and left <= GRANT_BOUND, left  # a grant, shorter than the ttl
+    time.sleep(6.0)
+    # Topped up at half the grant: a full ttl from then.
+    left = waiter.remaining()
+    assert left is not None and left > 5.0, left
+    assert waiter.lost is False
+    time.sleep(max(0.0, granted_at + GRANT_BOUND + 0.5 - time.monotonic()))
+    # Past the longest grant, still held, in Redis too.
+    assert waiter.owned() is True
+    assert int(r.pttl(key_of("topup", "lock"))) > 0
+    waiter.release()
+    assert waiter.lost is False
+
+
+@pytest.mark.timeout(60)
+def test_a_grant_found_gone_at_top_up_is_reported_lost(
+    client: redmutex.Client, r: redis.Redis, key_of: KeyOf, queue_len: Callable[[str], int]
+) -> None:
+    told: list[redmutex.Lock] = []
+    holder = redmutex.Lock(client, "gone-grant", ttl=10, fair=True)
+    assert holder.acquire(timeout=5)
+    waiter = redmutex.Lock(client, "gone-grant", ttl=10, fair=True, on_lost=told.append)
+    th = _Thread(lambda: waiter.acquire(timeout=20))
+    th.start()
+    _wait_until(lambda: queue_len("gone-grant") == 1, 20, "the waiter to queue")
+    holder.release()
+    assert th.outcome(20) is True
+    r.delete(key_of("gone-grant", "lock"))  # the lease is lost behind the holder's back
+    _wait_until(lambda: waiter.lost, GRANT_BOUND, "the top-up to find the lock gone")
+    _wait_until(lambda: told == [waiter], 5, "on_lost to be called")
+    with pytest.raises(redmutex.LockLostError):
+        waiter.release()
+
+
+@pytest.mark.timeout(120)
+def test_waiters_timing_out_as_they_are_granted_leave_nothing_behind(
+    client: redmutex.Client, r: redis.Redis, prefix: str, key_of: KeyOf
+) -> None:
+    """A waiter whose timeout ends while a release grants it the lock gives the grant back and
+    hands the lock on: nobody is held back by a waiter that has gone."""
+    rounds, outcomes = 30, {True: 0, False: 0}
+    for i in range(rounds):
+        name = f"race{i}"
+        holder = redmutex.Lock(client, name, ttl=10, fair=True)
+        assert holder.acquire(timeout=5)
+        quick = redmutex.Lock(client, name, ttl=10, fair=True)
+        patient = redmutex.Lock(client, name, ttl=10, fair=True)
+        q_th = _Thread(lambda quick=quick: quick.acquire(timeout=0.15))  # type: ignore[misc]
+        q_th.start()
+        _wait_until(lambda name=name: r.llen(key_of(name, "queue")) == 1, 20, "the quick one")  # type: ignore[misc]
+        p_th = _Thread(lambda patient=patient: patient.acquire(timeout=20))  # type: ignore[misc]
+        p_th.start()
+        _wait_until(lambda name=name: r.llen(key_of(name, "queue")) == 2, 20, "the patient one")  # type: ignore[misc]
+        # Release around the quick one's deadline (it started waiting a little earlier).
+        time.sleep(0.08 + 0.004 * (i % 20))
+        holder.release()
+        got = q_th.outcome(20)
+        assert isinstance(got, bool)
+        outcomes[got] += 1
+        if got:
+            quick.release()
+        else:
+            assert quick.token is None
+        # Whatever the quick one did, the patient one is served at once.
+        assert p_th.outcome(5) is True
+        assert patient.owned() is True
+        patient.release()
+        assert _name_keys(r, prefix, name) == {key_of(name, "fence")}, outcomes
+    print(f"\nquick waiter: acquired {outcomes[True]}, timed out {outcomes[False]}")
+
+
+@pytest.mark.timeout(60)
+def test_a_grant_is_published_to_the_waiters_process_only(
+    client: redmutex.Client,
+    redis_url: str,
+    prefix: str,
+    r: redis.Redis,
+    key_of: KeyOf,
+    queue_len: Callable[[str], int],
+) -> None:
+    """The grant goes to the inbox of the waiter's client (`{N}:wake:<hex id>`), not to the lock's
+    wake channel that every waiting process listens to, and says '<token> <fence> <lease ms>'."""
+    other = redmutex.Client(redis_url, prefix=prefix)
+    listener = r.pubsub()
+    try:
+        wake = key_of("inbox", "wake")
+        listener.subscribe(wake)
+        listener.psubscribe(wake + b":*")
+        for _ in range(2):  # the two confirmations
+            assert listener.get_message(timeout=5) is not None
+        holder = redmutex.Lock(client, "inbox", ttl=10, fair=True)
+        assert holder.acquire(timeout=5)
+        waiter = redmutex.Lock(other, "inbox", ttl=10, fair=True)
+        th = _Thread(lambda: waiter.acquire(timeout=20))
+        th.start()
+        _wait_until(lambda: queue_len("inbox") == 1, 20, "the waiter to queue")
+        holder.release()
+        assert th.outcome(20) is True
+        msg = listener.get_message(timeout=5)
+        assert msg is not None and msg["type"] == "pmessage", msg
+        channel, payload = msg["channel"], msg["data"]
+        assert channel.startswith(wake + b":")
+        inbox = channel[len(wake) + 1 :]
+        assert len(inbox) == 16 and all(c in b"0123456789abcdef" for c in inbox), channel
+        token, fence, lease_ms = payload.split(b" ")
+        assert token.decode() == waiter.token
+        assert int(fence) == waiter.fence
+        assert 0 < int(lease_ms) <= 10_000
+        waiter.release()  # nobody waits: '' on the wake channel
+        msg = listener.get_message(timeout=5)
+        assert msg is not None and (msg["channel"], msg["data"]) == (wake, b""), msg
+        assert listener.get_message(timeout=0.2) is None
+        assert _name_keys(r, prefix, "inbox") == {key_of("inbox", "fence")}
+    finally:
+        listener.close()
+        other.close()
+
+
+@pytest.mark.timeout(120)
+def test_waiters_cancelled_as_they_are_granted_leave_nothing_behind(
+    client: redmutex.Client, r: redis.Redis, prefix: str, key_of: KeyOf
+) -> None:
+    """asyncio: a waiting acquire cancelled around the moment a release grants it the lock gives
+    the grant back (in the background) and the lock is free for anybody soon after."""
+    import asyncio
+    import random
+
+    from redmutex import aio
+
+    rng = random.Random(11)
+    got_it = 0
+
+    async def main() -> None:
+        nonlocal got_it
+        for i in range(150):
+            name = f"cancel{i % 5}"
+            holder = aio.Lock(client, name, ttl=10, fair=True)
+            assert await holder.acquire(timeout=5)
+            waiter = aio.Lock(client, name, ttl=10, fair=True)
+            task = asyncio.create_task(waiter.acquire(timeout=10))
+            while r.llen(key_of(name, "queue")) == 0:
+                await asyncio.sleep(0.001)
+            release = asyncio.create_task(holder.release())
+            # Cancel before the release ran, about when the grant arrives, or after.
+            delay = rng.choice([0.0, 0.0002, 0.0005, 0.001, 0.002]) * rng.random()
+            if delay:
+                await asyncio.sleep(delay)
+            task.cancel()
+            try:
+                got = await task
+            except asyncio.CancelledError:
+                got = False
+            await release
+            if got:
+                got_it += 1
+                await waiter.release()
+            # The lock is free again at once, or as soon as the cancelled one's undo has run.
+            probe = aio.Lock(client, name, ttl=10, fair=True)
+            assert await probe.acquire(timeout=3), f"round {i}: the lock stayed taken"
+            await probe.release()
+
+    asyncio.run(main())
+    print(f"\ncancelled waiter acquired anyway in {got_it} of 150 rounds")
+    assert got_it < 150  # some were cancelled in time
+    for i in range(5):
+        _wait_until(
+            lambda i=i: _name_keys(r, prefix, f"cancel{i}") == {key_of(f"cancel{i}", "fence")},  # type: ignore[misc]
+            5,
+            "only the fence to be left",
+        )

@@ -487,6 +487,10 @@ def test_4_acquire_reply_lost_is_recognised_or_cleaned_up(
             time.sleep(0.3)  # it looked at the lock and sleeps
             assert th.finished_at is None
             proxy.drop_reply_to(marker)
+            if fair:
+                # A fair release grants the lock to the waiter, which then asks nothing: the
+                # attempt cut is the waiter's next one, refreshing its place (every 2 s).
+                _wait_until(proxy.reply_dropped.is_set, 5.0, "the waiter's refresh to be cut")
             holder.release()
         try:
             got = th.outcome(15)

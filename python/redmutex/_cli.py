@@ -5,7 +5,9 @@ These commands read the fixed key layout (API.md, "Key layout") with redis-py, a
 dependency needed by these commands only: every key of the primitive named N starts with
 `prefix{N}`, followed by
 
-    :lock, :fence, :queue, :queue:deadlines              Lock (fair queue: list + zset of places)
+    :lock, :fence                                        Lock
+    :queue, :queue:deadlines, :queue:leases              its fair queue: list of tokens, zset of
+                                                         places, hash of the lease each one asks
     :sem:holders, :sem:queue, :sem:queue:deadlines       Semaphore
     :rw:readers, :rw:writer, :rw:writers_waiting         RWLock
     :value, :fill                                        cache entry (get_or_fill, @cached)
@@ -50,6 +52,7 @@ SUFFIXES: dict[str, tuple[str, str]] = {
     ":fence": ("lock", "fence"),
     ":queue": ("lock", "queue"),
     ":queue:deadlines": ("lock", "queue_deadlines"),
+    ":queue:leases": ("lock", "queue_leases"),
     ":sem:holders": ("semaphore", "holders"),
     ":sem:queue": ("semaphore", "queue"),
     ":sem:queue:deadlines": ("semaphore", "queue_deadlines"),
@@ -62,8 +65,9 @@ SUFFIXES: dict[str, tuple[str, str]] = {
 KINDS = ("lock", "semaphore", "rwlock", "cache")
 
 # Deletes the lock key if somebody holds it (and, when ARGV[2] is not empty, only if that is
-# still the holder the user confirmed), then wakes every waiter, as a release does: an empty
-# message wakes all of them, and in a fair queue the head then takes the lock.
+# still the holder the user confirmed), then wakes every waiter: an empty message wakes all of
+# them, and in a fair queue the head then takes the lock itself (a release by its holder would
+# grant it to the head directly).
 # KEYS[1] lock key   ARGV[1] wake-up channel   ARGV[2] expected holder token or ''
 # Reply: the token that held the lock; false: nobody held it; {err} the holder changed.
 FORCE_RELEASE = """

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use super::client::{Backend, Client, Shared};
 use super::error::{Error, Result};
 use super::redlock::Redlock;
-use super::renew::{self, Renewal};
+use super::renew::{self, Renewal, Schedule};
 use super::runtime::pid;
 use super::token::new_token;
 use super::waiting::Wait;
@@ -83,6 +83,12 @@ pub trait Leased: Send + Sync + 'static {
 
     /// The lease of an acquire, and of extend and renewal when they are not told one.
     fn lease(&self) -> Duration;
+
+    /// The lease a hold was granted, from its start: `lease()` unless the grant says otherwise
+    /// (a fair lock handed on by a release may be granted less, and is then topped up).
+    fn granted_lease(&self, _detail: &Self::Detail) -> Duration {
+        self.lease()
+    }
 
     /// Takes a hold for `token`: when the winning request was sent (the lease's start), and the
     /// detail; None when not granted in time.
@@ -240,10 +246,20 @@ impl<P: Leased> Pending<'_, P> {
         match granted {
             Ok(Some((sent_at, detail))) => {
                 let lease = holder.primitive.lease();
-                let status = Arc::new(HoldStatus::new(lease::deadline(sent_at, lease)));
-                let renewal = holder
-                    .auto_renew
-                    .then(|| holder.start_renewal(backend, &token, &status, listener));
+                let granted = holder.primitive.granted_lease(&detail).min(lease);
+                let deadline = lease::deadline(sent_at, granted);
+                let status = Arc::new(HoldStatus::new(deadline));
+                // A shorter grant is topped up to the full lease once, when half of what is left
+                // of it has passed, unless renewal comes anyway (sooner than that, if need be).
+                let left = lease::remaining(deadline, Instant::now());
+                let schedule = if holder.auto_renew {
+                    Some(Schedule::renewing(lease, left))
+                } else {
+                    (granted < lease).then(|| Schedule::top_up(left))
+                };
+                let renewal = schedule.map(|schedule| {
+                    holder.start_renewal(backend, &token, schedule, &status, listener)
+                });
                 *state = State::Held(Hold {
                     pid: pid(),
                     token,
@@ -473,6 +489,7 @@ impl<P: Leased> Holder<P> {
         &self,
         backend: &Backend,
         token: &str,
+        schedule: Schedule,
         status: &Arc<HoldStatus>,
         listener: Option<OnLost>,
     ) -> Renewal {
@@ -492,7 +509,13 @@ impl<P: Leased> Holder<P> {
                 }
             }
         };
-        renew::start(extend, self.primitive.lease(), status.clone(), listener)
+        renew::start(
+            extend,
+            self.primitive.lease(),
+            schedule,
+            status.clone(),
+            listener,
+        )
     }
 
     fn begin_release(&self) -> Result<HoldRef> {

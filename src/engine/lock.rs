@@ -1,7 +1,7 @@
 //! Lock operations: acquire (waiting without polling, see `waiting`), release, extend, and the
 //! lock object's hold (shared by the blocking and the asyncio bindings).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::client::{Backend, Client, Shared};
@@ -14,6 +14,7 @@ use crate::protocol::keys::Keys;
 use crate::protocol::lease;
 use crate::protocol::replies::{parse_attempt, parse_flag, Attempt};
 use crate::protocol::scripts::{self, Queueing};
+use crate::protocol::wake::GrantNote;
 
 pub use super::hold::{Direct, HoldStatus, OnLost, Pending};
 pub use super::waiting::{Wait, QUEUE_PLACE};
@@ -29,11 +30,33 @@ pub struct LockSpec {
     pub replicas: u32,
 }
 
-/// A successful acquire: the fence, and when the winning request was sent (the lease's start).
+/// A successful acquire: the fence, when the lease started at the latest as far as this side
+/// knows (when the winning request was sent), and the lease from then.
 #[derive(Clone, Copy, Debug)]
 pub struct Granted {
     pub fence: i64,
     pub sent_at: Instant,
+    pub lease: Duration,
+}
+
+/// What a lock hold keeps beside its token: the fence, and the lease it was granted (shorter
+/// than the lock's ttl when a release granted it to a fair waiter, see `lock_grant.lua`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fenced {
+    pub fence: i64,
+    pub lease: Duration,
+}
+
+impl From<Granted> for (Instant, Fenced) {
+    fn from(g: Granted) -> Self {
+        (
+            g.sent_at,
+            Fenced {
+                fence: g.fence,
+                lease: g.lease,
+            },
+        )
+    }
 }
 
 /// With `replicas` > 0 the attempt and a WAIT go out as one pipeline on the connection kept for
@@ -47,7 +70,13 @@ pub(crate) async fn attempt_with_replicas(
     token: &str,
 ) -> Result<Option<Attempt>> {
     let limit = shared.exclusive.timeouts().command;
-    let call = scripts::acquire_call(&spec.keys, token, lease::lease_ms(spec.lease), fair);
+    let call = scripts::acquire_call(
+        &spec.keys,
+        token,
+        lease::lease_ms(spec.lease),
+        fair,
+        shared.hub.inbox(),
+    );
     let mut pipe = redis::pipe();
     pipe.add_command(call.eval())
         .cmd("WAIT")
@@ -73,6 +102,20 @@ struct LockContender<'a> {
     shared: &'a Arc<Shared>,
     spec: &'a LockSpec,
     token: &'a str,
+    /// The latest attempt that found the fair lock not ours: when it was sent, and the fence
+    /// counter it saw. A grant with a larger fence ran after it, so its lease started later.
+    last_busy: Mutex<Option<(Instant, i64)>>,
+}
+
+impl<'a> LockContender<'a> {
+    fn new(shared: &'a Arc<Shared>, spec: &'a LockSpec, token: &'a str) -> Self {
+        LockContender {
+            shared,
+            spec,
+            token,
+            last_busy: Mutex::new(None),
+        }
+    }
 }
 
 impl Contender for LockContender<'_> {
@@ -99,13 +142,39 @@ impl Contender for LockContender<'_> {
                 self.token,
                 lease::lease_ms(self.spec.lease),
                 fair,
+                self.shared.hub.inbox(),
             );
             parse_attempt(&self.shared.node.invoke(&inv, Retry::Once).await?)?
         };
         match attempt {
-            Attempt::Granted { fence } => Ok(Outcome::Granted(Granted { fence, sent_at })),
-            Attempt::Busy { retry_ms } => Ok(Outcome::Busy { retry_ms }),
+            Attempt::Granted { fence } => Ok(Outcome::Granted(Granted {
+                fence,
+                sent_at,
+                lease: self.spec.lease,
+            })),
+            Attempt::Busy { retry_ms, fence } => {
+                if let Some(seen) = fence {
+                    *self.last_busy.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some((sent_at, seen));
+                }
+                Ok(Outcome::Busy { retry_ms })
+            }
         }
+    }
+
+    fn granted(&self, note: GrantNote) -> Option<Granted> {
+        // With `replicas`, a hold counts only once replicas acknowledged its write: the waiter
+        // takes the grant with its next attempt (which finds its token) and a WAIT instead.
+        if self.spec.replicas > 0 {
+            return None;
+        }
+        let (sent_at, seen) = (*self.last_busy.lock().unwrap_or_else(|p| p.into_inner()))?;
+        // A fence no larger than the last one seen busy: an old grant, lapsed by then.
+        (note.fence > seen).then(|| Granted {
+            fence: note.fence,
+            sent_at,
+            lease: Duration::from_millis(note.lease_ms).min(self.spec.lease),
+        })
     }
 
     async fn leave(&self) -> Result<()> {
@@ -163,16 +232,14 @@ async fn acquire_from(
     wait: Wait,
     first: Option<Outcome<Granted>>,
 ) -> Result<Option<Granted>> {
-    let contender = LockContender {
-        shared,
-        spec,
-        token,
-    };
+    let contender = LockContender::new(shared, spec, token);
     // Unfair: one competitor per name in this process; the others queue here, in FIFO order.
     // Fair: every waiter takes its own place in the Redis queue, which orders them all.
     let plan = Plan {
         shared,
         channel: spec.keys.wake_channel(),
+        inbox: (spec.fair && !shared.hub.inbox().is_empty())
+            .then(|| spec.keys.wake_inbox(shared.hub.inbox())),
         wake_token: spec.fair.then_some(token),
         gate: (!spec.fair).then_some(spec.name.as_slice()),
         queued: spec.fair,
@@ -232,7 +299,7 @@ pub async fn owner(shared: &Shared, keys: &Keys) -> Result<Option<Vec<u8>>> {
 }
 
 impl Leased for LockSpec {
-    type Detail = i64;
+    type Detail = Fenced;
     type Args = ();
 
     fn naming(&self) -> Naming {
@@ -246,15 +313,19 @@ impl Leased for LockSpec {
         self.lease
     }
 
+    fn granted_lease(&self, detail: &Fenced) -> Duration {
+        detail.lease
+    }
+
     async fn acquire(
         &self,
         shared: &Arc<Shared>,
         token: &str,
         wait: Wait,
         _args: &(),
-    ) -> Result<Option<(Instant, i64)>> {
+    ) -> Result<Option<(Instant, Fenced)>> {
         let granted = acquire(shared, self, token, wait).await?;
-        Ok(granted.map(|g| (g.sent_at, g.fence)))
+        Ok(granted.map(Into::into))
     }
 
     async fn release(&self, shared: &Shared, token: &str) -> Result<bool> {
@@ -279,27 +350,30 @@ impl Leased for LockSpec {
         self.replicas == 0
     }
 
-    fn try_direct(&self, shared: &Arc<Shared>, token: &str) -> Result<DirectTry<i64>> {
+    fn try_direct(&self, shared: &Arc<Shared>, token: &str) -> Result<DirectTry<Fenced>> {
         let fair = self.fair.then_some(Queueing::TryOnly);
-        let inv = scripts::acquire(&self.keys, token, lease::lease_ms(self.lease), fair);
+        // A first try never queues, so it names no inbox.
+        let inv = scripts::acquire(&self.keys, token, lease::lease_ms(self.lease), fair, "");
         let sent_at = Instant::now();
         let reply = match shared.direct.invoke(&inv, Retry::Once) {
             Ok(reply) => reply,
             Err(err) => {
                 // The script may have run before the connection failed: give back what the
                 // token may hold.
-                let contender = LockContender {
-                    shared,
-                    spec: self,
-                    token,
-                };
+                let contender = LockContender::new(shared, self, token);
                 spawn_undo(contender.undo());
                 return Err(err);
             }
         };
         Ok(match parse_attempt(&reply)? {
-            Attempt::Granted { fence } => DirectTry::Granted(sent_at, fence),
-            Attempt::Busy { retry_ms } => DirectTry::Busy { retry_ms },
+            Attempt::Granted { fence } => DirectTry::Granted(
+                sent_at,
+                Fenced {
+                    fence,
+                    lease: self.lease,
+                },
+            ),
+            Attempt::Busy { retry_ms, .. } => DirectTry::Busy { retry_ms },
         })
     }
 
@@ -310,10 +384,10 @@ impl Leased for LockSpec {
         wait: Wait,
         _args: &(),
         retry_ms: i64,
-    ) -> Result<Option<(Instant, i64)>> {
+    ) -> Result<Option<(Instant, Fenced)>> {
         let first = Some(Outcome::Busy { retry_ms });
         let granted = acquire_from(shared, self, token, wait, first).await?;
-        Ok(granted.map(|g| (g.sent_at, g.fence)))
+        Ok(granted.map(Into::into))
     }
 
     fn release_direct(&self, shared: &Shared, token: &str) -> Result<bool> {
@@ -345,9 +419,9 @@ impl Leased for LockSpec {
         token: &str,
         wait: Wait,
         _args: &(),
-    ) -> Result<Option<(Instant, i64)>> {
+    ) -> Result<Option<(Instant, Fenced)>> {
         let granted = redlock::acquire(redlock, self, token, wait).await?;
-        Ok(granted.map(|g| (g.sent_at, g.fence)))
+        Ok(granted.map(Into::into))
     }
 
     async fn release_quorum(&self, redlock: &Redlock, token: &str) -> Result<bool> {
@@ -411,6 +485,12 @@ impl LockHandle {
 
     pub fn auto_renew(&self) -> bool {
         self.holder.auto_renew()
+    }
+
+    /// Whether a hold may be extended in the background: auto-renewal, or the top-up of a fair
+    /// lock granted by a release for less than its ttl.
+    pub fn renews(&self) -> bool {
+        self.holder.auto_renew() || self.spec().fair
     }
 
     pub fn spec(&self) -> &LockSpec {
@@ -492,7 +572,7 @@ impl LockHandle {
     }
 
     pub fn fence(&self) -> Option<i64> {
-        self.holder.detail()
+        self.holder.detail().map(|d| d.fence)
     }
 
     pub fn lost(&self) -> bool {

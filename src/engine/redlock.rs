@@ -178,7 +178,7 @@ impl Redlock {
         };
         let failed = |err: Error| (index, Vote::Failed, Some(Self::labelled(master, &err)));
         let (attempt, identity) = if spec.replicas == 0 {
-            let inv = scripts::acquire(&spec.keys, &token, lease::lease_ms(spec.lease), None);
+            let inv = scripts::acquire(&spec.keys, &token, lease::lease_ms(spec.lease), None, "");
             // No resend after a dropped connection: a vote that fails is one vote fewer, and a
             // resend could land after this round gave its grants back.
             let node = &master.shared.node;
@@ -215,7 +215,7 @@ impl Redlock {
             }
         };
         let fence = match attempt {
-            Attempt::Busy { retry_ms } => return (index, Vote::Busy { retry_ms }, None),
+            Attempt::Busy { retry_ms, .. } => return (index, Vote::Busy { retry_ms }, None),
             Attempt::Granted { fence } => fence,
         };
         let vote = match self.discounted(master, identity.as_deref()) {
@@ -341,6 +341,7 @@ impl Redlock {
         Some(Granted {
             fence,
             sent_at: quorum::lease_start(sent_at, spec.lease),
+            lease: spec.lease,
         })
     }
 

@@ -3,6 +3,10 @@
 //! starve it. It stops at release, never re-creates a hold it lost, and never dies silently:
 //! a loss sets `lost` and calls the hold's listener once; transient failures are reported too.
 //! It knows nothing of the primitive: it is given the extend operation.
+//!
+//! The same task, run once, tops up a lease granted shorter than the ttl (a fair lock handed on
+//! by a release, see `lock_grant.lua`): one extend to the full ttl when half of what was left of
+//! the grant has passed.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -32,11 +36,44 @@ impl Renewal {
     }
 }
 
+/// When renewal extends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Schedule {
+    /// The first extend, from now (later ones follow every third of the lease).
+    pub first: Duration,
+    /// false: stop after the first extend that succeeds (a top-up).
+    pub repeat: bool,
+}
+
+impl Schedule {
+    /// auto_renew of a hold with `left` to go on its lease (at most `lease`): every third of
+    /// the lease, and the first time before half of what is left is gone.
+    pub fn renewing(lease: Duration, left: Duration) -> Self {
+        Schedule {
+            first: period(lease).min(left / 2),
+            repeat: true,
+        }
+    }
+
+    /// One top-up of a hold with `left` to go on its (short) lease, at half of that.
+    pub fn top_up(left: Duration) -> Self {
+        Schedule {
+            first: left / 2,
+            repeat: false,
+        }
+    }
+}
+
+fn period(lease: Duration) -> Duration {
+    (lease / 3).max(Duration::from_millis(1))
+}
+
 /// Starts renewing: `extend(lease)` makes the lease end `lease` from now and answers
 /// Some(sent_at) when it did, None when the hold is not ours any more.
 pub fn start<F, Fut>(
     extend: F,
     lease: Duration,
+    schedule: Schedule,
     status: Arc<HoldStatus>,
     listener: Option<Arc<dyn Listener>>,
 ) -> Renewal
@@ -47,7 +84,7 @@ where
     let Ok(handle) = runtime::handle() else {
         return Renewal { task: None };
     };
-    let task = handle.spawn(renew(extend, lease, status, listener));
+    let task = handle.spawn(renew(extend, lease, schedule, status, listener));
     Renewal {
         task: Some(task.abort_handle()),
     }
@@ -56,16 +93,17 @@ where
 async fn renew<F, Fut>(
     extend: F,
     lease: Duration,
+    schedule: Schedule,
     status: Arc<HoldStatus>,
     listener: Option<Arc<dyn Listener>>,
 ) where
     F: Fn(Duration) -> Fut,
     Fut: Future<Output = Result<Option<Instant>>>,
 {
-    let period = (lease / 3).max(Duration::from_millis(1));
+    let period = period(lease);
     // After a failure, try again sooner, but without hammering a server that is down.
     let retry = (period / 4).clamp(Duration::from_millis(1), Duration::from_millis(500));
-    let mut next = Instant::now() + period;
+    let mut next = Instant::now() + schedule.first;
     loop {
         tokio::time::sleep_until(next.into()).await;
         if status.is_lost() {
@@ -80,6 +118,9 @@ async fn renew<F, Fut>(
         match renewed {
             Ok(Some(sent_at)) => {
                 status.set_deadline(sent_at.checked_add(lease).unwrap_or(sent_at));
+                if !schedule.repeat {
+                    return;
+                }
                 next = sent_at + period;
             }
             Ok(None) if status.is_releasing() => next = Instant::now() + retry,
@@ -104,5 +145,26 @@ fn report_lost(status: &HoldStatus, listener: &Option<Arc<dyn Listener>>) {
         if let Some(l) = listener {
             l.lost();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedules() {
+        let s = Duration::from_secs;
+        // A full lease: renewal every third, as always.
+        assert_eq!(Schedule::renewing(s(9), s(9)).first, s(3));
+        // A short grant: renewal, or the one top-up, before half of it is gone.
+        assert_eq!(Schedule::renewing(s(9), s(4)).first, s(2));
+        assert_eq!(
+            Schedule::top_up(s(7)),
+            Schedule {
+                first: Duration::from_millis(3500),
+                repeat: false
+            }
+        );
     }
 }

@@ -244,6 +244,7 @@ impl Leased for RwSide {
         let plan = Plan {
             shared,
             channel: self.spec.keys.wake_channel(),
+            inbox: None,
             wake_token: Some(token),
             gate: (self.mode == Mode::Write).then_some(gate.as_slice()),
             queued: self.mode == Mode::Write,

@@ -131,6 +131,7 @@ async fn acquire_from(
     let plan = Plan {
         shared,
         channel: spec.keys.wake_channel(),
+        inbox: None,
         wake_token: spec.fair.then_some(token),
         gate: (!spec.fair).then_some(gate.as_slice()),
         queued: spec.fair,

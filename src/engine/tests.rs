@@ -293,7 +293,7 @@ fn the_fair_script_grants_only_the_head() {
         let keys = client.keys(b"h").unwrap();
         let join = Some(Queueing::Join { place_ms: 5_000 });
         let run = |token: &'static str| {
-            let inv = scripts::acquire(&keys, token, 10_000, join);
+            let inv = scripts::acquire(&keys, token, 10_000, join, "");
             let shared = shared.clone();
             async move { parse_attempt(&shared.node.invoke(&inv, Retry::Never).await.unwrap()).unwrap() }
         };
@@ -301,9 +301,96 @@ fn the_fair_script_grants_only_the_head() {
         assert!(matches!(run("b").await, Attempt::Busy { .. }));
         assert!(matches!(run("c").await, Attempt::Busy { .. }));
         assert!(lock::release(&shared, &keys, "a").await.unwrap());
-        // The lock is free, but b is first in line: c must wait for it.
+        // b is first in line: c must wait for it.
         assert!(matches!(run("c").await, Attempt::Busy { .. }));
         assert!(matches!(run("b").await, Attempt::Granted { .. }));
+    });
+}
+
+#[test]
+fn a_fair_release_grants_the_head_and_a_leave_gives_a_grant_back() {
+    use redis::Value;
+    let server = Server::start();
+    let client = server.client("t7:");
+    block_on(async {
+        let shared = client.shared().unwrap();
+        let keys = client.keys(b"g").unwrap();
+        let join = Some(Queueing::Join { place_ms: 5_000 });
+        let run = |token: &'static str, lease_ms: u64| {
+            let inv = scripts::acquire(&keys, token, lease_ms, join, "");
+            let shared = shared.clone();
+            async move { parse_attempt(&shared.node.invoke(&inv, Retry::Never).await.unwrap()).unwrap() }
+        };
+        let query = |cmd: redis::Cmd| {
+            let shared = shared.clone();
+            async move {
+                shared
+                    .node
+                    .query::<Value>(&cmd, Retry::Never)
+                    .await
+                    .unwrap()
+            }
+        };
+        let get = |key: Vec<u8>| {
+            let mut cmd = redis::cmd("GET");
+            cmd.arg(key);
+            query(cmd)
+        };
+        let Attempt::Granted { fence: first } = run("a", 10_000).await else {
+            panic!("a is first");
+        };
+        // b waits with a lease of 60 s, c with 2 s: each is granted its own, b at most its
+        // place's time left plus the slack.
+        let busy = run("b", 60_000).await;
+        assert!(
+            matches!(busy, Attempt::Busy { fence: Some(f), .. } if f == first),
+            "{busy:?}"
+        );
+        assert!(matches!(run("c", 2_000).await, Attempt::Busy { .. }));
+        assert!(lock::release(&shared, &keys, "a").await.unwrap());
+        assert_eq!(get(keys.lock()).await, Value::BulkString(b"b".to_vec()));
+        let fence = |v: Value| match v {
+            Value::BulkString(b) => String::from_utf8(b).unwrap().parse::<i64>().unwrap(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(fence(get(keys.fence()).await), first + 1);
+        let mut pttl = redis::cmd("PTTL");
+        pttl.arg(keys.lock());
+        let Value::Int(left) = query(pttl.clone()).await else {
+            panic!("no pttl");
+        };
+        let bound = 5_000 + i64::try_from(scripts::GRANT_SLACK_MS).unwrap();
+        assert!(left > 4_000 && left <= bound, "{left}");
+        // b's own attempt now finds the grant, and renews it to its full lease.
+        assert_eq!(
+            run("b", 60_000).await,
+            Attempt::Granted { fence: first + 1 }
+        );
+        let Value::Int(left) = query(pttl.clone()).await else {
+            panic!("no pttl");
+        };
+        assert!(left > bound, "{left}");
+        // b releases: c is granted its own (shorter) lease; c then gives up, and the grant goes
+        // back: nothing but the fence is left.
+        assert!(lock::release(&shared, &keys, "b").await.unwrap());
+        assert_eq!(get(keys.lock()).await, Value::BulkString(b"c".to_vec()));
+        let Value::Int(left) = query(pttl).await else {
+            panic!("no pttl");
+        };
+        assert!(left > 0 && left <= 2_000, "{left}");
+        shared
+            .node
+            .invoke(&scripts::leave_queue(&keys, "c"), Retry::Never)
+            .await
+            .unwrap();
+        assert_eq!(get(keys.lock()).await, Value::Nil);
+        assert_eq!(fence(get(keys.fence()).await), first + 2);
+        let mut scan = redis::cmd("KEYS");
+        scan.arg("t7:*");
+        assert_eq!(
+            query(scan).await,
+            Value::Array(vec![Value::BulkString(keys.fence())])
+        );
     });
 }
 

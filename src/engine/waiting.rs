@@ -2,7 +2,9 @@
 //!
 //! A waiter registers on the primitive's wake channel, makes sure it is subscribed, then
 //! attempts; when the attempt is not granted it sleeps until a release is published or until the
-//! time the server named (the soonest lease end or place lapse), whichever comes first. An
+//! time the server named (the soonest lease end or place lapse), whichever comes first. A fair
+//! lock's release grants the lock to the first waiter of its queue and publishes the grant: that
+//! waiter takes the hold from the message (`Contender::granted`) without attempting again. An
 //! acquire whose outcome is unknown (cancelled mid-flight, or its reply lost) is undone in the
 //! background, so it neither keeps nor later takes anything.
 
@@ -16,10 +18,12 @@ use super::error::Result;
 use super::runtime;
 use super::wake::Registration;
 use crate::protocol::lease;
+use crate::protocol::wake::GrantNote;
 
 /// How long a silent waiter keeps its place in a Redis queue (fair lock, fair semaphore,
 /// waiting writer): a waiter that died stops holding others back within this time (the
-/// contract allows 10 s). Live waiters refresh it every third.
+/// contract allows 10 s). Live waiters refresh it every third. A fair lock granted to a waiter
+/// that died meanwhile holds the others back at most `scripts::GRANT_SLACK_MS` longer.
 pub const QUEUE_PLACE: Duration = Duration::from_secs(6);
 /// How long a waiter sleeps when Redis gives no lease to wait for (a key without expiry).
 const NO_HINT_LOOK: Duration = Duration::from_millis(500);
@@ -107,6 +111,13 @@ pub trait Contender: Sync {
     /// while waiting (take or refresh the waiter's place, if the primitive keeps one).
     fn attempt(&self, join: bool) -> impl Future<Output = Result<Outcome<Self::Grant>>> + Send;
 
+    /// The hold that a grant published for this waiter's token gives it (a fair lock's release
+    /// hands the lock on by itself), or None when the grant is stale (it came before one of the
+    /// waiter's attempts that found the lock not its own) or the primitive has no grants.
+    fn granted(&self, _note: GrantNote) -> Option<Self::Grant> {
+        None
+    }
+
     /// Gives up a waiter's place at once (called only when the plan says `queued`).
     fn leave(&self) -> impl Future<Output = Result<()>> + Send;
 
@@ -120,6 +131,8 @@ pub struct Plan<'a> {
     pub shared: &'a Arc<Shared>,
     /// The channel on which releases publish.
     pub channel: Vec<u8>,
+    /// The channel on which this waiter alone is told of grants (a fair lock), if any.
+    pub inbox: Option<Vec<u8>>,
     /// Some(token): woken only by messages naming this token or nobody (''); None: by every one.
     pub wake_token: Option<&'a str>,
     /// Some(id): only one waiter per id in this process competes in Redis at a time; the others
@@ -256,7 +269,15 @@ async fn wait_for_turn<C: Contender>(
             None,
         ),
     };
-    let outcome = compete(contender, plan, wait, &registration, &mut busy_until).await;
+    let inbox = plan
+        .inbox
+        .as_ref()
+        .map(|channel| plan.shared.hub.register(channel.clone(), plan.wake_token));
+    let registrations = Registrations {
+        wake: &registration,
+        inbox: inbox.as_ref(),
+    };
+    let outcome = compete(contender, plan, wait, &registrations, &mut busy_until).await;
     if let (Some(state), None) = (&mut turn, plan.wake_token) {
         state.registration = Some((plan.channel.clone(), registration));
         state.busy_until = match outcome {
@@ -267,13 +288,44 @@ async fn wait_for_turn<C: Contender>(
     outcome
 }
 
+/// A waiter's places on the wake channel and, for grants, on its inbox.
+struct Registrations<'a> {
+    wake: &'a Registration,
+    inbox: Option<&'a Registration>,
+}
+
+impl Registrations<'_> {
+    async fn ready(&self) -> Result<()> {
+        self.wake.ready().await?;
+        if let Some(inbox) = self.inbox {
+            inbox.ready().await?;
+        }
+        Ok(())
+    }
+
+    async fn notified(&self) {
+        match self.inbox {
+            None => self.wake.notified().await,
+            Some(inbox) => tokio::select! {
+                _ = self.wake.notified() => {}
+                _ = inbox.notified() => {}
+            },
+        }
+    }
+
+    fn take_grant(&self) -> Option<GrantNote> {
+        let inbox = self.inbox.and_then(Registration::take_grant);
+        inbox.or_else(|| self.wake.take_grant())
+    }
+}
+
 /// The competitor's loop: look, then sleep until a wake-up or the server's hint comes due.
 /// `busy_until`: what is known of the primitive without looking (from the competitor before).
 async fn compete<C: Contender>(
     contender: &C,
     plan: &Plan<'_>,
     wait: Wait,
-    registration: &Registration,
+    registration: &Registrations<'_>,
     busy_until: &mut Option<Instant>,
 ) -> Result<Option<C::Grant>> {
     loop {
@@ -304,9 +356,19 @@ async fn compete<C: Contender>(
             nap = nap.min(QUEUE_PLACE / 3);
         }
         tokio::select! {
-            _ = registration.notified() => *busy_until = None,
+            _ = registration.notified() => {
+                // A grant: the lock is ours already, no need to look.
+                if let Some(grant) = registration.take_grant().and_then(|n| contender.granted(n)) {
+                    return Ok(Some(grant));
+                }
+                *busy_until = None;
+            }
             _ = tokio::time::sleep(nap) => {
-                // Our own deadline: give up without one more look.
+                if let Some(grant) = registration.take_grant().and_then(|n| contender.granted(n)) {
+                    return Ok(Some(grant));
+                }
+                // Our own deadline: give up without one more look (a grant that comes now is
+                // given back by the leave).
                 if wait.expired(Instant::now()) {
                     return Ok(None);
                 }

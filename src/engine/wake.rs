@@ -1,6 +1,10 @@
 //! Wake-ups without polling: one subscriber connection per Redis node, shared by every waiter of
 //! a client in this process. A release publishes on the lock's channel; the hub wakes the waiters
-//! registered for that channel (all of them, or only the one whose token the message names).
+//! registered for that channel (all of them, or only the one whose token the message names). A
+//! fair lock's release grants the lock to the first waiter and says so (`protocol::wake`): the
+//! hub keeps the grant for that waiter, which takes the hold without asking Redis. Grants go to
+//! the waiter's process alone: on the lock's channel with the hub's inbox id appended, which
+//! the waiter names when it queues, so the other processes are not woken by every hand-off.
 //! If the subscriber connection breaks, every waiter is woken to look again, and the channels are
 //! subscribed anew before they wait, so a lost message never strands anybody.
 //!
@@ -17,12 +21,16 @@ use tokio::sync::Notify;
 
 use super::error::{Error, Result};
 use super::node::{within, Target, Timeouts};
+use crate::protocol::wake::{parse_wake, GrantNote, WakeMessage};
 
 /// Channels kept subscribed after their last waiter left, before they are dropped in a batch.
 const IDLE_CHANNELS_KEPT: usize = 256;
 
 pub struct WakeHub {
     core: Arc<HubCore>,
+    /// This hub's inbox id (hex, '' when no randomness was to be had): fair lock grants for
+    /// its waiters are published on `Keys::wake_inbox(inbox)` only.
+    inbox: String,
 }
 
 struct HubCore {
@@ -53,6 +61,8 @@ struct Waiter {
     /// Only messages naming this token (or naming nobody) wake the waiter; None: every message.
     token: Option<Vec<u8>>,
     notify: Arc<Notify>,
+    /// The newest grant published for the token, until the waiter takes it.
+    grant: Arc<Mutex<Option<GrantNote>>>,
 }
 
 /// A waiter's place on a channel; leaving it (drop) unregisters the waiter.
@@ -61,10 +71,16 @@ pub struct Registration {
     channel: Vec<u8>,
     id: u64,
     notify: Arc<Notify>,
+    grant: Arc<Mutex<Option<GrantNote>>>,
 }
 
 impl WakeHub {
     pub fn new(target: Arc<Target>, timeouts: Timeouts) -> Self {
+        let mut id = [0u8; 8];
+        let inbox = match getrandom::fill(&mut id) {
+            Ok(()) => id.iter().map(|b| format!("{b:02x}")).collect(),
+            Err(_) => String::new(),
+        };
         WakeHub {
             core: Arc::new(HubCore {
                 target,
@@ -72,7 +88,13 @@ impl WakeHub {
                 state: Mutex::new(HubState::default()),
                 subscribing: tokio::sync::Mutex::new(()),
             }),
+            inbox,
         }
+    }
+
+    /// The inbox id that fair waiters of this hub give in the queue (see `inbox`).
+    pub fn inbox(&self) -> &str {
+        &self.inbox
     }
 
     /// Drops the subscriber connection (the master moved) and wakes every waiter to look again;
@@ -86,6 +108,7 @@ impl WakeHub {
     /// release after that look is heard.
     pub fn register(&self, channel: Vec<u8>, token: Option<&str>) -> Registration {
         let notify = Arc::new(Notify::new());
+        let grant = Arc::new(Mutex::new(None));
         let mut state = self.core.lock_state();
         state.next_id += 1;
         let id = state.next_id;
@@ -98,12 +121,14 @@ impl WakeHub {
                 id,
                 token: token.map(|t| t.as_bytes().to_vec()),
                 notify: notify.clone(),
+                grant: grant.clone(),
             });
         Registration {
             core: self.core.clone(),
             channel,
             id,
             notify,
+            grant,
         }
     }
 }
@@ -189,13 +214,23 @@ impl HubCore {
             let Ok(channel) = msg.get_channel::<Vec<u8>>() else {
                 continue;
             };
-            let named = msg.get_payload_bytes();
+            let message = parse_wake(msg.get_payload_bytes());
             let state = self.lock_state();
             if let Some(c) = state.channels.get(&channel) {
                 for waiter in &c.waiters {
-                    let meant = match &waiter.token {
-                        None => true,
-                        Some(token) => named.is_empty() || named == token.as_slice(),
+                    let meant = match (&waiter.token, message) {
+                        (None, _) | (Some(_), WakeMessage::Everyone) => true,
+                        (Some(mine), WakeMessage::Token(named)) => named == mine.as_slice(),
+                        (Some(mine), WakeMessage::Grant { token, note }) => {
+                            let ours = token == mine.as_slice();
+                            if ours {
+                                let mut slot = lock_grant(&waiter.grant);
+                                if !matches!(*slot, Some(kept) if kept.fence >= note.fence) {
+                                    *slot = Some(note);
+                                }
+                            }
+                            ours
+                        }
                     };
                     if meant {
                         waiter.notify.notify_one();
@@ -274,6 +309,15 @@ impl Registration {
     pub async fn notified(&self) {
         self.notify.notified().await
     }
+
+    /// The newest grant published for this waiter's token since the last call, if any.
+    pub fn take_grant(&self) -> Option<GrantNote> {
+        lock_grant(&self.grant).take()
+    }
+}
+
+fn lock_grant(slot: &Mutex<Option<GrantNote>>) -> std::sync::MutexGuard<'_, Option<GrantNote>> {
+    slot.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Drop for Registration {

@@ -51,6 +51,11 @@ impl Keys {
         self.with_suffix(b":queue:deadlines")
     }
 
+    /// Fair queue: hash of token -> the waiter's lease in ms, which a release grants it.
+    pub fn queue_leases(&self) -> Vec<u8> {
+        self.with_suffix(b":queue:leases")
+    }
+
     /// Semaphore: zset of holder token -> lease end (ms, server clock from `TIME`).
     pub fn semaphore_holders(&self) -> Vec<u8> {
         self.with_suffix(b":sem:holders")
@@ -96,6 +101,15 @@ impl Keys {
     /// Pub/sub channel on which releases wake waiters (a channel, not a key).
     pub fn wake_channel(&self) -> Vec<u8> {
         self.with_suffix(b":wake")
+    }
+
+    /// Pub/sub channel on which a fair lock's release tells one process's waiter it was
+    /// granted the lock: the wake channel, ':' and the process's inbox id (`lock_grant.lua`).
+    pub fn wake_inbox(&self, inbox: &str) -> Vec<u8> {
+        let mut channel = self.wake_channel();
+        channel.push(b':');
+        channel.extend_from_slice(inbox.as_bytes());
+        channel
     }
 
     /// Whether every key built from this base lands in one cluster hash slot whatever its
@@ -155,6 +169,7 @@ mod tests {
             keys.fence(),
             keys.queue(),
             keys.queue_deadlines(),
+            keys.queue_leases(),
             keys.semaphore_holders(),
             keys.semaphore_queue(),
             keys.semaphore_queue_deadlines(),
@@ -169,6 +184,7 @@ mod tests {
         }
         assert_eq!(keys.lock(), b"redmutex:{acct:1}:lock");
         assert_eq!(keys.fence(), b"redmutex:{acct:1}:fence");
+        assert_eq!(keys.queue_leases(), b"redmutex:{acct:1}:queue:leases");
         assert_eq!(keys.cache_value(), b"redmutex:{acct:1}:value");
         assert_eq!(keys.cache_fill(), b"redmutex:{acct:1}:fill");
         assert_eq!(keys.semaphore_holders(), b"redmutex:{acct:1}:sem:holders");
@@ -188,6 +204,7 @@ mod tests {
             keys.fence(),
             keys.queue(),
             keys.queue_deadlines(),
+            keys.queue_leases(),
             keys.semaphore_holders(),
             keys.semaphore_queue(),
             keys.semaphore_queue_deadlines(),
@@ -224,6 +241,7 @@ mod tests {
                 keys.fence(),
                 keys.queue(),
                 keys.queue_deadlines(),
+                keys.queue_leases(),
                 keys.semaphore_holders(),
                 keys.semaphore_queue(),
                 keys.semaphore_queue_deadlines(),
@@ -239,6 +257,12 @@ mod tests {
         assert!(!Keys::new(b"redmutex:", b"}a").single_slot());
         assert!(!Keys::new(b"p{}", b"a").single_slot());
         assert!(Keys::new(b"p{", b"}a").single_slot());
+    }
+
+    #[test]
+    fn inboxes_extend_the_wake_channel() {
+        let keys = Keys::new(b"p:", b"n");
+        assert_eq!(keys.wake_inbox("00ff"), b"p:{n}:wake:00ff");
     }
 
     #[test]

@@ -7,3 +7,4 @@ pub mod quorum;
 pub mod replies;
 pub mod scripts;
 pub mod url;
+pub mod wake;

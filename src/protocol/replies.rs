@@ -8,7 +8,9 @@ pub enum Attempt {
     /// The caller holds the lock now, with this fencing token.
     Granted { fence: i64 },
     /// Somebody else is ahead; look again within `retry_ms` at the latest (-1: no hint).
-    Busy { retry_ms: i64 },
+    /// `fence`: the fence counter when the attempt ran (the fair script tells it), so that a
+    /// grant published with a larger fence is known to have come after this attempt.
+    Busy { retry_ms: i64, fence: Option<i64> },
 }
 
 /// What an attempt on a shared primitive (a semaphore permit, a read or write lock) found.
@@ -57,15 +59,30 @@ fn as_int(value: &Value) -> Option<i64> {
     }
 }
 
-/// `{1, fence}` or `{0, retry_ms}`.
+/// `{1, fence}`, `{0, retry_ms}` or (fair) `{0, retry_ms, fence}`.
 pub fn parse_attempt(value: &Value) -> Result<Attempt, UnexpectedReply> {
     if let Value::Array(items) = value {
-        if let [flag, n] = items.as_slice() {
-            match (as_int(flag), as_int(n)) {
+        match items.as_slice() {
+            [flag, n] => match (as_int(flag), as_int(n)) {
                 (Some(1), Some(fence)) => return Ok(Attempt::Granted { fence }),
-                (Some(0), Some(retry_ms)) => return Ok(Attempt::Busy { retry_ms }),
+                (Some(0), Some(retry_ms)) => {
+                    return Ok(Attempt::Busy {
+                        retry_ms,
+                        fence: None,
+                    })
+                }
                 _ => {}
+            },
+            [flag, n, f] => {
+                if let (Some(0), Some(retry_ms), Some(fence)) = (as_int(flag), as_int(n), as_int(f))
+                {
+                    return Ok(Attempt::Busy {
+                        retry_ms,
+                        fence: Some(fence),
+                    });
+                }
             }
+            _ => {}
         }
     }
     Err(UnexpectedReply(format!("{value:?}")))
@@ -170,7 +187,23 @@ mod tests {
         let granted = Value::Array(vec![Value::Int(1), Value::Int(42)]);
         assert_eq!(parse_attempt(&granted), Ok(Attempt::Granted { fence: 42 }));
         let busy = Value::Array(vec![Value::Int(0), Value::Int(-1)]);
-        assert_eq!(parse_attempt(&busy), Ok(Attempt::Busy { retry_ms: -1 }));
+        assert_eq!(
+            parse_attempt(&busy),
+            Ok(Attempt::Busy {
+                retry_ms: -1,
+                fence: None
+            })
+        );
+        let fair = Value::Array(vec![Value::Int(0), Value::Int(250), Value::Int(7)]);
+        assert_eq!(
+            parse_attempt(&fair),
+            Ok(Attempt::Busy {
+                retry_ms: 250,
+                fence: Some(7)
+            })
+        );
+        let bad = Value::Array(vec![Value::Int(1), Value::Int(250), Value::Int(7)]);
+        assert!(parse_attempt(&bad).is_err());
         assert!(parse_attempt(&Value::Int(1)).is_err());
         assert!(parse_attempt(&Value::Array(vec![Value::Int(2), Value::Int(0)])).is_err());
     }

@@ -13,6 +13,17 @@ macro_rules! queue_script {
     };
 }
 
+/// The fair lock's release and leave: the queue prelude, then the grant to the queue's head.
+macro_rules! grant_script {
+    ($file:literal) => {
+        concat!(
+            include_str!("lua/queue_prune.lua"),
+            include_str!("lua/lock_grant.lua"),
+            include_str!($file)
+        )
+    };
+}
+
 /// Scripts that keep leases in a zset (semaphore, read-write lock): both preludes in front.
 macro_rules! leases_script {
     ($file:literal) => {
@@ -30,11 +41,11 @@ pub static LOCK_ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(LOCK_AC
 pub static LOCK_ACQUIRE_FAIR: LazyLock<Script> =
     LazyLock::new(|| Script::new(LOCK_ACQUIRE_FAIR_SOURCE));
 pub static LOCK_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(queue_script!("lua/lock_release.lua")));
+    LazyLock::new(|| Script::new(grant_script!("lua/lock_release.lua")));
 pub static LOCK_EXTEND: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/lock_extend.lua")));
 pub static QUEUE_LEAVE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(queue_script!("lua/queue_leave.lua")));
+    LazyLock::new(|| Script::new(grant_script!("lua/queue_leave.lua")));
 pub static FENCE_RAISE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/fence_raise.lua")));
 
@@ -82,17 +93,26 @@ pub enum Queueing {
 }
 
 /// One acquire attempt for `token` with a lease of `lease_ms`; `fair` selects the FIFO script.
+/// `inbox`: where a fair release tells this waiter it was granted the lock (hex id, or '' for
+/// the wake channel; see `Keys::wake_inbox`).
 pub fn acquire(
     keys: &Keys,
     token: &str,
     lease_ms: u64,
     fair: Option<Queueing>,
+    inbox: &str,
 ) -> ScriptInvocation<'static> {
-    acquire_call(keys, token, lease_ms, fair).invocation()
+    acquire_call(keys, token, lease_ms, fair, inbox).invocation()
 }
 
 /// The pieces of one acquire attempt, from which both wire forms are made.
-pub fn acquire_call(keys: &Keys, token: &str, lease_ms: u64, fair: Option<Queueing>) -> Call {
+pub fn acquire_call(
+    keys: &Keys,
+    token: &str,
+    lease_ms: u64,
+    fair: Option<Queueing>,
+    inbox: &str,
+) -> Call {
     match fair {
         None => Call {
             script: &LOCK_ACQUIRE,
@@ -113,12 +133,14 @@ pub fn acquire_call(keys: &Keys, token: &str, lease_ms: u64, fair: Option<Queuei
                     keys.fence(),
                     keys.queue(),
                     keys.queue_deadlines(),
+                    keys.queue_leases(),
                 ],
                 args: vec![
                     token.as_bytes().to_vec(),
                     lease_ms.to_string().into_bytes(),
                     place_ms.to_string().into_bytes(),
                     join.as_bytes().to_vec(),
+                    inbox.as_bytes().to_vec(),
                 ],
             }
         }
@@ -160,15 +182,29 @@ impl Call {
     }
 }
 
-/// Compare-and-delete of the lock, then a wake-up on its channel.
+/// How much longer than its place in the queue a fair waiter may be granted the lock for (see
+/// `lock_grant.lua`): a waiter that died while queued blocks the others at most this much
+/// longer than its place lasts.
+pub const GRANT_SLACK_MS: u64 = 3000;
+
+/// Compare-and-delete of the lock, then the hand-off: a grant to the fair queue's first live
+/// waiter, or a wake-up for all on its channel.
 pub fn release<'a>(keys: &Keys, token: &str) -> ScriptInvocation<'a> {
     let mut inv = LOCK_RELEASE.prepare_invoke();
+    queue_hand_off(&mut inv, keys, token);
+    inv
+}
+
+/// The keys and arguments shared by the release and the leave (`lock_grant.lua`'s callers).
+fn queue_hand_off(inv: &mut ScriptInvocation<'_>, keys: &Keys, token: &str) {
     inv.key(keys.lock())
+        .key(keys.fence())
         .key(keys.queue())
         .key(keys.queue_deadlines())
+        .key(keys.queue_leases())
         .arg(token)
-        .arg(keys.wake_channel());
-    inv
+        .arg(keys.wake_channel())
+        .arg(GRANT_SLACK_MS);
 }
 
 /// Compare-and-pexpire: the lease ends `lease_ms` from now.
@@ -178,14 +214,10 @@ pub fn extend<'a>(keys: &Keys, token: &str, lease_ms: u64) -> ScriptInvocation<'
     inv
 }
 
-/// A fair waiter leaves the queue.
+/// A fair waiter leaves the queue (giving back a grant that came meanwhile).
 pub fn leave_queue<'a>(keys: &Keys, token: &str) -> ScriptInvocation<'a> {
     let mut inv = QUEUE_LEAVE.prepare_invoke();
-    inv.key(keys.lock())
-        .key(keys.queue())
-        .key(keys.queue_deadlines())
-        .arg(token)
-        .arg(keys.wake_channel());
+    queue_hand_off(&mut inv, keys, token);
     inv
 }
 
@@ -641,6 +673,45 @@ mod tests {
         assert_eq!(args, [&b"t"[..], b"10", b"0", b"0"]);
         let (sent_keys, _) = sent(&rw_write_extend(&keys, "t", 10));
         assert_eq!(sent_keys, [keys.rw_writer()]);
+    }
+
+    #[test]
+    fn release_and_leave_grant_with_the_same_keys() {
+        let keys = Keys::new(b"p:", b"n");
+        let expected_keys = [
+            keys.lock(),
+            keys.fence(),
+            keys.queue(),
+            keys.queue_deadlines(),
+            keys.queue_leases(),
+        ];
+        for inv in [release(&keys, "t"), leave_queue(&keys, "t")] {
+            let (sent_keys, args) = sent(&inv);
+            assert_eq!(sent_keys, expected_keys);
+            assert_eq!(args, [&b"t"[..], b"p:{n}:wake", b"3000"]);
+        }
+        let (sent_keys, args) = sent(&acquire(
+            &keys,
+            "t",
+            10,
+            Some(Queueing::Join { place_ms: 6000 }),
+            "0a1b",
+        ));
+        assert_eq!(sent_keys, expected_keys);
+        assert_eq!(args, [&b"t"[..], b"10", b"6000", b"1", b"0a1b"]);
+    }
+
+    #[test]
+    fn grant_scripts_carry_both_preludes_in_order() {
+        for source in [
+            grant_script!("lua/lock_release.lua"),
+            grant_script!("lua/queue_leave.lua"),
+        ] {
+            let prune = source.find("local function prune_queue").unwrap();
+            let grant = source.find("local function grant_head").unwrap();
+            let body = source.find("ARGV[3] grant slack").unwrap();
+            assert!(prune < grant && grant < body);
+        }
     }
 
     #[test]

@@ -110,14 +110,14 @@ impl Listener for PyListener {
 }
 
 /// Renewal's listener for `obj` (held weakly: renewal must not keep the object alive), when
-/// auto-renewal is on.
+/// anything may extend its hold in the background (auto-renewal, a fair lock's top-up).
 pub fn listener(
     obj: &Bound<'_, PyAny>,
-    auto_renew: bool,
+    renews: bool,
     label: String,
     on_lost: Option<Arc<Py<PyAny>>>,
 ) -> PyResult<Option<OnLost>> {
-    if !auto_renew {
+    if !renews {
         return Ok(None);
     }
     let listener: OnLost = Arc::new(PyListener {

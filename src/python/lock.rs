@@ -32,7 +32,7 @@ impl PyLock {
         let this = slf.get();
         let listener = hold::listener(
             slf.as_any(),
-            this.handle.auto_renew(),
+            this.handle.renews(),
             this.label(),
             this.on_lost.clone(),
         )?;
@@ -53,7 +53,7 @@ impl PyLock {
         let this = slf.get();
         hold::listener(
             slf.as_any(),
-            this.handle.auto_renew(),
+            this.handle.renews(),
             this.label(),
             this.on_lost.clone(),
         )

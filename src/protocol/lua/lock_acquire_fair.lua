@@ -1,16 +1,22 @@
 -- Acquire a lock in FIFO order (appended to queue_prune.lua).
 -- KEYS[1] lock key   KEYS[2] fence counter   KEYS[3] queue (list of tokens, arrival order)
 -- KEYS[4] place deadlines (zset token -> ms, server clock)
+-- KEYS[5] queue leases (hash token -> '<lease ms> <inbox>': what a release grants the waiter and
+--         where it tells it, lock_grant.lua)
 -- ARGV[1] token   ARGV[2] lease in ms   ARGV[3] how long a silent waiter keeps its place, in ms
 -- ARGV[4] '1': join (or stay in) the queue when not granted; '0': try once, never queue
--- Reply: {1, fence} granted (also for a retry that finds its own token in place);
---        {0, ms} not granted; ms = when to look again at the latest: the holder's lease end,
---        or, while the lock is free but another live waiter is first, when that waiter's place lapses.
+-- ARGV[5] the waiter's inbox: hex id of the process's subscriber, or '' (see lock_grant.lua)
+-- Reply: {1, fence} granted (also when the token holds the lock already: a retry, or a grant
+--        by a release; its lease is then renewed to ARGV[2] from now);
+--        {0, ms, fence} not granted; ms = when to look again at the latest: the holder's lease
+--        end, or, while the lock is free but another live waiter is first, when that waiter's
+--        place lapses; fence = the fence counter now (a grant with a larger fence came later).
 local now = server_now_ms()
-prune_queue(KEYS[3], KEYS[4], now)
+prune_queue(KEYS[3], KEYS[4], now, KEYS[5])
 
 local owner = redis.call('GET', KEYS[1])
 if owner == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
 end
 
@@ -20,6 +26,7 @@ if owner == false and (head == false or head == ARGV[1]) then
   if head == ARGV[1] then
     redis.call('LPOP', KEYS[3])
     redis.call('ZREM', KEYS[4], ARGV[1])
+    redis.call('HDEL', KEYS[5], ARGV[1])
   end
   return {1, redis.call('INCR', KEYS[2])}
 end
@@ -29,13 +36,16 @@ if ARGV[4] == '1' then
   if redis.call('ZADD', KEYS[4], now + place, ARGV[1]) == 1 then
     redis.call('RPUSH', KEYS[3], ARGV[1])
   end
+  redis.call('HSET', KEYS[5], ARGV[1], ARGV[2] .. ' ' .. ARGV[5])
   -- Every live entry ends within `place` ms from now, so the queue keys may too.
   redis.call('PEXPIRE', KEYS[3], place)
   redis.call('PEXPIRE', KEYS[4], place)
+  redis.call('PEXPIRE', KEYS[5], place)
 end
 
+local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
 if owner then
-  return {0, redis.call('PTTL', KEYS[1])}
+  return {0, redis.call('PTTL', KEYS[1]), fence}
 end
 local head_deadline = tonumber(redis.call('ZSCORE', KEYS[4], head) or now)
-return {0, math.max(head_deadline - now, 1)}
+return {0, math.max(head_deadline - now, 1), fence}

@@ -1,16 +1,19 @@
--- Release a lock if ARGV[1] owns it, and wake the waiters (appended to queue_prune.lua).
--- KEYS[1] lock key   KEYS[2] queue   KEYS[3] place deadlines
--- ARGV[1] token   ARGV[2] wake-up channel
+-- Release a lock if ARGV[1] owns it, and hand it on (after queue_prune.lua, lock_grant.lua).
+-- KEYS[1] lock key   KEYS[2] fence counter   KEYS[3] queue   KEYS[4] place deadlines
+-- KEYS[5] queue leases (hash token -> lease ms)
+-- ARGV[1] token   ARGV[2] wake-up channel   ARGV[3] grant slack in ms (see lock_grant.lua)
 -- Reply: 1 released; 0 not ours (the lease ended, or another owner holds it): nothing touched.
--- The wake-up message is the token of the first live waiter in the fair queue, or '' for all.
+-- With live waiters in the fair queue, the first is granted the lock at once (its grant is
+-- published); otherwise the wake-up message is '' (for all).
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', KEYS[1])
-local head = false
-if redis.call('EXISTS', KEYS[2]) == 1 then
-  prune_queue(KEYS[2], KEYS[3], server_now_ms())
-  head = redis.call('LINDEX', KEYS[2], 0)
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  if grant_head(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[2], tonumber(ARGV[3]),
+                server_now_ms()) then
+    return 1
+  end
 end
-redis.call('PUBLISH', ARGV[2], head or '')
+redis.call('PUBLISH', ARGV[2], '')
 return 1

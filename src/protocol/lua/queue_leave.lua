@@ -1,15 +1,21 @@
--- A fair waiter gives up: leave the queue at once (appended to queue_prune.lua).
--- KEYS[1] lock key   KEYS[2] queue   KEYS[3] place deadlines
--- ARGV[1] token   ARGV[2] wake-up channel
--- Reply: 1 if the token was queued, else 0. When the lock is free, the new head is woken,
--- since it may have been waiting behind the one that left.
-local removed = redis.call('LREM', KEYS[2], 1, ARGV[1])
-redis.call('ZREM', KEYS[3], ARGV[1])
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  prune_queue(KEYS[2], KEYS[3], server_now_ms())
-  local head = redis.call('LINDEX', KEYS[2], 0)
-  if head then
-    redis.call('PUBLISH', ARGV[2], head)
-  end
+-- A fair waiter gives up: leave the queue at once (after queue_prune.lua, lock_grant.lua).
+-- KEYS[1] lock key   KEYS[2] fence counter   KEYS[3] queue   KEYS[4] place deadlines
+-- KEYS[5] queue leases (hash token -> lease ms)
+-- ARGV[1] token   ARGV[2] wake-up channel   ARGV[3] grant slack in ms (see lock_grant.lua)
+-- Reply: 1 if the token was queued or had been granted the lock, else 0. A grant that came
+-- while the waiter was giving up is given back. When the lock is free, it goes to the new head,
+-- which may have been waiting behind the one that left.
+local removed = redis.call('LREM', KEYS[3], 1, ARGV[1])
+redis.call('ZREM', KEYS[4], ARGV[1])
+redis.call('HDEL', KEYS[5], ARGV[1])
+local owner = redis.call('GET', KEYS[1])
+if owner == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  owner = false
+  removed = 1
+end
+if owner == false then
+  grant_head(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[2], tonumber(ARGV[3]),
+             server_now_ms())
 end
 return removed

@@ -1,16 +1,20 @@
 -- Shared prelude of the fair-queue scripts (prepended to them, not run alone).
 -- Drops waiters whose place in the queue lapsed (they stopped refreshing it: died or left),
 -- using the server's clock so client clocks never matter. Needs `queue_key` (list of tokens in
--- arrival order) and `deadline_key` (zset token -> place deadline in ms) to be set by the caller.
+-- arrival order) and `deadline_key` (zset token -> place deadline in ms) to be set by the caller;
+-- `lease_key` (the fair lock's hash token -> lease in ms) is optional.
 local function server_now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
-local function prune_queue(queue_key, deadline_key, now)
+local function prune_queue(queue_key, deadline_key, now, lease_key)
   local lapsed = redis.call('ZRANGEBYSCORE', deadline_key, '-inf', now)
   for _, token in ipairs(lapsed) do
     redis.call('LREM', queue_key, 1, token)
+    if lease_key then
+      redis.call('HDEL', lease_key, token)
+    end
   end
   if #lapsed > 0 then
     redis.call('ZREMRANGEBYSCORE', deadline_key, '-inf', now)

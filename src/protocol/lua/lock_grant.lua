@@ -1,0 +1,37 @@
+-- Shared prelude of the fair lock's release and leave (after queue_prune.lua; not run alone):
+-- hands a free lock straight to the first live waiter of the queue ("grant on release"), so the
+-- waiter holds it without asking. The grant's lease is the waiter's own, but at most the time
+-- left on its place plus `slack_ms`: a waiter that died while queued keeps the lock at most
+-- `slack_ms` longer than it would have kept its place.
+-- The grant is published as '<token> <fence> <lease ms>' on the waiter's inbox, `channel` ..
+-- ':' .. its inbox id, which only the waiter's process listens to (or on `channel` when it
+-- named no inbox). A head whose lease is not recorded (queued by an older client) is only
+-- woken, on `channel` with its bare token, to take the lock itself.
+-- Reply: true if a message was published.
+local function grant_head(lock_key, fence_key, queue_key, deadline_key, lease_key, channel,
+                          slack_ms, now)
+  prune_queue(queue_key, deadline_key, now, lease_key)
+  local head = redis.call('LINDEX', queue_key, 0)
+  if not head then
+    return false
+  end
+  local lease, inbox = string.match(redis.call('HGET', lease_key, head) or '', '^(%d+) ?(%x*)$')
+  lease = tonumber(lease)
+  if not lease then
+    redis.call('PUBLISH', channel, head)
+    return true
+  end
+  local place_left = (tonumber(redis.call('ZSCORE', deadline_key, head)) or now) - now
+  local px = math.max(math.min(lease, place_left + slack_ms), 1)
+  redis.call('SET', lock_key, head, 'PX', px)
+  redis.call('LPOP', queue_key)
+  redis.call('ZREM', deadline_key, head)
+  redis.call('HDEL', lease_key, head)
+  local fence = redis.call('INCR', fence_key)
+  if inbox ~= '' then
+    channel = channel .. ':' .. inbox
+  end
+  redis.call('PUBLISH', channel, head .. ' ' .. string.format('%d', fence) .. ' '
+    .. string.format('%d', px))
+  return true
+end
