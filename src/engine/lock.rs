@@ -9,7 +9,7 @@ use super::error::{Error, Result};
 use super::hold::{DirectTry, Holder, Leased, Naming};
 use super::node::Retry;
 use super::redlock::{self, Redlock};
-use super::waiting::{self, spawn_undo, Contender, Outcome, Plan, Undo, UndoStep};
+use super::waiting::{self, attempt_direct, Contender, Outcome, Plan, Undo, UndoStep};
 use crate::protocol::keys::Keys;
 use crate::protocol::lease;
 use crate::protocol::replies::{parse_attempt, parse_flag, Attempt};
@@ -354,17 +354,9 @@ impl Leased for LockSpec {
         let fair = self.fair.then_some(Queueing::TryOnly);
         // A first try never queues, so it names no inbox.
         let inv = scripts::acquire(&self.keys, token, lease::lease_ms(self.lease), fair, "");
-        let sent_at = Instant::now();
-        let reply = match shared.direct.invoke(&inv, Retry::Once) {
-            Ok(reply) => reply,
-            Err(err) => {
-                // The script may have run before the connection failed: give back what the
-                // token may hold.
-                let contender = LockContender::new(shared, self, token);
-                spawn_undo(contender.undo());
-                return Err(err);
-            }
-        };
+        let (reply, sent_at) = attempt_direct(shared, &inv, || {
+            LockContender::new(shared, self, token).undo()
+        })?;
         Ok(match parse_attempt(&reply)? {
             Attempt::Granted { fence } => DirectTry::Granted(
                 sent_at,

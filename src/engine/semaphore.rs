@@ -11,7 +11,7 @@ use super::error::Result;
 use super::hold::{DirectTry, Holder, Leased, Naming, OnLost};
 use super::node::Retry;
 use super::waiting::{
-    self, spawn_undo, Contender, Outcome, Plan, Undo, UndoStep, Wait, QUEUE_PLACE,
+    self, attempt_direct, Contender, Outcome, Plan, Undo, UndoStep, Wait, QUEUE_PLACE,
 };
 use crate::protocol::keys::Keys;
 use crate::protocol::lease;
@@ -221,21 +221,14 @@ impl Leased for SemaphoreSpec {
     fn try_direct(&self, shared: &Arc<Shared>, token: &str) -> Result<DirectTry<()>> {
         // Never queues: a fair waiter takes its place in the wait that follows a refusal.
         let inv = attempt_invocation(self, token, Queueing::TryOnly);
-        let sent_at = Instant::now();
-        let reply = match shared.direct.invoke(&inv, Retry::Once) {
-            Ok(reply) => reply,
-            Err(err) => {
-                // The script may have run before the connection failed: give back what the
-                // token may hold.
-                let contender = SemaphoreContender {
-                    shared,
-                    spec: self,
-                    token,
-                };
-                spawn_undo(contender.undo());
-                return Err(err);
-            }
-        };
+        let (reply, sent_at) = attempt_direct(shared, &inv, || {
+            let contender = SemaphoreContender {
+                shared,
+                spec: self,
+                token,
+            };
+            contender.undo()
+        })?;
         Ok(match parse_admission(&reply)? {
             Admission::Admitted { .. } => DirectTry::Granted(sent_at, ()),
             Admission::Busy { retry_ms } => DirectTry::Busy { retry_ms },

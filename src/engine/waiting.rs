@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use super::client::Shared;
 use super::error::Result;
+use super::node::Retry;
 use super::runtime;
 use super::wake::Registration;
 use crate::protocol::lease;
@@ -85,6 +86,24 @@ pub type UndoStep = Pin<Box<dyn Future<Output = Result<()>> + Send + 'static>>;
 pub struct Undo {
     pub step: Box<dyn FnMut() -> UndoStep + Send>,
     pub horizon: Duration,
+}
+
+/// A first attempt on a direct connection of the caller's thread: the reply, and when the
+/// request was sent. When the call fails the script may still have run before the connection
+/// broke, so whatever the token may hold is given back in the background (`undo`).
+pub fn attempt_direct(
+    shared: &Shared,
+    inv: &redis::ScriptInvocation<'_>,
+    undo: impl FnOnce() -> Undo,
+) -> Result<(redis::Value, Instant)> {
+    let sent_at = Instant::now();
+    match shared.direct.invoke(inv, Retry::Once) {
+        Ok(reply) => Ok((reply, sent_at)),
+        Err(err) => {
+            spawn_undo(undo());
+            Err(err)
+        }
+    }
 }
 
 /// Runs `undo` in the background until Redis has answered it, retrying with backoff while it
