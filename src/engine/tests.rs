@@ -18,13 +18,25 @@ pub(super) struct Server {
 }
 
 impl Server {
+    /// Starts a redis-server on a free port. The port is free when picked but may be taken by
+    /// another process before the server binds it (other test binaries and pytest start servers
+    /// too): a server that exits, or a port answered by a server that is not ours, is retried.
     pub(super) fn start() -> Server {
+        for _ in 0..5 {
+            if let Some(server) = Self::try_start() {
+                return server;
+            }
+        }
+        panic!("could not start a redis-server on a free port in 5 tries");
+    }
+
+    fn try_start() -> Option<Server> {
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
-        let child = Command::new("redis-server")
+        let mut child = Command::new("redis-server")
             .args([
                 "--port",
                 &port.to_string(),
@@ -40,11 +52,27 @@ impl Server {
             .spawn()
             .expect("redis-server must be installed (make deps)");
         let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        loop {
+            if child.try_wait().unwrap().is_some() {
+                return None; // it could not bind the port
+            }
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                break;
+            }
             assert!(Instant::now() < deadline, "redis-server did not start");
             std::thread::sleep(Duration::from_millis(20));
         }
-        Server { child, port }
+        let server = Server { child, port };
+        // The one answering must be the process we started.
+        let mut conn = redis::Client::open(format!("redis://127.0.0.1:{port}/0"))
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let info: String = redis::cmd("INFO").arg("server").query(&mut conn).unwrap();
+        let ours = format!("process_id:{}", server.child.id());
+        info.lines()
+            .any(|line| line.trim() == ours)
+            .then_some(server)
     }
 
     pub(super) fn client(&self, prefix: &str) -> Arc<Client> {
