@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: all deps redis-server venv build test test-rust test-python demo bench bench-quick lint \
+.PHONY: all deps redis-server venv build test test-rust test-python demo bench bench-quick lint soak-faults \
 	lint-types fmt package package-check clean
 
 all: build
@@ -36,6 +36,10 @@ test-python: deps build
 	$(PY) -m pytest -q
 
 test: deps build test-rust test-python
+
+# The fault soak of issue 13: every fault kind at once for REDMUTEX_SOAK_SECONDS (default 150).
+soak-faults: deps build
+	$(PY) -m pytest -q -s -m soak tests/test_soak_faults.py
 
 demo: deps build
 	$(PY) -m redmutex demo
