@@ -70,7 +70,7 @@ def record(start, end, fence, status):
 def run_sync():
     fair, renew = mode == "fair", mode == "renew"
     lock = redmutex.Lock(client, name, ttl=ttl, fair=fair, auto_renew=renew)
-    while time.monotonic() < deadline and counts["sections"] < %(max)d:
+    while time.monotonic() < deadline and counts["sections"] < MAX_SECTIONS:
         try:
             got = lock.acquire(timeout=2.0)
         except redmutex.ConnectionError:
@@ -103,7 +103,7 @@ def run_sync():
         time.sleep(rng.uniform(0.0, 0.004))
 
 async def run_aio():
-    while time.monotonic() < deadline and counts["sections"] < %(max)d:
+    while time.monotonic() < deadline and counts["sections"] < MAX_SECTIONS:
         lock = aio.Lock(client, name, ttl=ttl, fair=rng.random() < 0.5)
         try:
             if rng.random() < 0.3:
@@ -152,7 +152,7 @@ else:
     run_sync()
 out.write(json.dumps({"counts": counts}) + "\n")
 out.close()
-""" % {"max": MAX_SECTIONS}
+""".replace("MAX_SECTIONS", str(MAX_SECTIONS))
 
 # Exits while 20 auto-renewed holds with a 60 ms ttl are being lost: argv = url prefix.
 EXITER = r"""
