@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import pytest
@@ -16,6 +17,7 @@ from redmutex import acquire_lock, redis_lock, release_lock
 
 if TYPE_CHECKING:
     from conftest import PyProcs
+    from redmutex._server import RedisServer
 
 DEFAULT_PREFIX = "redmutex:"
 
@@ -169,6 +171,46 @@ def test_redis_lock_releases_on_error(r: redis.Redis, lockname: str) -> None:
     with pytest.raises(LookupError), redis_lock(r, lockname, atime=1, ltime=5):
         raise LookupError("inside")
     assert r.exists(_key(DEFAULT_PREFIX, lockname)) == 0
+
+
+@pytest.mark.timeout(30)
+def test_redis_lock_lost_while_body_raised_keeps_body_exception(
+    r: redis.Redis, lockname: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Like `with Lock`: the body's exception propagates, the loss is a WARNING on "redmutex".
+    with (
+        caplog.at_level(logging.WARNING, logger="redmutex"),
+        pytest.raises(KeyError, match="body") as caught,
+        redis_lock(r, lockname, ltime=0.2),
+    ):
+        time.sleep(0.6)
+        raise KeyError("body")
+    assert not isinstance(caught.value.__context__, redmutex.LockError)
+    records = [rec for rec in caplog.records if rec.name == "redmutex"]
+    assert [rec.levelno for rec in records] == [logging.WARNING]
+    message = records[0].getMessage()
+    assert lockname in message
+    assert "on leaving a block that raised: lock was lost" in message
+
+
+@pytest.mark.timeout(60)
+def test_redis_lock_failed_release_while_body_raised_keeps_body_exception(
+    make_server: Callable[..., RedisServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    server = make_server()
+    client = redmutex.Client(server.url, connect_timeout=1, command_timeout=1)
+    try:
+        with (
+            caplog.at_level(logging.WARNING, logger="redmutex"),
+            pytest.raises(KeyError, match="body"),
+            redis_lock(client, "gone", ltime=10),
+        ):
+            server.stop()
+            raise KeyError("body")
+    finally:
+        client.close()
+    messages = [rec.getMessage() for rec in caplog.records if rec.name == "redmutex"]
+    assert any("'gone': on leaving a block that raised" in m for m in messages), messages
 
 
 # ------------------------------------------------------------------------------ @locked

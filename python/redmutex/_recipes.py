@@ -7,6 +7,7 @@ unchanged; underneath they use redmutex's atomic scripts and wait without pollin
 from __future__ import annotations
 
 import functools
+import logging
 import secrets
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +20,8 @@ from .errors import LockError, LockLostError
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+_log = logging.getLogger("redmutex")
 
 
 def acquire_lock(
@@ -59,15 +62,29 @@ def release_lock(conn: Any, lockname: str, identifier: str) -> bool:
 def redis_lock(conn: Any, lockname: str, atime: float = 10, ltime: float = 10) -> Iterator[str]:
     """`with redis_lock(conn, name) as identifier:` — raises LockError("could not acquire lock")
     when not acquired within `atime`, and LockLostError("lock was lost") on leaving if the lease
-    ended meanwhile."""
+    ended meanwhile. As with `with Lock`: when the block itself raised, its exception propagates
+    and a loss (or a failed release) is logged as a WARNING on the `redmutex` logger."""
     identifier = acquire_lock(conn, lockname, atime=atime, ltime=ltime)
     if not identifier:
         raise LockError("could not acquire lock")
     try:
         yield identifier
-    finally:
-        if not release_lock(conn, lockname, identifier):
-            raise LockLostError("lock was lost")
+    except BaseException:
+        _release_after_raise(conn, lockname, identifier)
+        raise
+    if not release_lock(conn, lockname, identifier):
+        raise LockLostError("lock was lost")
+
+
+def _release_after_raise(conn: Any, lockname: str, identifier: str) -> None:
+    """Releases after the block raised; never replaces the block's exception."""
+    try:
+        released = release_lock(conn, lockname, identifier)
+    except Exception as exc:  # noqa: BLE001 - logged: the block's exception goes on
+        _log.warning("redis_lock %r: on leaving a block that raised: %s", lockname, exc)
+        return
+    if not released:
+        _log.warning("redis_lock %r: on leaving a block that raised: lock was lost", lockname)
 
 
 def locked(
