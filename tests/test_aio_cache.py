@@ -428,6 +428,33 @@ def test_json_codec_and_tampered_signed_payload(
     assert any("ignoring the stored payload" in rec.getMessage() for rec in caplog.records)
 
 
+def test_every_caller_gets_the_value_as_it_round_trips(client: redmutex.Client) -> None:
+    @aio.cached(client, ttl=30, key="rt-aio", serializer="json")
+    async def pair() -> tuple[int, int]:
+        return (1, 2)
+
+    async def main() -> None:
+        # The filler's caller gets the list JSON gives back, as every later caller does.
+        assert await pair() == [1, 2]
+        assert await pair() == [1, 2]
+        first = await aio.get_or_fill(client, "rt-aio-2", lambda: (3,), ttl=30, serializer="json")
+        assert first == [3]
+        # Tasks that wait for the fill get what the filler got.
+        got = await asyncio.gather(
+            *(
+                aio.get_or_fill(client, "rt-aio-3", slow_tuple, ttl=30, serializer="json")
+                for _ in range(5)
+            )
+        )
+        assert got == [[4, 5]] * 5
+
+    async def slow_tuple() -> tuple[int, int]:
+        await asyncio.sleep(0.1)
+        return (4, 5)
+
+    run(main())
+
+
 def test_invalidate_during_a_fill_drops_its_result(
     client: redmutex.Client, r: redis.Redis, prefix: str
 ) -> None:

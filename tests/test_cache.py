@@ -459,11 +459,63 @@ def test_json_and_custom_serializers(client: redmutex.Client, r: redis.Redis, pr
             return data.decode().lower()
 
     assert redmutex.get_or_fill(client, "c", lambda: "MiXed", ttl=30, serializer=Upper()) == (
-        "MiXed"  # the filler gets its own value; later callers get the stored one
+        "mixed"  # the filler gets the value as it round-trips, as later callers do
     )
     assert redmutex.get_or_fill(client, "c", lambda: "?", ttl=30, serializer=Upper()) == "mixed"
     # A payload of another serializer is a miss, not a misread.
     assert redmutex.get_or_fill(client, "c", lambda: "p", ttl=30, serializer="pickle") == "p"
+
+
+def test_every_caller_gets_the_value_as_it_round_trips(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
+    # JSON turns a tuple into a list: the filler's caller gets the list too, not its own tuple.
+    first = redmutex.get_or_fill(client, "rt", lambda: (1, 2), ttl=30, serializer="json")
+    later = redmutex.get_or_fill(client, "rt", lambda: (3, 4), ttl=30, serializer="json")
+    assert first == later == [1, 2]
+
+    @redmutex.cached(client, ttl=30, key="rt-cached", serializer="json")
+    def pair() -> tuple[int, int]:
+        return (5, 6)
+
+    assert pair() == pair() == [5, 6]
+
+    # One dumps and one loads per fill, none more (the filler already has the bytes).
+    calls: list[str] = []
+
+    class Counting:
+        def dumps(self, obj: Any) -> bytes:
+            calls.append("dumps")
+            return json.dumps(obj).encode()
+
+        def loads(self, data: bytes) -> Any:
+            calls.append("loads")
+            return json.loads(data)
+
+    original = {"k": (1,)}
+    got = redmutex.get_or_fill(client, "rt-count", lambda: original, ttl=30, serializer=Counting())
+    assert got == {"k": [1]} and got is not original
+    assert calls == ["dumps", "loads"]
+
+    # Pickle: an equal copy, as every other caller gets.
+    value = ["a"]
+    copy = redmutex.get_or_fill(client, "rt-pickle", lambda: value, ttl=30)
+    assert copy == value and copy is not value
+
+
+def test_a_serializer_that_cannot_load_its_own_bytes_stores_nothing(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
+    class OneWay:
+        def dumps(self, obj: Any) -> bytes:
+            return b"x"
+
+        def loads(self, data: bytes) -> Any:
+            raise LookupError("cannot load")
+
+    with pytest.raises(LookupError, match="cannot load"):
+        redmutex.get_or_fill(client, "oneway", lambda: 1, ttl=30, serializer=OneWay())
+    assert not r.exists(value_key(prefix, "oneway"), fill_key(prefix, "oneway"))
 
 
 def test_unserializable_value_raises_and_releases_the_claim(

@@ -97,7 +97,9 @@ async def _fill(settings: _Settings, key: str, fill: Fill[T], claim: _core.FillC
         if inspect.isawaitable(value):
             value = await value
         delta = time.monotonic() - started
-        payload = settings.codec.encode(value, delta, context=key)
+        # What the filler's caller gets is what every later caller gets: the value as it
+        # round-trips through the serializer (loads of the bytes just dumped).
+        payload, value = settings.codec.encode_round_trip(value, delta, context=key)
     except BaseException as exc:
         await _give_back(claim, key, isinstance(exc, asyncio.CancelledError))
         raise

@@ -29,7 +29,9 @@ One call
 3. CLAIMED: ``fill()`` runs while a task of the Rust runtime extends the claim every
    ``lock_ttl``/3, so a fill may outlast ``lock_ttl``; a process that dies stops renewing, and its
    claim ends at most ``lock_ttl`` later, when one waiter takes over. The value is stored with the
-   fill's duration δ, the claim is dropped and the waiters are woken, in one script. If ``fill``
+   fill's duration δ, the claim is dropped and the waiters are woken, in one script. The filler's
+   caller gets the value as it round-trips through the serializer (``loads`` of the bytes just
+   dumped), exactly as every later caller does: with JSON a tuple comes back as a list. If ``fill``
    raises, the claim is given back (waking the waiters, of which exactly one claims the fill
    anew) and the exception propagates to this caller only. A store is token-checked: when the
    claim ended meanwhile (the entry was invalidated, or the process stalled beyond the lease),
@@ -173,7 +175,9 @@ def _fill(settings: _Settings, key: str, fill: Callable[[], T], claim: _core.Fil
     try:
         value = fill()
         delta = time.monotonic() - started
-        payload = settings.codec.encode(value, delta, context=key)
+        # What the filler's caller gets is what every later caller gets: the value as it
+        # round-trips through the serializer (loads of the bytes just dumped).
+        payload, value = settings.codec.encode_round_trip(value, delta, context=key)
     except BaseException:
         _give_back(claim, key)
         raise
@@ -265,7 +269,8 @@ def get_or_fill(
     Of any number of concurrent callers (threads or processes) that miss ``key``, one runs
     ``fill``; the others wait without polling and return the value it stored. If ``fill`` raises,
     its caller gets the exception and one waiting caller takes over the fill. ``None`` is cached
-    like any value. ``ttl``: how long the value lives; ``lock_ttl``: the lease of the fill claim
+    like any value. Every caller, the filler's included, gets the value as it round-trips
+    through the serializer. ``ttl``: how long the value lives; ``lock_ttl``: the lease of the fill claim
     (renewed while the fill runs, so it bounds how long a dead filler holds the others up);
     ``timeout``: how long to wait for another caller's fill before ``LockTimeoutError``.
     ``beta`` > 0 refreshes early (XFetch), ``0`` never. ``serializer``: ``"pickle"``, ``"json"``
