@@ -669,3 +669,87 @@ def test_mypy_flags_locked_on_async_functions(tmp_path: Path) -> None:
     ]
     assert errors == flagged, done.stdout + done.stderr
     assert '"UseAioLocked" not callable' in done.stdout
+
+
+# ------------------------------------------------- two callers passing the same identifier
+
+SAME_IDENTIFIER_WORKER = r"""
+import sys
+import threading
+import time
+
+import redis
+from redmutex import acquire_lock, release_lock
+
+url, name, rounds, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+conn = redis.Redis.from_url(url)
+inside, overlaps, held = name + ":inside", name + ":overlaps", name + ":held"
+deadline = time.monotonic() + seconds
+
+
+def worker():
+    for _ in range(rounds):
+        if time.monotonic() > deadline:
+            return
+        if not acquire_lock(conn, name, identifier="worker-1", atime=10, ltime=10):
+            continue
+        conn.incr(held)
+        if conn.incr(inside) > 1:
+            conn.incr(overlaps)
+        time.sleep(0.001)
+        conn.decr(inside)
+        release_lock(conn, name, "worker-1")
+
+
+threads = [threading.Thread(target=worker) for _ in range(3)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print("done")
+"""
+
+
+@pytest.mark.timeout(120)
+def test_callers_with_the_same_identifier_never_hold_at_once(
+    redis_url: str, r: redis.Redis, lockname: str, procs: PyProcs
+) -> None:
+    # Idempotence of a token already in place is for one call's own resend only: two processes
+    # with three threads each, all passing identifier="worker-1", must take turns.
+    children = [
+        procs.start(SAME_IDENTIFIER_WORKER, redis_url, lockname, "150", "10") for _ in range(2)
+    ]
+    for child in children:
+        rc, out, err = procs.wait(child, timeout=100)
+        assert rc == 0 and out.strip() == "done", err
+    held = int(r.get(lockname + ":held") or 0)
+    overlaps = int(r.get(lockname + ":overlaps") or 0)
+    r.delete(lockname + ":held", lockname + ":inside", lockname + ":overlaps")
+    assert held >= 50, held
+    assert overlaps == 0, f"{overlaps} of {held} holds overlapped another"
+
+
+@pytest.mark.timeout(60)
+def test_a_resend_after_a_dropped_reply_keeps_its_own_grant(
+    redis_server: RedisServer, r: redis.Redis, lockname: str
+) -> None:
+    # The other half of the rule: the attempt ran, its reply was lost with the connection, and
+    # the resend finds the call's own identifier in place: that is this call's grant.
+    from _proxy import FaultProxy
+
+    identifier = "resend-" + uuid.uuid4().hex
+    with FaultProxy(redis_server.port) as proxy:
+        client = redmutex.Client(proxy.url, prefix=DEFAULT_PREFIX)
+        try:
+            warm = acquire_lock(client, lockname, atime=0)  # script loaded, connection open
+            assert warm and release_lock(client, lockname, warm)
+            proxy.drop_reply_to(identifier.encode())
+            got = acquire_lock(client, lockname, identifier=identifier, atime=0, ltime=10)
+            assert proxy.reply_dropped.is_set(), "no reply was dropped: the test proved nothing"
+            assert got == identifier
+            assert r.get(_key(DEFAULT_PREFIX, lockname)) == identifier.encode()
+            # ...and a second call with that identifier is still refused.
+            assert acquire_lock(client, lockname, identifier=identifier, atime=0) is False
+            assert release_lock(client, lockname, identifier) is True
+        finally:
+            client.close()
