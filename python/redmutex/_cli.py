@@ -44,6 +44,7 @@ DEFAULT_PREFIX = "redmutex:"
 TIMEOUT = 5.0  # seconds, to connect and for each command
 TOKEN_SHOWN = 8  # hex characters of an owner token that we print (enough to tell holders apart)
 HOLDERS_SHOWN = 10  # holders listed per line in the text output (--json lists all)
+NAME_SHOWN = 60  # characters of a name in the text output at most (--json gives names whole)
 SCAN_COUNT = 1000
 
 # Suffix of each key -> (kind of primitive, role of the key).
@@ -206,6 +207,21 @@ def _run(target: Target, func: Any, *args: Any) -> Any:
 # -- reading the state of one name -------------------------------------------------------------
 
 
+def shown_name(name: str, limit: int = NAME_SHOWN) -> str:
+    """A name as the text output shows it: at most `limit` characters, control characters
+    escaped (a name may hold newlines), and a long one cut with its length said. Names may be
+    megabytes long; only the part shown is looked at."""
+    cut = len(name) > limit
+    head = name[: limit + 1]
+    if head.isprintable() and not cut:
+        return name
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in head)
+    if not cut and len(text) <= limit:
+        return text
+    more = f"... ({len(name)} chars)"
+    return text[: max(limit - len(more), 8)] + more
+
+
 def _text(value: bytes | None) -> str | None:
     return None if value is None else value.decode("utf-8", "replace")
 
@@ -342,7 +358,7 @@ def _holders_line(holds: Sequence[dict[str, Any]]) -> str:
 
 
 def status_lines(status: Status) -> Iterator[str]:
-    yield f"name:      {status.name}   (prefix {status.prefix!r})"
+    yield f"name:      {shown_name(status.name)}   (prefix {status.prefix!r})"
     yield f"state:     {'held' if status.held else 'free'}"
     if status.lock is not None:
         yield f"lock:      held by {_lease(status.lock)}"
@@ -404,6 +420,7 @@ def split_key(key: bytes, prefix: bytes) -> tuple[str, str, str] | None:
 class Entry:
     name: str
     kind: str
+    base: bytes  # prefix{name}, as found: the name's own bytes, even when not valid UTF-8
     roles: set[str] = field(default_factory=set)
     state: str = ""
     detail: dict[str, Any] = field(default_factory=dict)
@@ -420,7 +437,8 @@ def scan_entries(target: Target) -> list[Entry]:
         if parsed is None:
             continue
         name, kind, role = parsed
-        found.setdefault((name, kind), Entry(name, kind)).roles.add(role)
+        base = key[: key.rfind(b"}") + 1]
+        found.setdefault((name, kind), Entry(name, kind, base)).roles.add(role)
     entries = sorted(found.values(), key=lambda e: (e.name, KINDS.index(e.kind)))
     _describe(target, entries)
     return entries
@@ -434,7 +452,7 @@ def _describe(target: Target, entries: list[Entry]) -> None:
         pipe = target.conn.pipeline(transaction=False)
         pipe.time()
         for entry in chunk:
-            base = target.base(entry.name)
+            base = entry.base
             if entry.kind == "lock":
                 pipe.pttl(base + b":lock")
                 pipe.get(base + b":fence")
@@ -558,10 +576,13 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not entries:
         _print(f"nothing under the prefix {target.prefix!r}")
         return EXIT_OK
-    width = max(len("NAME"), *(len(e.name) for e in entries))
+    # Names are shortened to NAME_SHOWN characters, so a name of megabytes neither widens
+    # every row nor floods the terminal.
+    names = [shown_name(e.name) for e in entries]
+    width = max(len("NAME"), *(len(n) for n in names))
     _print(
         f"{'KIND':<10} {'NAME':<{width}}  STATE",
-        *(f"{e.kind:<10} {e.name:<{width}}  {e.state}" for e in entries),
+        *(f"{e.kind:<10} {n:<{width}}  {e.state}" for e, n in zip(entries, names)),
     )
     return EXIT_OK
 

@@ -495,3 +495,48 @@ fn redlock_needs_a_majority_and_raises_fences_past_every_previous_one() {
     assert!(t0.elapsed() < Duration::from_secs(2));
     drop(a);
 }
+
+#[test]
+fn a_caller_chosen_token_in_place_is_granted_to_a_resend_only() {
+    let server = Server::start();
+    let client = server.client("t-same:");
+    block_on(async {
+        let shared = client.shared().unwrap();
+        let backend = client.backend().unwrap();
+        let s = spec(&client, "same", 5_000, false);
+        // The script: a first send refuses the token it finds in place, a resend takes it.
+        let first = scripts::acquire_first_send(&s.keys, "worker-1", 5_000);
+        let taken = shared.node.invoke(&first, Retry::Never).await.unwrap();
+        let fence = match parse_attempt(&taken).unwrap() {
+            Attempt::Granted { fence } => fence,
+            other => panic!("a free lock was not granted: {other:?}"),
+        };
+        let again = shared.node.invoke(&first, Retry::Never).await.unwrap();
+        assert!(matches!(
+            parse_attempt(&again).unwrap(),
+            Attempt::Busy { .. }
+        ));
+        let resend = scripts::acquire(&s.keys, "worker-1", 5_000, None, "");
+        let resent = shared.node.invoke(&resend, Retry::Never).await.unwrap();
+        assert!(matches!(
+            parse_attempt(&resent).unwrap(),
+            Attempt::Granted { fence: f } if f == fence
+        ));
+        // The recipes' entry point: a second call with the same identifier is refused.
+        assert!(lock::acquire_on(&backend, &s, "worker-1", Wait::Once)
+            .await
+            .unwrap()
+            .is_none());
+        assert!(lock::release_on(&backend, &s.keys, "worker-1")
+            .await
+            .unwrap());
+        let next = lock::acquire_on(&backend, &s, "worker-1", Wait::Once)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(next.fence > fence);
+        assert!(lock::release_on(&backend, &s.keys, "worker-1")
+            .await
+            .unwrap());
+    });
+}

@@ -105,6 +105,20 @@ pub fn acquire(
     acquire_call(keys, token, lease_ms, fair, inbox).invocation()
 }
 
+/// A non-fair acquire attempt, as the first send of a token the caller chose (the recipes'
+/// identifier, which two calls may share): a token found already in place belongs to another
+/// call, not to this one. Only the resend of this attempt after a dropped connection (`acquire`
+/// with the same arguments) may count that token as its own, since the first send may have set
+/// it (see `lock_acquire.lua`).
+pub fn acquire_first_send(keys: &Keys, token: &str, lease_ms: u64) -> ScriptInvocation<'static> {
+    let mut inv = acquire_call(keys, token, lease_ms, None, "").invocation();
+    inv.arg(FIRST_SEND);
+    inv
+}
+
+/// The last argument of `acquire_first_send` (read as `ARGV[#ARGV]` by `lock_acquire.lua`).
+const FIRST_SEND: &str = "first";
+
 /// The pieces of one acquire attempt, from which both wire forms are made.
 pub fn acquire_call(
     keys: &Keys,
