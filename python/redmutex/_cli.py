@@ -102,11 +102,68 @@ def _redis_module() -> Any:
     return redis
 
 
+# Where a URL's user-info ends and which parts are secret: the rule of the Rust core
+# (src/protocol/url.rs), so that the raw form it accepts ("redis://u:se/cret@h") is read, and
+# redacted, the same way here.
+_SECRET_KEYS = ("pass", "password", "sentinel_password")
+_QUERY_KEYS = (*_SECRET_KEYS, "db", "user", "username", "protocol", "sentinel_username")
+
+
+def _userinfo_range(url: str) -> tuple[int, int] | None:
+    """(start, at) of the user-info: after `://` up to the last `@` before a secret query key."""
+    scheme_end = url.find("://")
+    if scheme_end < 0:
+        return None
+    start = scheme_end + 3
+    rest = url[start:]
+    if rest.startswith("/"):
+        return None
+    markers = [rest.find(f"{sep}{key}=") for key in _SECRET_KEYS for sep in "?&"]
+    limit = min([m for m in markers if m >= 0], default=len(rest))
+    at = rest.rfind("@", 0, limit)
+    return None if at < 0 else (start, start + at)
+
+
+def url_secrets(url: str) -> list[str]:
+    """The secret parts of a URL (the user-info password, secret query values), raw and decoded."""
+    found: list[str] = []
+    span = _userinfo_range(url)
+    if span is not None:
+        _user, colon, password = url[span[0] : span[1]].partition(":")
+        if colon:
+            found += [password, unquote(password)]
+    for key in _SECRET_KEYS:
+        for sep in "?&":
+            marker = f"{sep}{key}="
+            at = url.find(marker)
+            while at >= 0:
+                value = url[at + len(marker) :]
+                ends = [value.find(f"&{k}=") for k in _QUERY_KEYS]
+                value = value[: min([e for e in ends if e >= 0], default=len(value))]
+                value = value.removesuffix("#insecure")
+                first = value.split("&", 1)[0]
+                found += [value, unquote(value), first, unquote(first.replace("+", " "))]
+                at = url.find(marker, at + 1)
+    return [s for s in found if s]
+
+
+def normalize_url(url: str) -> str:
+    """The URL with `/ ? # @` in its user-info percent-encoded (the raw form the core accepts)."""
+    span = _userinfo_range(url)
+    if span is None:
+        return url
+    start, at = span
+    info = "".join(
+        {"/": "%2F", "?": "%3F", "#": "%23", "@": "%40"}.get(c, c) for c in url[start:at]
+    )
+    return url[:start] + info + url[at:]
+
+
 def redis_kwargs(url: str) -> dict[str, Any]:
     """redis-py connection settings for a redmutex URL (the schemes and query keys the Rust
     core accepts: redis://, rediss:// with `#insecure`, redis+unix:// and unix:// with
     `?db=N&user=U&pass=P`)."""
-    parts = urlsplit(url)
+    parts = urlsplit(normalize_url(url))
     query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
     kwargs: dict[str, Any] = {
         "socket_connect_timeout": TIMEOUT,

@@ -59,7 +59,8 @@ impl ClientConfig {
     }
 }
 
-/// The in-process gates that let only one waiter per lock name compete in Redis at a time.
+/// The in-process gates that let only one waiter per primitive compete in Redis at a time,
+/// keyed by the primitive's full Redis key (see `waiting::Plan::gate`).
 #[derive(Default)]
 pub struct Gates {
     gates: Mutex<HashMap<Vec<u8>, Weak<Gate>>>,
@@ -74,17 +75,18 @@ impl Shared {
 }
 
 impl Gates {
-    /// The gate of one lock name in this process (fair locks queue in Redis instead).
-    pub fn gate(&self, name: &[u8]) -> Arc<Gate> {
+    /// The gate of the primitive whose key is `key` in this process (fair waiters queue in
+    /// Redis instead).
+    pub fn gate(&self, key: &[u8]) -> Arc<Gate> {
         let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(gate) = gates.get(name).and_then(Weak::upgrade) {
+        if let Some(gate) = gates.get(key).and_then(Weak::upgrade) {
             return gate;
         }
         if gates.len() >= 64 {
             gates.retain(|_, gate| gate.strong_count() > 0);
         }
         let gate = Arc::new(Gate::default());
-        gates.insert(name.to_vec(), Arc::downgrade(&gate));
+        gates.insert(key.to_vec(), Arc::downgrade(&gate));
         gate
     }
 }
@@ -162,9 +164,9 @@ impl Shared {
         })
     }
 
-    /// The gate of one lock name in this process (fair locks queue in Redis instead).
-    pub fn gate(&self, name: &[u8]) -> Arc<Gate> {
-        self.gates.gate(name)
+    /// The gate of the primitive whose key is `key` in this process.
+    pub fn gate(&self, key: &[u8]) -> Arc<Gate> {
+        self.gates.gate(key)
     }
 }
 

@@ -251,15 +251,16 @@ async fn acquire_from(
         shared_token,
         ..LockContender::new(shared, spec, token)
     };
-    // Unfair: one competitor per name in this process; the others queue here, in FIFO order.
+    // Unfair: one competitor per lock in this process; the others queue here, in FIFO order.
     // Fair: every waiter takes its own place in the Redis queue, which orders them all.
+    let gate = spec.keys.lock();
     let plan = Plan {
         shared,
         channel: spec.keys.wake_channel(),
         inbox: (spec.fair && !shared.hub.inbox().is_empty())
             .then(|| spec.keys.wake_inbox(shared.hub.inbox())),
         wake_token: spec.fair.then_some(token),
-        gate: (!spec.fair).then_some(spec.name.as_slice()),
+        gate: (!spec.fair).then_some(gate.as_slice()),
         queued: spec.fair,
     };
     waiting::acquire_from(&contender, &plan, wait, first).await

@@ -156,6 +156,9 @@ pub struct Plan<'a> {
     pub wake_token: Option<&'a str>,
     /// Some(id): only one waiter per id in this process competes in Redis at a time; the others
     /// queue in process, in FIFO order (Redis work per hand-off grows with processes, not threads).
+    /// The id is the full Redis key the competitors contend for (`protocol::keys`), never a bare
+    /// name: keys of different primitives differ by their suffix, so no two primitives share a
+    /// gate, even when one's name spells out the other's key.
     pub gate: Option<&'a [u8]>,
     /// The waiter keeps a place in Redis (a queue entry or a waiting-writer mark) that it must
     /// refresh while it waits and give back when it gives up.

@@ -54,9 +54,10 @@ fn redlock_deployment(value: &Bound<'_, PyAny>) -> PyResult<(Deployment, String)
     let mut seen: Vec<String> = Vec::new();
     for u in &urls {
         let endpoint = url::parse_endpoint(u).map_err(Error::Invalid)?;
-        // The same master twice would count its vote twice.
+        // The same master twice would count its vote twice (another db of one server is the
+        // same master too). Other names of one server are found at first contact (run_id).
         let identity = match &endpoint {
-            Endpoint::Direct(info) => format!("{}/{}", info.addr(), info.redis_settings().db()),
+            Endpoint::Direct(info) => info.addr().to_string(),
             Endpoint::Sentinel(s) => {
                 let sentinels: Vec<String> =
                     s.sentinels.iter().map(|i| i.addr().to_string()).collect();
@@ -66,7 +67,10 @@ fn redlock_deployment(value: &Bound<'_, PyAny>) -> PyResult<(Deployment, String)
         if seen.contains(&identity) {
             return Err(value_error(
                 "url",
-                &format!("the master '{}' is listed twice", url::redact(u)),
+                &format!(
+                    "the master '{}' is listed twice (one server, whatever the db)",
+                    url::redact(u)
+                ),
             ));
         }
         seen.push(identity);
