@@ -50,14 +50,6 @@ pub fn extend_lease(ttl: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Duration>
     }
 }
 
-/// The `ttl` of a constructor (10 s when not given).
-pub fn ttl_arg(ttl: Option<&Bound<'_, PyAny>>) -> PyResult<Duration> {
-    match ttl {
-        Some(t) if !t.is_none() => args::duration("ttl", t, 0.001),
-        _ => Ok(Duration::from_secs(10)),
-    }
-}
-
 /// The `on_lost` of a constructor: a callable or None.
 pub fn on_lost_arg(on_lost: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Arc<Py<PyAny>>>> {
     match on_lost {

@@ -63,12 +63,12 @@ impl PyLock {
 #[pymethods]
 impl PyLock {
     #[new]
-    #[pyo3(signature = (client, name, *, ttl=None, timeout=None, auto_renew=None, fair=None, replicas=None, on_lost=None))]
+    #[pyo3(signature = (client, name, *, ttl=10.0, timeout=None, auto_renew=None, fair=None, replicas=None, on_lost=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         client: &Bound<'_, PyAny>,
         name: &Bound<'_, PyAny>,
-        ttl: Option<&Bound<'_, PyAny>>,
+        #[pyo3(from_py_with = args::ttl)] ttl: f64,
         timeout: Option<&Bound<'_, PyAny>>,
         auto_renew: Option<&Bound<'_, PyAny>>,
         fair: Option<&Bound<'_, PyAny>>,
@@ -76,7 +76,7 @@ impl PyLock {
         on_lost: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let name_bytes = args::name("name", name)?;
-        let ttl = hold::ttl_arg(ttl)?;
+        let ttl = args::seconds("ttl", ttl)?;
         let default_timeout = args::timeout("timeout", timeout)?.unwrap_or(None);
         let auto_renew = auto_renew.map_or(Ok(false), |v| args::flag("auto_renew", v))?;
         let fair = fair.map_or(Ok(false), |v| args::flag("fair", v))?;

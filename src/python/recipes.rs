@@ -39,7 +39,14 @@ pub fn acquire_token(
     atime: &Bound<'_, PyAny>,
     ltime: &Bound<'_, PyAny>,
 ) -> PyResult<Option<i64>> {
-    let lease = args::duration("ltime", ltime, 0.001)?;
+    let lease = args::seconds(
+        "ltime",
+        args::lease_seconds(
+            "ltime",
+            ltime,
+            "for long holds use redmutex.Lock(..., auto_renew=True)",
+        )?,
+    )?;
     let wait = Wait::from_timeout(args::forever_or_duration("atime", atime, 0.0)?);
     let token = String::from_utf8(args::name("identifier", identifier)?).unwrap_or_default();
     let (client, spec) = spec_for(conn, lockname, lease)?;

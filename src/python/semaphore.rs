@@ -64,13 +64,13 @@ impl PySemaphore {
 #[pymethods]
 impl PySemaphore {
     #[new]
-    #[pyo3(signature = (client, name, limit, *, ttl=None, timeout=None, fair=None, auto_renew=None, on_lost=None))]
+    #[pyo3(signature = (client, name, limit, *, ttl=10.0, timeout=None, fair=None, auto_renew=None, on_lost=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         client: &Bound<'_, PyAny>,
         name: &Bound<'_, PyAny>,
         limit: &Bound<'_, PyAny>,
-        ttl: Option<&Bound<'_, PyAny>>,
+        #[pyo3(from_py_with = args::ttl)] ttl: f64,
         timeout: Option<&Bound<'_, PyAny>>,
         fair: Option<&Bound<'_, PyAny>>,
         auto_renew: Option<&Bound<'_, PyAny>>,
@@ -79,7 +79,7 @@ impl PySemaphore {
         let name_bytes = args::name("name", name)?;
         // Counts travel through Lua numbers (doubles): keep them exact.
         let limit = args::count("limit", limit, 1, MAX_MS)?;
-        let ttl = hold::ttl_arg(ttl)?;
+        let ttl = args::seconds("ttl", ttl)?;
         let default_timeout = args::timeout("timeout", timeout)?.unwrap_or(None);
         let fair = fair.map_or(Ok(true), |v| args::flag("fair", v))?;
         let auto_renew = auto_renew.map_or(Ok(false), |v| args::flag("auto_renew", v))?;
