@@ -21,6 +21,11 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
+def _shown(name: str) -> str:
+    """`name` quoted for a message, cut after 200 characters (a name may be megabytes)."""
+    return f"'{name[:200]}…'" if len(name) > 200 else f"'{name}'"
+
+
 def acquire_lock(
     conn: Any,
     lockname: str,
@@ -59,15 +64,15 @@ def release_lock(conn: Any, lockname: str, identifier: str) -> bool:
 def redis_lock(conn: Any, lockname: str, atime: float = 10, ltime: float = 10) -> Iterator[str]:
     """`with redis_lock(conn, name) as identifier:` — raises LockError("could not acquire lock")
     when not acquired within `atime`, and LockLostError("lock was lost") on leaving if the lease
-    ended meanwhile."""
+    ended meanwhile; both say the lock's name and carry it as `.name`."""
     identifier = acquire_lock(conn, lockname, atime=atime, ltime=ltime)
     if not identifier:
-        raise LockError("could not acquire lock")
+        raise LockError(f"lock {_shown(lockname)}: could not acquire lock", name=lockname)
     try:
         yield identifier
     finally:
         if not release_lock(conn, lockname, identifier):
-            raise LockLostError("lock was lost")
+            raise LockLostError(f"lock {_shown(lockname)}: lock was lost", name=lockname)
 
 
 def locked(
