@@ -98,6 +98,18 @@ def test_silent_server_aio(silent: int) -> None:
     assert err.name == "quiet"
 
 
+def test_cluster_and_sentinel_name_their_nodes(silent: int) -> None:
+    cluster = redmutex.Client(cluster=[f"redis://:{SECRET}@127.0.0.1:{silent}/0"], **FAST)
+    err = connection_error(lambda: redmutex.Lock(cluster, "c").acquire())
+    assert f"cluster [127.0.0.1:{silent}]" in str(err) and "timed out after" in str(err), err
+    port = refused_port()
+    sentinel = redmutex.Client(
+        f"redis+sentinel://u:{SECRET}@127.0.0.1:{port}/svc?sentinel_password={SECRET}", **FAST
+    )
+    err = connection_error(sentinel.ping)
+    assert f"127.0.0.1:{port}" in str(err) and "'svc'" in str(err), err
+
+
 def test_missing_unix_socket_names_the_path(tmp_path: Path) -> None:
     path = tmp_path / "nobody-here.sock"
     client = redmutex.Client(f"unix://{path}?db=0&pass={SECRET}", **FAST)
