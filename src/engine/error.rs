@@ -99,3 +99,27 @@ impl From<crate::protocol::replies::UnexpectedReply> for Error {
         Error::Server(err.to_string())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_errors_are_told_where_once() {
+        let err = timed_out(Duration::from_millis(500), "waiting for an answer");
+        assert_eq!(
+            err.to_string(),
+            "timed out after 0.5 s waiting for an answer"
+        );
+        let told = err.at("127.0.0.1:6379");
+        assert_eq!(
+            told.to_string(),
+            "Redis at 127.0.0.1:6379: timed out after 0.5 s waiting for an answer"
+        );
+        // Told once: an outer layer does not say it again.
+        assert_eq!(told.clone().at("elsewhere"), told);
+        // Only connection errors name the endpoint.
+        let lost = Error::Lost("lock was lost".into());
+        assert_eq!(lost.clone().at("127.0.0.1:6379"), lost);
+    }
+}
