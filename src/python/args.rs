@@ -3,10 +3,9 @@
 
 use std::time::Duration;
 
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
-
-use pyo3::exceptions::PyTypeError;
 
 use super::errors::{type_error, value_error};
 use crate::protocol::lease::MAX_MS;
