@@ -875,7 +875,7 @@ def test_xfetch_decision_uses_redis_time_left_and_the_random_draw(
         ({"ttl": "1"}, TypeError, "ttl"),
         ({"ttl": 10**30}, ValueError, "ttl"),
         ({"ttl": 1, "lock_ttl": 0}, ValueError, "lock_ttl"),
-        ({"ttl": 1, "lock_ttl": None}, None, None),
+        ({"ttl": 1, "lock_ttl": None}, TypeError, "lock_ttl"),
         ({"ttl": 1, "timeout": -1}, ValueError, "timeout"),
         ({"ttl": 1, "timeout": math.inf}, None, None),
         ({"ttl": 1, "beta": -0.5}, ValueError, "beta"),

@@ -1,7 +1,8 @@
 """Type stubs of `redmutex._core`, the Rust extension (src/python/*.rs).
 
 Checked against the built module by `python -m mypy.stubtest redmutex._core` (`make lint`).
-Every constructor argument documented with a default also accepts None, meaning that default.
+Every constructor argument documented with a default also accepts None, meaning that default,
+except a lease (`ttl`, `lock_ttl`): None there is a TypeError (a lease is never infinite).
 """
 
 import asyncio
@@ -78,7 +79,7 @@ class Lock:
         client: _ClientLike,
         name: str,
         *,
-        ttl: _Seconds | None = None,
+        ttl: _Seconds = 10.0,
         timeout: _Seconds | None = None,
         auto_renew: bool | None = None,
         fair: bool | None = None,
@@ -124,7 +125,7 @@ class Semaphore:
         name: str,
         limit: int,
         *,
-        ttl: _Seconds | None = None,
+        ttl: _Seconds = 10.0,
         timeout: _Seconds | None = None,
         fair: bool | None = None,
         auto_renew: bool | None = None,
@@ -170,7 +171,7 @@ class RWLock:
         client: _ClientLike,
         name: str,
         *,
-        ttl: _Seconds | None = None,
+        ttl: _Seconds = 10.0,
         timeout: _Seconds | None = None,
         auto_renew: bool | None = None,
         on_lost: Callable[[RWLockSide], object] | None = None,
@@ -244,7 +245,7 @@ class CacheStore:
         client: _ClientLike,
         *,
         ttl: _Seconds,
-        lock_ttl: _Seconds | None = None,
+        lock_ttl: _Seconds = 10.0,
         timeout: _Seconds | None = None,
     ) -> Self: ...
     def fetch(

@@ -28,6 +28,11 @@ _log = logging.getLogger("redmutex")
 _ASYNC_RESULTS = (types.CoroutineType, types.AsyncGeneratorType)
 
 
+def _shown(name: str) -> str:
+    """`name` quoted for a message, cut after 200 characters (a name may be megabytes)."""
+    return f"'{name[:200]}…'" if len(name) > 200 else f"'{name}'"
+
+
 def acquire_lock(
     conn: Any,
     lockname: str,
@@ -66,18 +71,19 @@ def release_lock(conn: Any, lockname: str, identifier: str) -> bool:
 def redis_lock(conn: Any, lockname: str, atime: float = 10, ltime: float = 10) -> Iterator[str]:
     """`with redis_lock(conn, name) as identifier:` — raises LockError("could not acquire lock")
     when not acquired within `atime`, and LockLostError("lock was lost") on leaving if the lease
-    ended meanwhile. As with `with Lock`: when the block itself raised, its exception propagates
-    and a loss (or a failed release) is logged as a WARNING on the `redmutex` logger."""
+    ended meanwhile; both say the lock's name and carry it as `.name`. As with `with Lock`: when
+    the block itself raised, its exception propagates and a loss (or a failed release) is logged
+    as a WARNING on the `redmutex` logger."""
     identifier = acquire_lock(conn, lockname, atime=atime, ltime=ltime)
     if not identifier:
-        raise LockError("could not acquire lock")
+        raise LockError(f"lock {_shown(lockname)}: could not acquire lock", name=lockname)
     try:
         yield identifier
     except BaseException:
         _release_after_raise(conn, lockname, identifier)
         raise
     if not release_lock(conn, lockname, identifier):
-        raise LockLostError("lock was lost")
+        raise LockLostError(f"lock {_shown(lockname)}: lock was lost", name=lockname)
 
 
 def _release_after_raise(conn: Any, lockname: str, identifier: str) -> None:

@@ -16,7 +16,17 @@ __all__ = [
 
 
 class LockError(Exception):
-    """Base class of every redmutex error."""
+    """Base class of every redmutex error.
+
+    ``name`` is the name of the lock, semaphore or RWLock the error is about (whole, even when
+    the message shortens it), or None where no single name applies.
+    """
+
+    name: str | None
+
+    def __init__(self, *args: object, name: str | None = None) -> None:
+        super().__init__(*args)
+        self.name = name
 
 
 LockException = LockError

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use redis::{Cmd, ConnectionLike, FromRedisValue, ScriptInvocation, Value};
 
-use super::error::{Error, Result};
+use super::error::{timed_out, Error, Result};
 use super::node::{Retry, Timeouts};
 
 /// Idle connections kept for reuse; more threads than this open and close their own.
@@ -18,6 +18,8 @@ const KEPT: usize = 16;
 pub struct DirectPool {
     /// None: no direct calls on this deployment (Cluster, Sentinel); every call is refused.
     client: Option<redis::Client>,
+    /// Where the client connects, named by every connection error.
+    endpoint: String,
     timeouts: Timeouts,
     idle: Mutex<Vec<redis::Connection>>,
     /// How many connections broke under a call.
@@ -27,6 +29,7 @@ pub struct DirectPool {
 impl DirectPool {
     pub fn new(client: redis::Client, timeouts: Timeouts) -> Self {
         DirectPool {
+            endpoint: super::node::address(client.get_connection_info()),
             client: Some(client),
             timeouts,
             idle: Mutex::new(Vec::new()),
@@ -37,6 +40,7 @@ impl DirectPool {
     /// A pool that refuses every call (the deployment is not one server reached directly).
     pub fn unavailable(timeouts: Timeouts) -> Self {
         DirectPool {
+            endpoint: String::new(),
             client: None,
             timeouts,
             idle: Mutex::new(Vec::new()),
@@ -60,7 +64,15 @@ impl DirectPool {
                 "no direct connection to this deployment (only to a single server)".into(),
             ));
         };
-        let conn = client.get_connection_with_timeout(self.timeouts.connect)?;
+        let conn = client
+            .get_connection_with_timeout(self.timeouts.connect)
+            .map_err(|err| {
+                if err.is_timeout() {
+                    timed_out(self.timeouts.connect, "connecting")
+                } else {
+                    Error::from(err)
+                }
+            })?;
         conn.set_read_timeout(Some(self.timeouts.command))?;
         conn.set_write_timeout(Some(self.timeouts.command))?;
         Ok(conn)
@@ -83,7 +95,17 @@ impl DirectPool {
         self.call(retry, |conn| cmd.query::<T>(conn))
     }
 
+    /// One call (see `attempt`); its connection errors name the endpoint.
     fn call<T>(
+        &self,
+        retry: Retry,
+        op: impl Fn(&mut redis::Connection) -> redis::RedisResult<T>,
+    ) -> Result<T> {
+        self.attempt(retry, op)
+            .map_err(|err| err.at(&self.endpoint))
+    }
+
+    fn attempt<T>(
         &self,
         retry: Retry,
         op: impl Fn(&mut redis::Connection) -> redis::RedisResult<T>,
@@ -100,10 +122,7 @@ impl DirectPool {
                 Err(err) => {
                     let dropped = err.is_connection_dropped() && !err.is_timeout();
                     let err = if err.is_timeout() {
-                        Error::Connection(format!(
-                            "Redis did not answer within {:.3} s",
-                            self.timeouts.command.as_secs_f64()
-                        ))
+                        timed_out(self.timeouts.command, "waiting for an answer")
                     } else {
                         Error::from(err)
                     };

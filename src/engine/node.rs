@@ -12,7 +12,7 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Cmd, FromRedisValue, RedisFuture, ScriptInvocation, Value};
 
-use super::error::{Error, Result};
+use super::error::{timed_out, Error, Result};
 use super::sentinel::Sentinel;
 use crate::protocol::replies::parse_server_info;
 
@@ -46,9 +46,33 @@ pub enum Target {
     },
 }
 
+/// One server's address for messages: "host:port", or "unix socket /path".
+pub fn address(info: &redis::ConnectionInfo) -> String {
+    match info.addr() {
+        redis::ConnectionAddr::Unix(path) => format!("unix socket {}", path.display()),
+        tcp => tcp.to_string(),
+    }
+}
+
 impl Target {
     pub fn is_cluster(&self) -> bool {
         matches!(self, Target::Cluster { .. })
+    }
+
+    /// Where this target is, for error messages (never with a password): "host:port",
+    /// "unix socket /path", the sentinels and the service, or the cluster's seed nodes.
+    pub fn endpoint(&self) -> String {
+        match self {
+            Target::Direct(client) => address(client.get_connection_info()),
+            Target::Sentinel(sentinel) => sentinel.endpoint(),
+            Target::Cluster { seeds, .. } => {
+                let nodes: Vec<String> = seeds
+                    .iter()
+                    .map(|seed| address(seed.get_connection_info()))
+                    .collect();
+                format!("cluster [{}]", nodes.join(", "))
+            }
+        }
     }
 
     /// A new connection. Replies are bounded by the callers' own deadlines.
@@ -56,11 +80,9 @@ impl Target {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(timeouts.connect))
             .set_response_timeout(None);
-        let limit = timeouts.connect + timeouts.command;
         match self {
-            Target::Direct(client) => within(
-                limit,
-                "the connection",
+            Target::Direct(client) => within_connect(
+                timeouts,
                 client.get_multiplexed_async_connection_with_config(&config),
             )
             .await
@@ -70,7 +92,7 @@ impl Target {
                 .await
                 .map(|(_, conn)| Conn::Plain(conn)),
             Target::Cluster { client, .. } => {
-                within(limit, "the cluster", client.get_async_connection())
+                within_connect(timeouts, client.get_async_connection())
                     .await
                     .map(|conn| Conn::Cluster(Box::new(conn)))
             }
@@ -177,6 +199,8 @@ struct Live {
 
 pub struct Node {
     target: Arc<Target>,
+    /// `target.endpoint()`: every connection error of this node names it.
+    endpoint: String,
     timeouts: Timeouts,
     /// Read the server's identity on every new connection (Redlock masters).
     identify: bool,
@@ -214,17 +238,36 @@ pub async fn within<T>(
     fut: impl Future<Output = redis::RedisResult<T>>,
 ) -> Result<T> {
     match tokio::time::timeout(limit, fut).await {
+        Ok(Err(err)) if err.is_timeout() => Err(timed_out(limit, &format!("waiting for {what}"))),
         Ok(result) => result.map_err(Error::from),
-        Err(_) => Err(Error::Connection(format!(
-            "Redis did not answer {what} within {:.3} s",
-            limit.as_secs_f64()
-        ))),
+        Err(_) => Err(timed_out(limit, &format!("waiting for {what}"))),
+    }
+}
+
+/// Opening a connection: the connect timeout bounds reaching the server, and the connect and
+/// command timeouts together bound the whole (a server that accepts but never answers).
+async fn within_connect<T>(
+    timeouts: Timeouts,
+    fut: impl Future<Output = redis::RedisResult<T>>,
+) -> Result<T> {
+    let limit = timeouts.connect + timeouts.command;
+    let started = Instant::now();
+    match tokio::time::timeout(limit, fut).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(err)) if err.is_timeout() => Err(timed_out(timeouts.connect, "connecting")),
+        // The cluster client wraps its nodes' timeouts in an error of its own.
+        Ok(Err(err)) if started.elapsed() >= timeouts.connect => {
+            Err(timed_out(timeouts.connect, &format!("connecting ({err})")))
+        }
+        Ok(Err(err)) => Err(err.into()),
+        Err(_) => Err(timed_out(limit, "waiting for the connection")),
     }
 }
 
 impl Node {
     pub fn new(target: Arc<Target>, timeouts: Timeouts) -> Self {
         Node {
+            endpoint: target.endpoint(),
             target,
             timeouts,
             identify: false,
@@ -266,7 +309,12 @@ impl Node {
         }
         let _one_at_a_time = tokio::time::timeout(self.timeouts.connect, self.connecting.lock())
             .await
-            .map_err(|_| Error::Connection("timed out waiting to connect to Redis".into()))?;
+            .map_err(|_| {
+                timed_out(
+                    self.timeouts.connect,
+                    "waiting for another caller's connect",
+                )
+            })?;
         if let Some(found) = self.cached() {
             return Ok(found);
         }
@@ -274,12 +322,7 @@ impl Node {
         let limit = self.timeouts.connect + self.timeouts.command;
         let live = tokio::time::timeout(limit, self.open())
             .await
-            .map_err(|_| {
-                Error::Connection(format!(
-                    "Redis did not accept a connection within {:.3} s",
-                    limit.as_secs_f64()
-                ))
-            })??;
+            .map_err(|_| timed_out(limit, "waiting for the connection"))??;
         let mut guard = self.current.lock().unwrap_or_else(|p| p.into_inner());
         guard.0 += 1;
         guard.1 = Some(live.clone());
@@ -393,7 +436,18 @@ impl Node {
         self.cached().and_then(|(_, live)| live.identity)
     }
 
+    /// One call (see `attempt`); its connection errors name the endpoint.
     async fn call<T, F, Fut>(&self, retry: Retry, op: F) -> Result<(T, Option<Arc<Identity>>)>
+    where
+        F: Fn(Conn) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        self.attempt(retry, op)
+            .await
+            .map_err(|err| err.at(&self.endpoint))
+    }
+
+    async fn attempt<T, F, Fut>(&self, retry: Retry, op: F) -> Result<(T, Option<Arc<Identity>>)>
     where
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
@@ -411,10 +465,7 @@ impl Node {
                 Ok(Err(err)) => err,
                 Err(_) => {
                     self.invalidate(generation);
-                    return Err(Error::Connection(format!(
-                        "Redis did not answer within {:.3} s",
-                        self.timeouts.command.as_secs_f64()
-                    )));
+                    return Err(timed_out(self.timeouts.command, "waiting for an answer"));
                 }
             };
             if let Some(until) = cluster_until {
@@ -432,7 +483,11 @@ impl Node {
             let read_only =
                 err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly);
             let dropped = err.is_connection_dropped() && !err.is_timeout();
-            let err = Error::from(err);
+            let err = if err.is_timeout() {
+                timed_out(self.timeouts.command, "waiting for an answer")
+            } else {
+                Error::from(err)
+            };
             if err.is_connection() || read_only {
                 self.invalidate(generation);
             }
