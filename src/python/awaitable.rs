@@ -1,6 +1,7 @@
 //! The asyncio bridge: runs an engine future on the tokio runtime and resolves an asyncio
 //! future on the caller's event loop when it ends. The loop never blocks; cancelling the asyncio
-//! future aborts the tokio task (whose drop guards clean up in Redis).
+//! future aborts the tokio task (whose drop guards clean up in Redis), and first tells an acquire
+//! that it is abandoned, so that a grant it obtains all the same is given back.
 //!
 //! Runtime threads never call into Python. A finished operation goes into its loop's queue, and
 //! one byte on a socket pair wakes the loop, which resolves the futures on its own thread (a
