@@ -88,3 +88,9 @@ package-check: package redis-server
 
 clean:
 	rm -rf target $(VENV)
+
+# Issue 13 item 2 soak: 2,000 release-vs-cancel races per kind (Lock fair/unfair, Semaphore,
+# both RWLock sides), each checked in Redis; `make test` runs 200 per kind.
+.PHONY: soak-aio-cancel
+soak-aio-cancel: deps build
+	REDMUTEX_AIO_CANCEL_RACES=2000 REDMUTEX_AIO_CANCEL_SECONDS=600 $(PY) -m pytest -q -s tests/test_aio_cancel.py

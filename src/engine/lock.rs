@@ -519,6 +519,11 @@ impl LockHandle {
         self.holder.acquire(wait, listener, &()).await
     }
 
+    /// The object's hold (asyncio drives acquires that may be abandoned through it).
+    pub fn holder(&self) -> &Holder<LockSpec> {
+        &self.holder
+    }
+
     pub async fn release(&self) -> Result<()> {
         self.holder.release().await
     }

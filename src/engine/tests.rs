@@ -540,3 +540,104 @@ fn a_caller_chosen_token_in_place_is_granted_to_a_resend_only() {
             .unwrap());
     });
 }
+
+/// The asyncio acquire's ticket: an abandoned attempt gives back a grant that arrives after the
+/// abandon (a runtime task's poll under way is not stopped by its abort), gives back a hold it
+/// had already settled into, and never touches a hold that a later acquire took.
+#[test]
+fn an_abandoned_acquire_gives_back_what_it_obtains_and_nothing_else() {
+    use super::hold::Ticket;
+
+    let server = Server::start();
+    let client = server.client("t13:");
+    let ttl = Duration::from_secs(30);
+    let owner = |shared: Arc<super::client::Shared>| async move {
+        let value: Option<Vec<u8>> = shared
+            .node
+            .query(redis::cmd("GET").arg(b"t13:{g}:lock"), Retry::Never)
+            .await
+            .unwrap();
+        value
+    };
+    block_on(async {
+        let shared = client.shared().unwrap();
+        let holder = LockHandle::new(client.clone(), b"g", ttl, true, 0, false).unwrap();
+        assert!(holder.acquire(Wait::Once, None).await.unwrap());
+
+        // Abandoned while it waits in the queue, then granted by the release.
+        let waiter = Arc::new(LockHandle::new(client.clone(), b"g", ttl, true, 0, false).unwrap());
+        let ticket = Ticket::default();
+        let task = {
+            let (waiter, ticket) = (waiter.clone(), ticket.clone());
+            tokio::spawn(async move {
+                waiter
+                    .holder()
+                    .acquire_ticketed(Wait::Forever, None, &(), ticket)
+                    .await
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let queued: i64 = shared
+                .node
+                .query(redis::cmd("LLEN").arg(b"t13:{g}:queue"), Retry::Never)
+                .await
+                .unwrap();
+            if queued == 1 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the waiter never queued");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        waiter.holder().abandon(&ticket);
+        holder.release().await.unwrap();
+        assert!(
+            !task.await.unwrap().unwrap(),
+            "an abandoned grant must not count"
+        );
+        assert_eq!(waiter.token(), None);
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while owner(shared.clone()).await.is_some() {
+            assert!(Instant::now() < deadline, "the grant was not given back");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+
+        // Abandoned after it settled: the hold goes at once, and from Redis.
+        let ticket = Ticket::default();
+        let acquired = waiter
+            .holder()
+            .acquire_ticketed(Wait::Once, None, &(), ticket.clone())
+            .await
+            .unwrap();
+        assert!(acquired);
+        waiter.holder().abandon(&ticket);
+        assert_eq!(waiter.token(), None);
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while owner(shared.clone()).await.is_some() {
+            assert!(Instant::now() < deadline, "the hold was not given back");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+
+        // An old ticket never touches a later acquire's hold.
+        let old = Ticket::default();
+        let acquired = waiter
+            .holder()
+            .acquire_ticketed(Wait::Once, None, &(), old.clone())
+            .await
+            .unwrap();
+        assert!(acquired);
+        waiter.release().await.unwrap();
+        let acquired = waiter
+            .holder()
+            .acquire_ticketed(Wait::Once, None, &(), Ticket::default())
+            .await
+            .unwrap();
+        assert!(acquired);
+        let token = waiter.token().unwrap();
+        waiter.holder().abandon(&old);
+        assert_eq!(waiter.token().as_deref(), Some(token.as_str()));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(owner(shared.clone()).await, Some(token.into_bytes()));
+        waiter.release().await.unwrap();
+    });
+}

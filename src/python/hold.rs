@@ -15,11 +15,11 @@ use super::awaitable::{self, OnCancel};
 use super::blocking;
 use super::errors::{type_error, value_error, About, LockTimeoutError, Named};
 use super::log;
-use crate::engine::hold::OnLost;
-use crate::engine::lock::{LockHandle, Wait};
+use crate::engine::hold::{Holder, Leased, OnLost, Ticket};
+use crate::engine::lock::{LockHandle, LockSpec, Wait};
 use crate::engine::renew::Listener;
-use crate::engine::rwlock::RwHandle;
-use crate::engine::semaphore::SemaphoreHandle;
+use crate::engine::rwlock::{RwHandle, RwSide};
+use crate::engine::semaphore::{SemaphoreHandle, SemaphoreSpec};
 use crate::engine::{Error, Result};
 
 /// The wait of one `acquire(blocking, timeout)`; `default` is the constructor's timeout.
@@ -134,11 +134,15 @@ pub fn enter_timeout(py: Python<'_>, about: &About, default_timeout: Option<Dura
 pub trait Releasable: Send + Sync + 'static {
     /// What one acquire is told beyond the wait (the read/write locks: the caller's context).
     type Context: Send + 'static;
+    type Primitive: Leased;
+    fn holder(&self) -> &Holder<Self::Primitive>;
+    /// The asyncio acquire: `abandon(ticket)` gives back whatever it obtains.
     fn acquire(
         &self,
         wait: Wait,
         listener: Option<OnLost>,
         context: Self::Context,
+        ticket: Ticket,
     ) -> impl Future<Output = Result<bool>> + Send;
     fn release(&self) -> impl Future<Output = Result<()>> + Send;
     fn extend(&self, lease: Option<Duration>) -> impl Future<Output = Result<()>> + Send;
@@ -152,14 +156,19 @@ pub trait Releasable: Send + Sync + 'static {
 
 impl Releasable for LockHandle {
     type Context = ();
+    type Primitive = LockSpec;
+    fn holder(&self) -> &Holder<LockSpec> {
+        LockHandle::holder(self)
+    }
     #[allow(clippy::unused_unit)]
     fn acquire(
         &self,
         wait: Wait,
         listener: Option<OnLost>,
         _context: (),
+        ticket: Ticket,
     ) -> impl Future<Output = Result<bool>> + Send {
-        LockHandle::acquire(self, wait, listener)
+        self.holder().acquire_ticketed(wait, listener, &(), ticket)
     }
     fn release(&self) -> impl Future<Output = Result<()>> + Send {
         LockHandle::release(self)
@@ -180,14 +189,19 @@ impl Releasable for LockHandle {
 
 impl Releasable for SemaphoreHandle {
     type Context = ();
+    type Primitive = SemaphoreSpec;
+    fn holder(&self) -> &Holder<SemaphoreSpec> {
+        SemaphoreHandle::holder(self)
+    }
     #[allow(clippy::unused_unit)]
     fn acquire(
         &self,
         wait: Wait,
         listener: Option<OnLost>,
         _context: (),
+        ticket: Ticket,
     ) -> impl Future<Output = Result<bool>> + Send {
-        SemaphoreHandle::acquire(self, wait, listener)
+        self.holder().acquire_ticketed(wait, listener, &(), ticket)
     }
     fn release(&self) -> impl Future<Output = Result<()>> + Send {
         SemaphoreHandle::release(self)
@@ -209,14 +223,20 @@ impl Releasable for SemaphoreHandle {
 
 impl Releasable for RwHandle {
     type Context = u64;
-    #[allow(clippy::unused_unit)]
-    fn acquire(
+    type Primitive = RwSide;
+    fn holder(&self) -> &Holder<RwSide> {
+        RwHandle::holder(self)
+    }
+    async fn acquire(
         &self,
         wait: Wait,
         listener: Option<OnLost>,
         context: u64,
-    ) -> impl Future<Output = Result<bool>> + Send {
-        RwHandle::acquire(self, wait, listener, context)
+        ticket: Ticket,
+    ) -> Result<bool> {
+        self.holder()
+            .acquire_ticketed(wait, listener, &context, ticket)
+            .await
     }
     fn release(&self) -> impl Future<Output = Result<()>> + Send {
         RwHandle::release(self)
@@ -290,6 +310,13 @@ pub fn leave_block(
 // The asyncio side: awaitables with the same semantics as the blocking methods. Acquiring stops
 // (and cleans up) when cancelled; releasing and extending run to their end regardless.
 
+/// What cancelling an acquire's awaitable does beside aborting it: the attempt gives back
+/// whatever it obtained, now or as it settles (a grant may be on its way).
+fn abandoner<H: Releasable>(handle: &Arc<H>, ticket: &Ticket) -> awaitable::Abandon {
+    let (handle, ticket) = (handle.clone(), ticket.clone());
+    Box::new(move || handle.holder().abandon(&ticket))
+}
+
 pub fn acquire_async<'py, H: Releasable>(
     py: Python<'py>,
     handle: Arc<H>,
@@ -298,10 +325,11 @@ pub fn acquire_async<'py, H: Releasable>(
     context: H::Context,
     about: About,
 ) -> PyResult<Bound<'py, PyAny>> {
-    awaitable::spawn(
+    let ticket = Ticket::default();
+    awaitable::spawn_abandonable(
         py,
-        OnCancel::Abort,
-        async move { Ok(handle.acquire(wait, listener, context).await) },
+        abandoner(&handle, &ticket),
+        async move { Ok(handle.acquire(wait, listener, context, ticket).await) },
         move |py, acquired| acquired.about(py, &about)?.into_bound_py_any(py),
     )
 }
@@ -316,10 +344,11 @@ pub fn enter_async<'py, H: Releasable>(
     timeout_error: PyErr,
     about: About,
 ) -> PyResult<Bound<'py, PyAny>> {
-    awaitable::spawn(
+    let ticket = Ticket::default();
+    awaitable::spawn_abandonable(
         py,
-        OnCancel::Abort,
-        async move { Ok(handle.acquire(wait, listener, context).await) },
+        abandoner(&handle, &ticket),
+        async move { Ok(handle.acquire(wait, listener, context, ticket).await) },
         move |py, acquired| {
             if acquired.about(py, &about)? {
                 Ok(py.None().into_bound(py))
@@ -328,6 +357,11 @@ pub fn enter_async<'py, H: Releasable>(
             }
         },
     )
+}
+
+/// `_give_back(token)`: see `Holder::give_back`.
+pub fn give_back<H: Releasable>(handle: &H, token: &str) -> bool {
+    handle.holder().give_back(token)
 }
 
 pub fn release_async<H: Releasable>(

@@ -347,6 +347,12 @@ impl PyRwSide {
         hold::release_async(py, self.handle.clone(), self.about.clone())
     }
 
+    /// Gives back the hold with `token` at once (released in Redis in the background), if this
+    /// object still has it: an acquire that succeeded after its task was cancelled.
+    fn _give_back(&self, token: &str) -> bool {
+        hold::give_back(&*self.handle, token)
+    }
+
     #[pyo3(signature = (ttl=None))]
     fn _extend_async<'py>(
         &self,
