@@ -66,10 +66,15 @@ lint: venv
 	$(MAKE) --no-print-directory lint-types
 
 # Types: mypy --strict on the package and the examples; stubtest compares _core.pyi with the
-# built extension (hence `build`).
+# built extension (hence `build`); a typed user of every public API (tests/typing/user_module.py)
+# passes mypy --strict and pyright (strict, offline: the PyPI package bundles it); the docs'
+# API page is the one scripts/gen_api_docs.py makes from the docstrings.
 lint-types: venv build
 	$(PY) -m mypy --strict python/redmutex examples
 	$(PY) -m mypy.stubtest redmutex._core
+	$(PY) -m mypy --strict tests/typing/user_module.py
+	$(VENV)/bin/pyright --pythonpath $(PY) tests/typing/user_module.py
+	$(PY) -m pytest -q tests/test_typing.py
 
 fmt: venv
 	cargo fmt

@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 from . import _core, metrics
 from ._cache import cached, get_or_fill
-from ._core import Client, Lock, RWLock, Semaphore, __version__
+from ._core import Client, Lock, RWLock, RWLockSide, Semaphore, __version__
 from ._recipes import acquire_lock, locked, redis_lock, release_lock
+from ._types import ClientLike, RedisLike
 from .errors import (
     ConnectionError,
     LockError,
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Client",
+    "ClientLike",
     "ConnectionError",
     "Lock",
     "LockError",
@@ -34,6 +36,8 @@ __all__ = [
     "LockTimeoutError",
     "QuorumError",
     "RWLock",
+    "RWLockSide",
+    "RedisLike",
     "Semaphore",
     "__version__",
     "acquire_lock",

@@ -14,7 +14,7 @@ import itertools
 import weakref
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 
 from . import _core
 from ._aio_cache import AsyncCachedFunction, cached, get_or_fill
@@ -22,6 +22,8 @@ from ._callkeys import compile_template
 
 if TYPE_CHECKING:
     from typing_extensions import Self
+
+    from ._types import ClientLike
 
 __all__ = [
     "AsyncCachedFunction",
@@ -136,7 +138,7 @@ class Lock(_Hold):
 
     def __init__(
         self,
-        client: Any,
+        client: ClientLike,
         name: str,
         *,
         ttl: float = 10.0,
@@ -171,7 +173,7 @@ class Semaphore(_Hold):
 
     def __init__(
         self,
-        client: Any,
+        client: ClientLike,
         name: str,
         limit: int,
         *,
@@ -229,8 +231,10 @@ class RWLockSide(_Hold):
         return bool(await self._core.rwlock._locked_async())
 
     @property
-    def mode(self) -> str:
-        return str(self._core.mode)
+    def mode(self) -> Literal["read", "write"]:
+        """ "read" or "write"."""
+        mode: Literal["read", "write"] = self._core.mode
+        return mode
 
 
 class RWLock:
@@ -238,7 +242,7 @@ class RWLock:
 
     def __init__(
         self,
-        client: Any,
+        client: ClientLike,
         name: str,
         *,
         ttl: float = 10.0,
@@ -286,7 +290,7 @@ class RWLock:
 
 
 def locked(
-    client: Any,
+    client: ClientLike,
     name: str,
     *,
     ttl: float = 10.0,
