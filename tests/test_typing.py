@@ -54,3 +54,26 @@ def test_pyright_rejects_every_misuse() -> None:
     assert done.returncode == 1, done.stdout + done.stderr
     flagged = {int(m) for m in re.findall(r"misuse\.py:(\d+):\d+ - error:", done.stdout)}
     assert flagged == _marked_lines(), done.stdout
+
+
+def test_api_page_is_up_to_date() -> None:
+    """docs/api.md is what scripts/gen_api_docs.py makes of the current docstrings."""
+    script = Path(__file__).resolve().parent.parent / "scripts" / "gen_api_docs.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--check"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_api_page_names_every_public_name() -> None:
+    import redmutex
+    from redmutex import aio
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "api.md").read_text("utf-8")
+    missing = [f"redmutex.{n}" for n in redmutex.__all__ if f"redmutex.{n}" not in page]
+    missing += [f"redmutex.aio.{n}" for n in aio.__all__ if f"redmutex.aio.{n}" not in page]
+    assert missing == []
