@@ -61,8 +61,8 @@ lint: venv
 	cargo fmt --check
 	cargo clippy -q --all-targets -- -D warnings
 	cargo clippy -q --all-targets --no-default-features -- -D warnings
-	$(VENV)/bin/ruff check python tests examples benchmarks
-	$(VENV)/bin/ruff format --check python tests examples benchmarks
+	$(VENV)/bin/ruff check python tests examples benchmarks scripts
+	$(VENV)/bin/ruff format --check python tests examples benchmarks scripts
 	$(MAKE) --no-print-directory lint-types
 
 # Types: mypy --strict on the package and the examples; stubtest compares _core.pyi with the
@@ -70,7 +70,7 @@ lint: venv
 # passes mypy --strict and pyright (strict, offline: the PyPI package bundles it); the docs'
 # API page is the one scripts/gen_api_docs.py makes from the docstrings.
 lint-types: venv build
-	$(PY) -m mypy --strict python/redmutex examples
+	$(PY) -m mypy --strict python/redmutex examples scripts
 	$(PY) -m mypy.stubtest redmutex._core
 	$(PY) -m mypy --strict tests/typing/user_module.py
 	$(VENV)/bin/pyright --pythonpath $(PY) tests/typing/user_module.py
@@ -78,7 +78,7 @@ lint-types: venv build
 
 fmt: venv
 	cargo fmt
-	$(VENV)/bin/ruff format python tests examples benchmarks
+	$(VENV)/bin/ruff format python tests examples benchmarks scripts
 
 # Release artifacts in dist/: the abi3 wheel (one wheel for every CPython >= 3.10) and the sdist.
 package: venv
