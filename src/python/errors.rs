@@ -12,6 +12,7 @@ pyo3::import_exception!(redmutex.errors, LockNotOwnedError);
 pyo3::import_exception!(redmutex.errors, LockLostError);
 pyo3::import_exception!(redmutex.errors, ConnectionError);
 pyo3::import_exception!(redmutex.errors, QuorumError);
+pyo3::import_exception!(redmutex.errors, SemaphoreLimitError);
 
 impl From<Error> for PyErr {
     fn from(err: Error) -> PyErr {
@@ -24,6 +25,7 @@ impl From<Error> for PyErr {
             Error::Invalid(m) => PyValueError::new_err(m),
             Error::Quorum(m) => QuorumError::new_err(m),
             Error::Unsupported(m) => PyNotImplementedError::new_err(m),
+            Error::Limit(m) => SemaphoreLimitError::new_err(m),
         }
     }
 }
