@@ -773,6 +773,8 @@ fn a_semaphore_refuses_another_limit_while_holders_or_waiters_of_the_live_one_re
         .unwrap();
         assert!(pttl > 50_000, "{pttl}");
         assert!(block_on(semaphore::release(&shared, &five, "b")).unwrap());
+        // The last holder out takes the limit with it: nothing of the semaphore is left.
+        assert_eq!(get(keys.semaphore_limit()), None);
     }
     // A queued waiter of the live limit holds it too (fair).
     let one = spec(1, true);

@@ -276,6 +276,7 @@ pub fn semaphore_release<'a>(keys: &Keys, token: &str, limit: u64) -> ScriptInvo
     inv.key(keys.semaphore_holders())
         .key(keys.semaphore_queue())
         .key(keys.semaphore_queue_deadlines())
+        .key(keys.semaphore_limit())
         .arg(token)
         .arg(limit)
         .arg(keys.wake_channel());
@@ -288,6 +289,7 @@ pub fn semaphore_leave<'a>(keys: &Keys, token: &str, limit: u64) -> ScriptInvoca
     inv.key(keys.semaphore_holders())
         .key(keys.semaphore_queue())
         .key(keys.semaphore_queue_deadlines())
+        .key(keys.semaphore_limit())
         .arg(token)
         .arg(limit)
         .arg(keys.wake_channel());
