@@ -16,6 +16,7 @@ from .errors import (
     LockNotOwnedError,
     LockTimeoutError,
     QuorumError,
+    SemaphoreLimitError,
 )
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "QuorumError",
     "RWLock",
     "Semaphore",
+    "SemaphoreLimitError",
     "__version__",
     "acquire_lock",
     "cached",

@@ -9,7 +9,8 @@ dependency needed by these commands only: every key of the primitive named N sta
                                                          fence_ttl after the last acquisition)
     :queue, :queue:deadlines, :queue:leases              its fair queue: list of tokens, zset of
                                                          places, hash of the lease each one asks
-    :sem:holders, :sem:queue, :sem:queue:deadlines       Semaphore
+    :sem:holders, :sem:limit, :sem:queue,                Semaphore (the limit in use)
+    :sem:queue:deadlines
     :rw:readers, :rw:writer, :rw:writers_waiting         RWLock
     :value, :fill                                        cache entry (get_or_fill, @cached)
 
@@ -55,6 +56,7 @@ SUFFIXES: dict[str, tuple[str, str]] = {
     ":queue:deadlines": ("lock", "queue_deadlines"),
     ":queue:leases": ("lock", "queue_leases"),
     ":sem:holders": ("semaphore", "holders"),
+    ":sem:limit": ("semaphore", "limit"),
     ":sem:queue": ("semaphore", "queue"),
     ":sem:queue:deadlines": ("semaphore", "queue_deadlines"),
     ":rw:readers": ("rwlock", "readers"),
