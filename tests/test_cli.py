@@ -264,7 +264,9 @@ def test_list_finds_every_kind_with_scan(
         assert any(line.startswith("semaphore") and "quota" in line for line in lines)
         assert not any("free-one" in line for line in lines)
         done = run_cli("list", "--all", "--redis", redis_url, "--prefix", prefix)
-        assert any("free-one" in line and "free, fence" in line for line in done.stdout.splitlines())
+        assert any(
+            "free-one" in line and "free, fence" in line for line in done.stdout.splitlines()
+        )
     finally:
         held.release()
         sem.release()
