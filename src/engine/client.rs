@@ -24,7 +24,7 @@ use super::runtime::{self, pid};
 use super::sentinel::Sentinel;
 use super::waiting::Gate;
 use super::wake::WakeHub;
-use crate::protocol::keys::Keys;
+use crate::protocol::keys::{Keys, DEFAULT_FENCE_TTL_MS};
 use crate::protocol::url::{self, Endpoint};
 
 /// The Redis deployment a client talks to.
@@ -44,6 +44,8 @@ pub struct ClientConfig {
     pub deployment: Deployment,
     pub prefix: Vec<u8>,
     pub timeouts: Timeouts,
+    /// How long a fencing counter lives after the last acquisition of its name, in ms.
+    pub fence_ttl_ms: u64,
 }
 
 impl ClientConfig {
@@ -55,6 +57,7 @@ impl ClientConfig {
             )),
             prefix: prefix.to_vec(),
             timeouts,
+            fence_ttl_ms: DEFAULT_FENCE_TTL_MS,
         })
     }
 }
@@ -300,7 +303,7 @@ impl Client {
     /// The keys of the primitive `name`. On a cluster every key of a primitive must share one
     /// slot, which a name starting with '}' would break (its hash tag would be empty).
     pub fn keys(&self, name: &[u8]) -> Result<Keys> {
-        let keys = Keys::new(&self.config.prefix, name);
+        let keys = Keys::new(&self.config.prefix, name).with_fence_ttl(self.config.fence_ttl_ms);
         if self.is_cluster() && !keys.single_slot() {
             return Err(Error::Invalid(
                 "name: on Redis Cluster a name must not start with '}' (its keys would not \
