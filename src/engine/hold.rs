@@ -22,7 +22,9 @@ use crate::protocol::lease;
 pub struct HoldStatus {
     deadline: Mutex<Instant>,
     lost: AtomicBool,
-    /// Set while a release is under way, so renewal does not mistake it for a loss.
+    /// Set once a release was attempted, and never cleared: renewal stops for good (a release
+    /// that failed must not leave the lease renewed for as long as the object lives; it ends by
+    /// itself within the ttl), and no "not ours" it hears from then on is a loss.
     releasing: AtomicBool,
 }
 
@@ -56,8 +58,8 @@ impl HoldStatus {
         self.releasing.load(Ordering::Acquire)
     }
 
-    pub fn set_releasing(&self, releasing: bool) {
-        self.releasing.store(releasing, Ordering::Release);
+    pub fn set_releasing(&self) {
+        self.releasing.store(true, Ordering::Release);
     }
 }
 
@@ -518,17 +520,27 @@ impl<P: Leased> Holder<P> {
         )
     }
 
+    /// Stops renewal before the release goes out: whatever the release's outcome, the hold is
+    /// renewed no more (see `HoldStatus::releasing`).
     fn begin_release(&self) -> Result<HoldRef> {
-        let hold = self.current().ok_or_else(|| self.not_owned())?;
-        hold.status.set_releasing(true);
-        Ok(hold)
+        let mut state = self.state();
+        let State::Held(hold) = &mut *state else {
+            return Err(self.not_owned());
+        };
+        hold.status.set_releasing();
+        if let Some(renewal) = hold.renewal.take() {
+            renewal.stop();
+        }
+        Ok(HoldRef {
+            token: hold.token.clone(),
+            status: hold.status.clone(),
+        })
     }
 
     /// `retried`: the release went out while the lease was still ours and its connection broke
     /// meanwhile, so a "not ours" may be the answer of a resend to our own first delete: that
     /// counts as released (the local deadline never outlives Redis's lease).
     fn finish_release(&self, hold: HoldRef, outcome: Result<bool>, retried: bool) -> Result<()> {
-        hold.status.set_releasing(false);
         let released = outcome? || retried;
         let lost = !released || hold.status.is_lost();
         {
