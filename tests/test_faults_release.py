@@ -13,7 +13,10 @@ Every redis-server here is started by the test (make_server) and stopped by its 
 
 from __future__ import annotations
 
+import asyncio
+import os
 import random
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -57,10 +60,9 @@ def test_failed_release_stops_renewal(
     admin = redis.Redis(port=server.port)
     try:
         hold = _hold(kind, c, name, ttl=ttl, auto_renew=True)
-        with pytest.raises(redmutex.ConnectionError):
-            with hold:
-                time.sleep(0.5)  # renewed at least once
-                admin.execute_command("CLIENT", "PAUSE", 700)
+        with pytest.raises(redmutex.ConnectionError), hold:
+            time.sleep(0.5)  # renewed at least once
+            admin.execute_command("CLIENT", "PAUSE", 700)
         failed_at = time.monotonic()
         other = _hold(kind, other_client, name, ttl=5)
         got = other.acquire(timeout=ttl + 3 * LATE)
@@ -123,14 +125,96 @@ def test_clean_release_never_reported_lost_by_renewal(
         for th in workers:
             th.outcome(seconds + 30)
         time.sleep(0.2)  # on_lost runs on a thread of its own
-        print(
-            f"\n{done[0]} releases, {lock_lost[0]} found lost, "
-            f"{len(lost_calls)} on_lost calls"
-        )
+        print(f"\n{done[0]} releases, {lock_lost[0]} found lost, {len(lost_calls)} on_lost calls")
         assert done[0] >= 200
         assert len(lost_calls) <= lock_lost[0], (
             f"on_lost called {len(lost_calls)} times, but only {lock_lost[0]} releases found "
             "their hold lost: renewal reported clean releases as losses"
         )
+    finally:
+        c.close()
+
+
+# --------------------------- item 3: a release resent after a restart does not hide the loss
+
+
+def _restart(make_server: Callable[..., RedisServer], server: RedisServer) -> RedisServer:
+    """Kills redis-server (by PID) and starts an empty one on the same port."""
+    assert server.process is not None
+    os.kill(server.process.pid, signal.SIGKILL)
+    server.process.wait(timeout=10)
+    return make_server(port=server.port)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("api", ["sync", "asyncio"])
+@pytest.mark.parametrize("kind", ["lock", "semaphore", "read", "write"])
+def test_release_after_restart_and_new_holder_is_lost(
+    make_server: Callable[..., RedisServer], prefix: str, kind: str, api: str
+) -> None:
+    """A holds (ttl 30); redis-server restarts empty; B takes it; A's release meets the
+    connection that the restart broke, is resent and finds the hold not ours. Its first send
+    went to a server that is gone, so this is a loss: LockLostError, `lost` True — never a
+    clean exit while B holds it."""
+    server = make_server()
+    name = f"restart-{kind}-{api}"
+    a_client = redmutex.Client(server.url, prefix=prefix, connect_timeout=1.0, command_timeout=1.0)
+    b_client = redmutex.Client(server.url, prefix=prefix, connect_timeout=1.0, command_timeout=1.0)
+    try:
+        if api == "sync":
+            a = _hold(kind, a_client, name, ttl=30)
+            assert a.acquire(timeout=5)
+        else:
+            a = _aio_hold(kind, a_client, name)
+            assert asyncio.run(a.acquire(timeout=5))
+        _restart(make_server, server)
+        b = _hold("write" if kind == "read" else kind, b_client, name, ttl=30)
+        assert b.acquire(timeout=5)
+        outcome: object = None
+        try:
+            if api == "sync":
+                a.release()
+            else:
+                asyncio.run(a.release())
+        except redmutex.LockError as exc:
+            outcome = exc
+        assert isinstance(outcome, redmutex.LockLostError), (
+            f"A's release after the restart ended with {outcome!r} while B holds it"
+        )
+        assert a.lost is True
+        assert b.owned() is True
+        b.release()
+    finally:
+        a_client.close()
+        b_client.close()
+
+
+def _aio_hold(kind: str, c: redmutex.Client, name: str) -> Any:
+    from redmutex import aio
+
+    if kind == "lock":
+        return aio.Lock(c, name, ttl=30)
+    if kind == "semaphore":
+        return aio.Semaphore(c, name, 1, ttl=30)
+    rw = aio.RWLock(c, name, ttl=30)
+    return rw.read() if kind == "read" else rw.write()
+
+
+@pytest.mark.timeout(60)
+def test_release_after_restart_without_new_holder_still_reports_the_loss(
+    make_server: Callable[..., RedisServer], prefix: str
+) -> None:
+    """The restart alone lost the hold (nobody took it since): still a loss, not a release."""
+    server = make_server()
+    c = redmutex.Client(server.url, prefix=prefix, connect_timeout=1.0, command_timeout=1.0)
+    try:
+        lock = redmutex.Lock(c, "restart-alone", ttl=30)
+        assert lock.acquire(timeout=5)
+        _restart(make_server, server)
+        with pytest.raises(redmutex.LockLostError):
+            lock.release()
+        # the same objects work on the new server
+        assert lock.acquire(timeout=0)
+        lock.release()
     finally:
         c.close()

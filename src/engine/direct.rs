@@ -5,12 +5,13 @@
 //! round-trip limit. Waiting and everything in the background still go through the runtime.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use redis::{Cmd, ConnectionLike, FromRedisValue, ScriptInvocation, Value};
 
 use super::error::{Error, Result};
-use super::node::{Retry, Timeouts};
+use super::node::{Retry, ServerSeen, Timeouts};
+use crate::protocol::replies::parse_server_info;
 
 /// Idle connections kept for reuse; more threads than this open and close their own.
 const KEPT: usize = 16;
@@ -22,6 +23,8 @@ pub struct DirectPool {
     idle: Mutex<Vec<redis::Connection>>,
     /// How many connections broke under a call.
     drops: AtomicU64,
+    /// Some: each new connection reads the server's run_id (`INFO server`) into it.
+    seen: Option<Arc<ServerSeen>>,
 }
 
 impl DirectPool {
@@ -31,6 +34,15 @@ impl DirectPool {
             timeouts,
             idle: Mutex::new(Vec::new()),
             drops: AtomicU64::new(0),
+            seen: None,
+        }
+    }
+
+    /// A pool whose new connections record the server's run_id in `seen`.
+    pub fn identified(client: redis::Client, timeouts: Timeouts, seen: Arc<ServerSeen>) -> Self {
+        DirectPool {
+            seen: Some(seen),
+            ..DirectPool::new(client, timeouts)
         }
     }
 
@@ -41,6 +53,7 @@ impl DirectPool {
             timeouts,
             idle: Mutex::new(Vec::new()),
             drops: AtomicU64::new(0),
+            seen: None,
         }
     }
 
@@ -60,9 +73,15 @@ impl DirectPool {
                 "no direct connection to this deployment (only to a single server)".into(),
             ));
         };
-        let conn = client.get_connection_with_timeout(self.timeouts.connect)?;
+        let mut conn = client.get_connection_with_timeout(self.timeouts.connect)?;
         conn.set_read_timeout(Some(self.timeouts.command))?;
         conn.set_write_timeout(Some(self.timeouts.command))?;
+        if let Some(seen) = &self.seen {
+            let info: String = redis::cmd("INFO").arg("server").query(&mut conn)?;
+            if let Some((run_id, _)) = parse_server_info(&info) {
+                seen.note(&run_id);
+            }
+        }
         Ok(conn)
     }
 
