@@ -5,8 +5,8 @@
 - item 4: a release that failed stops renewal: the lease then ends by itself within the ttl.
 - (a): after a clean release, renewal never reports a loss (an extend answered "not ours"
   while the release was finishing).
-- (b): the undo of an acquire attempt whose reply timed out never runs before the attempt
-  itself, which would leave an orphan holding the lock for a whole ttl.
+- (b): the undo of a (direct, first) acquire attempt whose reply timed out never runs only
+  before the attempt itself, which would leave an orphan holding the lock for a whole ttl.
 
 Every redis-server here is started by the test (make_server) and stopped by its PID.
 """
@@ -26,6 +26,7 @@ import pytest
 import redis
 import redmutex
 from _helpers import ResultThread as _Thread
+from _proxy import FaultProxy
 from redmutex._server import RedisServer
 
 # How late an event that the contract ties to a moment may come on a shared, loaded 2-core box.
@@ -218,3 +219,49 @@ def test_release_after_restart_without_new_holder_still_reports_the_loss(
         lock.release()
     finally:
         c.close()
+
+
+# ------------------ (b): the undo of a timed-out attempt never runs before the attempt itself
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["lock", "semaphore"])
+def test_undo_of_timed_out_attempt_follows_the_attempt(
+    make_server: Callable[..., RedisServer], prefix: str, kind: str
+) -> None:
+    """The first acquire attempt is delayed 1 s on its way to Redis (its connection only: the
+    proxy delays what it reads while the latency is set), so it times out (0.3 s) and is
+    undone while it has not run yet; then it runs. The undo must follow it: nobody is left
+    holding the lock (an orphan would block everybody for the 10 s ttl). This is the blocking
+    API's first attempt (on the caller's thread); the attempts of a wait, made by the runtime,
+    are not covered yet."""
+    server = make_server()
+    name = f"late-attempt-{kind}"
+    with FaultProxy(server.port) as proxy:
+        c = redmutex.Client(proxy.url, prefix=prefix, connect_timeout=1.0, command_timeout=0.3)
+        other_client = redmutex.Client(server.url, prefix=prefix)
+        try:
+            warm = _hold(kind, c, name, ttl=10)  # scripts loaded, connections open
+            assert warm.acquire(timeout=0)
+            warm.release()
+            hold = _hold(kind, c, name, ttl=10)
+            proxy.set_latency(1.0, "c2s")
+            reset = threading.Timer(0.15, lambda: proxy.set_latency(0.0, "c2s"))
+            reset.start()
+            started = time.monotonic()
+            with pytest.raises(redmutex.ConnectionError):
+                hold.acquire(timeout=0)
+            reset.join()
+            # The attempt reaches Redis about 1 s after it was sent; look after that.
+            time.sleep(max(0.0, started + 1.5 - time.monotonic()))
+            looked_at = time.monotonic()
+            other = _hold(kind, other_client, name, ttl=5)
+            got = other.acquire(timeout=6)
+            waited = time.monotonic() - looked_at
+            print(f"\nanother holder got it {waited:.3f} s after the late attempt ran")
+            assert got, "an orphan of the undone attempt held it for its whole ttl"
+            assert waited < 2 * LATE
+            other.release()
+        finally:
+            c.close()
+            other_client.close()

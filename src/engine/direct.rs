@@ -6,6 +6,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use redis::{Cmd, ConnectionLike, FromRedisValue, ScriptInvocation, Value};
 
@@ -96,29 +97,45 @@ impl DirectPool {
     /// calls: once more on a connection that broke under the call, never after a timeout.
     pub fn invoke(&self, inv: &ScriptInvocation<'_>, retry: Retry) -> Result<Value> {
         self.call(retry, |conn| inv.invoke::<Value>(conn))
+            .map_err(|(err, _)| err)
     }
 
     pub fn query<T: FromRedisValue>(&self, cmd: &Cmd, retry: Retry) -> Result<T> {
         self.call(retry, |conn| cmd.query::<T>(conn))
+            .map_err(|(err, _)| err)
     }
 
+    /// `invoke`, keeping the connection of a call that timed out: its request may still run
+    /// (it sits in the server's or the network's queue), and whatever must follow it (an
+    /// undo) can wait on that connection for its reply (`Overdue::settle`).
+    #[allow(clippy::result_large_err)] // a rare failure path: the connection travels along
+    pub fn invoke_keeping(
+        &self,
+        inv: &ScriptInvocation<'_>,
+        retry: Retry,
+    ) -> std::result::Result<Value, (Error, Option<Overdue>)> {
+        self.call(retry, |conn| inv.invoke::<Value>(conn))
+    }
+
+    #[allow(clippy::result_large_err)]
     fn call<T>(
         &self,
         retry: Retry,
         op: impl Fn(&mut redis::Connection) -> redis::RedisResult<T>,
-    ) -> Result<T> {
+    ) -> std::result::Result<T, (Error, Option<Overdue>)> {
         let mut may_retry = retry == Retry::Once;
         let mut fresh = false;
         loop {
-            let mut conn = self.take(fresh)?;
+            let mut conn = self.take(fresh).map_err(|err| (err, None))?;
             match op(&mut conn) {
                 Ok(value) => {
                     self.give_back(conn);
                     return Ok(value);
                 }
                 Err(err) => {
-                    let dropped = err.is_connection_dropped() && !err.is_timeout();
-                    let err = if err.is_timeout() {
+                    let timed_out = err.is_timeout();
+                    let dropped = err.is_connection_dropped() && !timed_out;
+                    let err = if timed_out {
                         Error::Connection(format!(
                             "Redis did not answer within {:.3} s",
                             self.timeouts.command.as_secs_f64()
@@ -130,6 +147,10 @@ impl DirectPool {
                     // would otherwise be read as the answer to the next call.
                     if !err.is_connection() {
                         self.give_back(conn);
+                        return Err((err, None));
+                    }
+                    if timed_out {
+                        return Err((err, Some(Overdue { conn })));
                     }
                     if dropped {
                         self.drops.fetch_add(1, Ordering::Relaxed);
@@ -138,12 +159,38 @@ impl DirectPool {
                         self.idle.lock().unwrap_or_else(|p| p.into_inner()).clear();
                     }
                     if !(dropped && may_retry) {
-                        return Err(err);
+                        return Err((err, None));
                     }
                     may_retry = false;
                     fresh = true;
                 }
             }
+        }
+    }
+}
+
+/// The connection of a call that timed out, its reply still due; never reused for a call.
+pub struct Overdue {
+    conn: redis::Connection,
+}
+
+impl Overdue {
+    /// Blocks until the overdue request has been answered (so it ran, and anything sent after
+    /// it now runs after it) or the connection ended (it ran, or never will), at most `limit`.
+    /// False when it is still unanswered after `limit`. A PING goes after it on the same
+    /// connection: the connection skips the replies still due, so the PING's answer comes
+    /// only once the overdue request has been answered.
+    pub fn settle(mut self, limit: Duration) -> bool {
+        if limit.is_zero() || self.conn.set_read_timeout(Some(limit)).is_err() {
+            return false;
+        }
+        let ping = redis::cmd("PING").get_packed_command();
+        if self.conn.send_packed_command(&ping).is_err() {
+            return true;
+        }
+        match self.conn.recv_response() {
+            Ok(_) => true,
+            Err(err) => !err.is_timeout(),
         }
     }
 }
