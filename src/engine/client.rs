@@ -18,7 +18,7 @@ use super::direct::DirectPool;
 use super::error::{Error, Result};
 use super::exclusive::ExclusivePool;
 use super::name_map::NameMap;
-use super::node::{Node, Retry, Target, Timeouts};
+use super::node::{Node, Retry, ServerSeen, Target, Timeouts};
 use super::redlock::Redlock;
 use super::runtime::{self, pid};
 use super::sentinel::Sentinel;
@@ -75,6 +75,11 @@ impl Shared {
     pub fn fault_epoch(&self) -> u64 {
         self.node.drops() + self.direct.drops()
     }
+
+    /// The run_id of the server incarnation that the latest connection opened on, if known.
+    pub fn run_id(&self) -> Option<Arc<str>> {
+        self.seen.run_id()
+    }
 }
 
 impl Gates {
@@ -117,6 +122,8 @@ pub struct Shared {
     gates: Gates,
     /// Per cache entry: the gate of its waiters and the value last read for them.
     pub cache_flights: NameMap<Flight>,
+    /// The run_id of the server incarnation last connected to (None on a cluster).
+    seen: Arc<ServerSeen>,
     /// Sentinel: the task that moves the connections when a failover is announced.
     _watcher: Option<AbortOnDrop>,
 }
@@ -146,13 +153,19 @@ impl Shared {
                 }
                 _ => None,
             };
-            let node = if identify {
-                Node::identified(target.clone(), timeouts)
+            // Every connection to one server (or a Sentinel-managed master) reads its run_id as
+            // it opens, so a restart or failover is told from a reply lost in transit (see
+            // `Holder::release`); a cluster's connections span many servers: none is read.
+            let seen = Arc::new(ServerSeen::default());
+            let node = if identify || !target.is_cluster() {
+                Node::identified_into(target.clone(), timeouts, seen.clone())
             } else {
                 Node::new(target.clone(), timeouts)
             };
             let direct = match &*target {
-                Target::Direct(client) => DirectPool::new(client.clone(), timeouts),
+                Target::Direct(client) => {
+                    DirectPool::identified(client.clone(), timeouts, seen.clone())
+                }
                 _ => DirectPool::unavailable(timeouts),
             };
             Shared {
@@ -162,6 +175,7 @@ impl Shared {
                 hub: WakeHub::new(target, timeouts),
                 gates: Gates::default(),
                 cache_flights: NameMap::new(),
+                seen,
                 _watcher: watcher,
             }
         })
