@@ -19,6 +19,7 @@ from .errors import (
     LockNotOwnedError,
     LockTimeoutError,
     QuorumError,
+    SemaphoreLimitError,
 )
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ __all__ = [
     "RWLockSide",
     "RedisLike",
     "Semaphore",
+    "SemaphoreLimitError",
     "__version__",
     "acquire_lock",
     "cached",

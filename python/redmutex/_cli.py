@@ -5,10 +5,12 @@ These commands read the fixed key layout (API.md, "Key layout") with redis-py, a
 dependency needed by these commands only: every key of the primitive named N starts with
 `prefix{N}`, followed by
 
-    :lock, :fence                                        Lock
+    :lock, :fence                                        Lock (the fence counter expires
+                                                         fence_ttl after the last acquisition)
     :queue, :queue:deadlines, :queue:leases              its fair queue: list of tokens, zset of
                                                          places, hash of the lease each one asks
-    :sem:holders, :sem:queue, :sem:queue:deadlines       Semaphore
+    :sem:holders, :sem:limit, :sem:queue,                Semaphore (the limit in use)
+    :sem:queue:deadlines
     :rw:readers, :rw:writer, :rw:writers_waiting         RWLock
     :value, :fill                                        cache entry (get_or_fill, @cached)
 
@@ -55,6 +57,7 @@ SUFFIXES: dict[str, tuple[str, str]] = {
     ":queue:deadlines": ("lock", "queue_deadlines"),
     ":queue:leases": ("lock", "queue_leases"),
     ":sem:holders": ("semaphore", "holders"),
+    ":sem:limit": ("semaphore", "limit"),
     ":sem:queue": ("semaphore", "queue"),
     ":sem:queue:deadlines": ("semaphore", "queue_deadlines"),
     ":rw:readers": ("rwlock", "readers"),
@@ -621,17 +624,26 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_HELD if status.held else EXIT_FREE
 
 
+def _active(entry: Entry) -> bool:
+    """Held, queued for, or (a cache entry) storing a value: not just an idle fence counter."""
+    d = entry.detail
+    return any(d.get(k) for k in ("held", "waiters", "writers_waiting", "stored"))
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     target = connect(args)
     try:
         entries = scan_entries(target)
     finally:
         target.conn.close()
+    if not args.all:
+        entries = [e for e in entries if _active(e)]
     if args.json:
         _print_json([{"name": e.name, "kind": e.kind, **e.detail} for e in entries])
         return EXIT_OK
     if not entries:
-        _print(f"nothing under the prefix {target.prefix!r}")
+        idle = "" if args.all else " held or queued (--all also shows idle fence counters)"
+        _print(f"nothing under the prefix {target.prefix!r}{idle}")
         return EXIT_OK
     # Names are shortened to NAME_SHOWN characters, so a name of megabytes neither widens
     # every row nor floods the terminal.
@@ -733,9 +745,14 @@ def add_commands(commands: argparse._SubParsersAction[Any]) -> None:
 
     listing = commands.add_parser(
         "list",
-        help="every lock, semaphore, rwlock and cache entry under the prefix (SCAN)",
+        help="what is held or queued under the prefix (SCAN); --all also idle fence counters",
         description="Lists every lock, semaphore, read-write lock and cache entry under the"
-        " prefix, found with SCAN (never KEYS), with its state. Exit code: 0, 2 on error.",
+        " prefix that is held, has waiters or (cache) stores a value, found with SCAN (never"
+        " KEYS), with its state; --all also lists the idle ones (a lock's fence counter lives"
+        " fence_ttl after its last acquisition). Exit code: 0, 2 on error.",
+    )
+    listing.add_argument(
+        "--all", action="store_true", help="also list idle names (only a fence counter left)"
     )
     _common(listing)
     listing.set_defaults(handler=cmd_list)

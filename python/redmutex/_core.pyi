@@ -48,7 +48,7 @@ class Client:
     """A connection to Redis for the primitives: one server, a Redlock set or a Cluster.
 
     `Client(url="redis://127.0.0.1:6379/0", *, prefix="redmutex:", connect_timeout=5.0,
-    command_timeout=5.0)`. `url` is a `redis://`, `rediss://` (TLS), `unix://` or
+    command_timeout=5.0, fence_ttl=86400.0)`. `url` is a `redis://`, `rediss://` (TLS), `unix://` or
     `redis+unix://` URL (password never shown); a list of URLs is a Redlock set of independent
     masters (quorum N//2+1); `cluster=[seed, ...]` is a Redis Cluster. Constructing does not
     connect: a bad URL raises ValueError now, an unreachable server ConnectionError at first use.
@@ -63,6 +63,7 @@ class Client:
         connect_timeout: float | None = None,
         command_timeout: float | None = None,
         cluster: Sequence[str] | None = None,
+        fence_ttl: float | None = None,
     ) -> Self: ...
     @classmethod
     def from_redis(cls, redis_client: RedisLike) -> Client:
@@ -72,6 +73,9 @@ class Client:
         """True when Redis answers; raises `redmutex.ConnectionError` otherwise."""
     def close(self) -> None:
         """Closes the connections (also done on leaving `with Client(...)`)."""
+    @property
+    def fence_ttl(self) -> float:
+        """Seconds a name's fencing counter lives after its last acquisition (default 86400.0)."""
     @property
     def prefix(self) -> str:
         """The key prefix of every primitive (default "redmutex:")."""
