@@ -40,6 +40,7 @@ SECTIONS: list[tuple[str, str, str, list[str]]] = [
             "LockNotOwnedError",
             "LockLostError",
             "QuorumError",
+            "SemaphoreLimitError",
             "ConnectionError",
         ],
     ),

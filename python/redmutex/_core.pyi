@@ -176,7 +176,7 @@ class Semaphore:
     ends). `timeout: float | None = None`: the default wait of `acquire()` and `with`; None
     waits forever, 0 tries once. `fair=True`: waiters in arrival order. `auto_renew=False`,
     `on_lost=None`: as for Lock. An acquire with a `limit` different from the live one raises
-    LockError naming both.
+    SemaphoreLimitError naming both.
     """
 
     def __new__(

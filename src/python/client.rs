@@ -20,8 +20,9 @@ const DEFAULT_URL: &str = "redis://127.0.0.1:6379/0";
 /// A connection to Redis for the primitives: one server, a Redlock set or a Cluster.
 ///
 /// `Client(url="redis://127.0.0.1:6379/0", *, prefix="redmutex:", connect_timeout=5.0,
-/// command_timeout=5.0, fence_ttl=86400.0)`; a list of URLs is a Redlock set, `cluster=[seed, ...]` a Redis
-/// Cluster. Constructing does not connect; None for any argument means its default.
+/// command_timeout=5.0, fence_ttl=86400.0)`; a list of URLs is a Redlock set,
+/// `cluster=[seed, ...]` a Redis Cluster. Constructing does not connect; None for any argument
+/// means its default.
 #[pyclass(frozen, module = "redmutex", name = "Client")]
 pub struct PyClient {
     pub inner: Arc<Client>,

@@ -103,6 +103,8 @@ def errors(client: redmutex.ClientLike) -> str | None:
         return exc.name
     except redmutex.QuorumError as exc:
         return exc.name
+    except redmutex.SemaphoreLimitError as exc:
+        return exc.name
     except redmutex.ConnectionError as exc:
         assert_type(exc, redmutex.ConnectionError)
         return exc.name
