@@ -567,8 +567,11 @@ def test_version_from_the_console_script_and_python_m() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"redmutex {redmutex.__version__}"
-    usage = subprocess.run([script], check=False, capture_output=True, text=True, timeout=30)
-    assert usage.returncode == 2 and usage.stderr.startswith("usage: redmutex ")
+    usage = subprocess.run(
+        [script, "status", "--help"], check=False, capture_output=True, text=True, timeout=30
+    )
+    assert usage.returncode == 0 and usage.stdout.startswith("usage: redmutex status ")
+    assert "--cluster" in usage.stdout and "redis+sentinel://" in usage.stdout
 
 
 # -- release --force of every kind of hold ----------------------------------------------------

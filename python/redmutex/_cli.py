@@ -372,7 +372,10 @@ def _redis_failure(exc: Exception, target: Target | Node) -> CliError:
     """One line for a redis-py error (its messages carry host and port, never the password)."""
     from redis import exceptions
 
-    if "NOAUTH" in str(exc) or "authentication required" in str(exc).lower():
+    # Without a password redis-py's HELLO is refused ("HELLO must be called with the client
+    # already authenticated ..."); with RESP2 a command gets NOAUTH.
+    text = str(exc)
+    if "NOAUTH" in text or "HELLO must be called" in text or "uthentication required" in text:
         return CliError(
             f"Redis at {target.shown_url}: authentication required (put the password in the URL:"
             " redis://[user]:password@host:port/db)"
