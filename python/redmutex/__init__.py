@@ -18,6 +18,7 @@ from .errors import (
     LockNotOwnedError,
     LockTimeoutError,
     QuorumError,
+    SemaphoreLimitError,
 )
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ __all__ = [
     "QuorumError",
     "RWLock",
     "Semaphore",
+    "SemaphoreLimitError",
     "__version__",
     "acquire_lock",
     "cached",

@@ -1,4 +1,4 @@
-"""`python -m redmutex COMMAND`: the command line.
+"""`python -m redmutex COMMAND` (or the `redmutex` console script): the command line.
 
 Each command is a subparser with a handler `(args) -> exit code`: `demo` here, `status`, `list`
 and `release` in `_cli` (exit codes documented there). Every error is one line on stderr and a

@@ -5,12 +5,22 @@ These commands read the fixed key layout (API.md, "Key layout") with redis-py, a
 dependency needed by these commands only: every key of the primitive named N starts with
 `prefix{N}`, followed by
 
-    :lock, :fence                                        Lock
+    :lock, :fence                                        Lock (the fence counter expires
+                                                         fence_ttl after the last acquisition)
     :queue, :queue:deadlines, :queue:leases              its fair queue: list of tokens, zset of
                                                          places, hash of the lease each one asks
-    :sem:holders, :sem:queue, :sem:queue:deadlines       Semaphore
+    :sem:holders, :sem:limit, :sem:queue,                Semaphore (the limit in use)
+    :sem:queue:deadlines
     :rw:readers, :rw:writer, :rw:writers_waiting         RWLock
     :value, :fill                                        cache entry (get_or_fill, @cached)
+
+Every URL form of `Client` works: one server (`--redis URL`, or $REDIS_URL), a Sentinel-managed
+master (`--redis redis+sentinel://...`), a Redlock's masters (`--redis` given several times, or
+URLs separated by commas: each comma that starts another `scheme://` starts another master, so a
+Sentinel URL's own host list stays whole) and a Redis Cluster (`--cluster URL[,URL...]`, seeds).
+On a Redlock `status` reads every master (held when a quorum is), `list` lists each master, and
+`release` frees on every master; a master that cannot be reached is reported, not fatal, while
+another one answers.
 
 Leases stored as zset scores (semaphore holders, readers, places in a queue) are in milliseconds
 of the Redis server's clock, so "live" is decided against the server's `TIME`, never ours.
@@ -55,6 +65,7 @@ SUFFIXES: dict[str, tuple[str, str]] = {
     ":queue:deadlines": ("lock", "queue_deadlines"),
     ":queue:leases": ("lock", "queue_leases"),
     ":sem:holders": ("semaphore", "holders"),
+    ":sem:limit": ("semaphore", "limit"),
     ":sem:queue": ("semaphore", "queue"),
     ":sem:queue:deadlines": ("semaphore", "queue_deadlines"),
     ":rw:readers": ("rwlock", "readers"),
@@ -832,12 +843,23 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_HELD if held else EXIT_FREE
 
 
+def _active(entry: Entry) -> bool:
+    """Held, queued for, or (a cache entry) storing a value: not just an idle fence counter."""
+    d = entry.detail
+    return any(d.get(k) for k in ("held", "waiters", "writers_waiting", "stored"))
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     target = connect(args)
     try:
         results = _each_node(target, lambda node: scan_entries(target, node))
     finally:
         target.close()
+    if not args.all:
+        results = [
+            (node, r if isinstance(r, CliError) else [e for e in r if _active(e)])
+            for node, r in results
+        ]
     if args.json:
         rows = []
         for node, entries in results:
@@ -857,7 +879,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         if isinstance(entries, CliError):
             _print(f"error: {entries}")
         elif not entries:
-            _print(f"nothing under the prefix {target.prefix!r}")
+            idle = "" if args.all else " held or queued (--all also shows idle fence counters)"
+            _print(f"nothing under the prefix {target.prefix!r}{idle}")
         else:
             _print(*_table(entries))
     return EXIT_OK
@@ -1053,9 +1076,14 @@ def add_commands(commands: argparse._SubParsersAction[Any]) -> None:
 
     listing = commands.add_parser(
         "list",
-        help="every lock, semaphore, rwlock and cache entry under the prefix (SCAN)",
+        help="what is held or queued under the prefix (SCAN); --all also idle fence counters",
         description="Lists every lock, semaphore, read-write lock and cache entry under the"
-        " prefix, found with SCAN (never KEYS), with its state. Exit code: 0, 2 on error.",
+        " prefix that is held, has waiters or (cache) stores a value, found with SCAN (never"
+        " KEYS), with its state; --all also lists the idle ones (a lock's fence counter lives"
+        " fence_ttl after its last acquisition). Exit code: 0, 2 on error.",
+    )
+    listing.add_argument(
+        "--all", action="store_true", help="also list idle names (only a fence counter left)"
     )
     _common(listing)
     listing.set_defaults(handler=cmd_list)
