@@ -773,3 +773,14 @@ def test_sentinel_url() -> None:
         done = run_cli("release", name, "--force", "-y", "--redis", group.url, "--prefix", "s:")
         assert done.returncode == 0, done.stderr
         assert not lock.locked()
+
+
+@pytest.mark.parametrize("option", ["--cluster", "--redis"])
+def test_unreachable_cluster_or_redlock_is_one_line_without_the_password(option: str) -> None:
+    urls = ",".join(f"redis://:{SECRET}@127.0.0.1:{free_port()}/0" for _ in range(3))
+    if option == "--cluster":
+        urls = urls.replace("/0", "")
+    done = run_cli("list", option, urls)
+    line = one_line_error(done)
+    assert "cannot reach Redis" in line and "***" in line, line
+    assert SECRET not in done.stderr + done.stdout

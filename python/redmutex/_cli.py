@@ -344,8 +344,10 @@ def connect(args: argparse.Namespace) -> Target:
             kwargs = _kwargs(url, shown[0])
             seeds.append(cluster_py.ClusterNode(kwargs.pop("host"), kwargs.pop("port")))
         kwargs.pop("db", None)
-        conn = cluster_py.RedisCluster(startup_nodes=seeds, **kwargs)
-        return Target([Node(conn, ",".join(shown), cluster=True)], args.prefix)
+        node = Node(None, ",".join(shown), cluster=True)
+        # redis-py's cluster client reads the slot map from a seed as it is made.
+        node.conn = _run(node, cluster_py.RedisCluster, startup_nodes=seeds, **kwargs)
+        return Target([node], args.prefix)
     nodes = []
     for url, url_shown in zip(urls, shown):
         if url.startswith(("redis+sentinel://", "rediss+sentinel://")):
@@ -421,12 +423,16 @@ def _with_time(node: Node, key: bytes | None, pipe: Any) -> list[Any]:
     return [now, *pipe.execute()]
 
 
-def _run(target: Target | Node, func: Any, *args: Any) -> Any:
-    """`func(*args)` with redis-py's errors turned into one-line CliErrors."""
+def _run(target: Target | Node, func: Any, *args: Any, **kwargs: Any) -> Any:
+    """`func(*args, **kwargs)` with redis-py's errors turned into one-line CliErrors."""
     from redis import exceptions
 
     try:
-        return func(*args)
+        return func(*args, **kwargs)
+    except exceptions.RedisClusterException as exc:
+        if "cannot be connected" in str(exc):
+            raise CliError(f"cannot reach Redis Cluster at {target.shown_url}: {exc}") from None
+        raise CliError(f"Redis Cluster at {target.shown_url}: {exc}") from None
     except exceptions.RedisError as exc:
         raise _redis_failure(exc, target) from None
 
