@@ -15,6 +15,9 @@ redis-server:
 	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null && command -v redis-benchmark >/dev/null || { \
 	  echo "installing redis-server and redis-tools with apt-get"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null; }
+	@command -v openssl >/dev/null || { \
+	  echo "installing openssl (the TLS tests make their certificates with it) with apt-get"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null; }
 
 $(VENV)/.deps: requirements-dev.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
