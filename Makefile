@@ -75,9 +75,11 @@ fmt: venv
 	$(VENV)/bin/ruff format python tests examples benchmarks
 
 # Release artifacts in dist/: the abi3 wheel (one wheel for every CPython >= 3.10) and the sdist.
+# The wheel is linked by zig (the `ziglang` package) against glibc 2.17, so it is tagged
+# manylinux2014 and installs on Ubuntu 20.04, Debian 11, RHEL 8 and Amazon Linux 2 and newer.
 package: venv
 	rm -rf dist
-	$(VENV)/bin/maturin build --release --out dist
+	$(VENV)/bin/maturin build --release --zig --compatibility manylinux2014 --out dist
 	$(VENV)/bin/maturin sdist --out dist
 
 # Installs the wheel, the sdist and `pip install .` into fresh venvs and uses each (slow: the
