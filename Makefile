@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: all deps redis-server venv build test test-rust test-python demo bench bench-quick lint \
+.PHONY: all deps redis-server venv build test test-rust test-python demo bench bench-quick lint soak-faults \
 	lint-types fmt package package-check clean
 
 all: build
@@ -39,6 +39,10 @@ test-python: deps build
 	$(PY) -m pytest -q
 
 test: deps build test-rust test-python
+
+# The fault soak of issue 13: every fault kind at once for REDMUTEX_SOAK_SECONDS (default 150).
+soak-faults: deps build
+	$(PY) -m pytest -q -s -m soak tests/test_soak_faults.py
 
 demo: deps build
 	$(PY) -m redmutex demo
@@ -89,3 +93,9 @@ package-check: package redis-server
 
 clean:
 	rm -rf target $(VENV)
+
+# Issue 13 item 2 soak: 2,000 release-vs-cancel races per kind (Lock fair/unfair, Semaphore,
+# both RWLock sides), each checked in Redis; `make test` runs 200 per kind.
+.PHONY: soak-aio-cancel
+soak-aio-cancel: deps build
+	REDMUTEX_AIO_CANCEL_RACES=2000 REDMUTEX_AIO_CANCEL_SECONDS=600 $(PY) -m pytest -q -s tests/test_aio_cancel.py

@@ -6,6 +6,7 @@ asyncio's own: the loop never blocks, cancellation leaves nothing behind."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import logging
 import multiprocessing
@@ -395,6 +396,41 @@ def test_derived_and_constant_keys(client: redmutex.Client, r: redis.Redis, pref
     assert redmutex.get_or_fill(client, "the-one", lambda: "other", ttl=30) == "one"
 
 
+def test_cached_methods_bind_and_leave_self_out_of_derived_keys(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
+    calls: list[tuple[int, int]] = []
+
+    class Repo:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        @aio.cached(client, ttl=30)
+        async def load(self, x: int) -> int:
+            calls.append((self.n, x))
+            return x * 10
+
+        @aio.cached(client, ttl=30, key=lambda self, x: f"aio-fn:{self.n}:{x}")
+        async def by_function(self, x: int) -> int:
+            return self.n * 1000 + x
+
+    async def main() -> None:
+        assert await Repo(1).load(5) == 50
+        assert await Repo(2).load(5) == 50
+        assert calls == [(1, 5)]
+        assert await Repo(2).load.invalidate(5) is True
+        assert await Repo.load.invalidate(Repo(1), 5) is False
+        assert await Repo(3).by_function(4) == 3004
+        assert await Repo(3).by_function.invalidate(4) is True
+
+    run(main())
+    assert r.exists(value_key(prefix, f"{__name__}.{Repo.__qualname__}.load(x=5)")) == 0
+    # Still coroutine functions to frameworks that ask (bound or not).
+    assert inspect.iscoroutinefunction(Repo.load)
+    assert inspect.iscoroutinefunction(Repo(1).load)
+    assert Repo(1).load.__name__ == "load"
+
+
 def test_cached_validates_at_decoration_time(client: redmutex.Client) -> None:
     with pytest.raises(ValueError, match="ttl"):
         aio.cached(client, ttl=-1)
@@ -426,6 +462,33 @@ def test_json_codec_and_tampered_signed_payload(
 
     run(main())
     assert any("ignoring the stored payload" in rec.getMessage() for rec in caplog.records)
+
+
+def test_every_caller_gets_the_value_as_it_round_trips(client: redmutex.Client) -> None:
+    @aio.cached(client, ttl=30, key="rt-aio", serializer="json")
+    async def pair() -> tuple[int, int]:
+        return (1, 2)
+
+    async def main() -> None:
+        # The filler's caller gets the list JSON gives back, as every later caller does.
+        assert await pair() == [1, 2]
+        assert await pair() == [1, 2]
+        first = await aio.get_or_fill(client, "rt-aio-2", lambda: (3,), ttl=30, serializer="json")
+        assert first == [3]
+        # Tasks that wait for the fill get what the filler got.
+        got = await asyncio.gather(
+            *(
+                aio.get_or_fill(client, "rt-aio-3", slow_tuple, ttl=30, serializer="json")
+                for _ in range(5)
+            )
+        )
+        assert got == [[4, 5]] * 5
+
+    async def slow_tuple() -> tuple[int, int]:
+        await asyncio.sleep(0.1)
+        return (4, 5)
+
+    run(main())
 
 
 def test_invalidate_during_a_fill_drops_its_result(

@@ -459,11 +459,63 @@ def test_json_and_custom_serializers(client: redmutex.Client, r: redis.Redis, pr
             return data.decode().lower()
 
     assert redmutex.get_or_fill(client, "c", lambda: "MiXed", ttl=30, serializer=Upper()) == (
-        "MiXed"  # the filler gets its own value; later callers get the stored one
+        "mixed"  # the filler gets the value as it round-trips, as later callers do
     )
     assert redmutex.get_or_fill(client, "c", lambda: "?", ttl=30, serializer=Upper()) == "mixed"
     # A payload of another serializer is a miss, not a misread.
     assert redmutex.get_or_fill(client, "c", lambda: "p", ttl=30, serializer="pickle") == "p"
+
+
+def test_every_caller_gets_the_value_as_it_round_trips(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
+    # JSON turns a tuple into a list: the filler's caller gets the list too, not its own tuple.
+    first = redmutex.get_or_fill(client, "rt", lambda: (1, 2), ttl=30, serializer="json")
+    later = redmutex.get_or_fill(client, "rt", lambda: (3, 4), ttl=30, serializer="json")
+    assert first == later == [1, 2]
+
+    @redmutex.cached(client, ttl=30, key="rt-cached", serializer="json")
+    def pair() -> tuple[int, int]:
+        return (5, 6)
+
+    assert pair() == pair() == [5, 6]
+
+    # One dumps and one loads per fill, none more (the filler already has the bytes).
+    calls: list[str] = []
+
+    class Counting:
+        def dumps(self, obj: Any) -> bytes:
+            calls.append("dumps")
+            return json.dumps(obj).encode()
+
+        def loads(self, data: bytes) -> Any:
+            calls.append("loads")
+            return json.loads(data)
+
+    original = {"k": (1,)}
+    got = redmutex.get_or_fill(client, "rt-count", lambda: original, ttl=30, serializer=Counting())
+    assert got == {"k": [1]} and got is not original
+    assert calls == ["dumps", "loads"]
+
+    # Pickle: an equal copy, as every other caller gets.
+    value = ["a"]
+    copy = redmutex.get_or_fill(client, "rt-pickle", lambda: value, ttl=30)
+    assert copy == value and copy is not value
+
+
+def test_a_serializer_that_cannot_load_its_own_bytes_stores_nothing(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
+    class OneWay:
+        def dumps(self, obj: Any) -> bytes:
+            return b"x"
+
+        def loads(self, data: bytes) -> Any:
+            raise LookupError("cannot load")
+
+    with pytest.raises(LookupError, match="cannot load"):
+        redmutex.get_or_fill(client, "oneway", lambda: 1, ttl=30, serializer=OneWay())
+    assert not r.exists(value_key(prefix, "oneway"), fill_key(prefix, "oneway"))
 
 
 def test_unserializable_value_raises_and_releases_the_claim(
@@ -512,6 +564,11 @@ def test_constant_key_is_shared_with_get_or_fill(client: redmutex.Client) -> Non
     assert stats() == "from-function"
 
 
+@redmutex.cached(redmutex.Client("redis://127.0.0.1:1"), ttl=30)  # never called
+def module_cached(x: int) -> int:
+    return x
+
+
 def derived(url: str, retries: int = 3, *, tags: tuple[str, ...] = ()) -> str:
     return f"{url}/{retries}/{tags}"
 
@@ -553,6 +610,91 @@ def test_derived_keys_reject_unstable_arguments(client: redmutex.Client) -> None
         by_object(object())
     with pytest.raises(TypeError, match="key="):
         by_object.invalidate(object())
+
+
+def test_cached_methods_bind_and_leave_self_out_of_derived_keys(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
+    calls: list[tuple[Any, ...]] = []
+
+    class Repo:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        @redmutex.cached(client, ttl=30)
+        def load(self, x: int) -> int:
+            calls.append(("load", self.n, x))
+            return x * 10
+
+        @redmutex.cached(client, ttl=30, key="repo:{self.n}:{x}")
+        def own(self, x: int) -> int:
+            return self.n * 100 + x
+
+        @redmutex.cached(client, ttl=30, key=lambda self, x: f"fn:{self.n}:{x}")
+        def by_function(self, x: int) -> int:
+            return self.n * 1000 + x
+
+        @redmutex.cached(client, ttl=30)  # type: ignore[arg-type]
+        @classmethod
+        def make(cls, x: int) -> str:
+            calls.append(("make", cls.__name__, x))
+            return f"{cls.__name__}:{x}"
+
+        @redmutex.cached(client, ttl=30)  # type: ignore[arg-type]
+        @staticmethod
+        def static(x: int) -> int:
+            calls.append(("static", x))
+            return -x
+
+    where = f"{__name__}.{Repo.__qualname__}"
+    # key=None: self is left out, so every instance shares the entry of load(x=5).
+    assert Repo(1).load(5) == 50
+    assert Repo(2).load(5) == 50
+    assert calls == [("load", 1, 5)]
+    assert r.exists(value_key(prefix, f"{where}.load(x=5)"))
+    assert Repo(2).load.invalidate(5) is True  # bound: the instance goes first
+    assert Repo.load.invalidate(Repo(3), 5) is False  # unbound: pass it yourself
+    assert Repo(3).load(x=5) == 50
+    assert calls == [("load", 1, 5), ("load", 3, 5)]
+
+    # Per-instance entries: a template or a key function that reads self.
+    assert (Repo(1).own(2), Repo(2).own(2)) == (102, 202)
+    assert Repo(1).own.invalidate(2) is True
+    assert r.exists(value_key(prefix, "repo:2:2")) and not r.exists(value_key(prefix, "repo:1:2"))
+    assert Repo(4).by_function(3) == 4003
+    assert r.exists(value_key(prefix, "fn:4:3"))
+    assert Repo(4).by_function.invalidate(3) is True
+
+    # Above @classmethod / @staticmethod: bound to the class, or not bound at all.
+    assert Repo.make(7) == Repo(1).make(7) == "Repo:7"
+    assert r.exists(value_key(prefix, f"{where}.make(x=7)"))
+    assert Repo.make.invalidate(7) is True
+    assert Repo.static(3) == Repo(1).static(3) == -3
+    assert r.exists(value_key(prefix, f"{where}.static(x=3)"))
+    assert Repo(1).static.invalidate(3) is True
+    assert calls.count(("make", "Repo", 7)) == 1 and calls.count(("static", 3)) == 1
+
+    # The bound form looks like the function.
+    bound = Repo(1).load
+    assert bound.__name__ == "load" and bound.__wrapped__ is not None
+    assert Repo.load.__name__ == "load" and Repo.load.__doc__ is None
+
+
+def test_cached_function_pickles_by_reference() -> None:
+    import pickle
+
+    assert pickle.loads(pickle.dumps(module_cached)) is module_cached
+
+
+def test_a_key_function_must_return_a_str(client: redmutex.Client) -> None:
+    @redmutex.cached(client, ttl=30, key=lambda x: x)  # type: ignore[arg-type,return-value]
+    def f(x: int) -> int:
+        return x
+
+    with pytest.raises(TypeError, match="returned int, expected a str"):
+        f(1)
+    with pytest.raises(TypeError, match="key must be a str, a callable or None"):
+        redmutex.cached(client, ttl=30, key=42)(f)  # type: ignore[arg-type]
 
 
 def test_cached_validates_at_decoration_time(client: redmutex.Client) -> None:
@@ -733,7 +875,7 @@ def test_xfetch_decision_uses_redis_time_left_and_the_random_draw(
         ({"ttl": "1"}, TypeError, "ttl"),
         ({"ttl": 10**30}, ValueError, "ttl"),
         ({"ttl": 1, "lock_ttl": 0}, ValueError, "lock_ttl"),
-        ({"ttl": 1, "lock_ttl": None}, None, None),
+        ({"ttl": 1, "lock_ttl": None}, TypeError, "lock_ttl"),
         ({"ttl": 1, "timeout": -1}, ValueError, "timeout"),
         ({"ttl": 1, "timeout": math.inf}, None, None),
         ({"ttl": 1, "beta": -0.5}, ValueError, "beta"),

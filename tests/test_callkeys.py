@@ -190,8 +190,32 @@ def test_methods_and_nested_functions_use_their_qualified_name() -> None:
 
     assert derive_key(inner, (1,), {}).startswith(f"{__name__}.{inner.__qualname__}(a=1)")
     assert "<locals>" in derive_key(inner, (1,), {})
-    with pytest.raises(TypeError, match="'self'"):
-        derive_key(User.load, (User(1),), {})
+    # A method's `self` is left out of its key (as dogpile.cache does): one entry per arguments.
+    assert derive_key(User.load, (User(1),), {}) == f"{__name__}.User.load(detail=False)"
+    assert derive_key(User.load, (User(2),), {"detail": True}) == (
+        f"{__name__}.User.load(detail=True)"
+    )
+
+
+def test_only_a_self_or_cls_of_a_function_in_a_class_body_is_left_out() -> None:
+    # Not in a class body: a first parameter named `self`/`cls` is an argument like any other.
+    def helper(cls: type, n: int) -> None: ...
+
+    with pytest.raises(TypeError, match="'cls'"):
+        derive_key(helper, (int, 1), {})
+
+    class Shapes:
+        def area(this, n: int) -> None: ...  # not named self: not left out
+
+        @classmethod
+        def make(cls, n: int) -> None: ...
+
+        def scale(self, /, n: int) -> None: ...
+
+    with pytest.raises(TypeError, match="'this'"):
+        derive_key(Shapes.area, (Shapes(), 1), {})
+    assert derive_key(Shapes.make.__func__, (Shapes, 2), {}).endswith("Shapes.make(n=2)")
+    assert derive_key(Shapes.scale, (Shapes(), 3), {}).endswith("Shapes.scale(n=3)")
 
 
 def test_empty_variadic_parameters_are_omitted() -> None:
@@ -228,8 +252,13 @@ def test_key_deriver_validates_once_and_compile_key_dispatches() -> None:
     assert compile_key(None, fetch)(("u",), {}) == derive(("u",), {})
     assert compile_key("page:{url}", fetch)(("u",), {}) == "page:u"
     assert compile_key("stats", fetch)(("u",), {}) == "stats"
-    with pytest.raises(TypeError, match="^key must be a str or None"):
+    with pytest.raises(TypeError, match="^key must be a str, a callable or None"):
         compile_key(b"stats", fetch)  # type: ignore[arg-type]
+    # A key function gets the call's own arguments and returns the key.
+    by_function = compile_key(lambda url, retries=3, timeout=None: f"p:{url}:{retries}", fetch)
+    assert by_function(("u",), {"retries": 4}) == "p:u:4"
+    with pytest.raises(TypeError, match="returned int, expected a str"):
+        compile_key(lambda url, **_: 7, fetch)(("u",), {})  # type: ignore[arg-type,return-value]
     with pytest.raises(ValueError, match=r"^key 'page:\{uri\}'"):
         compile_key("page:{uri}", fetch)
     with pytest.raises(TypeError, match="__qualname__"):

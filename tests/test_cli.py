@@ -232,6 +232,16 @@ def test_list_finds_every_kind_with_scan(
         assert _calls(r, "keys") == keys_before  # never KEYS
         assert _calls(r, "scan") > scans_before
         found = {(e["name"], e["kind"]): e for e in data}
+        # What is held or queued (and the stored cache value); an idle name only with --all.
+        assert set(found) == {
+            (odd, "lock"),
+            ("quota", "semaphore"),
+            ("config", "rwlock"),
+            ("user:7", "cache"),
+        }
+        code, data = cli_json("list", "--all", "--redis", redis_url, "--prefix", prefix)
+        assert code == 0
+        found = {(e["name"], e["kind"]): e for e in data}
         assert set(found) == {
             (odd, "lock"),
             ("free-one", "lock"),
@@ -252,6 +262,11 @@ def test_list_finds_every_kind_with_scan(
         assert lines[0].split() == ["KIND", "NAME", "STATE"]
         assert any(line.startswith("lock") and odd in line and "held" in line for line in lines)
         assert any(line.startswith("semaphore") and "quota" in line for line in lines)
+        assert not any("free-one" in line for line in lines)
+        done = run_cli("list", "--all", "--redis", redis_url, "--prefix", prefix)
+        assert any(
+            "free-one" in line and "free, fence" in line for line in done.stdout.splitlines()
+        )
     finally:
         held.release()
         sem.release()
@@ -264,6 +279,7 @@ def test_list_of_an_empty_prefix(redis_url: str, prefix: str) -> None:
     assert done.returncode == 0, done.stderr
     assert "nothing under the prefix" in done.stdout
     assert cli_json("list", "--redis", redis_url, "--prefix", prefix) == (0, [])
+    assert cli_json("list", "--all", "--redis", redis_url, "--prefix", prefix) == (0, [])
 
 
 def test_list_escapes_glob_characters_in_the_prefix(redis_url: str) -> None:
@@ -276,6 +292,75 @@ def test_list_escapes_glob_characters_in_the_prefix(redis_url: str) -> None:
         code, data = cli_json("list", "--redis", redis_url, "--prefix", star)
     assert code == 0
     assert [e["name"] for e in data] == ["a"]
+
+
+@pytest.mark.timeout(120)
+def test_list_and_status_stay_fast_and_small_with_names_of_megabytes(
+    redis_url: str, prefix: str, r: redis.Redis, tmp_path: Any
+) -> None:
+    # Names may be as long as the server takes: three of 1-10 MB among 130 entries once made the
+    # text output pad every row to the longest name (1.3 GB written, 29 s).
+    huge = {
+        "a" * 1_000_000: "lock",
+        "b" * 4_000_000 + "\n" + "tail": "fence",
+        "c" * 10_000_000: "value",
+    }
+    pipe = r.pipeline(transaction=False)
+    for i in range(127):
+        pipe.set(f"{prefix}{{small-{i:03}}}:lock".encode(), b"t" * 32, px=60_000)
+    for name, suffix in huge.items():
+        pipe.set(f"{prefix}{{{name}}}:{suffix}".encode(), b"7", px=60_000)
+    pipe.execute()
+    try:
+        out = tmp_path / "list.txt"
+        started = time.monotonic()
+        with out.open("wb") as sink:
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "redmutex",
+                    "list",
+                    "--redis",
+                    redis_url,
+                    "--prefix",
+                    prefix,
+                ],
+                check=False,
+                stdout=sink,
+                stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                timeout=100,
+            )
+        took = time.monotonic() - started
+        assert done.returncode == 0, done.stderr
+        assert took < 15, f"list took {took:.1f} s"
+        assert out.stat().st_size < 64_000, out.stat().st_size
+        lines = out.read_text(encoding="utf-8").splitlines()
+        assert len(lines) == 1 + 130  # a name with a newline is still one row
+        assert max(len(line) for line in lines) < 200
+        assert sum("small-" in line for line in lines) == 127
+        assert any("aaaa" in line and "1000000 chars" in line and "held" in line for line in lines)
+        assert any("bbbb" in line and "fence 7" in line for line in lines)
+        assert any("cccc" in line and "stored" in line for line in lines)
+
+        # --json keeps every name whole.
+        started = time.monotonic()
+        code, data = cli_json("list", "--redis", redis_url, "--prefix", prefix)
+        assert code == 0 and time.monotonic() - started < 30
+        assert {e["name"] for e in data} >= set(huge)
+
+        # status of a long name (as long as a command line allows) shortens it in text only.
+        long_name = "d" * 100_000
+        r.set(f"{prefix}{{{long_name}}}:lock".encode(), b"x" * 32, px=60_000)
+        text = run_cli("status", long_name, "--redis", redis_url, "--prefix", prefix)
+        assert text.returncode == 0, text.stderr
+        assert len(text.stdout) < 2_000 and "100000 chars" in text.stdout
+        code, status = cli_json("status", long_name, "--redis", redis_url, "--prefix", prefix)
+        assert code == 0 and status["name"] == long_name
+    finally:
+        for key in r.scan_iter(match=prefix + "*", count=1000):
+            r.delete(key)
 
 
 def _calls(r: redis.Redis, command: str) -> int:
@@ -319,7 +404,7 @@ def test_release_force_deletes_and_wakes_waiters(
     assert data == {"name": name, "released": True, "holder": holder.token[:8]}  # type: ignore[index]
     # Woken by the release's message, not by the 60 s lease running out.
     assert woke and woke[0] - started < 10
-    assert r.get((prefix + "{" + name + "}:fence").encode()) == str((fence or 0) + 1).encode()
+    assert int(r.get((prefix + "{" + name + "}:fence").encode()) or 0) > (fence or 0)
     with pytest.raises(redmutex.LockLostError):
         holder.release()
 

@@ -164,6 +164,16 @@ def test_json_round_trip(value: Any, delta: float, secret: bytes | None) -> None
     assert codec.decode(codec.encode(value, delta)) == (value, delta)
 
 
+@given(_json_values | st.tuples(st.integers(), st.text()), _deltas, _secrets)
+def test_encode_round_trip_gives_what_a_reader_decodes(
+    value: Any, delta: float, secret: bytes | None
+) -> None:
+    codec = make_codec("json", secret)
+    payload, seen = codec.encode_round_trip(value, delta, context="k")
+    assert payload == codec.encode(value, delta, context="k")
+    assert codec.decode(payload, context="k") == (seen, delta)
+
+
 @pytest.mark.parametrize("serializer", ["pickle", "json"])
 @pytest.mark.parametrize("secret", [None, SECRET])
 def test_none_is_a_value(serializer: str, secret: bytes | None) -> None:

@@ -285,7 +285,7 @@ def _ttl_class(v: Any) -> str:
     if isinstance(v, bool):
         return "either" if v else "bad"  # True may count as 1 s; False is 0 s or a wrong type
     if v is None:
-        return "either"  # may be read as "the default"
+        return "bad"  # a lease is never infinite, and None is not "the default" either
     if not _is_real(v):
         return "bad"
     x = float(v) if abs(v) < 2**1000 else (math.inf if v > 0 else -math.inf)

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import inspect
 import json
+import logging
+import subprocess
+import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+import warnings
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
@@ -16,6 +24,7 @@ from redmutex import acquire_lock, redis_lock, release_lock
 
 if TYPE_CHECKING:
     from conftest import PyProcs
+    from redmutex._server import RedisServer
 
 DEFAULT_PREFIX = "redmutex:"
 
@@ -169,6 +178,46 @@ def test_redis_lock_releases_on_error(r: redis.Redis, lockname: str) -> None:
     with pytest.raises(LookupError), redis_lock(r, lockname, atime=1, ltime=5):
         raise LookupError("inside")
     assert r.exists(_key(DEFAULT_PREFIX, lockname)) == 0
+
+
+@pytest.mark.timeout(30)
+def test_redis_lock_lost_while_body_raised_keeps_body_exception(
+    r: redis.Redis, lockname: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Like `with Lock`: the body's exception propagates, the loss is a WARNING on "redmutex".
+    with (
+        caplog.at_level(logging.WARNING, logger="redmutex"),
+        pytest.raises(KeyError, match="body") as caught,
+        redis_lock(r, lockname, ltime=0.2),
+    ):
+        time.sleep(0.6)
+        raise KeyError("body")
+    assert not isinstance(caught.value.__context__, redmutex.LockError)
+    records = [rec for rec in caplog.records if rec.name == "redmutex"]
+    assert [rec.levelno for rec in records] == [logging.WARNING]
+    message = records[0].getMessage()
+    assert lockname in message
+    assert "on leaving a block that raised: lock was lost" in message
+
+
+@pytest.mark.timeout(60)
+def test_redis_lock_failed_release_while_body_raised_keeps_body_exception(
+    make_server: Callable[..., RedisServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    server = make_server()
+    client = redmutex.Client(server.url, connect_timeout=1, command_timeout=1)
+    try:
+        with (
+            caplog.at_level(logging.WARNING, logger="redmutex"),
+            pytest.raises(KeyError, match="body"),
+            redis_lock(client, "gone", ltime=10),
+        ):
+            server.stop()
+            raise KeyError("body")
+    finally:
+        client.close()
+    messages = [rec.getMessage() for rec in caplog.records if rec.name == "redmutex"]
+    assert any("'gone': on leaving a block that raised" in m for m in messages), messages
 
 
 # ------------------------------------------------------------------------------ @locked
@@ -394,3 +443,313 @@ def test_book_transfer_funds_from_8_processes(
     for a in accounts:
         assert r.exists(_key(DEFAULT_PREFIX, "lock:" + a)) == 0
         r.delete(_key(DEFAULT_PREFIX, "lock:" + a, "fence"))
+
+
+# ------------------------------------------------------- @locked and async / generator functions
+
+
+@pytest.mark.timeout(30)
+def test_locked_refuses_async_callables(client: redmutex.Client) -> None:
+    decorate = redmutex.locked(client, "job:{x}", ttl=5, timeout=5)
+
+    async def job(x: int) -> int:
+        return x
+
+    async def stream(x: int) -> AsyncIterator[int]:
+        yield x
+
+    class AsyncCallable:
+        async def __call__(self, x: int) -> int:
+            return x
+
+    refused: list[Any] = [job, stream, functools.partial(job), AsyncCallable()]
+    for func in refused:
+        with pytest.raises(TypeError, match=r"redmutex\.aio\.locked"):
+            decorate(func)
+
+
+@pytest.mark.timeout(30)
+def test_locked_refuses_a_coroutine_returned_by_a_plain_function(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
+    async def body() -> None:
+        raise AssertionError("never runs")
+
+    @redmutex.locked(client, "later", ttl=5, timeout=5)
+    def later() -> Any:
+        return body()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the refused coroutine is closed, not left unawaited
+        with pytest.raises(TypeError, match=r"returned coroutine .*redmutex\.aio\.locked"):
+            later()
+    assert r.exists(_key(prefix, "later")) == 0
+
+
+@pytest.mark.timeout(30)
+def test_locked_generator_holds_the_lock_across_the_iteration(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
+    def held() -> bool:
+        return r.exists(_key(prefix, "gen:7")) == 1
+
+    @redmutex.locked(client, "gen:{n}", ttl=5, timeout=5)
+    def steps(n: int) -> Iterator[int]:
+        for i in range(3):
+            yield n + i
+        return
+
+    assert inspect.isgeneratorfunction(steps)
+    it = steps(7)
+    assert not held()  # a generator runs nothing, and takes nothing, before its first next()
+    seen = []
+    for value in it:
+        seen.append((value, held()))
+    assert seen == [(7, True), (8, True), (9, True)]
+    assert not held()
+
+    # Closed early: the lock goes with it. An exception from the body releases it too.
+    early = steps(7)
+    assert next(early) == 7 and held()
+    early.close()
+    assert not held()
+
+    @redmutex.locked(client, "gen:{n}", ttl=5, timeout=5)
+    def failing(n: int) -> Iterator[int]:
+        yield n
+        raise LookupError("inside")
+
+    with pytest.raises(LookupError):
+        for _ in failing(7):
+            assert held()
+    assert not held()
+
+    # send() and the generator's return value pass through.
+    @redmutex.locked(client, "gen:{n}", ttl=5, timeout=5)
+    def echo(n: int) -> Generator[int, int, str]:
+        got = yield n
+        assert held()
+        return f"got {got}"
+
+    it2 = echo(7)
+    assert next(it2) == 7
+    with pytest.raises(StopIteration) as stop:
+        it2.send(5)
+    assert stop.value.value == "got 5"
+    assert not held()
+
+
+LOCKED_WORKER = r"""
+import sys
+import time
+
+import redis
+import redmutex
+
+url, prefix, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+conn = redis.Redis.from_url(url)
+client = redmutex.Client(url, prefix=prefix)
+inside, counter = prefix + "inside", prefix + "counter"
+
+
+def enter():
+    if conn.incr(inside) > 1:
+        conn.incr(prefix + "overlaps")
+
+
+def critical():
+    value = int(conn.get(counter) or 0)
+    time.sleep(0.002)
+    conn.set(counter, value + 1)
+
+
+@redmutex.locked(client, "shared", ttl=10, timeout=60)
+def plain():
+    enter()
+    critical()
+    conn.decr(inside)
+
+
+@redmutex.locked(client, "shared", ttl=10, timeout=60)
+def stepwise():
+    enter()
+    yield
+    critical()
+    yield
+    conn.decr(inside)
+
+
+for i in range(rounds):
+    if i % 2:
+        plain()
+    else:
+        for _ in stepwise():
+            time.sleep(0.001)
+print("done")
+"""
+
+
+@pytest.mark.timeout(240)
+def test_locked_excludes_across_processes_functions_and_generators(
+    redis_url: str, r: redis.Redis, prefix: str, procs: PyProcs
+) -> None:
+    workers, rounds = 4, 20
+    children = [procs.start(LOCKED_WORKER, redis_url, prefix, str(rounds)) for _ in range(workers)]
+    for child in children:
+        rc, out, err = procs.wait(child, timeout=200)
+        assert rc == 0, err
+        assert out.strip() == "done"
+    assert int(r.get(prefix + "counter") or 0) == workers * rounds
+    assert r.get(prefix + "overlaps") is None
+    r.delete(prefix + "counter", prefix + "inside", _key(prefix, "shared", "fence"))
+
+
+LOCKED_TYPES = """
+from collections.abc import AsyncIterator, Iterator
+
+import redmutex
+
+client = redmutex.Client()
+
+
+@redmutex.locked(client, "job:{x}")
+async def job(x: int) -> int:
+    return x
+
+
+@redmutex.locked(client, "job:{x}")
+async def stream(x: int) -> AsyncIterator[int]:
+    yield x
+
+
+@redmutex.locked(client, "job:{x}")
+def plain(x: int) -> int:
+    return x
+
+
+@redmutex.locked(client, "job:{x}")
+def steps(x: int) -> Iterator[int]:
+    yield x
+
+
+async def main() -> None:
+    await job(1)  # flagged
+    async for _ in stream(1):  # flagged
+        pass
+    total: int = plain(1) + sum(steps(2))
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(importlib.util.find_spec("mypy") is None, reason="mypy is not installed")
+def test_mypy_flags_locked_on_async_functions(tmp_path: Path) -> None:
+    source = tmp_path / "locked_types.py"
+    source.write_text(LOCKED_TYPES, encoding="utf-8")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--no-error-summary",
+            str(source),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    errors = sorted(line.split(":")[1] for line in done.stdout.splitlines() if ": error:" in line)
+    flagged = [
+        str(number)
+        for number, line in enumerate(LOCKED_TYPES.splitlines(), 1)
+        if line.endswith("# flagged")
+    ]
+    assert errors == flagged, done.stdout + done.stderr
+    assert '"UseAioLocked" not callable' in done.stdout
+
+
+# ------------------------------------------------- two callers passing the same identifier
+
+SAME_IDENTIFIER_WORKER = r"""
+import sys
+import threading
+import time
+
+import redis
+from redmutex import acquire_lock, release_lock
+
+url, name, rounds, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+conn = redis.Redis.from_url(url)
+inside, overlaps, held = name + ":inside", name + ":overlaps", name + ":held"
+deadline = time.monotonic() + seconds
+
+
+def worker():
+    for _ in range(rounds):
+        if time.monotonic() > deadline:
+            return
+        if not acquire_lock(conn, name, identifier="worker-1", atime=10, ltime=10):
+            continue
+        conn.incr(held)
+        if conn.incr(inside) > 1:
+            conn.incr(overlaps)
+        time.sleep(0.001)
+        conn.decr(inside)
+        release_lock(conn, name, "worker-1")
+
+
+threads = [threading.Thread(target=worker) for _ in range(3)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print("done")
+"""
+
+
+@pytest.mark.timeout(120)
+def test_callers_with_the_same_identifier_never_hold_at_once(
+    redis_url: str, r: redis.Redis, lockname: str, procs: PyProcs
+) -> None:
+    # Idempotence of a token already in place is for one call's own resend only: two processes
+    # with three threads each, all passing identifier="worker-1", must take turns.
+    children = [
+        procs.start(SAME_IDENTIFIER_WORKER, redis_url, lockname, "150", "10") for _ in range(2)
+    ]
+    for child in children:
+        rc, out, err = procs.wait(child, timeout=100)
+        assert rc == 0 and out.strip() == "done", err
+    held = int(r.get(lockname + ":held") or 0)
+    overlaps = int(r.get(lockname + ":overlaps") or 0)
+    r.delete(lockname + ":held", lockname + ":inside", lockname + ":overlaps")
+    assert held >= 50, held
+    assert overlaps == 0, f"{overlaps} of {held} holds overlapped another"
+
+
+@pytest.mark.timeout(60)
+def test_a_resend_after_a_dropped_reply_keeps_its_own_grant(
+    redis_server: RedisServer, r: redis.Redis, lockname: str
+) -> None:
+    # The other half of the rule: the attempt ran, its reply was lost with the connection, and
+    # the resend finds the call's own identifier in place: that is this call's grant.
+    from _proxy import FaultProxy
+
+    identifier = "resend-" + uuid.uuid4().hex
+    with FaultProxy(redis_server.port) as proxy:
+        client = redmutex.Client(proxy.url, prefix=DEFAULT_PREFIX)
+        try:
+            warm = acquire_lock(client, lockname, atime=0)  # script loaded, connection open
+            assert warm and release_lock(client, lockname, warm)
+            proxy.drop_reply_to(identifier.encode())
+            got = acquire_lock(client, lockname, identifier=identifier, atime=0, ltime=10)
+            assert proxy.reply_dropped.is_set(), "no reply was dropped: the test proved nothing"
+            assert got == identifier
+            assert r.get(_key(DEFAULT_PREFIX, lockname)) == identifier.encode()
+            # ...and a second call with that identifier is still refused.
+            assert acquire_lock(client, lockname, identifier=identifier, atime=0) is False
+            assert release_lock(client, lockname, identifier) is True
+        finally:
+            client.close()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import atexit
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from . import _core, metrics
 from ._cache import cached, get_or_fill
@@ -16,7 +18,11 @@ from .errors import (
     LockNotOwnedError,
     LockTimeoutError,
     QuorumError,
+    SemaphoreLimitError,
 )
+
+if TYPE_CHECKING:
+    from . import aio as aio
 
 __all__ = [
     "Client",
@@ -30,6 +36,7 @@ __all__ = [
     "QuorumError",
     "RWLock",
     "Semaphore",
+    "SemaphoreLimitError",
     "__version__",
     "acquire_lock",
     "cached",
@@ -42,3 +49,15 @@ __all__ = [
 
 # Background threads of the core must not call into Python once the interpreter shuts down.
 atexit.register(_core._interpreter_exiting)
+
+
+def __getattr__(name: str) -> Any:
+    # `redmutex.aio` without `import redmutex.aio`, imported on first use so that `import redmutex`
+    # does not load asyncio.
+    if name == "aio":
+        return importlib.import_module(".aio", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), "aio"})

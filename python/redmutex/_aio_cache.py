@@ -19,15 +19,29 @@ import functools
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, ParamSpec, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, cast, overload
 
 from . import _core
-from ._cache import _CLAIMED, _HIT, _digest, _log, _refresh_due, _Settings, _timeout_error
+from ._cache import (
+    _CLAIMED,
+    _HIT,
+    _Bound,
+    _Descriptor,
+    _digest,
+    _log,
+    _refresh_due,
+    _Settings,
+    _timeout_error,
+    _unwrap_method,
+)
 from ._callkeys import compile_key
 from ._codec import PayloadError, Serializer
 from .errors import LockError
 
-__all__ = ["AsyncCachedFunction", "cached", "get_or_fill"]
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["AsyncBoundCachedFunction", "AsyncCachedFunction", "cached", "get_or_fill"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -55,6 +69,89 @@ class AsyncCachedFunction(Protocol[P, R_co]):
         """Drops the cached value of that call (and any fill of it in progress); True when a
         value was dropped."""
         ...
+
+    @overload
+    def __get__(self, instance: None, owner: Any, /) -> Self: ...
+    @overload
+    def __get__(self, instance: object, owner: Any, /) -> AsyncBoundCachedFunction[R_co]: ...
+
+
+class AsyncBoundCachedFunction(Protocol[R_co]):
+    """An ``@aio.cached`` method looked up on an instance (or a class, for a classmethod)."""
+
+    __name__: str
+    __qualname__: str
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Coroutine[Any, Any, R_co]: ...
+
+    async def invalidate(self, *args: Any, **kwargs: Any) -> bool: ...
+
+
+async def _coroutine_code() -> None:
+    """Its code object marks our callables as coroutine functions for Python < 3.12."""
+
+
+def _mark_coroutine_function(target: Any) -> None:
+    """Makes ``inspect.iscoroutinefunction(target)`` true, as for the ``async def`` it wraps
+    (frameworks look): ``markcoroutinefunction`` where Python has it (3.12+), else the
+    function-like attributes that ``inspect`` reads."""
+    mark = getattr(inspect, "markcoroutinefunction", None)
+    if mark is not None:
+        mark(target)
+    else:
+        target.__code__ = _coroutine_code.__code__
+        target.__defaults__ = None
+        target.__kwdefaults__ = None
+
+
+class _AsyncBound(_Bound):
+    """A bound ``@aio.cached`` method: its call returns the coroutine."""
+
+    __slots__ = ()
+
+    if not hasattr(inspect, "markcoroutinefunction"):
+        __code__ = _coroutine_code.__code__
+        __defaults__ = None
+        __kwdefaults__ = None
+
+
+if hasattr(inspect, "markcoroutinefunction"):
+    inspect.markcoroutinefunction(_AsyncBound)  # the mark is an attribute: instances inherit it
+
+
+class _AsyncCached(_Descriptor):
+    """An ``@aio.cached`` function (see ``cached``)."""
+
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        binding: str | None,
+        settings: _Settings,
+        key_of: Callable[[tuple[Any, ...], dict[str, Any]], str],
+    ) -> None:
+        functools.update_wrapper(self, func)
+        _mark_coroutine_function(self)
+        self._binding = binding
+        self._settings = settings
+        self._key_of = key_of
+        self._constant = key_of((), {}) if getattr(key_of, "is_constant", False) else None
+
+    def __get__(self, instance: object, owner: Any = None) -> Any:
+        bound = super().__get__(instance, owner)
+        return _AsyncBound(bound.__func__, bound.__self__) if isinstance(bound, _Bound) else bound
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        func = self.__wrapped__  # type: ignore[attr-defined]
+        name = self._constant if self._constant is not None else self._key_of(args, kwargs)
+        if not args and not kwargs:
+            return await _get(self._settings, name, func)
+        return await _get(self._settings, name, functools.partial(func, *args, **kwargs))
+
+    async def invalidate(self, *args: Any, **kwargs: Any) -> bool:
+        return bool(await self._settings.store._invalidate_async(self._key_of(args, kwargs)))
+
+    def __repr__(self) -> str:
+        return f"<aio.cached {self.__qualname__}>"
 
 
 def _consume(future: asyncio.Future[Any]) -> None:
@@ -97,7 +194,9 @@ async def _fill(settings: _Settings, key: str, fill: Fill[T], claim: _core.FillC
         if inspect.isawaitable(value):
             value = await value
         delta = time.monotonic() - started
-        payload = settings.codec.encode(value, delta, context=key)
+        # What the filler's caller gets is what every later caller gets: the value as it
+        # round-trips through the serializer (loads of the bytes just dumped).
+        payload, value = settings.codec.encode_round_trip(value, delta, context=key)
     except BaseException as exc:
         await _give_back(claim, key, isinstance(exc, asyncio.CancelledError))
         raise
@@ -208,7 +307,7 @@ def cached(
     client: Any,
     *,
     ttl: float,
-    key: str | None = None,
+    key: str | Callable[..., str] | None = None,
     lock_ttl: float = 10.0,
     timeout: float | None = None,
     serializer: str | Serializer = "pickle",
@@ -217,7 +316,9 @@ def cached(
 ) -> Callable[[Callable[P, Awaitable[T]]], AsyncCachedFunction[P, T]]:
     """Decorator for ``async def`` functions: ``aio.get_or_fill`` for every call, with the same
     options (checked here, at decoration time) and the same ``key`` rules as
-    ``redmutex.cached``. ``await fetch.invalidate(*args, **kwargs)`` drops that call's value."""
+    ``redmutex.cached`` (a key function may be a plain callable; on a method ``self``/``cls`` is
+    left out of derived keys). ``await fetch.invalidate(*args, **kwargs)`` drops that call's
+    value; on a method, ``await obj.load.invalidate(5)`` passes the instance first."""
     settings = _Settings(
         client,
         ttl=ttl,
@@ -229,22 +330,11 @@ def cached(
     )
 
     def decorate(func: Callable[P, Awaitable[T]]) -> AsyncCachedFunction[P, T]:
-        if not callable(func):
+        plain, binding = _unwrap_method(func)
+        if not callable(plain):
             raise TypeError(f"@aio.cached: expected a function, not {type(func).__name__}")
-        key_of = compile_key(key, func)
-        constant = key_of((), {}) if getattr(key_of, "is_constant", False) else None
-
-        @functools.wraps(func)
-        async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-            name = constant if constant is not None else key_of(args, kwargs)
-            if not args and not kwargs:
-                return await _get(settings, name, func)
-            return await _get(settings, name, functools.partial(func, *args, **kwargs))
-
-        async def invalidate(*args: P.args, **kwargs: P.kwargs) -> bool:
-            return bool(await settings.store._invalidate_async(key_of(args, kwargs)))
-
-        wrapper.invalidate = invalidate  # type: ignore[attr-defined]
-        return cast(AsyncCachedFunction[P, T], wrapper)
+        receiver = None if binding is None else binding == "class"
+        key_of = compile_key(key, plain, receiver)
+        return cast(AsyncCachedFunction[P, T], _AsyncCached(plain, binding, settings, key_of))
 
     return decorate

@@ -29,7 +29,9 @@ One call
 3. CLAIMED: ``fill()`` runs while a task of the Rust runtime extends the claim every
    ``lock_ttl``/3, so a fill may outlast ``lock_ttl``; a process that dies stops renewing, and its
    claim ends at most ``lock_ttl`` later, when one waiter takes over. The value is stored with the
-   fill's duration δ, the claim is dropped and the waiters are woken, in one script. If ``fill``
+   fill's duration δ, the claim is dropped and the waiters are woken, in one script. The filler's
+   caller gets the value as it round-trips through the serializer (``loads`` of the bytes just
+   dumped), exactly as every later caller does: with JSON a tuple comes back as a list. If ``fill``
    raises, the claim is given back (waking the waiters, of which exactly one claims the fill
    anew) and the exception propagates to this caller only. A store is token-checked: when the
    claim ended meanwhile (the entry was invalidated, or the process stalled beyond the lease),
@@ -58,7 +60,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, ParamSpec, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, cast, overload
 
 from . import _core
 from ._callkeys import compile_key
@@ -66,7 +68,10 @@ from ._codec import Codec, PayloadError, Serializer, make_codec
 from ._xfetch import should_refresh, validate_beta
 from .errors import LockError, LockTimeoutError
 
-__all__ = ["CachedFunction", "cached", "get_or_fill"]
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["BoundCachedFunction", "CachedFunction", "cached", "get_or_fill"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -93,6 +98,117 @@ class CachedFunction(Protocol[P, R_co]):
         """Drops the cached value of that call (and any fill of it in progress); True when a
         value was dropped."""
         ...
+
+    @overload
+    def __get__(self, instance: None, owner: Any, /) -> Self: ...
+    @overload
+    def __get__(self, instance: object, owner: Any, /) -> BoundCachedFunction[R_co]: ...
+
+
+class BoundCachedFunction(Protocol[R_co]):
+    """A ``@cached`` method looked up on an instance (or a class, for a classmethod): calls and
+    ``invalidate`` get the instance as their first argument, like a bound method."""
+
+    __name__: str
+    __qualname__: str
+
+    def __call__(self, *args: Any, **kwargs: Any) -> R_co: ...
+
+    def invalidate(self, *args: Any, **kwargs: Any) -> bool: ...
+
+
+def _unwrap_method(func: Any) -> tuple[Callable[..., Any], str | None]:
+    """A classmethod or staticmethod under the decorator: its function and how it binds."""
+    if isinstance(func, classmethod):
+        return func.__func__, "class"
+    if isinstance(func, staticmethod):
+        return func.__func__, "static"
+    return func, None
+
+
+class _Bound:
+    """What a ``@cached`` method is when looked up on an instance: its calls and ``invalidate``
+    get the instance first (``Repo(1).load.invalidate(5)``). Other attributes (``__name__``,
+    ``__wrapped__``, ...) are the decorated function's."""
+
+    __slots__ = ("__func__", "__self__")
+
+    def __init__(self, func: Any, instance: object) -> None:
+        self.__func__ = func
+        self.__self__ = instance
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.__func__(self.__self__, *args, **kwargs)
+
+    def invalidate(self, *args: Any, **kwargs: Any) -> Any:
+        return self.__func__.invalidate(self.__self__, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__func__, name)
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, _Bound)
+            and other.__func__ is self.__func__
+            and other.__self__ is self.__self__
+        )
+
+    def __hash__(self) -> int:
+        return hash((id(self.__func__), id(self.__self__)))
+
+    def __repr__(self) -> str:
+        return f"<bound cached {self.__func__.__qualname__} of {self.__self__!r}>"
+
+
+class _Descriptor:
+    """The binding of a ``@cached`` function: looked up on an instance it binds like a method;
+    a classmethod binds to the class, a staticmethod never binds. Pickled by reference."""
+
+    _binding: str | None
+    __qualname__: str
+
+    def __get__(self, instance: object, owner: Any = None) -> Any:
+        if self._binding == "static":
+            return self
+        if self._binding == "class":
+            return _Bound(self, owner if owner is not None else type(instance))
+        if instance is None:
+            return self
+        return _Bound(self, instance)
+
+    def __reduce__(self) -> str:
+        return self.__qualname__
+
+
+class _Cached(_Descriptor):
+    """A ``@cached`` function (see ``cached``)."""
+
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        binding: str | None,
+        settings: _Settings,
+        key_of: Callable[[tuple[Any, ...], dict[str, Any]], str],
+    ) -> None:
+        functools.update_wrapper(self, func)
+        self._binding = binding
+        self._settings = settings
+        self._key_of = key_of
+        # A key without placeholders names one entry for every call: no binding needed.
+        self._constant = key_of((), {}) if getattr(key_of, "is_constant", False) else None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        func = self.__wrapped__  # type: ignore[attr-defined]
+        name = self._constant if self._constant is not None else self._key_of(args, kwargs)
+        if not args and not kwargs:
+            return _get(self._settings, name, func)
+        return _get(self._settings, name, functools.partial(func, *args, **kwargs))
+
+    def invalidate(self, *args: Any, **kwargs: Any) -> bool:
+        return bool(self._settings.store.invalidate(self._key_of(args, kwargs)))
+
+    def __repr__(self) -> str:
+        return f"<cached {self.__qualname__}>"
 
 
 class _Settings:
@@ -173,7 +289,9 @@ def _fill(settings: _Settings, key: str, fill: Callable[[], T], claim: _core.Fil
     try:
         value = fill()
         delta = time.monotonic() - started
-        payload = settings.codec.encode(value, delta, context=key)
+        # What the filler's caller gets is what every later caller gets: the value as it
+        # round-trips through the serializer (loads of the bytes just dumped).
+        payload, value = settings.codec.encode_round_trip(value, delta, context=key)
     except BaseException:
         _give_back(claim, key)
         raise
@@ -265,7 +383,8 @@ def get_or_fill(
     Of any number of concurrent callers (threads or processes) that miss ``key``, one runs
     ``fill``; the others wait without polling and return the value it stored. If ``fill`` raises,
     its caller gets the exception and one waiting caller takes over the fill. ``None`` is cached
-    like any value. ``ttl``: how long the value lives; ``lock_ttl``: the lease of the fill claim
+    like any value. Every caller, the filler's included, gets the value as it round-trips
+    through the serializer. ``ttl``: how long the value lives; ``lock_ttl``: the lease of the fill claim
     (renewed while the fill runs, so it bounds how long a dead filler holds the others up);
     ``timeout``: how long to wait for another caller's fill before ``LockTimeoutError``.
     ``beta`` > 0 refreshes early (XFetch), ``0`` never. ``serializer``: ``"pickle"``, ``"json"``
@@ -290,7 +409,7 @@ def cached(
     client: Any,
     *,
     ttl: float,
-    key: str | None = None,
+    key: str | Callable[..., str] | None = None,
     lock_ttl: float = 10.0,
     timeout: float | None = None,
     serializer: str | Serializer = "pickle",
@@ -307,17 +426,25 @@ def cached(
       format specs work as in ``str.format``); checked against the signature when decorating;
     * a string without placeholders: that one entry for every call, shared with
       ``get_or_fill(client, key, ...)``;
+    * a callable: called with the call's own arguments (a method's ``self`` included), it
+      returns the key string: ``key=lambda self, x: f"repo:{self.id}:{x}"``;
     * ``None``: derived from the function's module, qualified name and arguments, e.g.
       ``mymod.fetch(url='http://x', retries=3)`` — the same in every process and Python
       version (never ``hash()``, ``id()`` or ``repr()`` of arbitrary objects). Positional,
       keyword and defaulted spellings of a call give one key. Arguments must be ``None``,
       bool, int, float, str, bytes, enum members, or tuples, lists, dicts, sets and frozensets
       of those; anything else (an object, a ``self``) raises ``TypeError`` naming the argument:
-      pass ``key="..."`` then. Keys over 200 characters are shortened with a SHA-256 digest.
-      (The full rules: ``redmutex._callkeys``.)
+      pass ``key="..."`` then. On a method, ``self``/``cls`` is left out of the key (as
+      dogpile.cache does: the first parameter of a function defined in a class body, when it is
+      named ``self`` or ``cls``), so all instances share one entry per argument list; use a
+      template or a key function for a key per instance. Keys over 200 characters are shortened
+      with a SHA-256 digest. (The full rules: ``redmutex._callkeys``.)
 
     ``fetch.invalidate(*args, **kwargs)`` drops the cached value of that call (and any fill of
     it in progress, whose value is then not stored); it returns True when a value was dropped.
+    The decorated function binds like a method: ``Repo(1).load(5)`` and
+    ``Repo(1).load.invalidate(5)`` pass the instance first. ``@cached`` may also be put above
+    ``@classmethod`` or ``@staticmethod``.
     """
     settings = _Settings(
         client,
@@ -330,28 +457,16 @@ def cached(
     )
 
     def decorate(func: Callable[P, T]) -> CachedFunction[P, T]:
-        if not callable(func):
+        plain, binding = _unwrap_method(func)
+        if not callable(plain):
             raise TypeError(f"@cached: expected a function, not {type(func).__name__}")
-        if inspect.iscoroutinefunction(func):
+        if inspect.iscoroutinefunction(plain):
             raise TypeError(
-                f"@cached: {getattr(func, '__qualname__', func)!r} is an async function; "
+                f"@cached: {getattr(plain, '__qualname__', plain)!r} is an async function; "
                 "use redmutex.aio.cached"
             )
-        key_of = compile_key(key, func)
-        # A key without placeholders names one entry for every call: no binding needed.
-        constant = key_of((), {}) if getattr(key_of, "is_constant", False) else None
-
-        @functools.wraps(func)
-        def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-            name = constant if constant is not None else key_of(args, kwargs)
-            if not args and not kwargs:
-                return _get(settings, name, func)
-            return _get(settings, name, functools.partial(func, *args, **kwargs))
-
-        def invalidate(*args: P.args, **kwargs: P.kwargs) -> bool:
-            return bool(settings.store.invalidate(key_of(args, kwargs)))
-
-        wrapper.invalidate = invalidate  # type: ignore[attr-defined]
-        return cast(CachedFunction[P, T], wrapper)
+        receiver = None if binding is None else binding == "class"
+        key_of = compile_key(key, plain, receiver)
+        return cast(CachedFunction[P, T], _Cached(plain, binding, settings, key_of))
 
     return decorate

@@ -54,6 +54,13 @@ Types are matched exactly, so ``1``, ``1.0``, ``True``, ``'1'`` and ``b'1'`` all
 subclass (a namedtuple, a ``str`` subclass) is rejected rather than silently equated with its
 base value. Anything else raises ``TypeError`` naming the argument and suggesting ``key=``.
 
+Methods: the first parameter of a function defined in a class body (its ``__qualname__`` says so)
+is left out of the key when it is named ``self`` or ``cls`` (as dogpile.cache does), so
+``Repo(1).load(5)`` and ``Repo(2).load(5)`` share the entry ``mymod.Repo.load(x=5)``; a key that
+depends on the instance needs ``key=`` (a template such as ``"repo:{self.id}:{x}"`` or a key
+function). The rule is read from the signature, not from how the call was made, so
+``obj.load(5)`` and ``Repo.load(obj, 5)`` name one entry.
+
 A key longer than ``MAX_KEY_LENGTH`` (200) characters becomes its first ``_PREFIX_CHARS`` (120)
 characters, ``...sha256:`` and the SHA-256 hex digest of the whole UTF-8 encoded key (194
 characters in all). A short key always ends with ``)`` and a long one with a hex digit, so the
@@ -358,12 +365,30 @@ def _shorten(key: str) -> str:
     return f"{key[:_PREFIX_CHARS]}...sha256:{digest}"
 
 
+def _defined_in_a_class(qualname: str) -> bool:
+    """Whether a ``__qualname__`` is that of a function defined in a class body."""
+    outer = qualname.rsplit(".", 2)
+    return len(outer) >= 2 and outer[-2] != "<locals>"
+
+
+def method_receiver(func: Callable[..., Any], signature: inspect.Signature) -> str | None:
+    """The name of a method's ``self``/``cls`` parameter, left out of derived keys; None when
+    ``func`` is not a method by the rule in the module docstring."""
+    first = next(iter(signature.parameters.values()), None)
+    if first is None or first.name not in ("self", "cls"):
+        return None
+    if first.kind not in (first.POSITIONAL_ONLY, first.POSITIONAL_OR_KEYWORD):
+        return None
+    qualname = getattr(func, "__qualname__", None)
+    return first.name if isinstance(qualname, str) and _defined_in_a_class(qualname) else None
+
+
 class _Deriver:
     """Derives keys for one function; the signature is read once, at decoration time."""
 
-    __slots__ = ("_name", "_signature")
+    __slots__ = ("_name", "_signature", "_skip")
 
-    def __init__(self, func: Callable[..., Any]) -> None:
+    def __init__(self, func: Callable[..., Any], receiver: bool | None = None) -> None:
         module = getattr(func, "__module__", None)
         qualname = getattr(func, "__qualname__", None)
         if not isinstance(module, str) or not isinstance(qualname, str):
@@ -373,12 +398,20 @@ class _Deriver:
             )
         self._name = f"{module}.{qualname}"
         self._signature = _signature(func, "deriving cache keys (pass key=... to @cached)")
+        # receiver: True/False when the caller knows (a classmethod/staticmethod), else the rule.
+        if receiver is None:
+            self._skip = method_receiver(func, self._signature)
+        else:
+            first = next(iter(self._signature.parameters), None)
+            self._skip = first if receiver else None
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         bound = self._signature.bind(*args, **kwargs)  # TypeError, like the call itself would
         bound.apply_defaults()
         encoded = []
         for name, value in bound.arguments.items():
+            if name == self._skip:
+                continue
             text = self._encode_argument(self._signature.parameters[name], value)
             if text is not None:
                 encoded.append(f"{name}={text}")
@@ -404,9 +437,11 @@ class _Deriver:
         return f"<derived key of {self._name}>"
 
 
-def key_deriver(func: Callable[..., Any]) -> KeyFunction:
-    """Validates ``func`` once and returns the (args, kwargs) -> key function for it."""
-    return _Deriver(func)
+def key_deriver(func: Callable[..., Any], receiver: bool | None = None) -> KeyFunction:
+    """Validates ``func`` once and returns the (args, kwargs) -> key function for it.
+    ``receiver``: whether the first parameter is a ``self``/``cls`` to leave out (None: decide
+    by the rule in the module docstring)."""
+    return _Deriver(func, receiver)
 
 
 def derive_key(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
@@ -418,10 +453,30 @@ def derive_key(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str
     return _Deriver(func)(args, kwargs)
 
 
-def compile_key(key: str | None, func: Callable[..., Any]) -> KeyFunction:
-    """The key function of ``@cached(key=...)``: a template for a str, derived keys for None."""
+def _user_key(key: Callable[..., str], func: Callable[..., Any]) -> KeyFunction:
+    """``key=`` a callable: called with the call's own arguments, it returns the key string."""
+
+    def key_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        name = key(*args, **kwargs)
+        if not isinstance(name, str):
+            raise TypeError(
+                f"key: the key function of {_describe(func)} returned "
+                f"{type(name).__name__}, expected a str"
+            )
+        return name
+
+    return key_of
+
+
+def compile_key(
+    key: str | Callable[..., str] | None, func: Callable[..., Any], receiver: bool | None = None
+) -> KeyFunction:
+    """The key function of ``@cached(key=...)``: a template for a str, derived keys for None,
+    and for a callable, whatever it returns when called with the call's arguments."""
     if key is None:
-        return key_deriver(func)
-    if not isinstance(key, str):
-        raise TypeError(f"key must be a str or None, not {type(key).__name__}")
-    return compile_template(key, func, argument="key")
+        return key_deriver(func, receiver)
+    if isinstance(key, str):
+        return compile_template(key, func, argument="key")
+    if callable(key):
+        return _user_key(key, func)
+    raise TypeError(f"key must be a str, a callable or None, not {type(key).__name__}")

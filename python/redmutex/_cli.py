@@ -5,10 +5,12 @@ These commands read the fixed key layout (API.md, "Key layout") with redis-py, a
 dependency needed by these commands only: every key of the primitive named N starts with
 `prefix{N}`, followed by
 
-    :lock, :fence                                        Lock
+    :lock, :fence                                        Lock (the fence counter expires
+                                                         fence_ttl after the last acquisition)
     :queue, :queue:deadlines, :queue:leases              its fair queue: list of tokens, zset of
                                                          places, hash of the lease each one asks
-    :sem:holders, :sem:queue, :sem:queue:deadlines       Semaphore
+    :sem:holders, :sem:limit, :sem:queue,                Semaphore (the limit in use)
+    :sem:queue:deadlines
     :rw:readers, :rw:writer, :rw:writers_waiting         RWLock
     :value, :fill                                        cache entry (get_or_fill, @cached)
 
@@ -44,6 +46,7 @@ DEFAULT_PREFIX = "redmutex:"
 TIMEOUT = 5.0  # seconds, to connect and for each command
 TOKEN_SHOWN = 8  # hex characters of an owner token that we print (enough to tell holders apart)
 HOLDERS_SHOWN = 10  # holders listed per line in the text output (--json lists all)
+NAME_SHOWN = 60  # characters of a name in the text output at most (--json gives names whole)
 SCAN_COUNT = 1000
 
 # Suffix of each key -> (kind of primitive, role of the key).
@@ -54,6 +57,7 @@ SUFFIXES: dict[str, tuple[str, str]] = {
     ":queue:deadlines": ("lock", "queue_deadlines"),
     ":queue:leases": ("lock", "queue_leases"),
     ":sem:holders": ("semaphore", "holders"),
+    ":sem:limit": ("semaphore", "limit"),
     ":sem:queue": ("semaphore", "queue"),
     ":sem:queue:deadlines": ("semaphore", "queue_deadlines"),
     ":rw:readers": ("rwlock", "readers"),
@@ -101,11 +105,68 @@ def _redis_module() -> Any:
     return redis
 
 
+# Where a URL's user-info ends and which parts are secret: the rule of the Rust core
+# (src/protocol/url.rs), so that the raw form it accepts ("redis://u:se/cret@h") is read, and
+# redacted, the same way here.
+_SECRET_KEYS = ("pass", "password", "sentinel_password")
+_QUERY_KEYS = (*_SECRET_KEYS, "db", "user", "username", "protocol", "sentinel_username")
+
+
+def _userinfo_range(url: str) -> tuple[int, int] | None:
+    """(start, at) of the user-info: after `://` up to the last `@` before a secret query key."""
+    scheme_end = url.find("://")
+    if scheme_end < 0:
+        return None
+    start = scheme_end + 3
+    rest = url[start:]
+    if rest.startswith("/"):
+        return None
+    markers = [rest.find(f"{sep}{key}=") for key in _SECRET_KEYS for sep in "?&"]
+    limit = min([m for m in markers if m >= 0], default=len(rest))
+    at = rest.rfind("@", 0, limit)
+    return None if at < 0 else (start, start + at)
+
+
+def url_secrets(url: str) -> list[str]:
+    """The secret parts of a URL (the user-info password, secret query values), raw and decoded."""
+    found: list[str] = []
+    span = _userinfo_range(url)
+    if span is not None:
+        _user, colon, password = url[span[0] : span[1]].partition(":")
+        if colon:
+            found += [password, unquote(password)]
+    for key in _SECRET_KEYS:
+        for sep in "?&":
+            marker = f"{sep}{key}="
+            at = url.find(marker)
+            while at >= 0:
+                value = url[at + len(marker) :]
+                ends = [value.find(f"&{k}=") for k in _QUERY_KEYS]
+                value = value[: min([e for e in ends if e >= 0], default=len(value))]
+                value = value.removesuffix("#insecure")
+                first = value.split("&", 1)[0]
+                found += [value, unquote(value), first, unquote(first.replace("+", " "))]
+                at = url.find(marker, at + 1)
+    return [s for s in found if s]
+
+
+def normalize_url(url: str) -> str:
+    """The URL with `/ ? # @` in its user-info percent-encoded (the raw form the core accepts)."""
+    span = _userinfo_range(url)
+    if span is None:
+        return url
+    start, at = span
+    info = "".join(
+        {"/": "%2F", "?": "%3F", "#": "%23", "@": "%40"}.get(c, c) for c in url[start:at]
+    )
+    return url[:start] + info + url[at:]
+
+
 def redis_kwargs(url: str) -> dict[str, Any]:
     """redis-py connection settings for a redmutex URL (the schemes and query keys the Rust
     core accepts: redis://, rediss:// with `#insecure`, redis+unix:// and unix:// with
     `?db=N&user=U&pass=P`)."""
-    parts = urlsplit(url)
+    parts = urlsplit(normalize_url(url))
     query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
     kwargs: dict[str, Any] = {
         "socket_connect_timeout": TIMEOUT,
@@ -204,6 +265,21 @@ def _run(target: Target, func: Any, *args: Any) -> Any:
 
 
 # -- reading the state of one name -------------------------------------------------------------
+
+
+def shown_name(name: str, limit: int = NAME_SHOWN) -> str:
+    """A name as the text output shows it: at most `limit` characters, control characters
+    escaped (a name may hold newlines), and a long one cut with its length said. Names may be
+    megabytes long; only the part shown is looked at."""
+    cut = len(name) > limit
+    head = name[: limit + 1]
+    if head.isprintable() and not cut:
+        return name
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in head)
+    if not cut and len(text) <= limit:
+        return text
+    more = f"... ({len(name)} chars)"
+    return text[: max(limit - len(more), 8)] + more
 
 
 def _text(value: bytes | None) -> str | None:
@@ -342,7 +418,7 @@ def _holders_line(holds: Sequence[dict[str, Any]]) -> str:
 
 
 def status_lines(status: Status) -> Iterator[str]:
-    yield f"name:      {status.name}   (prefix {status.prefix!r})"
+    yield f"name:      {shown_name(status.name)}   (prefix {status.prefix!r})"
     yield f"state:     {'held' if status.held else 'free'}"
     if status.lock is not None:
         yield f"lock:      held by {_lease(status.lock)}"
@@ -404,6 +480,7 @@ def split_key(key: bytes, prefix: bytes) -> tuple[str, str, str] | None:
 class Entry:
     name: str
     kind: str
+    base: bytes  # prefix{name}, as found: the name's own bytes, even when not valid UTF-8
     roles: set[str] = field(default_factory=set)
     state: str = ""
     detail: dict[str, Any] = field(default_factory=dict)
@@ -420,7 +497,8 @@ def scan_entries(target: Target) -> list[Entry]:
         if parsed is None:
             continue
         name, kind, role = parsed
-        found.setdefault((name, kind), Entry(name, kind)).roles.add(role)
+        base = key[: key.rfind(b"}") + 1]
+        found.setdefault((name, kind), Entry(name, kind, base)).roles.add(role)
     entries = sorted(found.values(), key=lambda e: (e.name, KINDS.index(e.kind)))
     _describe(target, entries)
     return entries
@@ -434,7 +512,7 @@ def _describe(target: Target, entries: list[Entry]) -> None:
         pipe = target.conn.pipeline(transaction=False)
         pipe.time()
         for entry in chunk:
-            base = target.base(entry.name)
+            base = entry.base
             if entry.kind == "lock":
                 pipe.pttl(base + b":lock")
                 pipe.get(base + b":fence")
@@ -546,22 +624,34 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_HELD if status.held else EXIT_FREE
 
 
+def _active(entry: Entry) -> bool:
+    """Held, queued for, or (a cache entry) storing a value: not just an idle fence counter."""
+    d = entry.detail
+    return any(d.get(k) for k in ("held", "waiters", "writers_waiting", "stored"))
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     target = connect(args)
     try:
         entries = scan_entries(target)
     finally:
         target.conn.close()
+    if not args.all:
+        entries = [e for e in entries if _active(e)]
     if args.json:
         _print_json([{"name": e.name, "kind": e.kind, **e.detail} for e in entries])
         return EXIT_OK
     if not entries:
-        _print(f"nothing under the prefix {target.prefix!r}")
+        idle = "" if args.all else " held or queued (--all also shows idle fence counters)"
+        _print(f"nothing under the prefix {target.prefix!r}{idle}")
         return EXIT_OK
-    width = max(len("NAME"), *(len(e.name) for e in entries))
+    # Names are shortened to NAME_SHOWN characters, so a name of megabytes neither widens
+    # every row nor floods the terminal.
+    names = [shown_name(e.name) for e in entries]
+    width = max(len("NAME"), *(len(n) for n in names))
     _print(
         f"{'KIND':<10} {'NAME':<{width}}  STATE",
-        *(f"{e.kind:<10} {e.name:<{width}}  {e.state}" for e in entries),
+        *(f"{e.kind:<10} {n:<{width}}  {e.state}" for e, n in zip(entries, names)),
     )
     return EXIT_OK
 
@@ -655,9 +745,14 @@ def add_commands(commands: argparse._SubParsersAction[Any]) -> None:
 
     listing = commands.add_parser(
         "list",
-        help="every lock, semaphore, rwlock and cache entry under the prefix (SCAN)",
+        help="what is held or queued under the prefix (SCAN); --all also idle fence counters",
         description="Lists every lock, semaphore, read-write lock and cache entry under the"
-        " prefix, found with SCAN (never KEYS), with its state. Exit code: 0, 2 on error.",
+        " prefix that is held, has waiters or (cache) stores a value, found with SCAN (never"
+        " KEYS), with its state; --all also lists the idle ones (a lock's fence counter lives"
+        " fence_ttl after its last acquisition). Exit code: 0, 2 on error.",
+    )
+    listing.add_argument(
+        "--all", action="store_true", help="also list idle names (only a fence counter left)"
     )
     _common(listing)
     listing.set_defaults(handler=cmd_list)

@@ -152,8 +152,21 @@ class Codec:
         Errors of the serializer (an unpicklable value, a non-JSON value) propagate unchanged:
         they are the caller's bug, not a bad payload.
         """
-        delta = _check_delta(delta)
+        return self._frame(self._serialize(value), delta, context)
+
+    def encode_round_trip(
+        self, value: Any, delta: float = 0.0, *, context: bytes | str = b""
+    ) -> tuple[bytes, Any]:
+        """``encode``, plus the value as every reader of the frame will see it: ``loads`` of the
+        body just serialized (no second ``dumps``, no signature check of our own frame). A fill
+        returns this, so its caller gets what later callers get (a JSON tuple comes back as a
+        list). Errors of ``dumps`` or ``loads`` propagate unchanged: a serializer that cannot
+        load what it dumped is the caller's bug, and nothing is stored."""
         body = self._serialize(value)
+        return self._frame(body, delta, context), self._loads(body)
+
+    def _frame(self, body: bytes, delta: float, context: bytes | str) -> bytes:
+        delta = _check_delta(delta)
         if len(body) > _MAX_BODY:
             raise ValueError(f"the serialized value is too large ({len(body)} bytes)")
         flags = (self._kind << _KIND_SHIFT) | (FLAG_SIGNED if self._secret is not None else 0)

@@ -7,11 +7,14 @@ unchanged; underneath they use redmutex's atomic scripts and wait without pollin
 from __future__ import annotations
 
 import functools
+import inspect
+import logging
 import secrets
 import time
-from collections.abc import Callable, Iterator
+import types
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator
 from contextlib import contextmanager
-from typing import Any, Literal, ParamSpec, TypeVar
+from typing import Any, Literal, ParamSpec, Protocol, TypeVar, cast, final, overload
 
 from . import _core, metrics
 from ._callkeys import compile_template
@@ -19,6 +22,15 @@ from .errors import LockError, LockLostError
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+_log = logging.getLogger("redmutex")
+# What a plain function must not return under @locked (its body would run unlocked, later).
+_ASYNC_RESULTS = (types.CoroutineType, types.AsyncGeneratorType)
+
+
+def _shown(name: str) -> str:
+    """`name` quoted for a message, cut after 200 characters (a name may be megabytes)."""
+    return f"'{name[:200]}…'" if len(name) > 200 else f"'{name}'"
 
 
 def acquire_lock(
@@ -59,15 +71,82 @@ def release_lock(conn: Any, lockname: str, identifier: str) -> bool:
 def redis_lock(conn: Any, lockname: str, atime: float = 10, ltime: float = 10) -> Iterator[str]:
     """`with redis_lock(conn, name) as identifier:` — raises LockError("could not acquire lock")
     when not acquired within `atime`, and LockLostError("lock was lost") on leaving if the lease
-    ended meanwhile."""
+    ended meanwhile; both say the lock's name and carry it as `.name`. As with `with Lock`: when
+    the block itself raised, its exception propagates and a loss (or a failed release) is logged
+    as a WARNING on the `redmutex` logger."""
     identifier = acquire_lock(conn, lockname, atime=atime, ltime=ltime)
     if not identifier:
-        raise LockError("could not acquire lock")
+        raise LockError(f"lock {_shown(lockname)}: could not acquire lock", name=lockname)
     try:
         yield identifier
-    finally:
-        if not release_lock(conn, lockname, identifier):
-            raise LockLostError("lock was lost")
+    except BaseException:
+        _release_after_raise(conn, lockname, identifier)
+        raise
+    if not release_lock(conn, lockname, identifier):
+        raise LockLostError(f"lock {_shown(lockname)}: lock was lost", name=lockname)
+
+
+def _release_after_raise(conn: Any, lockname: str, identifier: str) -> None:
+    """Releases after the block raised; never replaces the block's exception."""
+    try:
+        released = release_lock(conn, lockname, identifier)
+    except Exception as exc:  # noqa: BLE001 - logged: the block's exception goes on
+        _log.warning("redis_lock %r: on leaving a block that raised: %s", lockname, exc)
+        return
+    if not released:
+        _log.warning("redis_lock %r: on leaving a block that raised: lock was lost", lockname)
+
+
+@final
+class UseAioLocked:
+    """What a type checker sees `@redmutex.locked` make of an ``async def`` or an async
+    generator function: nothing callable, so every call is flagged. (At run time the decorator
+    raises ``TypeError`` instead.) Decorate coroutine functions with ``redmutex.aio.locked``."""
+
+
+class LockedDecorator(Protocol):
+    """What ``locked(...)`` returns. The overloads for async callables exist only to make type
+    checkers flag them; at run time they raise ``TypeError``."""
+
+    @overload
+    def __call__(  # type: ignore[overload-overlap]
+        self, func: Callable[P, Coroutine[Any, Any, Any]]
+    ) -> UseAioLocked: ...
+    @overload
+    def __call__(  # type: ignore[overload-overlap]
+        self, func: Callable[P, AsyncIterator[Any]]
+    ) -> UseAioLocked: ...
+    @overload
+    def __call__(self, func: Callable[P, R]) -> Callable[P, R]: ...
+
+
+def _refuse_async(func: Callable[..., Any]) -> None:
+    """``@locked`` around a coroutine would hold the lock only while the coroutine object is
+    created, not while it runs: no exclusion at all. Refused, pointing to the asyncio decorator."""
+    call = inspect.getattr_static(type(func), "__call__", None)  # `async def __call__`
+    if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(call):
+        what = "an async function"
+    elif inspect.isasyncgenfunction(func) or inspect.isasyncgenfunction(call):
+        what = "an async generator function"
+    else:
+        return
+    raise TypeError(
+        f"@redmutex.locked: {getattr(func, '__qualname__', func)!r} is {what}; a blocking lock "
+        "around it would be released before its body runs. Use @redmutex.aio.locked"
+    )
+
+
+def _refuse_async_result(func: Callable[..., Any], result: object) -> None:
+    """A plain function that returned a coroutine (or async generator): its body runs later,
+    unlocked. The result is closed unrun and the call refused."""
+    if inspect.iscoroutine(result) or inspect.isasyncgen(result):
+        if inspect.iscoroutine(result):
+            result.close()  # unrun: no "never awaited" warning
+        raise TypeError(
+            f"@redmutex.locked: {getattr(func, '__qualname__', func)!r} returned "
+            f"{type(result).__name__} object, which would run after the lock was released; "
+            "use @redmutex.aio.locked on an async def"
+        )
 
 
 def locked(
@@ -78,20 +157,25 @@ def locked(
     timeout: float | None = None,
     auto_renew: bool = False,
     fair: bool = False,
-) -> Callable[[Callable[P, R]], Callable[P, R]]:
+) -> LockedDecorator:
     """Decorator: run the function holding the lock `name`, whose `{param}` placeholders are
-    filled from each call's arguments (`"lock:{sender}"`). Each call uses its own Lock object."""
+    filled from each call's arguments (`"lock:{sender}"`). Each call uses its own Lock object.
+
+    A generator function holds the lock from its first ``next()`` until it finishes, raises or
+    is closed (so close a generator you stop iterating early, e.g. with ``contextlib.closing``).
+    An ``async def`` or async generator function is refused with ``TypeError``: use
+    ``redmutex.aio.locked``."""
     if not isinstance(name, str):
         raise TypeError(f"name: expected a str, not {type(name).__name__}")
     # Validate the options once, at decoration time, with a throwaway object.
     _core.Lock(client, name or "_", ttl=ttl, timeout=timeout, auto_renew=auto_renew, fair=fair)
 
     def decorate(func: Callable[P, R]) -> Callable[P, R]:
+        _refuse_async(func)
         lock_name = compile_template(name, func)
 
-        @functools.wraps(func)
-        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            lock = _core.Lock(
+        def new_lock(args: tuple[Any, ...], kwargs: dict[str, Any]) -> _core.Lock:
+            return _core.Lock(
                 client,
                 lock_name(args, kwargs),
                 ttl=ttl,
@@ -99,12 +183,31 @@ def locked(
                 auto_renew=auto_renew,
                 fair=fair,
             )
+
+        if inspect.isgeneratorfunction(func):
+            generate = cast(Callable[..., Generator[Any, Any, Any]], func)
+
+            @functools.wraps(func)
+            def iterate(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
+                lock = new_lock(args, kwargs)
+                with lock if metrics._active is None else metrics.measured(lock):
+                    return (yield from generate(*args, **kwargs))
+
+            return cast(Callable[P, R], iterate)
+
+        @functools.wraps(func)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            lock = new_lock(args, kwargs)
             if metrics._active is None:
                 with lock:
-                    return func(*args, **kwargs)
-            with metrics.measured(lock):
-                return func(*args, **kwargs)
+                    result = func(*args, **kwargs)
+            else:
+                with metrics.measured(lock):
+                    result = func(*args, **kwargs)
+            if type(result) in _ASYNC_RESULTS:
+                _refuse_async_result(func, result)
+            return result
 
         return wrapper
 
-    return decorate
+    return cast(LockedDecorator, decorate)

@@ -38,12 +38,6 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def _consume(future: asyncio.Future[Any]) -> None:
-    """Retrieve a background operation's outcome so asyncio does not warn about it."""
-    if not future.cancelled():
-        future.exception()
-
-
 def _relay_on_lost(on_lost: Callable[[Any], None] | None, owner: Any) -> Any:
     """An on_lost for the core object that calls the user's with the asyncio object (held
     weakly, so renewal never keeps it alive)."""
@@ -70,16 +64,22 @@ class _Hold:
     def _context(self) -> tuple[Any, ...]:
         return ()
 
-    def _give_back_after_cancel(self) -> None:
-        # A grant that raced the cancellation belongs to nobody: give it back in the background.
-        if self._core.token is not None:
-            self._core._release_async().add_done_callback(_consume)
+    def _give_back_after_cancel(self, attempt: asyncio.Future[Any]) -> None:
+        # A cancelled attempt's own awaitable tells the engine, which gives back whatever the
+        # attempt obtains, now or as it settles. Left: the attempt had succeeded (its awaitable
+        # resolved) but this task was cancelled before it resumed: that hold belongs to nobody.
+        if attempt.cancelled() or not attempt.done() or attempt.exception() is not None:
+            return
+        token = self._core.token
+        if attempt.result() is not False and token is not None:
+            self._core._give_back(token)
 
     async def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        attempt = self._core._acquire_async(*self._context(), blocking, timeout)
         try:
-            return bool(await self._core._acquire_async(*self._context(), blocking, timeout))
+            return bool(await attempt)
         except asyncio.CancelledError:
-            self._give_back_after_cancel()
+            self._give_back_after_cancel(attempt)
             raise
 
     async def release(self) -> None:
@@ -109,10 +109,11 @@ class _Hold:
         return str(self._core.name)
 
     async def __aenter__(self) -> Self:
+        attempt = self._core._enter_async(*self._context())
         try:
-            await self._core._enter_async(*self._context())
+            await attempt
         except asyncio.CancelledError:
-            self._give_back_after_cancel()
+            self._give_back_after_cancel(attempt)
             raise
         return self
 

@@ -12,11 +12,22 @@ __all__ = [
     "LockNotOwnedError",
     "LockTimeoutError",
     "QuorumError",
+    "SemaphoreLimitError",
 ]
 
 
 class LockError(Exception):
-    """Base class of every redmutex error."""
+    """Base class of every redmutex error.
+
+    ``name`` is the name of the lock, semaphore or RWLock the error is about (whole, even when
+    the message shortens it), or None where no single name applies.
+    """
+
+    name: str | None
+
+    def __init__(self, *args: object, name: str | None = None) -> None:
+        super().__init__(*args)
+        self.name = name
 
 
 LockException = LockError
@@ -36,6 +47,14 @@ class LockLostError(LockError):
 
 class QuorumError(LockError):
     """Redlock: no majority of the masters answered."""
+
+
+class SemaphoreLimitError(LockError):
+    """A Semaphore acquire whose limit differs from the one its live holders or waiters use.
+
+    The limit is kept with the semaphore in Redis; a new limit takes effect once no holder or
+    queued waiter of the old one remains.
+    """
 
 
 class ConnectionError(LockError, builtins.ConnectionError):

@@ -18,14 +18,14 @@ use super::direct::DirectPool;
 use super::error::{Error, Result};
 use super::exclusive::ExclusivePool;
 use super::name_map::NameMap;
-use super::node::{Node, Retry, Target, Timeouts};
+use super::node::{Node, Retry, ServerSeen, Target, Timeouts};
 use super::redlock::Redlock;
 use super::runtime::{self, pid};
 use super::sentinel::Sentinel;
 use super::tls;
 use super::waiting::Gate;
 use super::wake::WakeHub;
-use crate::protocol::keys::Keys;
+use crate::protocol::keys::{Keys, DEFAULT_FENCE_TTL_MS};
 use crate::protocol::url::Endpoint;
 
 /// The Redis deployment a client talks to.
@@ -45,6 +45,8 @@ pub struct ClientConfig {
     pub deployment: Deployment,
     pub prefix: Vec<u8>,
     pub timeouts: Timeouts,
+    /// How long a fencing counter lives after the last acquisition of its name, in ms.
+    pub fence_ttl_ms: u64,
 }
 
 impl ClientConfig {
@@ -54,11 +56,13 @@ impl ClientConfig {
             deployment: Deployment::Single(Box::new(tls::parse_endpoint(url_text)?)),
             prefix: prefix.to_vec(),
             timeouts,
+            fence_ttl_ms: DEFAULT_FENCE_TTL_MS,
         })
     }
 }
 
-/// The in-process gates that let only one waiter per lock name compete in Redis at a time.
+/// The in-process gates that let only one waiter per primitive compete in Redis at a time,
+/// keyed by the primitive's full Redis key (see `waiting::Plan::gate`).
 #[derive(Default)]
 pub struct Gates {
     gates: Mutex<HashMap<Vec<u8>, Weak<Gate>>>,
@@ -70,20 +74,26 @@ impl Shared {
     pub fn fault_epoch(&self) -> u64 {
         self.node.drops() + self.direct.drops()
     }
+
+    /// The run_id of the server incarnation that the latest connection opened on, if known.
+    pub fn run_id(&self) -> Option<Arc<str>> {
+        self.seen.run_id()
+    }
 }
 
 impl Gates {
-    /// The gate of one lock name in this process (fair locks queue in Redis instead).
-    pub fn gate(&self, name: &[u8]) -> Arc<Gate> {
+    /// The gate of the primitive whose key is `key` in this process (fair waiters queue in
+    /// Redis instead).
+    pub fn gate(&self, key: &[u8]) -> Arc<Gate> {
         let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(gate) = gates.get(name).and_then(Weak::upgrade) {
+        if let Some(gate) = gates.get(key).and_then(Weak::upgrade) {
             return gate;
         }
         if gates.len() >= 64 {
             gates.retain(|_, gate| gate.strong_count() > 0);
         }
         let gate = Arc::new(Gate::default());
-        gates.insert(name.to_vec(), Arc::downgrade(&gate));
+        gates.insert(key.to_vec(), Arc::downgrade(&gate));
         gate
     }
 }
@@ -111,6 +121,8 @@ pub struct Shared {
     gates: Gates,
     /// Per cache entry: the gate of its waiters and the value last read for them.
     pub cache_flights: NameMap<Flight>,
+    /// The run_id of the server incarnation last connected to (None on a cluster).
+    seen: Arc<ServerSeen>,
     /// Sentinel: the task that moves the connections when a failover is announced.
     _watcher: Option<AbortOnDrop>,
 }
@@ -140,13 +152,19 @@ impl Shared {
                 }
                 _ => None,
             };
-            let node = if identify {
-                Node::identified(target.clone(), timeouts)
+            // Every connection to one server (or a Sentinel-managed master) reads its run_id as
+            // it opens, so a restart or failover is told from a reply lost in transit (see
+            // `Holder::release`); a cluster's connections span many servers: none is read.
+            let seen = Arc::new(ServerSeen::default());
+            let node = if identify || !target.is_cluster() {
+                Node::identified_into(target.clone(), timeouts, seen.clone())
             } else {
                 Node::new(target.clone(), timeouts)
             };
             let direct = match &*target {
-                Target::Direct(client) => DirectPool::new(client.clone(), timeouts),
+                Target::Direct(client) => {
+                    DirectPool::identified(client.clone(), timeouts, seen.clone())
+                }
                 _ => DirectPool::unavailable(timeouts),
             };
             Shared {
@@ -156,14 +174,15 @@ impl Shared {
                 hub: WakeHub::new(target, timeouts),
                 gates: Gates::default(),
                 cache_flights: NameMap::new(),
+                seen,
                 _watcher: watcher,
             }
         })
     }
 
-    /// The gate of one lock name in this process (fair locks queue in Redis instead).
-    pub fn gate(&self, name: &[u8]) -> Arc<Gate> {
-        self.gates.gate(name)
+    /// The gate of the primitive whose key is `key` in this process.
+    pub fn gate(&self, key: &[u8]) -> Arc<Gate> {
+        self.gates.gate(key)
     }
 }
 
@@ -297,7 +316,7 @@ impl Client {
     /// The keys of the primitive `name`. On a cluster every key of a primitive must share one
     /// slot, which a name starting with '}' would break (its hash tag would be empty).
     pub fn keys(&self, name: &[u8]) -> Result<Keys> {
-        let keys = Keys::new(&self.config.prefix, name);
+        let keys = Keys::new(&self.config.prefix, name).with_fence_ttl(self.config.fence_ttl_ms);
         if self.is_cluster() && !keys.single_slot() {
             return Err(Error::Invalid(
                 "name: on Redis Cluster a name must not start with '}' (its keys would not \

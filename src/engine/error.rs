@@ -1,6 +1,7 @@
 //! The engine's one error type; the binding maps each variant to one Python exception.
 
 use std::fmt;
+use std::time::Duration;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Error {
@@ -22,6 +23,8 @@ pub enum Error {
     Quorum(String),
     /// The deployment cannot do this (e.g. a Semaphore on several independent masters).
     Unsupported(String),
+    /// A semaphore acquire with another limit than its live holders' or waiters'.
+    Limit(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -37,7 +40,8 @@ impl fmt::Display for Error {
             | Error::Usage(m)
             | Error::Invalid(m)
             | Error::Quorum(m)
-            | Error::Unsupported(m) => f.write_str(m),
+            | Error::Unsupported(m)
+            | Error::Limit(m) => f.write_str(m),
         }
     }
 }
@@ -49,23 +53,44 @@ impl Error {
     pub fn is_connection(&self) -> bool {
         matches!(self, Error::Connection(_))
     }
+
+    /// A connection error told where: "Redis at {endpoint}: {what happened}" (an endpoint
+    /// never holds a password). Other errors, and one already told, stay as they are.
+    pub fn at(self, endpoint: &str) -> Error {
+        match self {
+            Error::Connection(m) if !m.starts_with(AT) => {
+                Error::Connection(format!("{AT}{endpoint}: {m}"))
+            }
+            other => other,
+        }
+    }
+}
+
+const AT: &str = "Redis at ";
+
+/// The connection error of a call that ran out of time: "timed out after N s {what}".
+pub fn timed_out(limit: Duration, what: &str) -> Error {
+    Error::Connection(format!("timed out after {} s {what}", limit.as_secs_f64()))
 }
 
 impl From<redis::RedisError> for Error {
     fn from(err: redis::RedisError) -> Self {
         // Messages of redis-rs name addresses and server replies, never the password.
-        if err.is_io_error()
-            || err.is_timeout()
+        if err.is_timeout() {
+            // A socket timeout (EAGAIN on a blocking read) says nothing of how long it waited:
+            // callers that know their limit report it with `timed_out` instead.
+            Error::Connection(format!("timed out: {err}"))
+        } else if err.is_io_error()
             || err.is_connection_dropped()
             || err.is_connection_refusal()
             || err.is_unrecoverable_error()
         {
-            Error::Connection(format!("Redis connection failed: {err}"))
+            Error::Connection(format!("connection failed: {err}"))
         } else if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
             || err.code() == Some("WRONGPASS")
             || err.code() == Some("NOAUTH")
         {
-            Error::Connection(format!("Redis refused the credentials: {err}"))
+            Error::Connection(format!("refused the credentials: {err}"))
         } else {
             Error::Server(format!("Redis error: {err}"))
         }
@@ -75,5 +100,29 @@ impl From<redis::RedisError> for Error {
 impl From<crate::protocol::replies::UnexpectedReply> for Error {
     fn from(err: crate::protocol::replies::UnexpectedReply) -> Self {
         Error::Server(err.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_errors_are_told_where_once() {
+        let err = timed_out(Duration::from_millis(500), "waiting for an answer");
+        assert_eq!(
+            err.to_string(),
+            "timed out after 0.5 s waiting for an answer"
+        );
+        let told = err.at("127.0.0.1:6379");
+        assert_eq!(
+            told.to_string(),
+            "Redis at 127.0.0.1:6379: timed out after 0.5 s waiting for an answer"
+        );
+        // Told once: an outer layer does not say it again.
+        assert_eq!(told.clone().at("elsewhere"), told);
+        // Only connection errors name the endpoint.
+        let lost = Error::Lost("lock was lost".into());
+        assert_eq!(lost.clone().at("127.0.0.1:6379"), lost);
     }
 }

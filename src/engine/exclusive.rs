@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use redis::{FromRedisValue, Pipeline};
 
-use super::error::{Error, Result};
+use super::error::{timed_out, Result};
 use super::node::{within, Conn, Target, Timeouts};
 
 /// Idle connections kept for reuse.
@@ -47,12 +47,7 @@ impl ExclusivePool {
         let limit = self.timeouts.connect + self.timeouts.command;
         tokio::time::timeout(limit, self.target.connect(self.timeouts))
             .await
-            .map_err(|_| {
-                Error::Connection(format!(
-                    "Redis did not accept a connection within {:.3} s",
-                    limit.as_secs_f64()
-                ))
-            })?
+            .map_err(|_| timed_out(limit, "waiting for the connection"))?
     }
 
     /// Sends `pipe` on a connection of its own, once, waiting at most `limit` for the replies.
@@ -62,8 +57,11 @@ impl ExclusivePool {
         pipe: &Pipeline,
         limit: Duration,
     ) -> Result<T> {
-        let mut conn = self.take().await?;
-        let outcome = within(limit, "a pipeline", pipe.query_async::<T>(&mut conn)).await;
+        let endpoint = || self.target.endpoint();
+        let mut conn = self.take().await.map_err(|err| err.at(&endpoint()))?;
+        let outcome = within(limit, "a pipeline", pipe.query_async::<T>(&mut conn))
+            .await
+            .map_err(|err| err.at(&endpoint()));
         if outcome.is_ok() {
             let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
             if idle.len() < KEPT {

@@ -14,7 +14,7 @@ use super::redlock::Redlock;
 use super::renew::{self, Renewal, Schedule};
 use super::runtime::pid;
 use super::token::new_token;
-use super::waiting::Wait;
+use super::waiting::{spawn_undo, Undo, UndoStep, Wait};
 use crate::protocol::lease;
 
 /// Shared between a hold and its renewal task.
@@ -22,8 +22,12 @@ use crate::protocol::lease;
 pub struct HoldStatus {
     deadline: Mutex<Instant>,
     lost: AtomicBool,
-    /// Set while a release is under way, so renewal does not mistake it for a loss.
+    /// Set once a release was attempted, and never cleared: renewal stops for good (a release
+    /// that failed must not leave the lease renewed for as long as the object lives; it ends by
+    /// itself within the ttl), and no "not ours" it hears from then on is a loss.
     releasing: AtomicBool,
+    /// The run_id of the server incarnation known when the hold was granted (None: unknown).
+    run_id: Option<Arc<str>>,
 }
 
 impl HoldStatus {
@@ -32,6 +36,14 @@ impl HoldStatus {
             deadline: Mutex::new(deadline),
             lost: AtomicBool::new(false),
             releasing: AtomicBool::new(false),
+            run_id: None,
+        }
+    }
+
+    fn granted_on(deadline: Instant, run_id: Option<Arc<str>>) -> Self {
+        HoldStatus {
+            run_id,
+            ..HoldStatus::new(deadline)
         }
     }
 
@@ -56,8 +68,8 @@ impl HoldStatus {
         self.releasing.load(Ordering::Acquire)
     }
 
-    pub fn set_releasing(&self, releasing: bool) {
-        self.releasing.store(releasing, Ordering::Release);
+    pub fn set_releasing(&self) {
+        self.releasing.store(true, Ordering::Release);
     }
 }
 
@@ -223,6 +235,29 @@ pub enum DirectTry<D> {
     },
 }
 
+/// One acquire's link to whoever awaits it (an asyncio task). Once they stop waiting
+/// (`Holder::abandon`), whatever the attempt obtained is given back instead of kept: at once when
+/// it holds already, or as it settles when the grant arrives later (an aborted runtime task still
+/// finishes a poll that is under way). An attempt dropped before it settles undoes itself
+/// (`waiting::Cleanup`), so an abandoned acquire neither keeps nor later takes anything.
+#[derive(Clone, Default)]
+pub struct Ticket(Arc<Mutex<TicketState>>);
+
+#[derive(Default)]
+struct TicketState {
+    abandoned: bool,
+    /// The token of the hold the attempt settled into.
+    held: Option<String>,
+}
+
+impl Ticket {
+    /// Changed only under the holder's state lock, so that settling and abandoning see each
+    /// other: either the settle finds the ticket abandoned, or the abandon finds the hold.
+    fn lock(&self) -> std::sync::MutexGuard<'_, TicketState> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 /// An acquire under way (the object is in its Acquiring state). Dropped unsettled — the caller
 /// was interrupted between the steps — it puts the object back to idle.
 pub struct Pending<'a, P: Leased> {
@@ -230,6 +265,7 @@ pub struct Pending<'a, P: Leased> {
     token: Option<String>,
     busy_retry_ms: Option<i64>,
     settled: bool,
+    ticket: Option<Ticket>,
 }
 
 impl<P: Leased> Pending<'_, P> {
@@ -244,11 +280,25 @@ impl<P: Leased> Pending<'_, P> {
         let holder = self.holder;
         let mut state = holder.state();
         match granted {
+            Ok(Some(_)) if self.ticket.as_ref().is_some_and(|t| t.lock().abandoned) => {
+                // Nobody waits for this hold any more: never kept, never topped up.
+                *state = State::Idle { lost: false };
+                drop(state);
+                holder.give_back_in_background(backend, token);
+                Ok(false)
+            }
             Ok(Some((sent_at, detail))) => {
+                if let Some(ticket) = &self.ticket {
+                    ticket.lock().held = Some(token.clone());
+                }
                 let lease = holder.primitive.lease();
                 let granted = holder.primitive.granted_lease(&detail).min(lease);
                 let deadline = lease::deadline(sent_at, granted);
-                let status = Arc::new(HoldStatus::new(deadline));
+                let run_id = match backend {
+                    Backend::Single(shared) => shared.run_id(),
+                    Backend::Redlock(_) => None,
+                };
+                let status = Arc::new(HoldStatus::granted_on(deadline, run_id));
                 // A shorter grant is topped up to the full lease once, when half of what is left
                 // of it has passed, unless renewal comes anyway (sooner than that, if need be).
                 let left = lease::remaining(deadline, Instant::now());
@@ -393,6 +443,75 @@ impl<P: Leased> Holder<P> {
         self.acquire_pending(pending, wait, listener, args).await
     }
 
+    /// `acquire` for a caller that may stop waiting for it: `abandon(ticket)` then gives back
+    /// whatever this attempt obtains (see `Ticket`).
+    pub async fn acquire_ticketed(
+        &self,
+        wait: Wait,
+        listener: Option<OnLost>,
+        args: &P::Args,
+        ticket: Ticket,
+    ) -> Result<bool> {
+        let mut pending = self.begin_acquire()?;
+        pending.ticket = Some(ticket);
+        self.acquire_pending(pending, wait, listener, args).await
+    }
+
+    /// The caller of `acquire_ticketed(.., ticket)` stopped waiting (cancelled): the hold it
+    /// settled into, if any, is given back now; a grant still on its way is given back as it
+    /// settles. Never touches a hold that another acquire took.
+    pub fn abandon(&self, ticket: &Ticket) {
+        let state = self.state();
+        let held = {
+            let mut ticket = ticket.lock();
+            ticket.abandoned = true;
+            ticket.held.take()
+        };
+        drop(state);
+        if let Some(token) = held {
+            self.give_back(&token);
+        }
+    }
+
+    /// Gives back the hold with `token` at once, if this object still has it: the object is idle
+    /// when this returns (no renewal, no top-up), and the lease is released in the background.
+    /// For an acquire that succeeded but whose caller was cancelled before it learned so.
+    pub fn give_back(&self, token: &str) -> bool {
+        let mut state = self.state();
+        if !matches!(&*state, State::Held(h) if h.token == token) {
+            return false;
+        }
+        let taken = std::mem::replace(&mut *state, State::Idle { lost: false });
+        drop(state);
+        // Dropping the hold stops its renewal or top-up.
+        drop(taken);
+        if let Ok(backend) = self.client.backend() {
+            self.give_back_in_background(&backend, token.to_string());
+        }
+        true
+    }
+
+    /// Releases `token`'s hold in Redis from the runtime, retrying while Redis cannot be reached
+    /// (until the lease would have ended by itself).
+    fn give_back_in_background(&self, backend: &Backend, token: String) {
+        let primitive = self.primitive.clone();
+        let backend = backend.clone();
+        let step = move || -> UndoStep {
+            let (primitive, backend, token) = (primitive.clone(), backend.clone(), token.clone());
+            Box::pin(async move {
+                match &backend {
+                    Backend::Single(shared) => primitive.release(shared, &token).await?,
+                    Backend::Redlock(redlock) => primitive.release_quorum(redlock, &token).await?,
+                };
+                Ok(())
+            })
+        };
+        spawn_undo(Undo {
+            step: Box::new(step),
+            horizon: self.primitive.lease(),
+        });
+    }
+
     /// The blocking API's first step, on the caller's thread: one direct attempt when the
     /// primitive offers it. `Done` when that settles it; otherwise finish with `acquire_pending`.
     pub fn acquire_direct(&self, wait: Wait, listener: Option<OnLost>) -> Result<Direct<'_, P>> {
@@ -474,6 +593,7 @@ impl<P: Leased> Holder<P> {
                     token: None,
                     busy_retry_ms: None,
                     settled: false,
+                    ticket: None,
                 })
             }
         }
@@ -518,17 +638,28 @@ impl<P: Leased> Holder<P> {
         )
     }
 
+    /// Stops renewal before the release goes out: whatever the release's outcome, the hold is
+    /// renewed no more (see `HoldStatus::releasing`).
     fn begin_release(&self) -> Result<HoldRef> {
-        let hold = self.current().ok_or_else(|| self.not_owned())?;
-        hold.status.set_releasing(true);
-        Ok(hold)
+        let mut state = self.state();
+        let State::Held(hold) = &mut *state else {
+            return Err(self.not_owned());
+        };
+        hold.status.set_releasing();
+        if let Some(renewal) = hold.renewal.take() {
+            renewal.stop();
+        }
+        Ok(HoldRef {
+            token: hold.token.clone(),
+            status: hold.status.clone(),
+        })
     }
 
     /// `retried`: the release went out while the lease was still ours and its connection broke
     /// meanwhile, so a "not ours" may be the answer of a resend to our own first delete: that
-    /// counts as released (the local deadline never outlives Redis's lease).
+    /// counts as released (the local deadline never outlives Redis's lease) only when the server
+    /// that answered is the incarnation the hold was granted on (see `resent_own`).
     fn finish_release(&self, hold: HoldRef, outcome: Result<bool>, retried: bool) -> Result<()> {
-        hold.status.set_releasing(false);
         let released = outcome? || retried;
         let lost = !released || hold.status.is_lost();
         {
@@ -557,7 +688,7 @@ impl<P: Leased> Holder<P> {
         };
         let (epoch, sent_at) = (shared.fault_epoch(), Instant::now());
         let outcome = self.primitive.release(&shared, &hold.token).await;
-        let retried = shared.fault_epoch() != epoch && sent_at < hold.status.deadline();
+        let retried = resent_own(&shared, &hold, epoch, sent_at);
         self.finish_release(hold, outcome, retried)
     }
 
@@ -570,7 +701,7 @@ impl<P: Leased> Holder<P> {
         };
         let (epoch, sent_at) = (shared.fault_epoch(), Instant::now());
         let outcome = self.primitive.release_direct(&shared, &hold.token);
-        let retried = shared.fault_epoch() != epoch && sent_at < hold.status.deadline();
+        let retried = resent_own(&shared, &hold, epoch, sent_at);
         self.finish_release(hold, outcome, retried)
     }
 
@@ -667,6 +798,22 @@ impl<P: Leased> Holder<P> {
             "this {} object does not hold {}",
             naming.object, naming.held
         ))
+    }
+}
+
+/// Whether a release that met a connection fault (the fault epoch moved since `epoch`) may have
+/// deleted our token with its first send: it went out while the lease was ours, and the server
+/// that answered in the end is the incarnation the hold was granted on. After a restart or a
+/// failover (another run_id: every connection reopened after the fault reads it) the first
+/// send reached a server that is gone, so a "not ours" is a loss (another holder may hold it).
+/// Without a known run_id (a cluster) the first condition alone decides.
+fn resent_own(shared: &Shared, hold: &HoldRef, epoch: u64, sent_at: Instant) -> bool {
+    if shared.fault_epoch() == epoch || sent_at >= hold.status.deadline() {
+        return false;
+    }
+    match (&hold.status.run_id, shared.run_id()) {
+        (Some(granted_on), Some(now)) => *granted_on == now,
+        _ => true,
     }
 }
 

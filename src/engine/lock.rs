@@ -102,6 +102,10 @@ struct LockContender<'a> {
     shared: &'a Arc<Shared>,
     spec: &'a LockSpec,
     token: &'a str,
+    /// The token was chosen by the caller (the recipes' identifier), so another call may use it
+    /// too: an attempt's first send that finds it in place is refused, only its resend after a
+    /// dropped connection may count it as ours (the first send may have set it).
+    shared_token: bool,
     /// The latest attempt that found the fair lock not ours: when it was sent, and the fence
     /// counter it saw. A grant with a larger fence ran after it, so its lease started later.
     last_busy: Mutex<Option<(Instant, i64)>>,
@@ -113,6 +117,7 @@ impl<'a> LockContender<'a> {
             shared,
             spec,
             token,
+            shared_token: false,
             last_busy: Mutex::new(None),
         }
     }
@@ -137,14 +142,22 @@ impl Contender for LockContender<'_> {
                 None => return Ok(Outcome::Refused),
             }
         } else {
+            let lease_ms = lease::lease_ms(self.spec.lease);
             let inv = scripts::acquire(
                 &self.spec.keys,
                 self.token,
-                lease::lease_ms(self.spec.lease),
+                lease_ms,
                 fair,
                 self.shared.hub.inbox(),
             );
-            parse_attempt(&self.shared.node.invoke(&inv, Retry::Once).await?)?
+            let node = &self.shared.node;
+            let reply = if self.shared_token && fair.is_none() {
+                let first = scripts::acquire_first_send(&self.spec.keys, self.token, lease_ms);
+                node.invoke_or_resend(&first, &inv).await?
+            } else {
+                node.invoke(&inv, Retry::Once).await?
+            };
+            parse_attempt(&reply)?
         };
         match attempt {
             Attempt::Granted { fence } => Ok(Outcome::Granted(Granted {
@@ -221,27 +234,33 @@ pub async fn acquire(
     token: &str,
     wait: Wait,
 ) -> Result<Option<Granted>> {
-    acquire_from(shared, spec, token, wait, None).await
+    acquire_from(shared, spec, token, wait, None, false).await
 }
 
-/// `acquire`, after a first attempt (made directly) found the lock busy.
+/// `acquire`, after a first attempt (made directly) found the lock busy. `shared_token`: the
+/// caller chose the token, and another call may hold the lock with it (see `LockContender`).
 async fn acquire_from(
     shared: &Arc<Shared>,
     spec: &LockSpec,
     token: &str,
     wait: Wait,
     first: Option<Outcome<Granted>>,
+    shared_token: bool,
 ) -> Result<Option<Granted>> {
-    let contender = LockContender::new(shared, spec, token);
-    // Unfair: one competitor per name in this process; the others queue here, in FIFO order.
+    let contender = LockContender {
+        shared_token,
+        ..LockContender::new(shared, spec, token)
+    };
+    // Unfair: one competitor per lock in this process; the others queue here, in FIFO order.
     // Fair: every waiter takes its own place in the Redis queue, which orders them all.
+    let gate = spec.keys.lock();
     let plan = Plan {
         shared,
         channel: spec.keys.wake_channel(),
         inbox: (spec.fair && !shared.hub.inbox().is_empty())
             .then(|| spec.keys.wake_inbox(shared.hub.inbox())),
         wake_token: spec.fair.then_some(token),
-        gate: (!spec.fair).then_some(spec.name.as_slice()),
+        gate: (!spec.fair).then_some(gate.as_slice()),
         queued: spec.fair,
     };
     waiting::acquire_from(&contender, &plan, wait, first).await
@@ -269,7 +288,9 @@ pub async fn extend(
     Ok(parse_flag(&reply)?.then_some(sent_at))
 }
 
-/// `acquire` on any deployment (the recipes' entry point).
+/// `acquire` on any deployment for a token the caller chose (the recipes' entry point): two
+/// calls with the same identifier never both hold the lock on one node. A token already in
+/// place counts as this call's own only on the resend of an attempt after a dropped connection.
 pub async fn acquire_on(
     backend: &Backend,
     spec: &LockSpec,
@@ -277,7 +298,7 @@ pub async fn acquire_on(
     wait: Wait,
 ) -> Result<Option<Granted>> {
     match backend {
-        Backend::Single(shared) => acquire(shared, spec, token, wait).await,
+        Backend::Single(shared) => acquire_from(shared, spec, token, wait, None, true).await,
         Backend::Redlock(r) => redlock::acquire(r, spec, token, wait).await,
     }
 }
@@ -378,7 +399,7 @@ impl Leased for LockSpec {
         retry_ms: i64,
     ) -> Result<Option<(Instant, Fenced)>> {
         let first = Some(Outcome::Busy { retry_ms });
-        let granted = acquire_from(shared, self, token, wait, first).await?;
+        let granted = acquire_from(shared, self, token, wait, first, false).await?;
         Ok(granted.map(Into::into))
     }
 
@@ -496,6 +517,11 @@ impl LockHandle {
     /// Takes the lock for this object; `listener` hears from auto-renewal, if it is on.
     pub async fn acquire(&self, wait: Wait, listener: Option<OnLost>) -> Result<bool> {
         self.holder.acquire(wait, listener, &()).await
+    }
+
+    /// The object's hold (asyncio drives acquires that may be abandoned through it).
+    pub fn holder(&self) -> &Holder<LockSpec> {
+        &self.holder
     }
 
     pub async fn release(&self) -> Result<()> {

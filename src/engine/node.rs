@@ -12,7 +12,7 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Cmd, FromRedisValue, RedisFuture, ScriptInvocation, Value};
 
-use super::error::{Error, Result};
+use super::error::{timed_out, Error, Result};
 use super::sentinel::Sentinel;
 use crate::protocol::replies::parse_server_info;
 
@@ -48,9 +48,33 @@ pub enum Target {
     },
 }
 
+/// One server's address for messages: "host:port", or "unix socket /path".
+pub fn address(info: &redis::ConnectionInfo) -> String {
+    match info.addr() {
+        redis::ConnectionAddr::Unix(path) => format!("unix socket {}", path.display()),
+        tcp => tcp.to_string(),
+    }
+}
+
 impl Target {
     pub fn is_cluster(&self) -> bool {
         matches!(self, Target::Cluster { .. })
+    }
+
+    /// Where this target is, for error messages (never with a password): "host:port",
+    /// "unix socket /path", the sentinels and the service, or the cluster's seed nodes.
+    pub fn endpoint(&self) -> String {
+        match self {
+            Target::Direct(client) => address(client.get_connection_info()),
+            Target::Sentinel(sentinel) => sentinel.endpoint(),
+            Target::Cluster { seeds, .. } => {
+                let nodes: Vec<String> = seeds
+                    .iter()
+                    .map(|seed| address(seed.get_connection_info()))
+                    .collect();
+                format!("cluster [{}]", nodes.join(", "))
+            }
+        }
     }
 
     /// A new connection. Replies are bounded by the callers' own deadlines.
@@ -58,11 +82,9 @@ impl Target {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(timeouts.connect))
             .set_response_timeout(None);
-        let limit = timeouts.connect + timeouts.command;
         match self {
-            Target::Direct(client) => within(
-                limit,
-                "the connection",
+            Target::Direct(client) => within_connect(
+                timeouts,
                 client.get_multiplexed_async_connection_with_config(&config),
             )
             .await
@@ -72,7 +94,7 @@ impl Target {
                 .await
                 .map(|(_, conn)| Conn::Plain(conn)),
             Target::Cluster { client, .. } => {
-                within(limit, "the cluster", client.get_async_connection())
+                within_connect(timeouts, client.get_async_connection())
                     .await
                     .map(|conn| Conn::Cluster(Box::new(conn)))
             }
@@ -171,6 +193,31 @@ pub struct Identity {
     pub observed_at: Instant,
 }
 
+/// The run_id of the server incarnation that the latest connection of a deployment opened on
+/// (shared by its runtime node and its direct pool): a release resent after a fault compares
+/// it with the one its hold was granted on, to tell a restart or failover (everything lost)
+/// from a reply lost in transit.
+#[derive(Debug, Default)]
+pub struct ServerSeen {
+    run_id: Mutex<Option<Arc<str>>>,
+}
+
+impl ServerSeen {
+    pub fn run_id(&self) -> Option<Arc<str>> {
+        self.run_id
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn note(&self, run_id: &str) {
+        let mut seen = self.run_id.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.as_deref() != Some(run_id) {
+            *seen = Some(Arc::from(run_id));
+        }
+    }
+}
+
 #[derive(Clone)]
 struct Live {
     conn: Conn,
@@ -179,6 +226,8 @@ struct Live {
 
 pub struct Node {
     target: Arc<Target>,
+    /// `target.endpoint()`: every connection error of this node names it.
+    endpoint: String,
     timeouts: Timeouts,
     /// Read the server's identity on every new connection (Redlock masters).
     identify: bool,
@@ -187,6 +236,8 @@ pub struct Node {
     /// Serialises (re)connecting so a burst of callers opens one connection, not many.
     connecting: tokio::sync::Mutex<()>,
     drops: std::sync::atomic::AtomicU64,
+    /// Where an `identified` node records the run_id of each connection it opens.
+    seen: Arc<ServerSeen>,
 }
 
 /// The pause between two tries of a call that a cluster refused for the moment.
@@ -216,23 +267,43 @@ pub async fn within<T>(
     fut: impl Future<Output = redis::RedisResult<T>>,
 ) -> Result<T> {
     match tokio::time::timeout(limit, fut).await {
+        Ok(Err(err)) if err.is_timeout() => Err(timed_out(limit, &format!("waiting for {what}"))),
         Ok(result) => result.map_err(Error::from),
-        Err(_) => Err(Error::Connection(format!(
-            "Redis did not answer {what} within {:.3} s",
-            limit.as_secs_f64()
-        ))),
+        Err(_) => Err(timed_out(limit, &format!("waiting for {what}"))),
+    }
+}
+
+/// Opening a connection: the connect timeout bounds reaching the server, and the connect and
+/// command timeouts together bound the whole (a server that accepts but never answers).
+async fn within_connect<T>(
+    timeouts: Timeouts,
+    fut: impl Future<Output = redis::RedisResult<T>>,
+) -> Result<T> {
+    let limit = timeouts.connect + timeouts.command;
+    let started = Instant::now();
+    match tokio::time::timeout(limit, fut).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(err)) if err.is_timeout() => Err(timed_out(timeouts.connect, "connecting")),
+        // The cluster client wraps its nodes' timeouts in an error of its own.
+        Ok(Err(err)) if started.elapsed() >= timeouts.connect => {
+            Err(timed_out(timeouts.connect, &format!("connecting ({err})")))
+        }
+        Ok(Err(err)) => Err(err.into()),
+        Err(_) => Err(timed_out(limit, "waiting for the connection")),
     }
 }
 
 impl Node {
     pub fn new(target: Arc<Target>, timeouts: Timeouts) -> Self {
         Node {
+            endpoint: target.endpoint(),
             target,
             timeouts,
             identify: false,
             current: Mutex::new((0, None)),
             connecting: tokio::sync::Mutex::new(()),
             drops: std::sync::atomic::AtomicU64::new(0),
+            seen: Arc::default(),
         }
     }
 
@@ -240,6 +311,15 @@ impl Node {
     pub fn identified(target: Arc<Target>, timeouts: Timeouts) -> Self {
         Node {
             identify: true,
+            ..Node::new(target, timeouts)
+        }
+    }
+
+    /// An `identified` node recording each connection's run_id in `seen`.
+    pub fn identified_into(target: Arc<Target>, timeouts: Timeouts, seen: Arc<ServerSeen>) -> Self {
+        Node {
+            identify: true,
+            seen,
             ..Node::new(target, timeouts)
         }
     }
@@ -268,7 +348,12 @@ impl Node {
         }
         let _one_at_a_time = tokio::time::timeout(self.timeouts.connect, self.connecting.lock())
             .await
-            .map_err(|_| Error::Connection("timed out waiting to connect to Redis".into()))?;
+            .map_err(|_| {
+                timed_out(
+                    self.timeouts.connect,
+                    "waiting for another caller's connect",
+                )
+            })?;
         if let Some(found) = self.cached() {
             return Ok(found);
         }
@@ -276,12 +361,7 @@ impl Node {
         let limit = self.timeouts.connect + self.timeouts.command;
         let live = tokio::time::timeout(limit, self.open())
             .await
-            .map_err(|_| {
-                Error::Connection(format!(
-                    "Redis did not accept a connection within {:.3} s",
-                    limit.as_secs_f64()
-                ))
-            })??;
+            .map_err(|_| timed_out(limit, "waiting for the connection"))??;
         let mut guard = self.current.lock().unwrap_or_else(|p| p.into_inner());
         guard.0 += 1;
         guard.1 = Some(live.clone());
@@ -300,6 +380,7 @@ impl Node {
             let (run_id, uptime) = parse_server_info(&info).ok_or_else(|| {
                 Error::Server("INFO server did not report run_id and uptime".into())
             })?;
+            self.seen.note(&run_id);
             Some(Arc::new(Identity {
                 run_id,
                 uptime: Duration::from_secs(uptime),
@@ -332,6 +413,26 @@ impl Node {
     pub async fn invoke(&self, inv: &ScriptInvocation<'_>, retry: Retry) -> Result<Value> {
         self.call(retry, |mut conn| async move {
             inv.invoke_async::<Value>(&mut conn).await
+        })
+        .await
+        .map(|(value, _)| value)
+    }
+
+    /// `invoke` with `Retry::Once`, except that a resend after a dropped connection sends
+    /// `resend` instead of `first`: for a script whose first send must be told from its repeat.
+    pub async fn invoke_or_resend(
+        &self,
+        first: &ScriptInvocation<'_>,
+        resend: &ScriptInvocation<'_>,
+    ) -> Result<Value> {
+        let sent = std::sync::atomic::AtomicBool::new(false);
+        self.call(Retry::Once, |mut conn| {
+            let inv = if sent.swap(true, Ordering::Relaxed) {
+                resend
+            } else {
+                first
+            };
+            async move { inv.invoke_async::<Value>(&mut conn).await }
         })
         .await
         .map(|(value, _)| value)
@@ -375,7 +476,18 @@ impl Node {
         self.cached().and_then(|(_, live)| live.identity)
     }
 
+    /// One call (see `attempt`); its connection errors name the endpoint.
     async fn call<T, F, Fut>(&self, retry: Retry, op: F) -> Result<(T, Option<Arc<Identity>>)>
+    where
+        F: Fn(Conn) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        self.attempt(retry, op)
+            .await
+            .map_err(|err| err.at(&self.endpoint))
+    }
+
+    async fn attempt<T, F, Fut>(&self, retry: Retry, op: F) -> Result<(T, Option<Arc<Identity>>)>
     where
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
@@ -393,10 +505,7 @@ impl Node {
                 Ok(Err(err)) => err,
                 Err(_) => {
                     self.invalidate(generation);
-                    return Err(Error::Connection(format!(
-                        "Redis did not answer within {:.3} s",
-                        self.timeouts.command.as_secs_f64()
-                    )));
+                    return Err(timed_out(self.timeouts.command, "waiting for an answer"));
                 }
             };
             if let Some(until) = cluster_until {
@@ -414,7 +523,11 @@ impl Node {
             let read_only =
                 err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly);
             let dropped = err.is_connection_dropped() && !err.is_timeout();
-            let err = Error::from(err);
+            let err = if err.is_timeout() {
+                timed_out(self.timeouts.command, "waiting for an answer")
+            } else {
+                Error::from(err)
+            };
             if err.is_connection() || read_only {
                 self.invalidate(generation);
             }

@@ -11,16 +11,26 @@
 //!   restarted: it may have forgotten a lease it granted to somebody else.
 //! - Fencing: the fence is the largest counter among the granting masters, written back to every
 //!   granting master before acquire returns (see `protocol::quorum` for why that makes fences
-//!   strictly increasing per name whenever a majority agrees).
+//!   strictly increasing per name whenever a majority agrees), and in the background to every
+//!   other master that answers. Each master's counter also has the server-clock floor of
+//!   `fence_next.lua`, so a master that restarted empty counts from its clock, not from 1.
 //! - Release, extend and `owned` count confirmations by majority, too.
+//! - A vote still out when a round is won goes on in the background (a late grant is ours), and
+//!   whatever later runs on that master for the same token (the release, a give-back) waits for
+//!   it to settle first: a vote that needs a second send (EVALSHA answered NOSCRIPT, so SCRIPT
+//!   LOAD and EVALSHA again) can never land after the release and keep the master for a ttl.
+//! - Each master must be a separate server: two entries whose servers report the same `run_id`
+//!   (one server under two names) are refused with `Error::Invalid` at first contact, since
+//!   one server's vote would count twice.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use std::future::Future;
 
-use futures_util::future::{join_all, select_all};
+use futures_util::future::{join_all, select_all, BoxFuture, Shared as SharedFuture};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
 
@@ -46,11 +56,20 @@ const SPLIT_PAUSE: Duration = Duration::from_millis(25);
 const SPLIT_PAUSE_MAX: Duration = Duration::from_secs(1);
 
 struct Master {
+    index: usize,
     shared: Arc<Shared>,
     /// The URL, redacted, for messages.
     label: String,
     incarnation: Mutex<Incarnation>,
 }
+
+/// One master's vote in an acquire round: `(master index, vote, error text)`. Shared, so that
+/// what runs later on that master for the same token can wait for it to settle.
+type VoteResult = (usize, Vote, Option<String>);
+type PendingVote = SharedFuture<BoxFuture<'static, VoteResult>>;
+
+/// Votes of won rounds still out, per token: `(round id, master index, vote)`.
+type PendingVotes = HashMap<String, Vec<(u64, usize, PendingVote)>>;
 
 pub struct Redlock {
     masters: Vec<Master>,
@@ -58,6 +77,13 @@ pub struct Redlock {
     /// The longest lease used through this client, in ms: how long the votes of a restarted
     /// master are discounted.
     max_lease_ms: AtomicU64,
+    /// Votes still out after their round was won (see `keep_pending`).
+    pending: Mutex<PendingVotes>,
+    next_round: AtomicU64,
+    /// The `run_id` each master last reported, to find one server listed twice.
+    run_ids: Mutex<Vec<Option<String>>>,
+    /// Set (for good) once two masters turned out to be one server.
+    refused: OnceLock<String>,
 }
 
 /// What one master said to an operation, and whether its word counts now.
@@ -79,9 +105,12 @@ type GiveBacks = Vec<Option<tokio::task::JoinHandle<()>>>;
 impl Redlock {
     pub fn new(masters: Vec<(Arc<Shared>, String)>) -> Self {
         Redlock {
+            run_ids: Mutex::new(vec![None; masters.len()]),
             masters: masters
                 .into_iter()
-                .map(|(shared, label)| Master {
+                .enumerate()
+                .map(|(index, (shared, label))| Master {
+                    index,
                     shared,
                     label,
                     incarnation: Mutex::new(Incarnation::default()),
@@ -89,7 +118,88 @@ impl Redlock {
                 .collect(),
             gates: Gates::default(),
             max_lease_ms: AtomicU64::new(0),
+            pending: Mutex::new(HashMap::new()),
+            next_round: AtomicU64::new(0),
+            refused: OnceLock::new(),
         }
+    }
+
+    /// `Error::Invalid` once two masters turned out to be one server.
+    fn check_distinct(&self) -> Result<()> {
+        match self.refused.get() {
+            Some(message) => Err(Error::Invalid(message.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Notes that `master` answered as the server `run_id`; refuses the set (for good) when
+    /// another master reported that very server.
+    fn note_run_id(&self, master: &Master, run_id: &str) {
+        let mut run_ids = self.run_ids.lock().unwrap_or_else(|p| p.into_inner());
+        let twin = run_ids
+            .iter()
+            .enumerate()
+            .find(|(i, seen)| *i != master.index && seen.as_deref() == Some(run_id))
+            .map(|(i, _)| i);
+        if let Some(slot) = run_ids.get_mut(master.index) {
+            *slot = Some(run_id.to_string());
+        }
+        drop(run_ids);
+        if let Some(other) = twin.and_then(|i| self.masters.get(i)) {
+            let (first, second) = if other.index < master.index {
+                (other, master)
+            } else {
+                (master, other)
+            };
+            let _ = self.refused.set(format!(
+                "url: the Redlock masters '{}' and '{}' are the same server (one run_id); \
+                 each master must be a separate server, or one server's vote counts twice",
+                first.label, second.label
+            ));
+        }
+    }
+
+    /// Votes of earlier won rounds of `token` still out on master `index`.
+    fn pending_on(&self, token: &str, index: usize) -> Vec<PendingVote> {
+        let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        pending
+            .get(token)
+            .map(|votes| {
+                votes
+                    .iter()
+                    .filter(|(_, i, _)| *i == index)
+                    .map(|(_, _, vote)| vote.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Keeps the votes of a won round that are still out, until they settle (driven in the
+    /// background): a release or give-back of `token` on their master waits for them first.
+    fn keep_pending(self: &Arc<Self>, token: &str, votes: Vec<(usize, PendingVote)>) {
+        if votes.is_empty() {
+            return;
+        }
+        let round = self.next_round.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            pending
+                .entry(token.to_string())
+                .or_default()
+                .extend(votes.iter().map(|(i, vote)| (round, *i, vote.clone())));
+        }
+        let me = self.clone();
+        let token = token.to_string();
+        runtime::spawn(async move {
+            join_all(votes.into_iter().map(|(_, vote)| vote)).await;
+            let mut pending = me.pending.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(votes) = pending.get_mut(&token) {
+                votes.retain(|(r, _, _)| *r != round);
+                if votes.is_empty() {
+                    pending.remove(&token);
+                }
+            }
+        });
     }
 
     pub fn len(&self) -> usize {
@@ -117,6 +227,7 @@ impl Redlock {
     /// until it does.
     fn discounted(&self, master: &Master, identity: Option<&Identity>) -> Option<Duration> {
         let id = identity?;
+        self.note_run_id(master, &id.run_id);
         let mut inc = master.incarnation.lock().unwrap_or_else(|p| p.into_inner());
         inc.observe(&id.run_id, id.uptime, id.observed_at, self.max_lease());
         inc.discounted_for(Instant::now())
@@ -126,14 +237,16 @@ impl Redlock {
         format!("{}: {err}", master.label)
     }
 
-    /// Runs `op` on every master at once and collects every answer.
-    async fn on_all<'s, T, F, Fut>(&'s self, op: F) -> Vec<Answer<T>>
+    /// Runs `op` on every master at once (given its index) and collects every answer; an
+    /// error when the answers show two masters to be one server.
+    async fn on_all<'s, T, F, Fut>(&'s self, op: F) -> Result<Vec<Answer<T>>>
     where
-        F: Fn(&'s Shared) -> Fut,
+        F: Fn(usize, &'s Shared) -> Fut,
         Fut: Future<Output = Result<(T, Option<Arc<Identity>>)>>,
     {
+        self.check_distinct()?;
         let calls = self.masters.iter().map(|m| {
-            let call = op(&m.shared);
+            let call = op(m.index, &m.shared);
             async move {
                 match call.await {
                     Ok((value, identity)) => Answer {
@@ -147,7 +260,9 @@ impl Redlock {
                 }
             }
         });
-        join_all(calls).await
+        let answers = join_all(calls).await;
+        self.check_distinct()?;
+        Ok(answers)
     }
 
     fn quorum_error(&self, answered: usize, errors: &[String]) -> Error {
@@ -169,7 +284,7 @@ impl Redlock {
         spec: LockSpec,
         token: String,
         before: Option<tokio::task::JoinHandle<()>>,
-    ) -> (usize, Vote, Option<String>) {
+    ) -> VoteResult {
         if let Some(give_back) = before {
             let _ = give_back.await;
         }
@@ -214,6 +329,9 @@ impl Redlock {
                 Err(err) => return failed(err),
             }
         };
+        if let Some(id) = identity.as_deref() {
+            self.note_run_id(master, &id.run_id);
+        }
         let fence = match attempt {
             Attempt::Busy { retry_ms, .. } => return (index, Vote::Busy { retry_ms }, None),
             Attempt::Granted { fence } => fence,
@@ -235,16 +353,20 @@ impl Redlock {
         token: &str,
         give_backs: &mut GiveBacks,
     ) -> Result<RoundEnd> {
+        self.check_distinct()?;
         let n = self.masters.len();
         let sent_at = Instant::now();
-        let mut votes: FuturesUnordered<_> = (0..n)
+        let all: Vec<PendingVote> = (0..n)
             .map(|i| {
                 let before = give_backs.get_mut(i).and_then(Option::take);
                 self.clone()
                     .vote(i, spec.clone(), token.to_string(), before)
                     .boxed()
+                    .shared()
             })
             .collect();
+        let mut votes: FuturesUnordered<_> = all.iter().cloned().collect();
+        let mut reported = vec![false; n];
         let mut tally = Tally::new(n);
         let mut grants: Vec<(usize, i64)> = Vec::new();
         let mut busy = vec![false; n];
@@ -253,6 +375,9 @@ impl Redlock {
             let Some((i, vote, error)) = votes.next().await else {
                 break;
             };
+            if let Some(seen) = reported.get_mut(i) {
+                *seen = true;
+            }
             match vote {
                 Vote::Granted { fence } | Vote::Discounted { fence, .. } => grants.push((i, fence)),
                 Vote::Busy { .. } => {
@@ -265,19 +390,32 @@ impl Redlock {
             tally.add(vote);
         }
         let outcome = tally.outcome();
-        if outcome == Outcome::Won {
+        drop(votes);
+        let distinct = self.check_distinct();
+        let mut still_out: Vec<Option<PendingVote>> = vec![None; n];
+        if outcome == Outcome::Won && distinct.is_ok() {
             // Votes still out go on in the background: the more masters hold the lease, the
             // better it survives a master failing; a late grant is ours and goes with the hold.
-            if !votes.is_empty() {
-                runtime::spawn(async move { while votes.next().await.is_some() {} });
+            // The release (or a give-back below) on their master waits for them to settle, so
+            // a vote that is sent again (NOSCRIPT) cannot land after it.
+            let late: Vec<(usize, PendingVote)> = all
+                .into_iter()
+                .enumerate()
+                .filter(|(i, _)| !reported.get(*i).copied().unwrap_or(true))
+                .collect();
+            for (i, vote) in &late {
+                if let Some(slot) = still_out.get_mut(*i) {
+                    *slot = Some(vote.clone());
+                }
             }
+            self.keep_pending(token, late);
             if let Some(granted) = self.settle_win(spec, sent_at, &grants).await {
                 return Ok(RoundEnd::Won(granted));
             }
         } else {
-            // Dropped: a request already sent runs before the give-back below (same connection,
-            // in order); one not yet sent never will be.
-            drop(votes);
+            // Dropped (every copy): a request already sent runs before the give-back below
+            // (same connection, in order); one not yet sent never will be.
+            drop(all);
         }
         // Not won: give back everywhere we may hold (all but the masters that said "busy").
         for (i, slot) in give_backs.iter_mut().enumerate() {
@@ -287,8 +425,12 @@ impl Redlock {
             let me = self.clone();
             let keys = spec.keys.clone();
             let token = token.to_string();
+            let late = still_out.get_mut(i).and_then(Option::take);
             *slot = runtime::handle().ok().map(|h| {
                 h.spawn(async move {
+                    if let Some(vote) = late {
+                        vote.await;
+                    }
                     if let Some(m) = me.masters.get(i) {
                         let _ = m
                             .shared
@@ -299,6 +441,7 @@ impl Redlock {
                 })
             });
         }
+        distinct?;
         match outcome {
             Outcome::NoQuorum { answered } => Err(self.quorum_error(answered, &errors)),
             Outcome::Busy { retry_ms, split } => Ok(RoundEnd::Busy { retry_ms, split }),
@@ -319,6 +462,21 @@ impl Redlock {
         grants: &[(usize, i64)],
     ) -> Option<Granted> {
         let (fence, behind) = quorum::agreed_fence(grants)?;
+        // Every master that did not grant in this count (busy, failed, or its vote still out:
+        // late or slow after a restart) has its counter raised too, in the background: after
+        // further failures, a majority without the granting masters must not count from below
+        // this fence. A vote still out runs before or after the raise; either way the counter
+        // ends at or above the fence.
+        for (i, master) in self.masters.iter().enumerate() {
+            if grants.iter().any(|&(g, _)| g == i) {
+                continue;
+            }
+            let shared = master.shared.clone();
+            let inv = scripts::raise_fence(&spec.keys, fence);
+            runtime::spawn(async move {
+                let _ = shared.node.invoke(&inv, Retry::Once).await;
+            });
+        }
         let mut at_fence = grants.len() - behind.len();
         if !behind.is_empty() {
             let raises = behind.iter().filter_map(|&i| self.masters.get(i)).map(|m| {
@@ -368,12 +526,18 @@ impl Redlock {
     /// Compare-and-delete on every master; `Ok(false)` when a majority says it is not ours.
     pub async fn release(&self, keys: &Keys, token: &str) -> Result<bool> {
         let answers = self
-            .on_all(|s| async move {
-                s.node
-                    .invoke_identified(&scripts::release(keys, token), Retry::Once)
-                    .await
+            .on_all(|i, s| {
+                // A vote of this token still out on this master settles first: sent again
+                // after a NOSCRIPT, it would otherwise land after the release.
+                let earlier = self.pending_on(token, i);
+                async move {
+                    join_all(earlier).await;
+                    s.node
+                        .invoke_identified(&scripts::release(keys, token), Retry::Once)
+                        .await
+                }
             })
-            .await;
+            .await?;
         self.by_majority(answers, |v| parse_flag(v).ok())
     }
 
@@ -390,12 +554,12 @@ impl Redlock {
         let sent_at = Instant::now();
         let ms = lease::lease_ms(lease_for);
         let answers = self
-            .on_all(|s| async move {
+            .on_all(|_, s| async move {
                 s.node
                     .invoke_identified(&scripts::extend(keys, token, ms), Retry::Once)
                     .await
             })
-            .await;
+            .await?;
         if !self.by_majority(answers, |v| parse_flag(v).ok())? {
             return Ok(None);
         }
@@ -404,7 +568,7 @@ impl Redlock {
 
     /// Whether `token` holds the lock on a majority of the masters.
     pub async fn owned(&self, keys: &Keys, token: &str) -> Result<bool> {
-        let answers = self.owners(keys).await;
+        let answers = self.owners(keys).await?;
         self.by_majority(answers, |owner: &Option<Vec<u8>>| {
             Some(owner.as_deref() == Some(token.as_bytes()))
         })
@@ -412,7 +576,7 @@ impl Redlock {
 
     /// Whether some owner holds the lock on a majority of the masters.
     pub async fn locked(&self, keys: &Keys) -> Result<bool> {
-        let answers = self.owners(keys).await;
+        let answers = self.owners(keys).await?;
         let n = self.masters.len();
         let mut counts: Vec<(Vec<u8>, usize)> = Vec::new();
         let mut unanswered = 0;
@@ -439,9 +603,9 @@ impl Redlock {
         }
     }
 
-    async fn owners(&self, keys: &Keys) -> Vec<Answer<Option<Vec<u8>>>> {
+    async fn owners(&self, keys: &Keys) -> Result<Vec<Answer<Option<Vec<u8>>>>> {
         let key = keys.lock();
-        self.on_all(|s| {
+        self.on_all(|_, s| {
             let key = key.clone();
             async move {
                 s.node
@@ -480,12 +644,12 @@ impl Redlock {
     /// PING every master; fine when a majority answers.
     pub async fn ping(&self) -> Result<()> {
         let answers = self
-            .on_all(|s| async move {
+            .on_all(|_, s| async move {
                 s.node
                     .query_identified::<String>(&redis::cmd("PING"), Retry::Once)
                     .await
             })
-            .await;
+            .await?;
         let mut errors = Vec::new();
         let mut alive = 0;
         for answer in answers {
@@ -575,7 +739,7 @@ async fn acquire_rounds(
         return Ok(None);
     }
     // One competitor per name in this process; the others queue here.
-    let gate = redlock.gates.gate(&spec.name);
+    let gate = redlock.gates.gate(&spec.keys.lock());
     let _turn = match wait.deadline() {
         None => gate.lock().await,
         Some(d) => match tokio::time::timeout_at(d.into(), gate.lock()).await {

@@ -397,6 +397,11 @@ impl RwHandle {
         self.holder.acquire(wait, listener, &context).await
     }
 
+    /// The object's hold (asyncio drives acquires that may be abandoned through it).
+    pub fn holder(&self) -> &Holder<RwSide> {
+        &self.holder
+    }
+
     pub async fn release(&self) -> Result<()> {
         self.holder.release().await
     }

@@ -45,6 +45,20 @@ impl Sentinel {
         &self.url.service
     }
 
+    /// "service 'name' via sentinels [host:port, ...]", for messages (no password).
+    pub fn endpoint(&self) -> String {
+        let sentinels: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|s| super::node::address(s.get_connection_info()))
+            .collect();
+        format!(
+            "service '{}' via sentinels [{}]",
+            self.url.service,
+            sentinels.join(", ")
+        )
+    }
+
     /// The current master: a client for it and a connection on which it confirmed its role.
     pub async fn master(
         &self,

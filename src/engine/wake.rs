@@ -19,7 +19,7 @@ use futures_util::StreamExt;
 use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::Notify;
 
-use super::error::{Error, Result};
+use super::error::{timed_out, Result};
 use super::node::{within, Target, Timeouts};
 use crate::protocol::wake::{parse_wake, GrantNote, WakeMessage};
 
@@ -154,7 +154,7 @@ impl HubCore {
         let limit = self.timeouts.connect + self.timeouts.command;
         let _serial = tokio::time::timeout(limit, self.subscribing.lock())
             .await
-            .map_err(|_| Error::Connection("timed out waiting to subscribe to Redis".into()))?;
+            .map_err(|_| timed_out(limit, "waiting to subscribe"))?;
         if self.is_subscribed(channel) {
             return Ok(());
         }
@@ -302,7 +302,10 @@ impl HubCore {
 impl Registration {
     /// Makes sure the channel is subscribed on a live connection.
     pub async fn ready(&self) -> Result<()> {
-        self.core.ensure_subscribed(&self.channel).await
+        self.core
+            .ensure_subscribed(&self.channel)
+            .await
+            .map_err(|err| err.at(&self.core.target.endpoint()))
     }
 
     /// Resolves on the next wake-up meant for this waiter (or at once if one came since the last).

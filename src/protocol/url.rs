@@ -1,5 +1,17 @@
 //! Redis URLs: parsing into connection settings, and a redacted form that is safe to show.
 //! A password never leaves this module in a message: every error names the URL redacted.
+//!
+//! Passwords with special characters: the percent-encoded form (RFC 3986: `%2F` for `/`, `%40`
+//! for `@`, `%25` for `%`, ...) always works. In the user-info of a `redis://`, `rediss://` or
+//! Sentinel URL the raw form works too, `/ ? # @ :` included: the user-info runs from `://` to
+//! the last `@` (before a Sentinel URL's `?sentinel_...=` query), since nothing after the host
+//! may hold an `@`. A `%` followed by two hex digits is always an escape, so a literal `%` is
+//! written `%25` there (a `%` followed by anything else is taken as is). In a query (`?pass=`
+//! of a socket URL, `sentinel_password=`) a value may hold `/ ? @ :` raw, but `& # + %` must be
+//! percent-encoded (`+` reads as a space there). The parser and the redactor share one rule for
+//! where the user-info ends, so whatever is read as a password is what is redacted.
+
+use std::borrow::Cow;
 
 use redis::{ConnectionInfo, IntoConnectionInfo};
 
@@ -11,6 +23,124 @@ const SENTINEL_SCHEMES: [&str; 2] = ["redis+sentinel://", "rediss+sentinel://"];
 pub const SENTINEL_PORT: u16 = 26379;
 /// Query keys whose values are secrets.
 const SECRET_KEYS: [&str; 4] = ["pass", "password", "sentinel_password", "ssl_password"];
+/// Query keys any accepted URL may hold: a secret value runs to the next `&` that starts one of
+/// these (or to the end), so a raw `&` inside a password is never shown.
+const QUERY_KEYS: [&str; 14] = [
+    "db",
+    "user",
+    "username",
+    "pass",
+    "password",
+    "protocol",
+    "sentinel_username",
+    "sentinel_password",
+    "ssl_ca_certs",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "ssl_cert_reqs",
+    "ssl_check_hostname",
+    "ssl_password",
+];
+
+/// Where the text after the scheme starts, if the URL has one.
+fn after_scheme(url: &str) -> Option<usize> {
+    url.find("://").map(|i| i + 3)
+}
+
+/// The first `?key=` or `&key=` of a secret query key in `rest`, if any.
+fn first_secret_query(rest: &str) -> Option<usize> {
+    SECRET_KEYS
+        .iter()
+        .flat_map(|key| {
+            ['?', '&']
+                .into_iter()
+                .filter_map(move |sep| rest.find(&format!("{sep}{key}=")))
+        })
+        .min()
+}
+
+/// The user-info of `url` as a byte range `(start, at)`: from after `://` to the `@` that ends
+/// it, which is the last `@` before any secret query key. None when there is none (a socket
+/// URL whose path follows `://` directly has none either).
+fn userinfo_range(url: &str) -> Option<(usize, usize)> {
+    let start = after_scheme(url)?;
+    let rest = url.get(start..)?;
+    if rest.starts_with('/') {
+        return None;
+    }
+    let limit = first_secret_query(rest).unwrap_or(rest.len());
+    let at = rest.get(..limit)?.rfind('@')?;
+    Some((start, start + at))
+}
+
+/// The byte ranges of `url` that hold secrets: the password of the user-info (after its
+/// first `:`), and the values of secret query keys (each up to the next `&known=` key, the
+/// closing `#insecure`, or the end).
+fn secret_ranges(url: &str) -> Vec<(usize, usize)> {
+    let mut ranges = Vec::new();
+    if let Some((start, at)) = userinfo_range(url) {
+        if let Some(colon) = url.get(start..at).and_then(|info| info.find(':')) {
+            ranges.push((start + colon + 1, at));
+        }
+    }
+    let Some(start) = after_scheme(url) else {
+        return ranges;
+    };
+    let end_of_values = if url.ends_with("#insecure") {
+        url.len() - "#insecure".len()
+    } else {
+        url.len()
+    };
+    for key in SECRET_KEYS {
+        for sep in ['?', '&'] {
+            let marker = format!("{sep}{key}=");
+            let mut from = start;
+            while let Some(found) = url.get(from..).and_then(|rest| rest.find(&marker)) {
+                let value = from + found + marker.len();
+                let rest = url.get(value..end_of_values.max(value)).unwrap_or_default();
+                let end = QUERY_KEYS
+                    .iter()
+                    .filter_map(|k| rest.find(&format!("&{k}=")))
+                    .min()
+                    .map_or(value + rest.len(), |e| value + e);
+                ranges.push((value, end));
+                from = value;
+            }
+        }
+    }
+    ranges.sort_unstable();
+    ranges
+}
+
+/// `url` with the characters that would end a raw user-info early (`/ ? # @`) percent-encoded
+/// there, so that the standard parsers read the password the user wrote.
+fn normalize(url: &str) -> Cow<'_, str> {
+    let Some((start, at)) = userinfo_range(url) else {
+        return Cow::Borrowed(url);
+    };
+    let (Some(head), Some(info), Some(tail)) =
+        (url.get(..start), url.get(start..at), url.get(at..))
+    else {
+        return Cow::Borrowed(url);
+    };
+    if !info.contains(['/', '?', '#', '@']) {
+        return Cow::Borrowed(url);
+    }
+    let mut out = String::with_capacity(url.len() + 8);
+    out.push_str(head);
+    for c in info.chars() {
+        match c {
+            '/' => out.push_str("%2F"),
+            '?' => out.push_str("%3F"),
+            '#' => out.push_str("%23"),
+            '@' => out.push_str("%40"),
+            c => out.push(c),
+        }
+    }
+    out.push_str(tail);
+    Cow::Owned(out)
+}
+
 /// The TLS settings a `rediss://` URL may carry in its query, named as redis-py names them.
 const TLS_KEYS: [&str; 5] = [
     "ssl_ca_certs",
@@ -60,9 +190,11 @@ impl TlsOptions {
 /// They are accepted only on `rediss://` URLs of one server (not Sentinel, not unix sockets).
 pub fn split_tls(url: &str) -> Result<(String, TlsOptions), String> {
     let fail = |why: &str| format!("url: invalid Redis URL '{}': {}", redact(url), why);
-    let (before, fragment) = match url.find('#') {
-        Some(h) => url.split_at(h),
-        None => (url, ""),
+    // A raw password may hold '?', '#' or '&': only what follows the user-info is looked at.
+    let (head, tail) = url.split_at(userinfo_range(url).map_or(0, |(_, at)| at + 1));
+    let (before, fragment) = match tail.find('#') {
+        Some(h) => tail.split_at(h),
+        None => (tail, ""),
     };
     let Some((base, query)) = before.split_once('?') else {
         return Ok((url.to_string(), TlsOptions::default()));
@@ -125,7 +257,7 @@ pub fn split_tls(url: &str) -> Result<(String, TlsOptions), String> {
     if options.keyfile.is_some() && options.certfile.is_none() {
         return Err(fail("ssl_keyfile needs ssl_certfile"));
     }
-    let mut plain = base.to_string();
+    let mut plain = format!("{head}{base}");
     if !kept.is_empty() {
         plain.push('?');
         plain.push_str(&kept.join("&"));
@@ -136,7 +268,10 @@ pub fn split_tls(url: &str) -> Result<(String, TlsOptions), String> {
 
 /// Whether a URL's query holds any `ssl_*` setting.
 fn has_tls_query(url: &str) -> bool {
-    let before = url.split('#').next().unwrap_or_default();
+    let tail = url
+        .get(userinfo_range(url).map_or(0, |(_, at)| at + 1)..)
+        .unwrap_or_default();
+    let before = tail.split('#').next().unwrap_or_default();
     before
         .split_once('?')
         .is_some_and(|(_, query)| query.split('&').any(|pair| pair.starts_with("ssl_")))
@@ -184,7 +319,7 @@ pub fn parse_endpoint(url: &str) -> Result<Endpoint, String> {
         .iter()
         .any(|scheme| url.starts_with(scheme))
     {
-        parse_sentinel(url).map(Endpoint::Sentinel)
+        parse_sentinel(&normalize(url)).map(Endpoint::Sentinel)
     } else {
         parse(url).map(Endpoint::Direct)
     }
@@ -359,7 +494,7 @@ pub fn parse(url: &str) -> Result<ConnectionInfo, String> {
              (e.g. not by cluster seeds)",
         ));
     }
-    match url.into_connection_info() {
+    match normalize(url).as_ref().into_connection_info() {
         Ok(info) => Ok(info),
         // The parser's own words are static descriptions; they still pass through the
         // redactor in case a future version quotes the input.
@@ -367,90 +502,47 @@ pub fn parse(url: &str) -> Result<ConnectionInfo, String> {
     }
 }
 
-/// The URL with any password (in the user-info part, or `pass=`/`password=` in the query)
-/// replaced by `***`.
+/// The URL with any password (in the user-info part, or `pass=`/`password=`/
+/// `sentinel_password=` in the query) replaced by `***`.
 pub fn redact(url: &str) -> String {
-    let (scheme, rest) = match url.find("://") {
-        Some(i) => url.split_at(i + 3),
-        None => return url.to_string(),
-    };
     let mut out = String::with_capacity(url.len());
-    out.push_str(scheme);
-    // User-info ends at the last '@' before the path.
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    match authority.rfind('@') {
-        Some(at) => {
-            let userinfo = &authority[..at];
-            match userinfo.find(':') {
-                Some(colon) => {
-                    out.push_str(&userinfo[..colon]);
-                    out.push_str(":***");
-                }
-                None => out.push_str(userinfo),
-            }
-            out.push_str(&authority[at..]);
+    let mut at = 0;
+    for (start, end) in secret_ranges(url) {
+        if start < at {
+            // Overlapping ranges: extend the one already masked.
+            at = at.max(end);
+            continue;
         }
-        None => out.push_str(authority),
+        out.push_str(url.get(at..start).unwrap_or_default());
+        out.push_str("***");
+        at = end;
     }
-    let (tail, fragment) = match tail.find('#') {
-        Some(h) if !tail[..h].contains('?') => tail.split_at(h),
-        _ => (tail, ""),
-    };
-    out.push_str(&redact_query(tail));
-    out.push_str(fragment);
+    out.push_str(url.get(at..).unwrap_or_default());
     out
 }
 
-fn redact_query(tail: &str) -> String {
-    let Some(q) = tail.find('?') else {
-        return tail.to_string();
-    };
-    let (path, query) = tail.split_at(q + 1);
-    let (query, fragment) = match query.find('#') {
-        Some(h) => query.split_at(h),
-        None => (query, ""),
-    };
-    let pairs: Vec<String> = query
-        .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some((k, _)) if SECRET_KEYS.contains(&k) => format!("{k}=***"),
-            _ => pair.to_string(),
-        })
-        .collect();
-    format!("{path}{}{fragment}", pairs.join("&"))
-}
-
-/// Removes the password of `url` from `text`, wherever it appears.
+/// Removes the password of `url` from `text`, wherever it appears (raw, percent-decoded, or as
+/// the parser read it).
 pub fn scrub(text: &str, url: &str) -> String {
-    let mut out = match url.into_connection_info() {
-        Ok(info) => match info.redis_settings().password() {
-            Some(pw) if !pw.is_empty() => text.replace(pw, "***"),
-            _ => text.to_string(),
-        },
-        Err(_) => text.to_string(),
-    };
-    // Secrets of forms the parser does not read (Sentinel URLs): user-info and query values.
-    let mut secrets = Vec::new();
-    if let Some((_, rest)) = url.split_once("://") {
-        let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
-        if let Some((userinfo, _)) = authority.rsplit_once('@') {
-            if let Some((_, pw)) = userinfo.split_once(':') {
-                secrets.push(pw.to_string());
-                secrets.push(percent_decode(pw));
-            }
-        }
-        if let Some((_, query)) = rest.split_once('?') {
-            for pair in query.split(['&', '#']) {
-                if let Some((k, v)) = pair.split_once('=') {
-                    if SECRET_KEYS.contains(&k) {
-                        secrets.push(v.to_string());
-                        secrets.push(percent_decode(v));
-                    }
-                }
-            }
+    let mut secrets: Vec<String> = Vec::new();
+    if let Ok(info) = normalize(url).as_ref().into_connection_info() {
+        if let Some(pw) = info.redis_settings().password() {
+            secrets.push(pw.to_string());
         }
     }
+    for (start, end) in secret_ranges(url) {
+        if let Some(raw) = url.get(start..end) {
+            secrets.push(raw.to_string());
+            secrets.push(percent_decode(raw));
+            secrets.push(percent_decode(&raw.replace('+', " ")));
+            // As a query parser reads it: up to the first '&'.
+            let first = raw.split('&').next().unwrap_or_default();
+            secrets.push(percent_decode(first));
+            secrets.push(percent_decode(&first.replace('+', " ")));
+        }
+    }
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    let mut out = text.to_string();
     for secret in secrets.iter().filter(|s| !s.is_empty()) {
         out = out.replace(secret.as_str(), "***");
     }
@@ -531,7 +623,7 @@ mod tests {
     fn redacts_sentinel_secrets() {
         assert_eq!(
             redact("redis+sentinel://u:pw@h1,h2:1/m?sentinel_password=s3&x=1#insecure"),
-            "redis+sentinel://u:***@h1,h2:1/m?sentinel_password=***&x=1#insecure"
+            "redis+sentinel://u:***@h1,h2:1/m?sentinel_password=***#insecure"
         );
         let text = "boom s3 and pw and s@x";
         assert_eq!(
@@ -555,6 +647,11 @@ mod tests {
         assert_eq!(o.certfile.as_deref(), Some("/c.pem"));
         assert_eq!(o.keyfile.as_deref(), Some("/k.pem"));
         assert!(o.verify_peer && !o.check_hostname);
+        // A raw password with '?', '#' and '&' is left alone.
+        let (plain, o) = split_tls("rediss://u:p?a#b&c@h:1/0?ssl_cert_reqs=none").unwrap();
+        assert_eq!(plain, "rediss://u:p?a#b&c@h:1/0");
+        assert!(!o.verify_peer);
+        assert!(!has_tls_query("rediss://u:p?ssl_x@h:1/0"));
         let (plain, o) = split_tls("rediss://h/0?ssl_cert_reqs=none#insecure").unwrap();
         assert_eq!(plain, "rediss://h/0#insecure");
         assert!(!o.verify_peer);
@@ -583,6 +680,71 @@ mod tests {
         }
         // Where the options are not taken off first, they are refused, never ignored.
         assert!(parse("rediss://h/0?ssl_cert_reqs=none").is_err());
+    }
+
+    #[test]
+    fn raw_special_characters_in_the_password_are_read_and_redacted() {
+        // Raw in the user-info: everything up to the last '@' is the user-info.
+        for (url, password) in [
+            ("redis://user:se/cret@localhost:6379/0", "se/cret"),
+            ("redis://user:a/b@c:d?e#f@127.0.0.1:1/2", "a/b@c:d?e#f"),
+            ("rediss://:p@ss@h/0#insecure", "p@ss"),
+            ("redis://u:pa%ss@h", "pa%ss"),
+            ("redis://u:pässwörd@h", "pässwörd"),
+            ("redis://u:se%2Fc%40r%3Ae%3Ft%23%25@h/0", "se/c@r:e?t#%"),
+        ] {
+            let info = parse(url).expect(url);
+            assert_eq!(info.redis_settings().password(), Some(password), "{url}");
+            assert_eq!(
+                info.redis_settings().username(),
+                Some("user")
+                    .filter(|_| url.contains("user:"))
+                    .or(info.redis_settings().username())
+            );
+            let shown = redact(url);
+            assert!(!shown.contains(password), "{shown}");
+            assert!(shown.contains("***"), "{shown}");
+        }
+        assert_eq!(
+            parse("redis://user:se/cret@localhost:6379/3")
+                .unwrap()
+                .redis_settings()
+                .db(),
+            3
+        );
+        assert_eq!(
+            redact("redis://user:se/cret@localhost:6379/0"),
+            "redis://user:***@localhost:6379/0"
+        );
+        assert_eq!(
+            redact("redis://u:a#b@h:1/0?protocol=resp3"),
+            "redis://u:***@h:1/0?protocol=resp3"
+        );
+        // In a query, a secret value runs to the next known key.
+        assert_eq!(
+            redact("unix:///tmp/r.sock?pass=a&b#c&db=1"),
+            "unix:///tmp/r.sock?pass=***&db=1"
+        );
+        let Ok(Endpoint::Sentinel(s)) =
+            parse_endpoint("redis+sentinel://u:p/w@h:5000/m/1?sentinel_password=x@y")
+        else {
+            panic!("not a sentinel URL");
+        };
+        assert_eq!(s.sentinels[0].redis_settings().password(), Some("x@y"));
+        let master = s.master_info("10.0.0.1", 7000).unwrap();
+        assert_eq!(master.redis_settings().password(), Some("p/w"));
+        assert_eq!(
+            redact("redis+sentinel://u:p/w@h:5000/m/1?sentinel_password=x@y"),
+            "redis+sentinel://u:***@h:5000/m/1?sentinel_password=***"
+        );
+        for bad in [
+            "redis://user:se/cret@localhost:6379/x",
+            "redis://user:se/cret@localhost:99999/0",
+            "redis+sentinel://user:se/cret@h/m/x",
+        ] {
+            let err = parse_endpoint(bad).map(|_| ()).expect_err(bad);
+            assert!(!err.contains("cret"), "{err}");
+        }
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
 
@@ -63,6 +64,38 @@ pub fn forever_or_duration(
         ));
     }
     Ok(Some(Duration::from_secs_f64(seconds)))
+}
+
+/// A lease (`ttl`, `lock_ttl`, `ltime`), validated, as seconds: the extractor of a constructor
+/// argument whose pyo3 default is a number (`#[pyo3(from_py_with = args::ttl)]`), so that
+/// `ttl=None` reaches it. `None` is refused: a lease is never infinite, and redis-py users read
+/// `None` as "never expires" — taking it as the default would give them a 10 s lease silently.
+pub fn lease_seconds(arg: &str, value: &Bound<'_, PyAny>, hint: &str) -> PyResult<f64> {
+    if value.is_none() {
+        return Err(PyTypeError::new_err(format!(
+            "{arg}: expected a number of seconds, not None (a lease is never infinite; {hint})"
+        )));
+    }
+    duration(arg, value, 0.001).map(|d| d.as_secs_f64())
+}
+
+/// The `ttl` of Lock, Semaphore and RWLock.
+pub fn ttl(value: &Bound<'_, PyAny>) -> PyResult<f64> {
+    lease_seconds("ttl", value, "for long holds use auto_renew=True")
+}
+
+/// The `lock_ttl` of the cache's fill claim (renewed while the fill runs).
+pub fn lock_ttl(value: &Bound<'_, PyAny>) -> PyResult<f64> {
+    lease_seconds(
+        "lock_ttl",
+        value,
+        "the fill claim is renewed while the fill runs; give its lease in seconds",
+    )
+}
+
+/// Seconds that `lease_seconds` (or a default) gave, as a Duration.
+pub fn seconds(arg: &str, seconds: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(seconds).map_err(|_| value_error(arg, "out of range"))
 }
 
 /// An optional timeout: `None` passes through as "not given".

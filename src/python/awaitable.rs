@@ -1,6 +1,7 @@
 //! The asyncio bridge: runs an engine future on the tokio runtime and resolves an asyncio
 //! future on the caller's event loop when it ends. The loop never blocks; cancelling the asyncio
-//! future aborts the tokio task (whose drop guards clean up in Redis).
+//! future aborts the tokio task (whose drop guards clean up in Redis), and first tells an acquire
+//! that it is abandoned, so that a grant it obtains all the same is given back.
 //!
 //! Runtime threads never call into Python. A finished operation goes into its loop's queue, and
 //! one byte on a socket pair wakes the loop, which resolves the futures on its own thread (a
@@ -20,10 +21,16 @@ use pyo3::types::PyTuple;
 
 use crate::engine::{runtime, Error};
 
-/// Aborts the tokio task when the asyncio future it feeds is cancelled (a done-callback).
+/// Told when an acquire's asyncio future is cancelled, before its task is aborted.
+pub type Abandon = Box<dyn Fn() + Send + Sync>;
+
+/// Aborts the tokio task when the asyncio future it feeds is cancelled (a done-callback). An
+/// abort only stops the task at its next await: a poll under way still finishes, so an acquire
+/// is also told (`abandon`), to give back what it obtains.
 #[pyclass(frozen)]
 struct AbortOnCancel {
     task: tokio::task::AbortHandle,
+    abandon: Option<Abandon>,
 }
 
 #[pymethods]
@@ -35,6 +42,9 @@ impl AbortOnCancel {
             Err(_) => false,
         };
         if cancelled {
+            if let Some(abandon) = &self.abandon {
+                abandon();
+            }
             self.task.abort();
         }
         Ok(())
@@ -113,7 +123,8 @@ impl LoopWaker {
             std::mem::take(&mut *self.shared.done.lock().unwrap_or_else(|p| p.into_inner()));
         for Finished { future, settle } in finished {
             let future = future.bind(py);
-            // Cancelled meanwhile: the runtime side has already cleaned up.
+            // Cancelled meanwhile: the runtime side cleans up (an acquire was told to give back
+            // what it obtained).
             if future.call_method0("done")?.is_truthy()? {
                 continue;
             }
@@ -130,6 +141,36 @@ impl LoopWaker {
 pub fn spawn<'py, F, T, C>(
     py: Python<'py>,
     on_cancel: OnCancel,
+    fut: F,
+    convert: C,
+) -> PyResult<Bound<'py, PyAny>>
+where
+    F: Future<Output = Result<T, Error>> + Send + 'static,
+    T: Send + 'static,
+    C: for<'a> FnOnce(Python<'a>, T) -> PyResult<Bound<'a, PyAny>> + Send + 'static,
+{
+    spawn_with(py, on_cancel, None, fut, convert)
+}
+
+/// `spawn` for an acquire: cancelling the awaitable calls `abandon` (then aborts the task).
+pub fn spawn_abandonable<'py, F, T, C>(
+    py: Python<'py>,
+    abandon: Abandon,
+    fut: F,
+    convert: C,
+) -> PyResult<Bound<'py, PyAny>>
+where
+    F: Future<Output = Result<T, Error>> + Send + 'static,
+    T: Send + 'static,
+    C: for<'a> FnOnce(Python<'a>, T) -> PyResult<Bound<'a, PyAny>> + Send + 'static,
+{
+    spawn_with(py, OnCancel::Abort, Some(abandon), fut, convert)
+}
+
+fn spawn_with<'py, F, T, C>(
+    py: Python<'py>,
+    on_cancel: OnCancel,
+    abandon: Option<Abandon>,
     fut: F,
     convert: C,
 ) -> PyResult<Bound<'py, PyAny>>
@@ -165,6 +206,7 @@ where
     if on_cancel == OnCancel::Abort {
         let canceller = AbortOnCancel {
             task: task.abort_handle(),
+            abandon,
         };
         py_future.call_method1("add_done_callback", (canceller,))?;
     }

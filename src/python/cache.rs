@@ -163,18 +163,15 @@ fn digest(arg: &str, value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<String
 #[pymethods]
 impl PyCacheStore {
     #[new]
-    #[pyo3(signature = (client, *, ttl, lock_ttl=None, timeout=None))]
+    #[pyo3(signature = (client, *, ttl, lock_ttl=10.0, timeout=None))]
     fn new(
         client: &Bound<'_, PyAny>,
         ttl: &Bound<'_, PyAny>,
-        lock_ttl: Option<&Bound<'_, PyAny>>,
+        #[pyo3(from_py_with = args::lock_ttl)] lock_ttl: f64,
         timeout: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let ttl = args::duration("ttl", ttl, 0.001)?;
-        let lock_ttl = match lock_ttl {
-            Some(t) if !t.is_none() => args::duration("lock_ttl", t, 0.001)?,
-            _ => Duration::from_secs(10),
-        };
+        let lock_ttl = args::seconds("lock_ttl", lock_ttl)?;
         let timeout = args::timeout("timeout", timeout)?.unwrap_or(None);
         let client = coerce_client(client)?;
         let inner = client.get().inner.clone();

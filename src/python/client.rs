@@ -12,6 +12,8 @@ use super::errors::{type_error, value_error};
 use crate::engine::node::Timeouts;
 use crate::engine::tls;
 use crate::engine::{Client, ClientConfig, Deployment, Error};
+use crate::protocol::keys::DEFAULT_FENCE_TTL_MS;
+use crate::protocol::lease;
 use crate::protocol::url::{self, Endpoint};
 
 const DEFAULT_URL: &str = "redis://127.0.0.1:6379/0";
@@ -55,9 +57,10 @@ fn redlock_deployment(value: &Bound<'_, PyAny>) -> PyResult<(Deployment, String)
     let mut seen: Vec<String> = Vec::new();
     for u in &urls {
         let endpoint = tls::parse_endpoint(u)?;
-        // The same master twice would count its vote twice.
+        // The same master twice would count its vote twice (another db of one server is the
+        // same master too). Other names of one server are found at first contact (run_id).
         let identity = match &endpoint {
-            Endpoint::Direct(info) => format!("{}/{}", info.addr(), info.redis_settings().db()),
+            Endpoint::Direct(info) => info.addr().to_string(),
             Endpoint::Sentinel(s) => {
                 let sentinels: Vec<String> =
                     s.sentinels.iter().map(|i| i.addr().to_string()).collect();
@@ -67,7 +70,10 @@ fn redlock_deployment(value: &Bound<'_, PyAny>) -> PyResult<(Deployment, String)
         if seen.contains(&identity) {
             return Err(value_error(
                 "url",
-                &format!("the master '{}' is listed twice", url::redact(u)),
+                &format!(
+                    "the master '{}' is listed twice (one server, whatever the db)",
+                    url::redact(u)
+                ),
             ));
         }
         seen.push(identity);
@@ -120,16 +126,26 @@ fn seconds_or(arg: &str, value: Option<&Bound<'_, PyAny>>, default: f64) -> PyRe
     }
 }
 
+/// `fence_ttl`: a finite number of seconds greater than 0 (whole ms on the wire, rounded up).
+fn fence_ttl_seconds(value: &Bound<'_, PyAny>) -> PyResult<Duration> {
+    match args::forever_or_duration("fence_ttl", value, 0.0)? {
+        None => Err(value_error("fence_ttl", "must be finite")),
+        Some(d) if d.is_zero() => Err(value_error("fence_ttl", "must be greater than 0")),
+        Some(d) => Ok(d),
+    }
+}
+
 #[pymethods]
 impl PyClient {
     #[new]
-    #[pyo3(signature = (url=None, *, prefix=None, connect_timeout=None, command_timeout=None, cluster=None))]
+    #[pyo3(signature = (url=None, *, prefix=None, connect_timeout=None, command_timeout=None, cluster=None, fence_ttl=None))]
     fn new(
         url: Option<&Bound<'_, PyAny>>,
         prefix: Option<&Bound<'_, PyAny>>,
         connect_timeout: Option<&Bound<'_, PyAny>>,
         command_timeout: Option<&Bound<'_, PyAny>>,
         cluster: Option<&Bound<'_, PyAny>>,
+        fence_ttl: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let url = url.filter(|u| !u.is_none());
         let cluster = cluster.filter(|c| !c.is_none());
@@ -140,6 +156,10 @@ impl PyClient {
         let timeouts = Timeouts {
             connect: seconds_or("connect_timeout", connect_timeout, 5.0)?,
             command: seconds_or("command_timeout", command_timeout, 5.0)?,
+        };
+        let fence_ttl = match fence_ttl {
+            Some(v) if !v.is_none() => fence_ttl_seconds(v)?,
+            _ => Duration::from_millis(DEFAULT_FENCE_TTL_MS),
         };
         let (deployment, display_url) = match (url, cluster) {
             (Some(_), Some(_)) => {
@@ -173,6 +193,7 @@ impl PyClient {
             deployment,
             prefix: prefix.as_bytes().to_vec(),
             timeouts,
+            fence_ttl_ms: lease::lease_ms(fence_ttl),
         };
         Ok(PyClient {
             inner: Arc::new(Client::new(config)?),
@@ -202,6 +223,12 @@ impl PyClient {
     /// Closes this process's connections; a later use opens new ones.
     fn close(&self) {
         self.inner.close();
+    }
+
+    /// How long a name's fencing counter lives after its last acquisition, in seconds.
+    #[getter]
+    fn fence_ttl(&self) -> f64 {
+        self.inner.config().fence_ttl_ms as f64 / 1000.0
     }
 
     #[getter]

@@ -8,18 +8,18 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyTuple, PyWeakrefMethods, PyWeakrefReference};
-use pyo3::IntoPyObjectExt;
+use pyo3::{IntoPyObjectExt, PyTypeInfo};
 
 use super::args;
 use super::awaitable::{self, OnCancel};
 use super::blocking;
-use super::errors::{type_error, value_error, LockLostError, LockTimeoutError};
+use super::errors::{type_error, value_error, About, LockTimeoutError, Named};
 use super::log;
-use crate::engine::hold::OnLost;
-use crate::engine::lock::{LockHandle, Wait};
+use crate::engine::hold::{Holder, Leased, OnLost, Ticket};
+use crate::engine::lock::{LockHandle, LockSpec, Wait};
 use crate::engine::renew::Listener;
-use crate::engine::rwlock::RwHandle;
-use crate::engine::semaphore::SemaphoreHandle;
+use crate::engine::rwlock::{RwHandle, RwSide};
+use crate::engine::semaphore::{SemaphoreHandle, SemaphoreSpec};
 use crate::engine::{Error, Result};
 
 /// The wait of one `acquire(blocking, timeout)`; `default` is the constructor's timeout.
@@ -50,14 +50,6 @@ pub fn extend_lease(ttl: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Duration>
     }
 }
 
-/// The `ttl` of a constructor (10 s when not given).
-pub fn ttl_arg(ttl: Option<&Bound<'_, PyAny>>) -> PyResult<Duration> {
-    match ttl {
-        Some(t) if !t.is_none() => args::duration("ttl", t, 0.001),
-        _ => Ok(Duration::from_secs(10)),
-    }
-}
-
 /// The `on_lost` of a constructor: a callable or None.
 pub fn on_lost_arg(on_lost: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Arc<Py<PyAny>>>> {
     match on_lost {
@@ -84,17 +76,23 @@ impl Listener for PyListener {
         let target = self.target.clone();
         let on_lost = self.on_lost.clone();
         let message = format!("{} was lost: its lease ended before renewal", self.label);
+        let label = self.label.clone();
         if super::interpreter_exiting() {
             return;
         }
         std::thread::spawn(move || {
+            // Checked again here, atomically with the exit hook: this thread may only now get
+            // to run, after the interpreter began to exit.
+            let Some(_pass) = super::enter_python() else {
+                return;
+            };
             Python::attach(|py| {
                 log::warning(py, &message);
                 let (Some(callback), Some(target)) = (on_lost, target.bind(py).upgrade()) else {
                     return;
                 };
                 if let Err(err) = callback.bind(py).call1((target,)) {
-                    log::error_with(py, "on_lost callback raised", &err);
+                    log::error_with(py, &format!("{label}: on_lost callback raised"), &err);
                 }
             })
         });
@@ -105,7 +103,12 @@ impl Listener for PyListener {
         if super::interpreter_exiting() {
             return;
         }
-        std::thread::spawn(move || Python::attach(|py| log::warning(py, &message)));
+        std::thread::spawn(move || {
+            let Some(_pass) = super::enter_python() else {
+                return;
+            };
+            Python::attach(|py| log::warning(py, &message))
+        });
     }
 }
 
@@ -129,20 +132,27 @@ pub fn listener(
 }
 
 /// The error of a `with` that could not acquire within the object's timeout.
-pub fn enter_timeout(label: &str, default_timeout: Option<Duration>) -> PyErr {
+pub fn enter_timeout(py: Python<'_>, about: &About, default_timeout: Option<Duration>) -> PyErr {
     let waited = default_timeout.map_or(f64::INFINITY, |d| d.as_secs_f64());
-    LockTimeoutError::new_err(format!("could not acquire {label} within {waited} s"))
+    about.raise(
+        &LockTimeoutError::type_object(py),
+        &format!("could not acquire {} within {waited} s", about.label()),
+    )
 }
 
 /// An engine hold that a `with` block gives back on leaving, and that asyncio drives.
 pub trait Releasable: Send + Sync + 'static {
     /// What one acquire is told beyond the wait (the read/write locks: the caller's context).
     type Context: Send + 'static;
+    type Primitive: Leased;
+    fn holder(&self) -> &Holder<Self::Primitive>;
+    /// The asyncio acquire: `abandon(ticket)` gives back whatever it obtains.
     fn acquire(
         &self,
         wait: Wait,
         listener: Option<OnLost>,
         context: Self::Context,
+        ticket: Ticket,
     ) -> impl Future<Output = Result<bool>> + Send;
     fn release(&self) -> impl Future<Output = Result<()>> + Send;
     fn extend(&self, lease: Option<Duration>) -> impl Future<Output = Result<()>> + Send;
@@ -156,14 +166,19 @@ pub trait Releasable: Send + Sync + 'static {
 
 impl Releasable for LockHandle {
     type Context = ();
+    type Primitive = LockSpec;
+    fn holder(&self) -> &Holder<LockSpec> {
+        LockHandle::holder(self)
+    }
     #[allow(clippy::unused_unit)]
     fn acquire(
         &self,
         wait: Wait,
         listener: Option<OnLost>,
         _context: (),
+        ticket: Ticket,
     ) -> impl Future<Output = Result<bool>> + Send {
-        LockHandle::acquire(self, wait, listener)
+        self.holder().acquire_ticketed(wait, listener, &(), ticket)
     }
     fn release(&self) -> impl Future<Output = Result<()>> + Send {
         LockHandle::release(self)
@@ -184,14 +199,19 @@ impl Releasable for LockHandle {
 
 impl Releasable for SemaphoreHandle {
     type Context = ();
+    type Primitive = SemaphoreSpec;
+    fn holder(&self) -> &Holder<SemaphoreSpec> {
+        SemaphoreHandle::holder(self)
+    }
     #[allow(clippy::unused_unit)]
     fn acquire(
         &self,
         wait: Wait,
         listener: Option<OnLost>,
         _context: (),
+        ticket: Ticket,
     ) -> impl Future<Output = Result<bool>> + Send {
-        SemaphoreHandle::acquire(self, wait, listener)
+        self.holder().acquire_ticketed(wait, listener, &(), ticket)
     }
     fn release(&self) -> impl Future<Output = Result<()>> + Send {
         SemaphoreHandle::release(self)
@@ -213,14 +233,20 @@ impl Releasable for SemaphoreHandle {
 
 impl Releasable for RwHandle {
     type Context = u64;
-    #[allow(clippy::unused_unit)]
-    fn acquire(
+    type Primitive = RwSide;
+    fn holder(&self) -> &Holder<RwSide> {
+        RwHandle::holder(self)
+    }
+    async fn acquire(
         &self,
         wait: Wait,
         listener: Option<OnLost>,
         context: u64,
-    ) -> impl Future<Output = Result<bool>> + Send {
-        RwHandle::acquire(self, wait, listener, context)
+        ticket: Ticket,
+    ) -> Result<bool> {
+        self.holder()
+            .acquire_ticketed(wait, listener, &context, ticket)
+            .await
     }
     fn release(&self) -> impl Future<Output = Result<()>> + Send {
         RwHandle::release(self)
@@ -243,7 +269,7 @@ pub fn exit<H: Releasable>(
     py: Python<'_>,
     handle: &Arc<H>,
     exc: &Bound<'_, PyTuple>,
-    label: &str,
+    about: &About,
 ) -> PyResult<bool> {
     let body_raised = exc.get_item(0).is_ok_and(|t| !t.is_none());
     let released = match py.detach(|| handle.release_direct()) {
@@ -253,7 +279,7 @@ pub fn exit<H: Releasable>(
             blocking::wait(py, async move { handle.release().await })?
         }
     };
-    leave_block(py, label, body_raised, exit_outcome(&**handle, released))
+    leave_block(py, about, body_raised, exit_outcome(&**handle, released))
 }
 
 /// The asyncio `__aexit__`'s release; resolve its outcome with `leave_block`.
@@ -274,7 +300,7 @@ fn exit_outcome<H: Releasable>(handle: &H, released: Result<()>) -> Result<()> {
 /// the block itself raised — then its exception propagates and the loss is logged.
 pub fn leave_block(
     py: Python<'_>,
-    label: &str,
+    about: &About,
     body_raised: bool,
     outcome: Result<()>,
 ) -> PyResult<bool> {
@@ -283,17 +309,23 @@ pub fn leave_block(
         Err(err) if body_raised => {
             log::warning(
                 py,
-                &format!("{label}: on leaving a block that raised: {err}"),
+                &format!("{}: on leaving a block that raised: {err}", about.label()),
             );
             Ok(false)
         }
-        Err(Error::Lost(_)) => Err(LockLostError::new_err("lock was lost")),
-        Err(err) => Err(err.into()),
+        Err(err) => Err(about.error(py, err)),
     }
 }
 
 // The asyncio side: awaitables with the same semantics as the blocking methods. Acquiring stops
 // (and cleans up) when cancelled; releasing and extending run to their end regardless.
+
+/// What cancelling an acquire's awaitable does beside aborting it: the attempt gives back
+/// whatever it obtained, now or as it settles (a grant may be on its way).
+fn abandoner<H: Releasable>(handle: &Arc<H>, ticket: &Ticket) -> awaitable::Abandon {
+    let (handle, ticket) = (handle.clone(), ticket.clone());
+    Box::new(move || handle.holder().abandon(&ticket))
+}
 
 pub fn acquire_async<'py, H: Releasable>(
     py: Python<'py>,
@@ -301,12 +333,14 @@ pub fn acquire_async<'py, H: Releasable>(
     wait: Wait,
     listener: Option<OnLost>,
     context: H::Context,
+    about: About,
 ) -> PyResult<Bound<'py, PyAny>> {
-    awaitable::spawn(
+    let ticket = Ticket::default();
+    awaitable::spawn_abandonable(
         py,
-        OnCancel::Abort,
-        async move { handle.acquire(wait, listener, context).await },
-        |py, acquired| acquired.into_bound_py_any(py),
+        abandoner(&handle, &ticket),
+        async move { Ok(handle.acquire(wait, listener, context, ticket).await) },
+        move |py, acquired| acquired.about(py, &about)?.into_bound_py_any(py),
     )
 }
 
@@ -318,13 +352,15 @@ pub fn enter_async<'py, H: Releasable>(
     listener: Option<OnLost>,
     context: H::Context,
     timeout_error: PyErr,
+    about: About,
 ) -> PyResult<Bound<'py, PyAny>> {
-    awaitable::spawn(
+    let ticket = Ticket::default();
+    awaitable::spawn_abandonable(
         py,
-        OnCancel::Abort,
-        async move { handle.acquire(wait, listener, context).await },
+        abandoner(&handle, &ticket),
+        async move { Ok(handle.acquire(wait, listener, context, ticket).await) },
         move |py, acquired| {
-            if acquired {
+            if acquired.about(py, &about)? {
                 Ok(py.None().into_bound(py))
             } else {
                 Err(timeout_error)
@@ -333,12 +369,24 @@ pub fn enter_async<'py, H: Releasable>(
     )
 }
 
-pub fn release_async<H: Releasable>(py: Python<'_>, handle: Arc<H>) -> PyResult<Bound<'_, PyAny>> {
+/// `_give_back(token)`: see `Holder::give_back`.
+pub fn give_back<H: Releasable>(handle: &H, token: &str) -> bool {
+    handle.holder().give_back(token)
+}
+
+pub fn release_async<H: Releasable>(
+    py: Python<'_>,
+    handle: Arc<H>,
+    about: About,
+) -> PyResult<Bound<'_, PyAny>> {
     awaitable::spawn(
         py,
         OnCancel::Finish,
-        async move { handle.release().await },
-        |py, ()| Ok(py.None().into_bound(py)),
+        async move { Ok(handle.release().await) },
+        move |py, released| {
+            released.about(py, &about)?;
+            Ok(py.None().into_bound(py))
+        },
     )
 }
 
@@ -346,46 +394,52 @@ pub fn extend_async<H: Releasable>(
     py: Python<'_>,
     handle: Arc<H>,
     lease: Option<Duration>,
+    about: About,
 ) -> PyResult<Bound<'_, PyAny>> {
     awaitable::spawn(
         py,
         OnCancel::Finish,
-        async move { handle.extend(lease).await },
-        |py, ()| Ok(py.None().into_bound(py)),
+        async move { Ok(handle.extend(lease).await) },
+        move |py, extended| {
+            extended.about(py, &about)?;
+            Ok(py.None().into_bound(py))
+        },
     )
 }
 
-pub fn owned_async<H: Releasable>(py: Python<'_>, handle: Arc<H>) -> PyResult<Bound<'_, PyAny>> {
-    awaitable::spawn(
-        py,
-        OnCancel::Abort,
-        async move { handle.owned().await },
-        |py, owned| owned.into_bound_py_any(py),
-    )
+pub fn owned_async<H: Releasable>(
+    py: Python<'_>,
+    handle: Arc<H>,
+    about: About,
+) -> PyResult<Bound<'_, PyAny>> {
+    query_async(py, async move { handle.owned().await }, about)
 }
 
 /// `__aexit__`, resolving like `exit`.
 pub fn exit_awaitable<H: Releasable>(
     py: Python<'_>,
     handle: Arc<H>,
-    label: String,
+    about: About,
     body_raised: bool,
 ) -> PyResult<Bound<'_, PyAny>> {
     awaitable::spawn(
         py,
         OnCancel::Finish,
         async move { Ok(exit_async(handle).await) },
-        move |py, outcome| leave_block(py, &label, body_raised, outcome)?.into_bound_py_any(py),
+        move |py, outcome| leave_block(py, &about, body_raised, outcome)?.into_bound_py_any(py),
     )
 }
 
 /// Any engine query as an awaitable (cancelling it just stops waiting for the answer).
-pub fn query_async<'py, T, F>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
+pub fn query_async<'py, T, F>(py: Python<'py>, fut: F, about: About) -> PyResult<Bound<'py, PyAny>>
 where
     F: Future<Output = Result<T>> + Send + 'static,
     T: for<'a> IntoPyObject<'a> + Send + 'static,
 {
-    awaitable::spawn(py, OnCancel::Abort, fut, |py, value| {
-        value.into_bound_py_any(py)
-    })
+    awaitable::spawn(
+        py,
+        OnCancel::Abort,
+        async move { Ok(fut.await) },
+        move |py, value| value.about(py, &about)?.into_bound_py_any(py),
+    )
 }

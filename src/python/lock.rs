@@ -9,6 +9,7 @@ use pyo3::types::PyTuple;
 use super::args;
 use super::blocking;
 use super::client::{coerce_client, PyClient};
+use super::errors::{About, Named};
 use super::hold;
 use crate::engine::lock::{Direct, LockHandle, OnLost, Wait};
 
@@ -17,6 +18,8 @@ pub struct PyLock {
     client: Py<PyClient>,
     handle: Arc<LockHandle>,
     name: String,
+    /// Names the lock in its errors.
+    about: About,
     ttl: Duration,
     /// The wait of `acquire()`/`with` when no timeout is given: None waits forever.
     default_timeout: Option<Duration>,
@@ -25,7 +28,7 @@ pub struct PyLock {
 
 impl PyLock {
     fn label(&self) -> String {
-        format!("lock '{}'", self.name)
+        self.about.label()
     }
 
     fn acquire_with(slf: &Bound<'_, Self>, wait: Wait) -> PyResult<bool> {
@@ -39,13 +42,15 @@ impl PyLock {
         let handle = this.handle.clone();
         let py = slf.py();
         // One direct attempt on this thread; the runtime (interruptible by signals) only to wait.
-        let first = py.detach(|| handle.acquire_direct(wait, listener.clone()))?;
+        let first = py
+            .detach(|| handle.acquire_direct(wait, listener.clone()))
+            .about(py, &this.about)?;
         match first {
             Direct::Done(acquired) => Ok(acquired),
-            Direct::Wait(pending) => Ok(blocking::wait(
-                py,
-                handle.acquire_pending(pending, wait, listener),
-            )??),
+            Direct::Wait(pending) => {
+                blocking::wait(py, handle.acquire_pending(pending, wait, listener))?
+                    .about(py, &this.about)
+            }
         }
     }
 
@@ -63,12 +68,12 @@ impl PyLock {
 #[pymethods]
 impl PyLock {
     #[new]
-    #[pyo3(signature = (client, name, *, ttl=None, timeout=None, auto_renew=None, fair=None, replicas=None, on_lost=None))]
+    #[pyo3(signature = (client, name, *, ttl=10.0, timeout=None, auto_renew=None, fair=None, replicas=None, on_lost=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         client: &Bound<'_, PyAny>,
         name: &Bound<'_, PyAny>,
-        ttl: Option<&Bound<'_, PyAny>>,
+        #[pyo3(from_py_with = args::ttl)] ttl: f64,
         timeout: Option<&Bound<'_, PyAny>>,
         auto_renew: Option<&Bound<'_, PyAny>>,
         fair: Option<&Bound<'_, PyAny>>,
@@ -76,7 +81,7 @@ impl PyLock {
         on_lost: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let name_bytes = args::name("name", name)?;
-        let ttl = hold::ttl_arg(ttl)?;
+        let ttl = args::seconds("ttl", ttl)?;
         let default_timeout = args::timeout("timeout", timeout)?.unwrap_or(None);
         let auto_renew = auto_renew.map_or(Ok(false), |v| args::flag("auto_renew", v))?;
         let fair = fair.map_or(Ok(false), |v| args::flag("fair", v))?;
@@ -94,6 +99,7 @@ impl PyLock {
                 auto_renew,
             )?),
             client,
+            about: About::new("lock", &String::from_utf8_lossy(&name_bytes)),
             name: String::from_utf8_lossy(&name_bytes).into_owned(),
             ttl,
             default_timeout,
@@ -114,10 +120,12 @@ impl PyLock {
 
     fn release(&self, py: Python<'_>) -> PyResult<()> {
         if self.handle.has_direct() {
-            return Ok(py.detach(|| self.handle.release_direct())?);
+            return py
+                .detach(|| self.handle.release_direct())
+                .about(py, &self.about);
         }
         let handle = self.handle.clone();
-        Ok(blocking::wait(py, async move { handle.release().await })??)
+        blocking::wait(py, async move { handle.release().await })?.about(py, &self.about)
     }
 
     /// The lease now ends `ttl` (default: the lock's ttl) from now.
@@ -125,31 +133,34 @@ impl PyLock {
     fn extend(&self, py: Python<'_>, ttl: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let lease = hold::extend_lease(ttl)?;
         if self.handle.has_direct() {
-            return Ok(py.detach(|| self.handle.extend_direct(lease))?);
+            return py
+                .detach(|| self.handle.extend_direct(lease))
+                .about(py, &self.about);
         }
         let handle = self.handle.clone();
-        Ok(blocking::wait(
-            py,
-            async move { handle.extend(lease).await },
-        )??)
+        blocking::wait(py, async move { handle.extend(lease).await })?.about(py, &self.about)
     }
 
     /// Somebody holds the lock.
     fn locked(&self, py: Python<'_>) -> PyResult<bool> {
         if self.handle.client().supports_direct() {
-            return Ok(py.detach(|| self.handle.locked_direct())?);
+            return py
+                .detach(|| self.handle.locked_direct())
+                .about(py, &self.about);
         }
         let handle = self.handle.clone();
-        Ok(blocking::wait(py, async move { handle.locked().await })??)
+        blocking::wait(py, async move { handle.locked().await })?.about(py, &self.about)
     }
 
     /// This object holds the lock, checked against Redis.
     fn owned(&self, py: Python<'_>) -> PyResult<bool> {
         if self.handle.has_direct() {
-            return Ok(py.detach(|| self.handle.owned_direct())?);
+            return py
+                .detach(|| self.handle.owned_direct())
+                .about(py, &self.about);
         }
         let handle = self.handle.clone();
-        Ok(blocking::wait(py, async move { handle.owned().await })??)
+        blocking::wait(py, async move { handle.owned().await })?.about(py, &self.about)
     }
 
     /// Seconds left on this object's lease; None if not held, 0.0 once the local deadline passed.
@@ -193,12 +204,16 @@ impl PyLock {
         if Self::acquire_with(slf, wait)? {
             return Ok(slf.clone());
         }
-        Err(hold::enter_timeout(&this.label(), this.default_timeout))
+        Err(hold::enter_timeout(
+            slf.py(),
+            &this.about,
+            this.default_timeout,
+        ))
     }
 
     #[pyo3(signature = (*exc))]
     fn __exit__(&self, py: Python<'_>, exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
-        hold::exit(py, &self.handle, exc, &self.label())
+        hold::exit(py, &self.handle, exc, &self.about)
     }
 
     // The asyncio side (`redmutex.aio`) awaits these; same semantics as the blocking ones.
@@ -211,14 +226,22 @@ impl PyLock {
     ) -> PyResult<Bound<'py, PyAny>> {
         let wait = hold::wait_for(blocking, timeout, slf.get().default_timeout)?;
         let listener = Self::listener_for(slf)?;
-        hold::acquire_async(slf.py(), slf.get().handle.clone(), wait, listener, ())
+        let this = slf.get();
+        hold::acquire_async(
+            slf.py(),
+            this.handle.clone(),
+            wait,
+            listener,
+            (),
+            this.about.clone(),
+        )
     }
 
     fn _enter_async<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         let this = slf.get();
         let wait = Wait::from_timeout(this.default_timeout);
         let listener = Self::listener_for(slf)?;
-        let timeout_error = hold::enter_timeout(&this.label(), this.default_timeout);
+        let timeout_error = hold::enter_timeout(slf.py(), &this.about, this.default_timeout);
         hold::enter_async(
             slf.py(),
             this.handle.clone(),
@@ -226,11 +249,18 @@ impl PyLock {
             listener,
             (),
             timeout_error,
+            this.about.clone(),
         )
     }
 
     fn _release_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        hold::release_async(py, self.handle.clone())
+        hold::release_async(py, self.handle.clone(), self.about.clone())
+    }
+
+    /// Gives back the hold with `token` at once (released in Redis in the background), if this
+    /// object still has it: an acquire that succeeded after its task was cancelled.
+    fn _give_back(&self, token: &str) -> bool {
+        hold::give_back(&*self.handle, token)
     }
 
     #[pyo3(signature = (ttl=None))]
@@ -239,20 +269,25 @@ impl PyLock {
         py: Python<'py>,
         ttl: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        hold::extend_async(py, self.handle.clone(), hold::extend_lease(ttl)?)
+        hold::extend_async(
+            py,
+            self.handle.clone(),
+            hold::extend_lease(ttl)?,
+            self.about.clone(),
+        )
     }
 
     fn _owned_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        hold::owned_async(py, self.handle.clone())
+        hold::owned_async(py, self.handle.clone(), self.about.clone())
     }
 
     fn _locked_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let handle = self.handle.clone();
-        hold::query_async(py, async move { handle.locked().await })
+        hold::query_async(py, async move { handle.locked().await }, self.about.clone())
     }
 
     fn _exit_async<'py>(&self, py: Python<'py>, body_raised: bool) -> PyResult<Bound<'py, PyAny>> {
-        hold::exit_awaitable(py, self.handle.clone(), self.label(), body_raised)
+        hold::exit_awaitable(py, self.handle.clone(), self.about.clone(), body_raised)
     }
 
     fn __repr__(&self) -> String {

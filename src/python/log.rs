@@ -17,7 +17,9 @@ pub fn warning(py: Python<'_>, message: &str) {
 pub fn error_with(py: Python<'_>, message: &str, err: &PyErr) {
     if let Ok(logger) = logger(py) {
         let kwargs = pyo3::types::PyDict::new(py);
-        if kwargs.set_item("exc_info", err.value(py)).is_ok() {
+        // The (type, value, traceback) triple: the value alone may not carry its traceback.
+        let exc_info = (err.get_type(py), err.value(py), err.traceback(py));
+        if kwargs.set_item("exc_info", exc_info).is_ok() {
             let _ = logger.call_method("error", ("%s", message), Some(&kwargs));
         }
     }

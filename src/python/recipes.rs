@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 use super::args;
 use super::blocking;
 use super::client::coerce_client;
+use super::errors::{About, Named};
 use crate::engine::lock::{self, LockSpec, Wait};
 
 fn spec_for(
@@ -39,14 +40,23 @@ pub fn acquire_token(
     atime: &Bound<'_, PyAny>,
     ltime: &Bound<'_, PyAny>,
 ) -> PyResult<Option<i64>> {
-    let lease = args::duration("ltime", ltime, 0.001)?;
+    let lease = args::seconds(
+        "ltime",
+        args::lease_seconds(
+            "ltime",
+            ltime,
+            "for long holds use redmutex.Lock(..., auto_renew=True)",
+        )?,
+    )?;
     let wait = Wait::from_timeout(args::forever_or_duration("atime", atime, 0.0)?);
     let token = String::from_utf8(args::name("identifier", identifier)?).unwrap_or_default();
     let (client, spec) = spec_for(conn, lockname, lease)?;
+    let about = About::new("lock", &String::from_utf8_lossy(&spec.name));
     let granted = blocking::wait(py, async move {
         let backend = client.backend()?;
         lock::acquire_on(&backend, &spec, &token, wait).await
-    })??;
+    })?
+    .about(py, &about)?;
     Ok(granted.map(|g| g.fence))
 }
 
@@ -60,8 +70,10 @@ pub fn release_token(
 ) -> PyResult<bool> {
     let token = String::from_utf8(args::name("identifier", identifier)?).unwrap_or_default();
     let (client, spec) = spec_for(conn, lockname, std::time::Duration::from_secs(1))?;
-    Ok(blocking::wait(py, async move {
+    let about = About::new("lock", &String::from_utf8_lossy(&spec.name));
+    blocking::wait(py, async move {
         let backend = client.backend()?;
         lock::release_on(&backend, &spec.keys, &token).await
-    })??)
+    })?
+    .about(py, &about)
 }

@@ -11,6 +11,7 @@ use pyo3::types::PyTuple;
 use super::args;
 use super::blocking;
 use super::client::{coerce_client, PyClient};
+use super::errors::{About, Named};
 use super::hold;
 use crate::engine::lock::{OnLost, Wait};
 use crate::engine::rwlock::{Mode, RwHandle, RwLock};
@@ -20,6 +21,8 @@ pub struct PyRwLock {
     client: Py<PyClient>,
     core: Arc<RwLock>,
     name: String,
+    /// Names the RWLock in its errors.
+    about: About,
     ttl: Duration,
     default_timeout: Option<Duration>,
     auto_renew: bool,
@@ -32,6 +35,8 @@ pub struct PyRwSide {
     rwlock: Py<PyRwLock>,
     handle: Arc<RwHandle>,
     name: String,
+    /// Names the read or write lock in its errors.
+    about: About,
     ttl: Duration,
     default_timeout: Option<Duration>,
     on_lost: Option<Arc<Py<PyAny>>>,
@@ -52,6 +57,10 @@ impl PyRwLock {
             rwlock: slf.clone().unbind(),
             handle: Arc::new(this.core.side(mode)),
             name: this.name.clone(),
+            about: this.about.as_kind(match mode {
+                Mode::Read => "read lock",
+                Mode::Write => "write lock",
+            }),
             ttl: this.ttl,
             default_timeout: this.default_timeout,
             on_lost: this.on_lost.clone(),
@@ -62,17 +71,17 @@ impl PyRwLock {
 #[pymethods]
 impl PyRwLock {
     #[new]
-    #[pyo3(signature = (client, name, *, ttl=None, timeout=None, auto_renew=None, on_lost=None))]
+    #[pyo3(signature = (client, name, *, ttl=10.0, timeout=None, auto_renew=None, on_lost=None))]
     fn new(
         client: &Bound<'_, PyAny>,
         name: &Bound<'_, PyAny>,
-        ttl: Option<&Bound<'_, PyAny>>,
+        #[pyo3(from_py_with = args::ttl)] ttl: f64,
         timeout: Option<&Bound<'_, PyAny>>,
         auto_renew: Option<&Bound<'_, PyAny>>,
         on_lost: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let name_bytes = args::name("name", name)?;
-        let ttl = hold::ttl_arg(ttl)?;
+        let ttl = args::seconds("ttl", ttl)?;
         let default_timeout = args::timeout("timeout", timeout)?.unwrap_or(None);
         let auto_renew = auto_renew.map_or(Ok(false), |v| args::flag("auto_renew", v))?;
         let on_lost = hold::on_lost_arg(on_lost)?;
@@ -81,6 +90,7 @@ impl PyRwLock {
         Ok(PyRwLock {
             core: Arc::new(RwLock::new(engine_client, &name_bytes, ttl, auto_renew)?),
             client,
+            about: About::new("RWLock", &String::from_utf8_lossy(&name_bytes)),
             name: String::from_utf8_lossy(&name_bytes).into_owned(),
             ttl,
             default_timeout,
@@ -102,27 +112,38 @@ impl PyRwLock {
     /// Somebody holds the lock: a writer, or at least one live reader.
     fn locked(&self, py: Python<'_>) -> PyResult<bool> {
         let core = self.core.clone();
-        let state = blocking::wait(py, async move { core.state().await })??;
+        let state =
+            blocking::wait(py, async move { core.state().await })?.about(py, &self.about)?;
         Ok(state.writer || state.readers > 0)
     }
 
     /// How many live readers hold the lock now, in every process.
     fn readers(&self, py: Python<'_>) -> PyResult<i64> {
         let core = self.core.clone();
-        Ok(blocking::wait(py, async move { core.state().await })??.readers)
+        Ok(blocking::wait(py, async move { core.state().await })?
+            .about(py, &self.about)?
+            .readers)
     }
 
     fn _locked_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let core = self.core.clone();
-        hold::query_async(py, async move {
-            let state = core.state().await?;
-            Ok(state.writer || state.readers > 0)
-        })
+        hold::query_async(
+            py,
+            async move {
+                let state = core.state().await?;
+                Ok(state.writer || state.readers > 0)
+            },
+            self.about.clone(),
+        )
     }
 
     fn _readers_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let core = self.core.clone();
-        hold::query_async(py, async move { Ok(core.state().await?.readers) })
+        hold::query_async(
+            py,
+            async move { Ok(core.state().await?.readers) },
+            self.about.clone(),
+        )
     }
 
     #[getter]
@@ -159,7 +180,7 @@ impl PyRwSide {
     }
 
     fn label(&self) -> String {
-        format!("{} lock '{}'", self.mode_name(), self.name)
+        self.about.label()
     }
 
     fn listener_for(slf: &Bound<'_, Self>) -> PyResult<Option<OnLost>> {
@@ -182,9 +203,10 @@ impl PyRwSide {
         )?;
         let handle = this.handle.clone();
         let context = thread_context();
-        Ok(blocking::wait(slf.py(), async move {
+        blocking::wait(slf.py(), async move {
             handle.acquire(wait, listener, context).await
-        })??)
+        })?
+        .about(slf.py(), &this.about)
     }
 }
 
@@ -205,7 +227,7 @@ impl PyRwSide {
 
     fn release(&self, py: Python<'_>) -> PyResult<()> {
         let handle = self.handle.clone();
-        Ok(blocking::wait(py, async move { handle.release().await })??)
+        blocking::wait(py, async move { handle.release().await })?.about(py, &self.about)
     }
 
     /// The lease now ends `ttl` (default: the RWLock's ttl) from now.
@@ -213,22 +235,19 @@ impl PyRwSide {
     fn extend(&self, py: Python<'_>, ttl: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let lease = hold::extend_lease(ttl)?;
         let handle = self.handle.clone();
-        Ok(blocking::wait(
-            py,
-            async move { handle.extend(lease).await },
-        )??)
+        blocking::wait(py, async move { handle.extend(lease).await })?.about(py, &self.about)
     }
 
     /// Somebody holds the read-write lock: a writer, or at least one live reader.
     fn locked(&self, py: Python<'_>) -> PyResult<bool> {
         let handle = self.handle.clone();
-        Ok(blocking::wait(py, async move { handle.locked().await })??)
+        blocking::wait(py, async move { handle.locked().await })?.about(py, &self.about)
     }
 
     /// This object holds its lock, checked against Redis.
     fn owned(&self, py: Python<'_>) -> PyResult<bool> {
         let handle = self.handle.clone();
-        Ok(blocking::wait(py, async move { handle.owned().await })??)
+        blocking::wait(py, async move { handle.owned().await })?.about(py, &self.about)
     }
 
     /// Seconds left on this object's lease; None if not held, 0.0 once the local deadline passed.
@@ -273,12 +292,16 @@ impl PyRwSide {
         if Self::acquire_with(slf, Wait::from_timeout(this.default_timeout))? {
             return Ok(slf.clone());
         }
-        Err(hold::enter_timeout(&this.label(), this.default_timeout))
+        Err(hold::enter_timeout(
+            slf.py(),
+            &this.about,
+            this.default_timeout,
+        ))
     }
 
     #[pyo3(signature = (*exc))]
     fn __exit__(&self, py: Python<'_>, exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
-        hold::exit(py, &self.handle, exc, &self.label())
+        hold::exit(py, &self.handle, exc, &self.about)
     }
 
     // The asyncio side (`redmutex.aio`) awaits these; same semantics as the blocking ones.
@@ -293,14 +316,22 @@ impl PyRwSide {
     ) -> PyResult<Bound<'py, PyAny>> {
         let wait = hold::wait_for(blocking, timeout, slf.get().default_timeout)?;
         let listener = Self::listener_for(slf)?;
-        hold::acquire_async(slf.py(), slf.get().handle.clone(), wait, listener, context)
+        let this = slf.get();
+        hold::acquire_async(
+            slf.py(),
+            this.handle.clone(),
+            wait,
+            listener,
+            context,
+            this.about.clone(),
+        )
     }
 
     fn _enter_async<'py>(slf: &Bound<'py, Self>, context: u64) -> PyResult<Bound<'py, PyAny>> {
         let this = slf.get();
         let wait = Wait::from_timeout(this.default_timeout);
         let listener = Self::listener_for(slf)?;
-        let timeout_error = hold::enter_timeout(&this.label(), this.default_timeout);
+        let timeout_error = hold::enter_timeout(slf.py(), &this.about, this.default_timeout);
         hold::enter_async(
             slf.py(),
             this.handle.clone(),
@@ -308,11 +339,18 @@ impl PyRwSide {
             listener,
             context,
             timeout_error,
+            this.about.clone(),
         )
     }
 
     fn _release_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        hold::release_async(py, self.handle.clone())
+        hold::release_async(py, self.handle.clone(), self.about.clone())
+    }
+
+    /// Gives back the hold with `token` at once (released in Redis in the background), if this
+    /// object still has it: an acquire that succeeded after its task was cancelled.
+    fn _give_back(&self, token: &str) -> bool {
+        hold::give_back(&*self.handle, token)
     }
 
     #[pyo3(signature = (ttl=None))]
@@ -321,20 +359,25 @@ impl PyRwSide {
         py: Python<'py>,
         ttl: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        hold::extend_async(py, self.handle.clone(), hold::extend_lease(ttl)?)
+        hold::extend_async(
+            py,
+            self.handle.clone(),
+            hold::extend_lease(ttl)?,
+            self.about.clone(),
+        )
     }
 
     fn _owned_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        hold::owned_async(py, self.handle.clone())
+        hold::owned_async(py, self.handle.clone(), self.about.clone())
     }
 
     fn _locked_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let handle = self.handle.clone();
-        hold::query_async(py, async move { handle.locked().await })
+        hold::query_async(py, async move { handle.locked().await }, self.about.clone())
     }
 
     fn _exit_async<'py>(&self, py: Python<'py>, body_raised: bool) -> PyResult<Bound<'py, PyAny>> {
-        hold::exit_awaitable(py, self.handle.clone(), self.label(), body_raised)
+        hold::exit_awaitable(py, self.handle.clone(), self.about.clone(), body_raised)
     }
 
     fn __repr__(&self) -> String {

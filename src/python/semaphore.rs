@@ -10,6 +10,7 @@ use pyo3::types::PyTuple;
 use super::args;
 use super::blocking;
 use super::client::{coerce_client, PyClient};
+use super::errors::{About, Named};
 use super::hold;
 use crate::engine::lock::{Direct, OnLost, Wait};
 use crate::engine::semaphore::SemaphoreHandle;
@@ -20,6 +21,8 @@ pub struct PySemaphore {
     client: Py<PyClient>,
     handle: Arc<SemaphoreHandle>,
     name: String,
+    /// Names the semaphore in its errors.
+    about: About,
     limit: u64,
     ttl: Duration,
     fair: bool,
@@ -40,23 +43,27 @@ impl PySemaphore {
     }
 
     fn label(&self) -> String {
-        format!("semaphore '{}'", self.name)
+        self.about.label()
     }
 
     fn acquire_with(slf: &Bound<'_, Self>, wait: Wait) -> PyResult<bool> {
         let listener = Self::listener_for(slf)?;
-        let handle = slf.get().handle.clone();
+        let this = slf.get();
+        let handle = this.handle.clone();
         let py = slf.py();
         // One direct attempt on this thread; the runtime (interruptible by signals) only to wait.
-        let first = py.detach(|| handle.holder().acquire_direct(wait, listener.clone()))?;
+        let first = py
+            .detach(|| handle.holder().acquire_direct(wait, listener.clone()))
+            .about(py, &this.about)?;
         match first {
             Direct::Done(acquired) => Ok(acquired),
-            Direct::Wait(pending) => Ok(blocking::wait(
+            Direct::Wait(pending) => blocking::wait(
                 py,
                 handle
                     .holder()
                     .acquire_pending(pending, wait, listener, &()),
-            )??),
+            )?
+            .about(py, &this.about),
         }
     }
 }
@@ -64,13 +71,13 @@ impl PySemaphore {
 #[pymethods]
 impl PySemaphore {
     #[new]
-    #[pyo3(signature = (client, name, limit, *, ttl=None, timeout=None, fair=None, auto_renew=None, on_lost=None))]
+    #[pyo3(signature = (client, name, limit, *, ttl=10.0, timeout=None, fair=None, auto_renew=None, on_lost=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         client: &Bound<'_, PyAny>,
         name: &Bound<'_, PyAny>,
         limit: &Bound<'_, PyAny>,
-        ttl: Option<&Bound<'_, PyAny>>,
+        #[pyo3(from_py_with = args::ttl)] ttl: f64,
         timeout: Option<&Bound<'_, PyAny>>,
         fair: Option<&Bound<'_, PyAny>>,
         auto_renew: Option<&Bound<'_, PyAny>>,
@@ -79,7 +86,7 @@ impl PySemaphore {
         let name_bytes = args::name("name", name)?;
         // Counts travel through Lua numbers (doubles): keep them exact.
         let limit = args::count("limit", limit, 1, MAX_MS)?;
-        let ttl = hold::ttl_arg(ttl)?;
+        let ttl = args::seconds("ttl", ttl)?;
         let default_timeout = args::timeout("timeout", timeout)?.unwrap_or(None);
         let fair = fair.map_or(Ok(true), |v| args::flag("fair", v))?;
         let auto_renew = auto_renew.map_or(Ok(false), |v| args::flag("auto_renew", v))?;
@@ -96,6 +103,7 @@ impl PySemaphore {
                 auto_renew,
             )?),
             client,
+            about: About::new("semaphore", &String::from_utf8_lossy(&name_bytes)),
             name: String::from_utf8_lossy(&name_bytes).into_owned(),
             limit,
             ttl,
@@ -119,10 +127,12 @@ impl PySemaphore {
     /// Gives the permit back and wakes the waiters it lets in.
     fn release(&self, py: Python<'_>) -> PyResult<()> {
         if self.handle.holder().has_direct() {
-            return Ok(py.detach(|| self.handle.holder().release_direct())?);
+            return py
+                .detach(|| self.handle.holder().release_direct())
+                .about(py, &self.about);
         }
         let handle = self.handle.clone();
-        Ok(blocking::wait(py, async move { handle.release().await })??)
+        blocking::wait(py, async move { handle.release().await })?.about(py, &self.about)
     }
 
     /// The permit's lease now ends `ttl` (default: the semaphore's ttl) from now.
@@ -130,31 +140,34 @@ impl PySemaphore {
     fn extend(&self, py: Python<'_>, ttl: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let lease = hold::extend_lease(ttl)?;
         if self.handle.holder().has_direct() {
-            return Ok(py.detach(|| self.handle.holder().extend_direct(lease))?);
+            return py
+                .detach(|| self.handle.holder().extend_direct(lease))
+                .about(py, &self.about);
         }
         let handle = self.handle.clone();
-        Ok(blocking::wait(
-            py,
-            async move { handle.extend(lease).await },
-        )??)
+        blocking::wait(py, async move { handle.extend(lease).await })?.about(py, &self.about)
     }
 
     /// How many live holders the semaphore has now, in every process.
     fn holders(&self, py: Python<'_>) -> PyResult<i64> {
         if self.handle.client().supports_direct() {
-            return Ok(py.detach(|| self.handle.holders_direct())?);
+            return py
+                .detach(|| self.handle.holders_direct())
+                .about(py, &self.about);
         }
         let handle = self.handle.clone();
-        Ok(blocking::wait(py, async move { handle.holders().await })??)
+        blocking::wait(py, async move { handle.holders().await })?.about(py, &self.about)
     }
 
     /// This object holds a live permit, checked against Redis.
     fn owned(&self, py: Python<'_>) -> PyResult<bool> {
         if self.handle.holder().has_direct() {
-            return Ok(py.detach(|| self.handle.holder().owned_direct())?);
+            return py
+                .detach(|| self.handle.holder().owned_direct())
+                .about(py, &self.about);
         }
         let handle = self.handle.clone();
-        Ok(blocking::wait(py, async move { handle.owned().await })??)
+        blocking::wait(py, async move { handle.owned().await })?.about(py, &self.about)
     }
 
     /// Seconds left on this object's lease; None if not held, 0.0 once the local deadline passed.
@@ -202,12 +215,16 @@ impl PySemaphore {
         if Self::acquire_with(slf, Wait::from_timeout(this.default_timeout))? {
             return Ok(slf.clone());
         }
-        Err(hold::enter_timeout(&this.label(), this.default_timeout))
+        Err(hold::enter_timeout(
+            slf.py(),
+            &this.about,
+            this.default_timeout,
+        ))
     }
 
     #[pyo3(signature = (*exc))]
     fn __exit__(&self, py: Python<'_>, exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
-        hold::exit(py, &self.handle, exc, &self.label())
+        hold::exit(py, &self.handle, exc, &self.about)
     }
 
     // The asyncio side (`redmutex.aio`) awaits these; same semantics as the blocking ones.
@@ -220,14 +237,22 @@ impl PySemaphore {
     ) -> PyResult<Bound<'py, PyAny>> {
         let wait = hold::wait_for(blocking, timeout, slf.get().default_timeout)?;
         let listener = Self::listener_for(slf)?;
-        hold::acquire_async(slf.py(), slf.get().handle.clone(), wait, listener, ())
+        let this = slf.get();
+        hold::acquire_async(
+            slf.py(),
+            this.handle.clone(),
+            wait,
+            listener,
+            (),
+            this.about.clone(),
+        )
     }
 
     fn _enter_async<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         let this = slf.get();
         let wait = Wait::from_timeout(this.default_timeout);
         let listener = Self::listener_for(slf)?;
-        let timeout_error = hold::enter_timeout(&this.label(), this.default_timeout);
+        let timeout_error = hold::enter_timeout(slf.py(), &this.about, this.default_timeout);
         hold::enter_async(
             slf.py(),
             this.handle.clone(),
@@ -235,11 +260,18 @@ impl PySemaphore {
             listener,
             (),
             timeout_error,
+            this.about.clone(),
         )
     }
 
     fn _release_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        hold::release_async(py, self.handle.clone())
+        hold::release_async(py, self.handle.clone(), self.about.clone())
+    }
+
+    /// Gives back the hold with `token` at once (released in Redis in the background), if this
+    /// object still has it: an acquire that succeeded after its task was cancelled.
+    fn _give_back(&self, token: &str) -> bool {
+        hold::give_back(&*self.handle, token)
     }
 
     #[pyo3(signature = (ttl=None))]
@@ -248,20 +280,29 @@ impl PySemaphore {
         py: Python<'py>,
         ttl: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        hold::extend_async(py, self.handle.clone(), hold::extend_lease(ttl)?)
+        hold::extend_async(
+            py,
+            self.handle.clone(),
+            hold::extend_lease(ttl)?,
+            self.about.clone(),
+        )
     }
 
     fn _owned_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        hold::owned_async(py, self.handle.clone())
+        hold::owned_async(py, self.handle.clone(), self.about.clone())
     }
 
     fn _holders_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let handle = self.handle.clone();
-        hold::query_async(py, async move { handle.holders().await })
+        hold::query_async(
+            py,
+            async move { handle.holders().await },
+            self.about.clone(),
+        )
     }
 
     fn _exit_async<'py>(&self, py: Python<'py>, body_raised: bool) -> PyResult<Bound<'py, PyAny>> {
-        hold::exit_awaitable(py, self.handle.clone(), self.label(), body_raised)
+        hold::exit_awaitable(py, self.handle.clone(), self.about.clone(), body_raised)
     }
 
     fn __repr__(&self) -> String {
