@@ -15,6 +15,9 @@ redis-server:
 	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null && command -v redis-benchmark >/dev/null || { \
 	  echo "installing redis-server and redis-tools with apt-get"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null; }
+	@command -v openssl >/dev/null || { \
+	  echo "installing openssl (the TLS tests make their certificates with it) with apt-get"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null; }
 
 $(VENV)/.deps: requirements-dev.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -81,9 +84,11 @@ fmt: venv
 	$(VENV)/bin/ruff format python tests examples benchmarks scripts
 
 # Release artifacts in dist/: the abi3 wheel (one wheel for every CPython >= 3.10) and the sdist.
+# The wheel is linked by zig (the `ziglang` package) against glibc 2.17, so it is tagged
+# manylinux2014 and installs on Ubuntu 20.04, Debian 11, RHEL 8 and Amazon Linux 2 and newer.
 package: venv
 	rm -rf dist
-	$(VENV)/bin/maturin build --release --out dist
+	$(VENV)/bin/maturin build --release --zig --compatibility manylinux2014 --out dist
 	$(VENV)/bin/maturin sdist --out dist
 
 # Installs the wheel, the sdist and `pip install .` into fresh venvs and uses each (slow: the

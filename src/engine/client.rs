@@ -22,10 +22,11 @@ use super::node::{Node, Retry, ServerSeen, Target, Timeouts};
 use super::redlock::Redlock;
 use super::runtime::{self, pid};
 use super::sentinel::Sentinel;
+use super::tls;
 use super::waiting::Gate;
 use super::wake::WakeHub;
 use crate::protocol::keys::{Keys, DEFAULT_FENCE_TTL_MS};
-use crate::protocol::url::{self, Endpoint};
+use crate::protocol::url::Endpoint;
 
 /// The Redis deployment a client talks to.
 #[derive(Clone, Debug)]
@@ -52,9 +53,7 @@ impl ClientConfig {
     /// One server (or Sentinel URL), the common case.
     pub fn single(url_text: &str, prefix: &[u8], timeouts: Timeouts) -> Result<Self> {
         Ok(ClientConfig {
-            deployment: Deployment::Single(Box::new(
-                url::parse_endpoint(url_text).map_err(Error::Invalid)?,
-            )),
+            deployment: Deployment::Single(Box::new(tls::parse_endpoint(url_text)?)),
             prefix: prefix.to_vec(),
             timeouts,
             fence_ttl_ms: DEFAULT_FENCE_TTL_MS,

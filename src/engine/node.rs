@@ -31,6 +31,8 @@ pub enum Retry {
 }
 
 /// What a node connects to.
+// One per client, behind an Arc: the size of `Direct` (a client with TLS settings) is no cost.
+#[allow(clippy::large_enum_variant)]
 pub enum Target {
     /// One server.
     Direct(redis::Client),

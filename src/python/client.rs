@@ -10,6 +10,7 @@ use super::args;
 use super::blocking;
 use super::errors::{type_error, value_error};
 use crate::engine::node::Timeouts;
+use crate::engine::tls;
 use crate::engine::{Client, ClientConfig, Deployment, Error};
 use crate::protocol::keys::DEFAULT_FENCE_TTL_MS;
 use crate::protocol::lease;
@@ -61,7 +62,7 @@ fn redlock_deployment(value: &Bound<'_, PyAny>) -> PyResult<(Deployment, String)
     let mut masters = Vec::with_capacity(urls.len());
     let mut seen: Vec<String> = Vec::new();
     for u in &urls {
-        let endpoint = url::parse_endpoint(u).map_err(Error::Invalid)?;
+        let endpoint = tls::parse_endpoint(u)?;
         // The same master twice would count its vote twice (another db of one server is the
         // same master too). Other names of one server are found at first contact (run_id).
         let identity = match &endpoint {
@@ -180,7 +181,7 @@ impl PyClient {
             }
             (Some(u), None) => {
                 let url_text = text("url", u)?;
-                let endpoint = url::parse_endpoint(&url_text).map_err(Error::Invalid)?;
+                let endpoint = tls::parse_endpoint(&url_text)?;
                 (
                     Deployment::Single(Box::new(endpoint)),
                     url::redact(&url_text),
