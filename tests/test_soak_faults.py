@@ -59,7 +59,12 @@ client = redmutex.Client(url, prefix=prefix, connect_timeout=1.0, command_timeou
 with open(board_path, "r+b") as f:
     board = mmap.mmap(f.fileno(), 0)
 counts = dict(sections=0, valid=0, expired=0, unknown=0, acquire_errors=0, timeouts=0,
-              release_errors=0, cancelled=0, cancel_kept=0)
+              release_errors=0, cancelled=0, cancel_kept=0, lock_errors=0)
+
+def odd(err):
+    # Any other library error (an unexpected reply, say) is a defect: counted and shown.
+    counts["lock_errors"] += 1
+    print(f"{type(err).__name__}: {err}", file=sys.stderr, flush=True)
 out = open(out_path, "w")
 
 def record(start, end, fence, status):
@@ -76,6 +81,10 @@ def run_sync():
         except redmutex.ConnectionError:
             counts["acquire_errors"] += 1
             time.sleep(0.01)
+            continue
+        except redmutex.LockError as err:
+            odd(err)
+            lock = redmutex.Lock(client, name, ttl=ttl, fair=fair, auto_renew=renew)
             continue
         if not got:
             counts["timeouts"] += 1
@@ -96,6 +105,9 @@ def run_sync():
             except redmutex.ConnectionError:
                 counts["release_errors"] += 1
                 time.sleep(0.05)
+            except redmutex.LockError as err:
+                odd(err)
+                break
         board[index] = 0
         if status == "unknown":
             lock = redmutex.Lock(client, name, ttl=ttl, fair=fair, auto_renew=renew)
@@ -123,6 +135,9 @@ async def run_aio():
             counts["acquire_errors"] += 1
             await asyncio.sleep(0.01)
             continue
+        except redmutex.LockError as err:
+            odd(err)
+            continue
         if not got:
             counts["timeouts"] += 1
             continue
@@ -142,6 +157,9 @@ async def run_aio():
             except redmutex.ConnectionError:
                 counts["release_errors"] += 1
                 await asyncio.sleep(0.05)
+            except redmutex.LockError as err:
+                odd(err)
+                break
         board[index] = 0
         record(start, end, fence, status)
         await asyncio.sleep(rng.uniform(0.0, 0.004))
@@ -349,6 +367,12 @@ def test_soak_all_fault_kinds_together(tmp_path: Path) -> None:
         for k, rc in aborts.items():
             err = (tmp_path / f"{k}.err").read_text(errors="replace")[-2000:]
             problems.append(f"{k} exited with {rc}:\n{err}")
+        if totals["lock_errors"]:
+            errs = "".join(
+                (tmp_path / f"worker{i}.err").read_text(errors="replace")[-1500:]
+                for i in range(WORKERS)
+            )
+            problems.append(f"{totals['lock_errors']} unexpected library errors:\n{errs}")
         if totals["cancel_kept"]:
             problems.append(f"{totals['cancel_kept']} cancelled acquires left their object holding")
         assert not problems, "\n".join(p if len(p) < 1500 else p[:1500] + " ..." for p in problems)
