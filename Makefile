@@ -15,6 +15,9 @@ redis-server:
 	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null && command -v redis-benchmark >/dev/null || { \
 	  echo "installing redis-server and redis-tools with apt-get"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null; }
+	@command -v openssl >/dev/null || { \
+	  echo "installing openssl (the TLS tests make their certificates with it) with apt-get"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null; }
 
 $(VENV)/.deps: requirements-dev.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -61,24 +64,31 @@ lint: venv
 	cargo fmt --check
 	cargo clippy -q --all-targets -- -D warnings
 	cargo clippy -q --all-targets --no-default-features -- -D warnings
-	$(VENV)/bin/ruff check python tests examples benchmarks
-	$(VENV)/bin/ruff format --check python tests examples benchmarks
+	$(VENV)/bin/ruff check python tests examples benchmarks scripts
+	$(VENV)/bin/ruff format --check python tests examples benchmarks scripts
 	$(MAKE) --no-print-directory lint-types
 
 # Types: mypy --strict on the package and the examples; stubtest compares _core.pyi with the
-# built extension (hence `build`).
+# built extension (hence `build`); a typed user of every public API (tests/typing/user_module.py)
+# passes mypy --strict and pyright (strict, offline: the PyPI package bundles it); the docs'
+# API page is the one scripts/gen_api_docs.py makes from the docstrings.
 lint-types: venv build
-	$(PY) -m mypy --strict python/redmutex examples
+	$(PY) -m mypy --strict python/redmutex examples scripts
 	$(PY) -m mypy.stubtest redmutex._core
+	$(PY) -m mypy --strict tests/typing/user_module.py
+	$(VENV)/bin/pyright --pythonpath $(PY) tests/typing/user_module.py
+	$(PY) -m pytest -q tests/test_typing.py
 
 fmt: venv
 	cargo fmt
-	$(VENV)/bin/ruff format python tests examples benchmarks
+	$(VENV)/bin/ruff format python tests examples benchmarks scripts
 
 # Release artifacts in dist/: the abi3 wheel (one wheel for every CPython >= 3.10) and the sdist.
+# The wheel is linked by zig (the `ziglang` package) against glibc 2.17, so it is tagged
+# manylinux2014 and installs on Ubuntu 20.04, Debian 11, RHEL 8 and Amazon Linux 2 and newer.
 package: venv
 	rm -rf dist
-	$(VENV)/bin/maturin build --release --out dist
+	$(VENV)/bin/maturin build --release --zig --compatibility manylinux2014 --out dist
 	$(VENV)/bin/maturin sdist --out dist
 
 # Installs the wheel, the sdist and `pip install .` into fresh venvs and uses each (slow: the

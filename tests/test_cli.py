@@ -232,6 +232,16 @@ def test_list_finds_every_kind_with_scan(
         assert _calls(r, "keys") == keys_before  # never KEYS
         assert _calls(r, "scan") > scans_before
         found = {(e["name"], e["kind"]): e for e in data}
+        # What is held or queued (and the stored cache value); an idle name only with --all.
+        assert set(found) == {
+            (odd, "lock"),
+            ("quota", "semaphore"),
+            ("config", "rwlock"),
+            ("user:7", "cache"),
+        }
+        code, data = cli_json("list", "--all", "--redis", redis_url, "--prefix", prefix)
+        assert code == 0
+        found = {(e["name"], e["kind"]): e for e in data}
         assert set(found) == {
             (odd, "lock"),
             ("free-one", "lock"),
@@ -252,6 +262,11 @@ def test_list_finds_every_kind_with_scan(
         assert lines[0].split() == ["KIND", "NAME", "STATE"]
         assert any(line.startswith("lock") and odd in line and "held" in line for line in lines)
         assert any(line.startswith("semaphore") and "quota" in line for line in lines)
+        assert not any("free-one" in line for line in lines)
+        done = run_cli("list", "--all", "--redis", redis_url, "--prefix", prefix)
+        assert any(
+            "free-one" in line and "free, fence" in line for line in done.stdout.splitlines()
+        )
     finally:
         held.release()
         sem.release()
@@ -264,6 +279,7 @@ def test_list_of_an_empty_prefix(redis_url: str, prefix: str) -> None:
     assert done.returncode == 0, done.stderr
     assert "nothing under the prefix" in done.stdout
     assert cli_json("list", "--redis", redis_url, "--prefix", prefix) == (0, [])
+    assert cli_json("list", "--all", "--redis", redis_url, "--prefix", prefix) == (0, [])
 
 
 def test_list_escapes_glob_characters_in_the_prefix(redis_url: str) -> None:
@@ -305,6 +321,7 @@ def test_list_and_status_stay_fast_and_small_with_names_of_megabytes(
                     "-m",
                     "redmutex",
                     "list",
+                    "--all",  # the "bbbb" name holds only a fence counter: an idle name
                     "--redis",
                     redis_url,
                     "--prefix",
@@ -330,7 +347,7 @@ def test_list_and_status_stay_fast_and_small_with_names_of_megabytes(
 
         # --json keeps every name whole.
         started = time.monotonic()
-        code, data = cli_json("list", "--redis", redis_url, "--prefix", prefix)
+        code, data = cli_json("list", "--all", "--redis", redis_url, "--prefix", prefix)
         assert code == 0 and time.monotonic() - started < 30
         assert {e["name"] for e in data} >= set(huge)
 
@@ -385,10 +402,12 @@ def test_release_force_deletes_and_wakes_waiters(
     code, data = cli_json("release", name, "--force", "--redis", redis_url, "--prefix", prefix)
     thread.join(30)
     assert code == 0
-    assert data == {"name": name, "released": True, "holder": holder.token[:8]}  # type: ignore[index]
+    assert data["released"] is True and data["holder"] == holder.token[:8]  # type: ignore[index]
+    assert data["semaphore_holders"] == 0 and data["readers"] == 0
+    assert data["writer"] is None and data["fill"] is None
     # Woken by the release's message, not by the 60 s lease running out.
     assert woke and woke[0] - started < 10
-    assert r.get((prefix + "{" + name + "}:fence").encode()) == str((fence or 0) + 1).encode()
+    assert int(r.get((prefix + "{" + name + "}:fence").encode()) or 0) > (fence or 0)
     with pytest.raises(redmutex.LockLostError):
         holder.release()
 
@@ -549,3 +568,219 @@ def test_usage_errors_are_one_line() -> None:
     assert "--bogus" in one_line_error(run_cli("status", "x", "--bogus"), "python -m redmutex")
     done = run_cli("status", "", "--redis", "redis://127.0.0.1:1/0")
     assert "name: must not be empty" in one_line_error(done)
+
+
+# -- the console script and --version ---------------------------------------------------------
+
+
+def test_version_from_the_console_script_and_python_m() -> None:
+    done = run_cli("--version")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"redmutex {redmutex.__version__}"
+    script = os.path.join(os.path.dirname(sys.executable), "redmutex")
+    assert os.access(script, os.X_OK), f"no console script at {script}"
+    done = subprocess.run(
+        [script, "--version"], check=False, capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"redmutex {redmutex.__version__}"
+    usage = subprocess.run(
+        [script, "status", "--help"], check=False, capture_output=True, text=True, timeout=30
+    )
+    assert usage.returncode == 0 and usage.stdout.startswith("usage: redmutex status ")
+    assert "--cluster" in usage.stdout and "redis+sentinel://" in usage.stdout
+
+
+# -- release --force of every kind of hold ----------------------------------------------------
+
+
+def test_release_force_frees_semaphore_rwlock_and_fill_claim_and_wakes_their_waiters(
+    redis_url: str, prefix: str, client: redmutex.Client
+) -> None:
+    name = name_()
+    holders = [redmutex.Semaphore(client, name, 2, ttl=60) for _ in range(2)]
+    for sem in holders:
+        assert sem.acquire(timeout=5)
+    rw = redmutex.RWLock(client, name, ttl=60)
+    readers = [rw.read() for _ in range(3)]
+    for reader in readers:
+        assert reader.acquire(timeout=5)
+    filling = threading.Event()
+    finish = threading.Event()
+
+    def slow_fill() -> str:
+        filling.set()
+        finish.wait(30)
+        return "first"
+
+    woke: dict[str, float] = {}
+
+    def in_thread(what: str, job: Callable[[], object]) -> threading.Thread:
+        def run() -> None:
+            if job():
+                woke[what] = time.monotonic()
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    other = redmutex.Client(redis_url, prefix=prefix)
+    first_fill = in_thread(
+        "first fill", lambda: redmutex.get_or_fill(client, name, slow_fill, ttl=60, lock_ttl=60)
+    )
+    assert filling.wait(10)
+    threads = [
+        in_thread(
+            "semaphore", lambda: redmutex.Semaphore(other, name, 2, ttl=5).acquire(timeout=30)
+        ),
+        in_thread(
+            "writer", lambda: redmutex.RWLock(other, name, ttl=5).write().acquire(timeout=30)
+        ),
+        in_thread(
+            "cache",
+            lambda: (
+                redmutex.get_or_fill(other, name, lambda: "second", ttl=60, lock_ttl=60, timeout=30)
+                == "second"
+            ),
+        ),
+    ]
+    time.sleep(0.5)  # every waiter has made its first attempt and waits
+    started = time.monotonic()
+    code, data = cli_json(
+        "release", name, "--force", "--yes", "--redis", redis_url, "--prefix", prefix
+    )
+    assert code == 0
+    assert data["released"] is True and data["holder"] is None
+    assert data["semaphore_holders"] == 2 and data["readers"] == 3 and data["writer"] is None
+    assert data["fill"] is not None
+    for thread in threads:
+        thread.join(30)
+    finish.set()
+    first_fill.join(30)
+    # Woken by the forced release's message, not by the 60 s leases running out.
+    for what in ("semaphore", "writer", "cache"):
+        assert what in woke and woke[what] - started < 15, (what, woke)
+    for sem in holders:
+        with pytest.raises(redmutex.LockLostError):
+            sem.release()
+
+
+def test_release_force_says_what_it_freed(
+    redis_url: str, prefix: str, client: redmutex.Client
+) -> None:
+    name = name_()
+    sems = [redmutex.Semaphore(client, name, 5, ttl=60) for _ in range(3)]
+    for sem in sems:
+        assert sem.acquire(timeout=5)
+    writer = redmutex.RWLock(client, name, ttl=60).write()
+    assert writer.acquire(timeout=5)
+    done = run_cli("release", name, "--force", "-y", "--redis", redis_url, "--prefix", prefix)
+    assert done.returncode == 0, done.stderr
+    assert f"freed semaphore {name!r}: 3 holders" in done.stdout
+    assert f"freed rwlock {name!r}: writer {writer.token[:8]}..." in done.stdout  # type: ignore[index]
+    assert "waiters woken" in done.stdout
+    done = run_cli("release", name, "--force", "-y", "--redis", redis_url, "--prefix", prefix)
+    assert done.returncode == 1 and "not released: it is not held" in done.stdout
+
+
+# -- authentication ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", [["status", "x"], ["list"], ["release", "x", "--force", "-y"]])
+def test_authentication_required_and_wrong_password(
+    make_server: Callable[..., RedisServer], command: list[str]
+) -> None:
+    server = make_server(["--requirepass", SECRET])
+    line = one_line_error(run_cli(*command, "--redis", f"redis://127.0.0.1:{server.port}/0"))
+    assert "authentication required" in line, line
+    assert "HELLO" not in line
+    done = run_cli(*command, "--redis", f"redis://:wrong-{SECRET}@127.0.0.1:{server.port}/0")
+    line = one_line_error(done)
+    assert "refused the credentials: wrong password or user" in line, line
+    assert SECRET not in done.stderr + done.stdout
+
+
+# -- every URL form: Redlock lists, Redis Cluster seeds, Sentinel -----------------------------
+
+
+def test_redlock_lists(make_server: Callable[..., RedisServer]) -> None:
+    servers = [make_server() for _ in range(3)]
+    urls = [s.url for s in servers]
+    client = redmutex.Client(urls, prefix="rl:")
+    name = name_()
+    lock = redmutex.Lock(client, name, ttl=60)
+    assert lock.acquire(timeout=5)
+    comma = ["--redis", ",".join(urls), "--prefix", "rl:"]
+    repeated = [a for u in urls for a in ("--redis", u)] + ["--prefix", "rl:"]
+    for form in (comma, repeated):
+        code, data = cli_json("status", name, *form)
+        assert code == 0, data
+        assert data["held"] is True and data["held_on"] == 3 and data["quorum"] == 2
+        assert [m["lock"]["holder"] for m in data["masters"]] == [lock.token[:8]] * 3  # type: ignore[index]
+    code, rows = cli_json("list", *comma)
+    assert code == 0 and sorted(r["master"] for r in rows if r["name"] == name) == sorted(
+        redmutex.Client(u).url for u in urls
+    )
+    done = run_cli("release", name, "--force", "-y", *repeated)
+    assert done.returncode == 0, done.stderr
+    assert "released lock" in done.stdout and "on 3 of 3 masters" in done.stdout
+    assert not lock.locked()
+    code, data = cli_json("status", name, *comma)
+    assert code == 1 and data["held"] is False
+
+
+def test_cluster_seeds() -> None:
+    from _scale_servers import Cluster
+
+    with Cluster(3) as cluster:
+        client = redmutex.Client(cluster=cluster.urls, prefix="c:")
+        names = [name_() for _ in range(6)]  # spread over the three masters' slots
+        sems = [redmutex.Semaphore(client, n, 2, ttl=60) for n in names]
+        for sem in sems:
+            assert sem.acquire(timeout=5)
+        seeds = ["--cluster", ",".join(cluster.urls[:2]), "--prefix", "c:"]
+        code, data = cli_json("status", names[0], *seeds)
+        assert code == 0 and data["semaphore"]["holders"][0]["holder"] == sems[0].token[:8]  # type: ignore[index]
+        code, rows = cli_json("list", *seeds)
+        assert code == 0 and sorted(r["name"] for r in rows) == sorted(names)
+        assert all(r["holders"] == 1 for r in rows)
+        for name in names:
+            done = run_cli(
+                "release", name, "--force", "-y", "--cluster", cluster.urls[2], "--prefix", "c:"
+            )
+            assert done.returncode == 0, done.stderr
+            assert f"freed semaphore {name!r}: 1 holder" in done.stdout
+        code, rows = cli_json("list", *seeds)
+        assert (code, rows) == (0, [])  # nothing held any more
+        line = one_line_error(
+            run_cli("list", "--cluster", cluster.urls[0], "--redis", cluster.urls[0])
+        )
+        assert "either --redis or --cluster" in line
+
+
+def test_sentinel_url() -> None:
+    from _scale_servers import SentinelGroup
+
+    with SentinelGroup() as group:
+        client = redmutex.Client(group.url, prefix="s:")
+        name = name_()
+        lock = redmutex.Lock(client, name, ttl=60)
+        assert lock.acquire(timeout=10)
+        code, data = cli_json("status", name, "--redis", group.url, "--prefix", "s:")
+        assert code == 0 and data["lock"]["holder"] == lock.token[:8]  # type: ignore[index]
+        code, rows = cli_json("list", "--redis", group.url, "--prefix", "s:")
+        assert code == 0 and [r["name"] for r in rows] == [name]
+        done = run_cli("release", name, "--force", "-y", "--redis", group.url, "--prefix", "s:")
+        assert done.returncode == 0, done.stderr
+        assert not lock.locked()
+
+
+@pytest.mark.parametrize("option", ["--cluster", "--redis"])
+def test_unreachable_cluster_or_redlock_is_one_line_without_the_password(option: str) -> None:
+    urls = ",".join(f"redis://:{SECRET}@127.0.0.1:{free_port()}/0" for _ in range(3))
+    if option == "--cluster":
+        urls = urls.replace("/0", "")
+    done = run_cli("list", option, urls)
+    line = one_line_error(done)
+    assert "cannot reach Redis" in line and "***" in line, line
+    assert SECRET not in done.stderr + done.stdout

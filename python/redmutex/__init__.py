@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 from . import _core, metrics
 from ._cache import cached, get_or_fill
-from ._core import Client, Lock, RWLock, Semaphore, __version__
+from ._core import Client, Lock, RWLock, RWLockSide, Semaphore, __version__
 from ._recipes import acquire_lock, locked, redis_lock, release_lock
+from ._types import ClientLike, RedisLike
 from .errors import (
     ConnectionError,
     LockError,
@@ -18,6 +19,7 @@ from .errors import (
     LockNotOwnedError,
     LockTimeoutError,
     QuorumError,
+    SemaphoreLimitError,
 )
 
 if TYPE_CHECKING:
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Client",
+    "ClientLike",
     "ConnectionError",
     "Lock",
     "LockError",
@@ -34,7 +37,10 @@ __all__ = [
     "LockTimeoutError",
     "QuorumError",
     "RWLock",
+    "RWLockSide",
+    "RedisLike",
     "Semaphore",
+    "SemaphoreLimitError",
     "__version__",
     "acquire_lock",
     "cached",

@@ -1,4 +1,4 @@
-"""`python -m redmutex COMMAND`: the command line.
+"""`python -m redmutex COMMAND` (or the `redmutex` console script): the command line.
 
 Each command is a subparser with a handler `(args) -> exit code`: `demo` here, `status`, `list`
 and `release` in `_cli` (exit codes documented there). Every error is one line on stderr and a
@@ -80,9 +80,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
-        prog="python -m redmutex",
+        prog=_prog(),
         description="redmutex: distributed locks on Redis.",
     )
+    parser.add_argument("--version", action="version", version=f"redmutex {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     demo = commands.add_parser(
@@ -104,9 +105,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _prog() -> str:
+    """`redmutex` when run as the console script, `python -m redmutex` otherwise."""
+    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return "redmutex" if script == "redmutex" else "python -m redmutex"
+
+
+def _version() -> str:
+    from redmutex import __version__
+
+    return str(__version__)
+
+
 def _fail(message: str, args: argparse.Namespace | None) -> None:
-    url = getattr(args, "redis", None) or os.environ.get("REDIS_URL")
-    print(f"redmutex: error: {redact(message, url)}", file=sys.stderr)
+    given: list[str] = []
+    for option in ("redis", "cluster"):
+        value = getattr(args, option, None) or []
+        given += [value] if isinstance(value, str) else value
+    urls = given or [os.environ.get("REDIS_URL") or ""]
+    for url in urls:
+        message = redact(message, url or None)
+    print(f"redmutex: error: {redact(message)}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

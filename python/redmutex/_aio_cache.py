@@ -41,6 +41,8 @@ from .errors import LockError
 if TYPE_CHECKING:
     from typing_extensions import Self
 
+    from ._types import ClientLike
+
 __all__ = ["AsyncBoundCachedFunction", "AsyncCachedFunction", "cached", "get_or_fill"]
 
 P = ParamSpec("P")
@@ -271,8 +273,34 @@ async def _refresh(settings: _Settings, key: str, fill: Fill[T], value: Any, pay
     return cast(T, value)
 
 
+@overload
 async def get_or_fill(
-    client: Any,
+    client: ClientLike,
+    key: str,
+    fill: Callable[[], Awaitable[T]],
+    *,
+    ttl: float,
+    lock_ttl: float = 10.0,
+    timeout: float | None = None,
+    serializer: str | Serializer = "pickle",
+    secret: bytes | None = None,
+    beta: float = 1.0,
+) -> T: ...
+@overload
+async def get_or_fill(
+    client: ClientLike,
+    key: str,
+    fill: Callable[[], T],
+    *,
+    ttl: float,
+    lock_ttl: float = 10.0,
+    timeout: float | None = None,
+    serializer: str | Serializer = "pickle",
+    secret: bytes | None = None,
+    beta: float = 1.0,
+) -> T: ...
+async def get_or_fill(
+    client: ClientLike,
     key: str,
     fill: Callable[[], Awaitable[T] | T],
     *,
@@ -304,7 +332,7 @@ async def get_or_fill(
 
 
 def cached(
-    client: Any,
+    client: ClientLike,
     *,
     ttl: float,
     key: str | Callable[..., str] | None = None,

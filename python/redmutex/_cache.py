@@ -71,6 +71,8 @@ from .errors import LockError, LockTimeoutError
 if TYPE_CHECKING:
     from typing_extensions import Self
 
+    from ._types import ClientLike
+
 __all__ = ["BoundCachedFunction", "CachedFunction", "cached", "get_or_fill"]
 
 P = ParamSpec("P")
@@ -367,7 +369,7 @@ def _refresh(settings: _Settings, key: str, fill: Callable[[], T], value: Any, p
 
 
 def get_or_fill(
-    client: Any,
+    client: ClientLike,
     key: str,
     fill: Callable[[], T],
     *,
@@ -406,7 +408,7 @@ def get_or_fill(
 
 
 def cached(
-    client: Any,
+    client: ClientLike,
     *,
     ttl: float,
     key: str | Callable[..., str] | None = None,

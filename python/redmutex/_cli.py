@@ -5,34 +5,44 @@ These commands read the fixed key layout (API.md, "Key layout") with redis-py, a
 dependency needed by these commands only: every key of the primitive named N starts with
 `prefix{N}`, followed by
 
-    :lock, :fence                                        Lock
+    :lock, :fence                                        Lock (the fence counter expires
+                                                         fence_ttl after the last acquisition)
     :queue, :queue:deadlines, :queue:leases              its fair queue: list of tokens, zset of
                                                          places, hash of the lease each one asks
-    :sem:holders, :sem:queue, :sem:queue:deadlines       Semaphore
+    :sem:holders, :sem:limit, :sem:queue,                Semaphore (the limit in use)
+    :sem:queue:deadlines
     :rw:readers, :rw:writer, :rw:writers_waiting         RWLock
     :value, :fill                                        cache entry (get_or_fill, @cached)
+
+Every URL form of `Client` works: one server (`--redis URL`, or $REDIS_URL), a Sentinel-managed
+master (`--redis redis+sentinel://...`), a Redlock's masters (`--redis` given several times, or
+URLs separated by commas: each comma that starts another `scheme://` starts another master, so a
+Sentinel URL's own host list stays whole) and a Redis Cluster (`--cluster URL[,URL...]`, seeds).
+On a Redlock `status` reads every master (held when a quorum is), `list` lists each master, and
+`release` frees on every master; a master that cannot be reached is reported, not fatal, while
+another one answers.
 
 Leases stored as zset scores (semaphore holders, readers, places in a queue) are in milliseconds
 of the Redis server's clock, so "live" is decided against the server's `TIME`, never ours.
 
-Exit codes: `status` 0 when anything under the name is held, 1 when it is free; `release` 0 when
-it released a holder, 1 when there was nothing to release (or the confirmation was declined);
+Exit codes: `status` 0 when anything under the name is held (on a Redlock: on a quorum of
+masters), 1 when it is free; `release` 0 when
+it freed a holder of anything, 1 when there was nothing to free (or the confirmation was declined);
 `list` 0. Any error: 2, with one line on stderr that never contains a password.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
+import re
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 from urllib.parse import parse_qs, unquote, urlsplit
-
-if TYPE_CHECKING:
-    import redis
 
 EXIT_OK = 0
 EXIT_HELD = 0
@@ -55,6 +65,7 @@ SUFFIXES: dict[str, tuple[str, str]] = {
     ":queue:deadlines": ("lock", "queue_deadlines"),
     ":queue:leases": ("lock", "queue_leases"),
     ":sem:holders": ("semaphore", "holders"),
+    ":sem:limit": ("semaphore", "limit"),
     ":sem:queue": ("semaphore", "queue"),
     ":sem:queue:deadlines": ("semaphore", "queue_deadlines"),
     ":rw:readers": ("rwlock", "readers"),
@@ -65,23 +76,33 @@ SUFFIXES: dict[str, tuple[str, str]] = {
 }
 KINDS = ("lock", "semaphore", "rwlock", "cache")
 
-# Deletes the lock key if somebody holds it (and, when ARGV[2] is not empty, only if that is
-# still the holder the user confirmed), then wakes every waiter: an empty message wakes all of
-# them, and in a fair queue the head then takes the lock itself (a release by its holder would
-# grant it to the head directly).
-# KEYS[1] lock key   ARGV[1] wake-up channel   ARGV[2] expected holder token or ''
-# Reply: the token that held the lock; false: nobody held it; {err} the holder changed.
+# Frees everything held under one name, whoever holds it, as the holders' own releases would:
+# the lock (when ARGV[2] is not empty, only if that is still the holder the user confirmed), the
+# semaphore's permits, the RWLock's writer and readers, the cache entry's fill claim. Then one
+# empty message on the wake-up channel wakes every waiter (an empty message names nobody, so it
+# wakes all of them, fair or not); in a fair queue the head then takes what was freed itself.
+# Leases in zsets count only while their end (server ms) is ahead of the server's TIME.
+# KEYS[1] lock   KEYS[2] semaphore holders   KEYS[3] rwlock writer   KEYS[4] rwlock readers
+# KEYS[5] cache fill claim
+# ARGV[1] wake-up channel   ARGV[2] expected lock holder token or ''
+# Reply: {lock token or false, live semaphore holders, writer token or false, live readers,
+#         fill claim token or false}; {err} the lock's holder changed (nothing touched).
 FORCE_RELEASE = """
-local token = redis.call('GET', KEYS[1])
-if not token then
-  return false
-end
-if ARGV[2] ~= '' and token ~= ARGV[2] then
+local lock = redis.call('GET', KEYS[1])
+if ARGV[2] ~= '' and lock ~= ARGV[2] then
   return redis.error_reply('the holder changed meanwhile; nothing released')
 end
-redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[1], '')
-return token
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local holders = redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')
+local writer = redis.call('GET', KEYS[3])
+local readers = redis.call('ZCOUNT', KEYS[4], '(' .. now, '+inf')
+local fill = redis.call('GET', KEYS[5])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+if lock or holders > 0 or writer or readers > 0 or fill then
+  redis.call('PUBLISH', ARGV[1], '')
+end
+return {lock, holders, writer, readers, fill}
 """
 
 
@@ -196,13 +217,78 @@ def redis_kwargs(url: str) -> dict[str, Any]:
     return kwargs
 
 
+# A list of URLs (Redlock) is split at each comma that starts another URL, so a Sentinel URL's
+# own comma-separated sentinel hosts (`redis+sentinel://h1:26379,h2:26379/svc`) stay together.
+_NEXT_URL = re.compile(r",\s*(?=[A-Za-z][A-Za-z0-9+.-]*://)")
+
+
+def split_urls(values: Sequence[str]) -> list[str]:
+    """The URLs of `--redis` given once or several times, each maybe a comma-separated list."""
+    urls: list[str] = []
+    for value in values:
+        urls += [u.strip() for u in _NEXT_URL.split(value) if u.strip()]
+    return urls
+
+
+def sentinel_kwargs(url: str) -> tuple[list[tuple[str, int]], str, dict[str, Any], dict[str, Any]]:
+    """(sentinels, service, master settings, sentinel settings) of a `redis+sentinel://` URL:
+    `redis+sentinel://[user:pass@]host[:port][,host[:port]...]/service[/db]`
+    `[?sentinel_username=U&sentinel_password=P]` (the form the Rust core reads)."""
+    normal = normalize_url(url)
+    scheme, _, rest = normal.partition("://")
+    rest, _, fragment = rest.partition("#")
+    rest, _, query_text = rest.partition("?")
+    netloc, _, path = rest.partition("/")
+    userinfo, at, hosts = netloc.rpartition("@")
+    base: dict[str, Any] = {"socket_connect_timeout": TIMEOUT, "socket_timeout": TIMEOUT}
+    if scheme == "rediss+sentinel":
+        base["ssl"] = True
+        if fragment == "insecure":
+            base["ssl_cert_reqs"] = "none"
+            base["ssl_check_hostname"] = False
+    master: dict[str, Any] = dict(base, decode_responses=False)
+    if at:
+        user, colon, password = userinfo.partition(":")
+        if user:
+            master["username"] = unquote(user)
+        if colon and password:
+            master["password"] = unquote(password)
+    sentinels: list[tuple[str, int]] = []
+    for host in hosts.split(","):
+        parts = urlsplit("//" + host)
+        sentinels.append((parts.hostname or "127.0.0.1", parts.port or 26379))
+    service, _, db = path.partition("/")
+    master["db"] = int(db.strip("/") or "0")
+    query = {key: values[-1] for key, values in parse_qs(query_text).items()}
+    side: dict[str, Any] = dict(base)
+    if query.get("sentinel_username"):
+        side["username"] = query["sentinel_username"]
+    if query.get("sentinel_password"):
+        side["password"] = query["sentinel_password"]
+    return sentinels, unquote(service), master, side
+
+
+@dataclass
+class Node:
+    """One place the keys live: a server, a Sentinel-managed master, or a whole Redis Cluster
+    (redis-py's cluster client routes each name to its slot's node)."""
+
+    conn: Any  # redis.Redis or redis.cluster.RedisCluster
+    shown_url: str
+    cluster: bool = False
+
+
 @dataclass
 class Target:
-    """Where a command looks: a redis-py connection, the URL as it may be shown, the prefix."""
+    """Where a command looks: one node, or the N masters of a Redlock; the prefix."""
 
-    conn: redis.Redis
-    shown_url: str
+    nodes: list[Node]
     prefix: str
+    redlock: bool = False
+
+    @property
+    def shown_url(self) -> str:
+        return ",".join(node.shown_url for node in self.nodes)
 
     def base(self, name: str) -> bytes:
         if not name:
@@ -212,38 +298,105 @@ class Target:
         except UnicodeEncodeError:
             raise CliError("name: must be valid Unicode") from None
 
+    def close(self) -> None:
+        for node in self.nodes:
+            node.conn.close()
+
+
+def _urls(args: argparse.Namespace) -> tuple[list[str], bool]:
+    """(URLs, cluster?) from --cluster, --redis (several times, or comma-separated), $REDIS_URL."""
+    if args.cluster:
+        if args.redis:
+            raise CliError("give either --redis or --cluster, not both")
+        return split_urls(args.cluster), True
+    return split_urls(args.redis or [os.environ.get("REDIS_URL") or DEFAULT_URL]), False
+
 
 def connect(args: argparse.Namespace) -> Target:
     import redmutex
 
-    url = args.redis or os.environ.get("REDIS_URL") or DEFAULT_URL
-    # The core's parser validates the URL (ValueError with the URL redacted) and gives the
+    urls, cluster = _urls(args)
+    if not urls:
+        raise CliError("url: no Redis URL given")
+    # The core's parser validates every URL (ValueError with the URL redacted) and gives the
     # redacted form we may print.
     try:
-        client = redmutex.Client(url, prefix=args.prefix)
+        if cluster:
+            client = redmutex.Client(cluster=urls, prefix=args.prefix)
+        elif len(urls) > 1:
+            client = redmutex.Client(urls, prefix=args.prefix)
+        else:
+            client = redmutex.Client(urls[0], prefix=args.prefix)
     except (ValueError, TypeError) as exc:
         raise CliError(str(exc)) from None
-    shown = client.url
     client.close()
+    shown = [_shown(redmutex, url) for url in urls]
     redis_py = _redis_module()
-    try:
-        kwargs = redis_kwargs(url)
-    except ValueError:
-        raise CliError(f"url: invalid Redis URL '{shown}'") from None
     # One try: a command line reports a refused connection at once rather than retrying.
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
-    kwargs["retry"] = Retry(NoBackoff(), 0)
-    return Target(redis_py.Redis(**kwargs), shown, args.prefix)
+    if cluster:
+        cluster_py: Any = importlib.import_module("redis.cluster")
+
+        seeds = []
+        for url in urls:
+            kwargs = _kwargs(url, shown[0])
+            seeds.append(cluster_py.ClusterNode(kwargs.pop("host"), kwargs.pop("port")))
+        kwargs.pop("db", None)
+        node = Node(None, ",".join(shown), cluster=True)
+        # redis-py's cluster client reads the slot map from a seed as it is made.
+        node.conn = _run(node, cluster_py.RedisCluster, startup_nodes=seeds, **kwargs)
+        return Target([node], args.prefix)
+    nodes = []
+    for url, url_shown in zip(urls, shown):
+        if url.startswith(("redis+sentinel://", "rediss+sentinel://")):
+            sentinel_py: Any = importlib.import_module("redis.sentinel")
+            try:
+                sentinels, service, master, side = sentinel_kwargs(url)
+            except ValueError:
+                raise CliError(f"url: invalid Sentinel URL '{url_shown}'") from None
+            watch = sentinel_py.Sentinel(sentinels, sentinel_kwargs=side, **master)
+            conn = watch.master_for(service, retry=Retry(NoBackoff(), 0), **master)
+        else:
+            kwargs = _kwargs(url, url_shown)
+            kwargs["retry"] = Retry(NoBackoff(), 0)
+            conn = redis_py.Redis(**kwargs)
+        nodes.append(Node(conn, url_shown))
+    return Target(nodes, args.prefix, redlock=len(nodes) > 1)
 
 
-def _redis_failure(exc: Exception, target: Target) -> CliError:
+def _shown(redmutex: Any, url: str) -> str:
+    client = redmutex.Client(url)
+    try:
+        return str(client.url)
+    finally:
+        client.close()
+
+
+def _kwargs(url: str, shown: str) -> dict[str, Any]:
+    try:
+        return redis_kwargs(url)
+    except ValueError:
+        raise CliError(f"url: invalid Redis URL '{shown}'") from None
+
+
+def _redis_failure(exc: Exception, target: Target | Node) -> CliError:
     """One line for a redis-py error (its messages carry host and port, never the password)."""
     from redis import exceptions
 
-    if isinstance(exc, exceptions.AuthenticationError):
-        return CliError(f"Redis at {target.shown_url} refused the credentials: {exc}")
+    # Without a password redis-py's HELLO is refused ("HELLO must be called with the client
+    # already authenticated ..."); with RESP2 a command gets NOAUTH.
+    text = str(exc)
+    if "NOAUTH" in text or "HELLO must be called" in text or "uthentication required" in text:
+        return CliError(
+            f"Redis at {target.shown_url}: authentication required (put the password in the URL:"
+            " redis://[user]:password@host:port/db)"
+        )
+    if isinstance(exc, exceptions.AuthenticationError) or "WRONGPASS" in str(exc):
+        return CliError(
+            f"Redis at {target.shown_url} refused the credentials: wrong password or user"
+        )
     if isinstance(exc, (exceptions.ConnectionError, exceptions.TimeoutError)):
         return CliError(f"cannot reach Redis at {target.shown_url}: {exc}")
     if isinstance(exc, exceptions.ResponseError) and "holder changed" in str(exc):
@@ -251,12 +404,35 @@ def _redis_failure(exc: Exception, target: Target) -> CliError:
     return CliError(f"Redis at {target.shown_url} answered with an error: {exc}")
 
 
-def _run(target: Target, func: Any, *args: Any) -> Any:
-    """`func(*args)` with redis-py's errors turned into one-line CliErrors."""
+def _pipeline(node: Node, transaction: bool) -> Any:
+    pipe = node.conn.pipeline(transaction=transaction)
+    if not node.cluster:
+        pipe.time()
+    return pipe
+
+
+def _with_time(node: Node, key: bytes | None, pipe: Any) -> list[Any]:
+    """[TIME, *replies of pipe]. On one server TIME goes into the pipeline (one snapshot); a
+    cluster pipeline takes no key-less command, so TIME is asked of the node owning `key`."""
+    if not node.cluster:
+        return list(pipe.execute())
+    if key is None:
+        now = node.conn.time()
+    else:
+        now = node.conn.time(target_nodes=node.conn.get_node_from_key(key))
+    return [now, *pipe.execute()]
+
+
+def _run(target: Target | Node, func: Any, *args: Any, **kwargs: Any) -> Any:
+    """`func(*args, **kwargs)` with redis-py's errors turned into one-line CliErrors."""
     from redis import exceptions
 
     try:
-        return func(*args)
+        return func(*args, **kwargs)
+    except exceptions.RedisClusterException as exc:
+        if "cannot be connected" in str(exc):
+            raise CliError(f"cannot reach Redis Cluster at {target.shown_url}: {exc}") from None
+        raise CliError(f"Redis Cluster at {target.shown_url}: {exc}") from None
     except exceptions.RedisError as exc:
         raise _redis_failure(exc, target) from None
 
@@ -329,11 +505,10 @@ class Status:
         return asdict(self)
 
 
-def read_status(target: Target, name: str) -> Status:
+def read_status(target: Target, node: Node, name: str) -> Status:
     """One consistent snapshot (MULTI/EXEC: all keys of a name share one cluster slot)."""
     base = target.base(name)
-    pipe = target.conn.pipeline(transaction=True)
-    pipe.time()
+    pipe = _pipeline(node, transaction=True)
     pipe.get(base + b":lock")
     pipe.pttl(base + b":lock")
     pipe.get(base + b":fence")
@@ -364,7 +539,7 @@ def read_status(target: Target, name: str) -> Status:
         value_pttl,
         fill_token,
         fill_pttl,
-    ) = _run(target, pipe.execute)
+    ) = _run(node, _with_time, node, base, pipe)
     now_ms = seconds * 1000 + micros // 1000
 
     status = Status(name=name, prefix=target.prefix)
@@ -483,12 +658,12 @@ class Entry:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
-def scan_entries(target: Target) -> list[Entry]:
+def scan_entries(target: Target, node: Node) -> list[Entry]:
     """Every primitive under the prefix, found with SCAN (never KEYS), sorted by name and kind."""
     prefix = target.prefix.encode("utf-8")
     pattern = _glob_escape(target.prefix) + "{*"
     found: dict[tuple[str, str], Entry] = {}
-    keys = _run(target, lambda: list(target.conn.scan_iter(match=pattern, count=SCAN_COUNT)))
+    keys = _run(node, lambda: list(node.conn.scan_iter(match=pattern, count=SCAN_COUNT)))
     for key in keys:
         parsed = split_key(key, prefix)
         if parsed is None:
@@ -497,17 +672,16 @@ def scan_entries(target: Target) -> list[Entry]:
         base = key[: key.rfind(b"}") + 1]
         found.setdefault((name, kind), Entry(name, kind, base)).roles.add(role)
     entries = sorted(found.values(), key=lambda e: (e.name, KINDS.index(e.kind)))
-    _describe(target, entries)
+    _describe(node, entries)
     return entries
 
 
-def _describe(target: Target, entries: list[Entry]) -> None:
+def _describe(node: Node, entries: list[Entry]) -> None:
     """Fill in each entry's state with one pipeline per batch of entries."""
     batch = 200
     for start in range(0, len(entries), batch):
         chunk = entries[start : start + batch]
-        pipe = target.conn.pipeline(transaction=False)
-        pipe.time()
+        pipe = _pipeline(node, transaction=False)
         for entry in chunk:
             base = entry.base
             if entry.kind == "lock":
@@ -526,7 +700,7 @@ def _describe(target: Target, entries: list[Entry]) -> None:
                 pipe.pttl(base + b":value")
                 pipe.pttl(base + b":fill")
                 pipe.exists(base + b":value")
-        replies = _run(target, pipe.execute)
+        replies = _run(node, _with_time, node, None, pipe)
         seconds, micros = replies[0]
         now_ms = seconds * 1000 + micros // 1000
         for i, entry in enumerate(chunk):
@@ -608,40 +782,125 @@ def _print_json(data: Any) -> None:
     _write(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+def _each_node(target: Target, func: Any) -> list[tuple[Node, Any]]:
+    """`func(node)` on every node. On a Redlock a master that fails is left out (its error is
+    its result) as long as one answers; when none does, the first error is raised."""
+    results: list[tuple[Node, Any]] = []
+    for node in target.nodes:
+        try:
+            results.append((node, func(node)))
+        except CliError as exc:
+            if not target.redlock:
+                raise
+            results.append((node, exc))
+    if all(isinstance(r, CliError) for _, r in results):
+        raise results[0][1]
+    return results
+
+
+def _quorum(target: Target) -> int:
+    return len(target.nodes) // 2 + 1
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     target = connect(args)
     try:
-        status = read_status(target, args.name)
+        results = _each_node(target, lambda node: read_status(target, node, args.name))
     finally:
-        target.conn.close()
+        target.close()
+    if not target.redlock:
+        status = results[0][1]
+        if args.json:
+            _print_json(status.as_json())
+        else:
+            _print(*status_lines(status))
+        return EXIT_HELD if status.held else EXIT_FREE
+    # A Redlock: each master's view, and held when a quorum of masters says so.
+    held_on = sum(1 for _, r in results if isinstance(r, Status) and r.held)
+    held = held_on >= _quorum(target)
     if args.json:
-        _print_json(status.as_json())
+        masters = [
+            {"url": node.shown_url, "error": str(r)}
+            if isinstance(r, CliError)
+            else {"url": node.shown_url, **r.as_json()}
+            for node, r in results
+        ]
+        _print_json(
+            {
+                "name": args.name,
+                "prefix": target.prefix,
+                "held": held,
+                "held_on": held_on,
+                "quorum": _quorum(target),
+                "masters": masters,
+            }
+        )
     else:
-        _print(*status_lines(status))
-    return EXIT_HELD if status.held else EXIT_FREE
+        lines = [
+            (
+                f"redlock:   {'held' if held else 'free'} (held on {held_on} of"
+                f" {len(results)} masters, quorum {_quorum(target)})"
+            )
+        ]
+        for i, (node, r) in enumerate(results, 1):
+            lines.append(f"-- master {i}: {node.shown_url}")
+            lines += [f"error:     {r}"] if isinstance(r, CliError) else list(status_lines(r))
+        _print(*lines)
+    return EXIT_HELD if held else EXIT_FREE
+
+
+def _active(entry: Entry) -> bool:
+    """Held, queued for, or (a cache entry) storing a value: not just an idle fence counter."""
+    d = entry.detail
+    return any(d.get(k) for k in ("held", "waiters", "writers_waiting", "stored"))
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     target = connect(args)
     try:
-        entries = scan_entries(target)
+        results = _each_node(target, lambda node: scan_entries(target, node))
     finally:
-        target.conn.close()
+        target.close()
+    if not args.all:
+        results = [
+            (node, r if isinstance(r, CliError) else [e for e in r if _active(e)])
+            for node, r in results
+        ]
     if args.json:
-        _print_json([{"name": e.name, "kind": e.kind, **e.detail} for e in entries])
+        rows = []
+        for node, entries in results:
+            if isinstance(entries, CliError):
+                rows.append({"master": node.shown_url, "error": str(entries)})
+                continue
+            for e in entries:
+                row = {"name": e.name, "kind": e.kind, **e.detail}
+                if target.redlock:
+                    row["master"] = node.shown_url
+                rows.append(row)
+        _print_json(rows)
         return EXIT_OK
-    if not entries:
-        _print(f"nothing under the prefix {target.prefix!r}")
-        return EXIT_OK
+    for node, entries in results:
+        if target.redlock:
+            _print(f"-- master {node.shown_url}")
+        if isinstance(entries, CliError):
+            _print(f"error: {entries}")
+        elif not entries:
+            idle = "" if args.all else " held or queued (--all also shows idle fence counters)"
+            _print(f"nothing under the prefix {target.prefix!r}{idle}")
+        else:
+            _print(*_table(entries))
+    return EXIT_OK
+
+
+def _table(entries: list[Entry]) -> list[str]:
     # Names are shortened to NAME_SHOWN characters, so a name of megabytes neither widens
     # every row nor floods the terminal.
     names = [shown_name(e.name) for e in entries]
     width = max(len("NAME"), *(len(n) for n in names))
-    _print(
+    return [
         f"{'KIND':<10} {'NAME':<{width}}  STATE",
         *(f"{e.kind:<10} {n:<{width}}  {e.state}" for e, n in zip(entries, names)),
-    )
-    return EXIT_OK
+    ]
 
 
 def _confirm(question: str) -> bool:
@@ -649,6 +908,57 @@ def _confirm(question: str) -> bool:
     sys.stderr.flush()
     answer = sys.stdin.readline()
     return answer.strip().lower() in ("y", "yes")
+
+
+@dataclass
+class Freed:
+    """What a forced release took away on one node."""
+
+    lock: str | None = None  # first characters of the lock holder's token
+    semaphore: int = 0  # live semaphore holders
+    writer: str | None = None
+    readers: int = 0
+    fill: str | None = None
+
+    def any(self) -> bool:
+        return bool(self.lock or self.semaphore or self.writer or self.readers or self.fill)
+
+    def add(self, other: Freed) -> None:
+        """Counts the holders freed on another Redlock master (tokens: the first seen)."""
+        self.lock = self.lock or other.lock
+        self.writer = self.writer or other.writer
+        self.fill = self.fill or other.fill
+        self.semaphore = max(self.semaphore, other.semaphore)
+        self.readers = max(self.readers, other.readers)
+
+    def phrases(self, name: str) -> list[str]:
+        said = []
+        if self.lock:
+            said.append(f"released lock {name!r} (held by {self.lock}...)")
+        if self.semaphore:
+            s = "s" if self.semaphore != 1 else ""
+            said.append(f"freed semaphore {name!r}: {self.semaphore} holder{s}")
+        if self.writer or self.readers:
+            sides = ([f"writer {self.writer}..."] if self.writer else []) + (
+                [f"{self.readers} reader{'s' if self.readers != 1 else ''}"] if self.readers else []
+            )
+            said.append(f"freed rwlock {name!r}: {', '.join(sides)}")
+        if self.fill:
+            said.append(f"freed the cache fill claim of {name!r} (held by {self.fill}...)")
+        return said
+
+
+def _force_release(target: Target, node: Node, base: bytes, expected: bytes) -> Freed:
+    keys = [base + s for s in (b":lock", b":sem:holders", b":rw:writer", b":rw:readers", b":fill")]
+    reply = _run(node, node.conn.eval, FORCE_RELEASE, len(keys), *keys, base + b":wake", expected)
+    lock, holders, writer, readers, fill = (list(reply) + [None] * 5)[:5]
+    return Freed(
+        lock=_short(lock) if lock else None,
+        semaphore=int(holders or 0),
+        writer=_short(writer) if writer else None,
+        readers=int(readers or 0),
+        fill=_short(fill) if fill else None,
+    )
 
 
 def cmd_release(args: argparse.Namespace) -> int:
@@ -660,55 +970,94 @@ def cmd_release(args: argparse.Namespace) -> int:
     target = connect(args)
     try:
         base = target.base(args.name)
-        expected = b""
+        expected: dict[int, bytes] = {}
         if not args.yes and sys.stdin.isatty():
-            pipe = target.conn.pipeline(transaction=True)
-            pipe.get(base + b":lock")
-            pipe.pttl(base + b":lock")
-            token, pttl = _run(target, pipe.execute)
-            holder = _hold_of_string(token, pttl)
-            if token is None or holder is None:
-                return _not_released(args, "it is not held")
-            if not _confirm(f"Release lock {args.name!r} held by {_lease(holder)}?"):
+            # Ask with what each node holds now; the lock is then released only if its holder
+            # is still the one the user saw.
+            seen = _each_node(target, lambda node: read_status(target, node, args.name))
+            held = [(n, st) for n, st in seen if isinstance(st, Status) and st.held]
+            if not held:
+                return _not_released(args, "nothing is held under this name")
+            for i, node in enumerate(target.nodes):
+                token = _run(node, node.conn.get, base + b":lock")
+                expected[i] = token or b""
+            what = _held_summary(held[0][1])
+            if not _confirm(f"Release {what}?"):
                 return _not_released(args, "not confirmed")
-            expected = token
-        released = _run(
+        freed = Freed()
+        done = _each_node(
             target,
-            target.conn.eval,
-            FORCE_RELEASE,
-            1,
-            base + b":lock",
-            base + b":wake",
-            expected,
+            lambda node: _force_release(
+                target, node, base, expected.get(target.nodes.index(node), b"")
+            ),
         )
     finally:
-        target.conn.close()
-    if released is None:
+        target.close()
+    masters = 0
+    for _, result in done:
+        if isinstance(result, Freed) and result.any():
+            freed.add(result)
+            masters += 1
+    if not freed.any():
         return _not_released(args, "it is not held")
-    was_held_by = _short(released)
     if args.json:
-        _print_json({"name": args.name, "released": True, "holder": was_held_by})
+        data: dict[str, Any] = {
+            "name": args.name,
+            "released": True,
+            "holder": freed.lock,
+            "semaphore_holders": freed.semaphore,
+            "writer": freed.writer,
+            "readers": freed.readers,
+            "fill": freed.fill,
+        }
+        if target.redlock:
+            data["masters"] = masters
+        _print_json(data)
     else:
-        _print(f"released lock {args.name!r} (held by {was_held_by}...); waiters woken")
+        on = f" on {masters} of {len(target.nodes)} masters" if target.redlock else ""
+        _print("; ".join(freed.phrases(args.name)) + f"{on}; waiters woken")
     return EXIT_OK
+
+
+def _held_summary(status: Status) -> str:
+    parts = []
+    if status.lock is not None:
+        parts.append(f"lock {status.name!r} held by {_lease(status.lock)}")
+    if status.semaphore and status.semaphore["holders"]:
+        parts.append(f"semaphore {status.name!r} ({len(status.semaphore['holders'])} holders)")
+    if status.rwlock and (status.rwlock["writer"] or status.rwlock["readers"]):
+        parts.append(f"rwlock {status.name!r}")
+    if status.cache and status.cache["filling"]:
+        parts.append(f"the cache fill claim of {status.name!r}")
+    return ", ".join(parts)
 
 
 def _not_released(args: argparse.Namespace, why: str) -> int:
     if args.json:
         _print_json({"name": args.name, "released": False, "reason": why})
     else:
-        _print(f"lock {args.name!r} not released: {why}")
+        _print(f"{args.name!r} not released: {why}")
     return EXIT_FREE
 
 
 # -- wiring into `python -m redmutex` ----------------------------------------------------------
 
 
+URL_HELP = (
+    "Redis URL: redis://, rediss://, redis+unix://, unix:// or"
+    " redis+sentinel://[user:pass@]host[:port][,host[:port]...]/service[/db]. Give --redis several"
+    " times, or URLs separated by commas, for the masters of a Redlock (default: $REDIS_URL,"
+    f" else {DEFAULT_URL})"
+)
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--redis", metavar="URL", action="append", help=URL_HELP)
     parser.add_argument(
-        "--redis",
-        metavar="URL",
-        help=f"Redis URL (default: $REDIS_URL, else {DEFAULT_URL})",
+        "--cluster",
+        metavar="URL[,URL...]",
+        action="append",
+        help="seed nodes of a Redis Cluster (one is enough; may be given several times)",
     )
     parser.add_argument(
         "--prefix",
@@ -733,23 +1082,30 @@ def add_commands(commands: argparse._SubParsersAction[Any]) -> None:
 
     listing = commands.add_parser(
         "list",
-        help="every lock, semaphore, rwlock and cache entry under the prefix (SCAN)",
+        help="what is held or queued under the prefix (SCAN); --all also idle fence counters",
         description="Lists every lock, semaphore, read-write lock and cache entry under the"
-        " prefix, found with SCAN (never KEYS), with its state. Exit code: 0, 2 on error.",
+        " prefix that is held, has waiters or (cache) stores a value, found with SCAN (never"
+        " KEYS), with its state; --all also lists the idle ones (a lock's fence counter lives"
+        " fence_ttl after its last acquisition). Exit code: 0, 2 on error.",
+    )
+    listing.add_argument(
+        "--all", action="store_true", help="also list idle names (only a fence counter left)"
     )
     _common(listing)
     listing.set_defaults(handler=cmd_list)
 
     release = commands.add_parser(
         "release",
-        help="break a lock: delete its key and wake its waiters (needs --force)",
-        description="Deletes the lock NAME whoever holds it and wakes its waiters, as a release"
-        " would. The holder is not told: its next extend or release raises LockLostError. Asks"
-        " for confirmation on a terminal unless --yes. Exit code: 0 released, 1 nothing"
-        " released (not held, or not confirmed), 2 error.",
+        help="break whatever is held under NAME and wake its waiters (needs --force)",
+        description="Frees everything held under NAME, whoever holds it: the lock, the"
+        " semaphore's holders, the read-write lock's writer and readers, the cache entry's fill"
+        " claim; then wakes their waiters, as a release would. Holders are not told: their next"
+        " extend or release raises LockLostError. Asks for confirmation on a terminal unless"
+        " --yes. Says what it freed (e.g. \"freed semaphore 's': 3 holders\"). Exit code: 0"
+        " something freed, 1 nothing freed (nothing held, or not confirmed), 2 error.",
     )
     release.add_argument("name", metavar="NAME")
-    release.add_argument("--force", action="store_true", help="required: yes, break the lock")
+    release.add_argument("--force", action="store_true", help="required: yes, break it")
     release.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     _common(release)
     release.set_defaults(handler=cmd_release)

@@ -1,11 +1,15 @@
 """Turning what users pass as `client` into a `redmutex.Client`.
 
 A `Client`, a URL string, or a redis-py `redis.Redis` (whose host, port, db, username, password,
-TLS and unix-socket settings are reused; the Rust core opens its own connections).
+TLS (CA, client certificate, checks: as `?ssl_...` URL options) and unix-socket settings are
+reused; the Rust core opens its own connections).
 """
 
 from __future__ import annotations
 
+import inspect
+import os
+import ssl
 import threading
 import weakref
 from typing import Any
@@ -68,12 +72,52 @@ def cluster_urls_of_redis_py(redis_client: Any) -> list[str] | None:
         return None
     kwargs = getattr(manager, "connection_kwargs", None) or {}
     scheme = "rediss" if kwargs.get("ssl") else "redis"
+    if kwargs.get("ssl") and any(kwargs.get(k) for k in ("ssl_ca_certs", "ssl_certfile")):
+        raise ValueError(
+            "client: the TLS certificates (ssl_ca_certs, ssl_certfile) of a redis-py "
+            "RedisCluster are not supported by redmutex yet"
+        )
     userinfo = _userinfo(kwargs.get("username"), kwargs.get("password"))
     return [
         f"{scheme}://{userinfo}{_host_port(node.host, node.port, 6379)}/0"
         for node in get_nodes()
         if getattr(node, "server_type", "primary") == "primary"
     ]
+
+
+# redis-py TLS settings that have no counterpart here: refused rather than dropped.
+_UNSUPPORTED_TLS = ("ssl_ca_path", "ssl_ca_data", "ssl_password")
+
+
+def _tls_query(kwargs: dict[str, Any], connection_class: Any) -> str:
+    """The `?ssl_...` query that carries a redis-py SSLConnection's CA, client certificate and
+    checks over to the URL (empty when everything is at the secure default)."""
+    for name in _UNSUPPORTED_TLS:
+        if kwargs.get(name):
+            raise ValueError(
+                f"client: the redis-py client's {name} is not supported by redmutex; give the "
+                "CA as ssl_ca_certs and the client key unencrypted (PEM files)"
+            )
+    query: dict[str, str] = {}
+    for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
+        value = kwargs.get(name)
+        if value:
+            query[name] = os.fspath(value)
+    reqs = kwargs.get("ssl_cert_reqs", "required")
+    if reqs is None or reqs == ssl.CERT_NONE or str(reqs).lower() == "none":
+        query["ssl_cert_reqs"] = "none"
+    else:
+        # redis-py's own default when the client was made without the argument.
+        default = True
+        try:
+            parameter = inspect.signature(connection_class).parameters.get("ssl_check_hostname")
+            if parameter is not None and isinstance(parameter.default, bool):
+                default = parameter.default
+        except (TypeError, ValueError):
+            pass
+        if not kwargs.get("ssl_check_hostname", default):
+            query["ssl_check_hostname"] = "false"
+    return f"?{urlencode(query)}" if query else ""
 
 
 def url_of_redis_py(redis_client: Any) -> tuple[str, float | None, float | None]:
@@ -105,8 +149,8 @@ def url_of_redis_py(redis_client: Any) -> tuple[str, float | None, float | None]
             host = f"[{host}]"
         port = int(kwargs.get("port") or 6379)
         url = f"{scheme}://{_userinfo(username, password)}{host}:{port}/{db}"
-        if tls and kwargs.get("ssl_cert_reqs") in ("none", None, 0):
-            url += "#insecure"
+        if tls:
+            url += _tls_query(kwargs, connection_class)
     return url, kwargs.get("socket_connect_timeout"), kwargs.get("socket_timeout")
 
 

@@ -7,9 +7,11 @@ except a lease (`ttl`, `lock_ttl`): None there is a TypeError (a lease is never 
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, Protocol, TypeAlias, final
+from typing import Literal, TypeAlias, final
 
 from typing_extensions import Self
+
+from redmutex._types import ClientLike, RedisLike
 
 __all__ = [
     "CACHE_BUSY",
@@ -31,202 +33,314 @@ __all__ = [
 
 __version__: str
 
-class _RedisPyLike(Protocol):
-    """A redis-py client (`redis.Redis`): its connection pool's settings are reused."""
-
-    @property
-    def connection_pool(self) -> Any: ...
-
-# What every `client` argument accepts: a Client, a URL string, or a redis-py client.
-_ClientLike: TypeAlias = Client | str | _RedisPyLike
-_Seconds: TypeAlias = float
-
 @final
 class LoopWaker:
     """One event loop's end of the asyncio bridge (see redmutex._aio_bridge)."""
 
     def __new__(cls) -> LoopWaker: ...
-    def fileno(self) -> int: ...
-    def drain(self) -> None: ...
+    def fileno(self) -> int:
+        """The file descriptor the loop watches."""
+    def drain(self) -> None:
+        """Empties the wake-up pipe."""
 
 @final
 class Client:
+    """A connection to Redis for the primitives: one server, a Redlock set or a Cluster.
+
+    `Client(url="redis://127.0.0.1:6379/0", *, prefix="redmutex:", connect_timeout=5.0,
+    command_timeout=5.0, fence_ttl=86400.0)`. `url` is a `redis://`, `rediss://` (TLS), `unix://` or
+    `redis+unix://` URL (password never shown); a list of URLs is a Redlock set of independent
+    masters (quorum N//2+1); `cluster=[seed, ...]` is a Redis Cluster. Constructing does not
+    connect: a bad URL raises ValueError now, an unreachable server ConnectionError at first use.
+    None for any argument means its default.
+    """
+
     def __new__(
         cls,
         url: str | Sequence[str] | None = None,
         *,
         prefix: str | None = None,
-        connect_timeout: _Seconds | None = None,
-        command_timeout: _Seconds | None = None,
+        connect_timeout: float | None = None,
+        command_timeout: float | None = None,
         cluster: Sequence[str] | None = None,
+        fence_ttl: float | None = None,
     ) -> Self: ...
     @classmethod
-    def from_redis(cls, redis_client: _RedisPyLike) -> Client: ...
-    def ping(self) -> bool: ...
-    def close(self) -> None: ...
+    def from_redis(cls, redis_client: RedisLike) -> Client:
+        """A Client with the host, port, db, user, password, TLS and socket settings of a
+        redis-py client (which is not used itself: the core opens its own connections)."""
+    def ping(self) -> bool:
+        """True when Redis answers; raises `redmutex.ConnectionError` otherwise."""
+    def close(self) -> None:
+        """Closes the connections (also done on leaving `with Client(...)`)."""
     @property
-    def prefix(self) -> str: ...
+    def fence_ttl(self) -> float:
+        """Seconds a name's fencing counter lives after its last acquisition (default 86400.0)."""
+    @property
+    def prefix(self) -> str:
+        """The key prefix of every primitive (default "redmutex:")."""
     @property
     def url(self) -> str:
         """The URL with any password redacted."""
-    def __enter__(self) -> Self: ...
+    def __enter__(self) -> Self:
+        """`with Client(...) as client:` closes the client on leaving."""
     def __exit__(self, *_exc: object) -> Literal[False]: ...
 
 @final
 class Lock:
+    """A distributed mutex named `name` on Redis: `with Lock(client, "name", ttl=5): ...`.
+
+    `ttl: float = 10.0`: the lease in seconds (never None: a lease is never infinite; use
+    `auto_renew=True` for long holds). `timeout: float | None = None`: the default wait of
+    `acquire()` and `with`; None (or `math.inf`) waits forever, 0 tries once.
+    `auto_renew=False`: extend the lease every ttl/3 in the background while held.
+    `fair=False`: True serves waiters in arrival order (FIFO). `replicas=0`: k > 0 requires k
+    replicas to acknowledge the lock write (Redis WAIT). `on_lost=None`: called once with the
+    lock, from a background thread, when renewal finds the lease lost.
+    Not re-entrant; ownership belongs to this object. Waiters are woken, never poll.
+    """
+
     def __new__(
         cls,
-        client: _ClientLike,
+        client: ClientLike,
         name: str,
         *,
-        ttl: _Seconds = 10.0,
-        timeout: _Seconds | None = None,
+        ttl: float = 10.0,
+        timeout: float | None = None,
         auto_renew: bool | None = None,
         fair: bool | None = None,
         replicas: int | None = None,
         on_lost: Callable[[Lock], object] | None = None,
     ) -> Self: ...
-    def acquire(self, blocking: bool | None = None, timeout: _Seconds | None = None) -> bool: ...
-    def release(self) -> None: ...
-    def extend(self, ttl: _Seconds | None = None) -> None: ...
-    def locked(self) -> bool: ...
-    def owned(self) -> bool: ...
-    def remaining(self) -> float | None: ...
+    def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
+        """Takes the lock; True when acquired, False when the wait ended first.
+
+        `blocking`: None or True waits, False tries once. `timeout`: None means the
+        constructor's timeout (whose default None waits forever), `math.inf` forever, 0 once.
+        Raises LockError if this object already holds it.
+        """
+    def release(self) -> None:
+        """Releases the hold. LockNotOwnedError when this object holds nothing, LockLostError
+        when the lease expired or another owner has the lock."""
+    def extend(self, ttl: float | None = None) -> None:
+        """The lease now ends `ttl` seconds from now (None: the lock's own ttl). Raises like
+        release()."""
+    def locked(self) -> bool:
+        """True when anybody holds the lock (asks Redis)."""
+    def owned(self) -> bool:
+        """True when this object holds the lock, checked against Redis."""
+    def remaining(self) -> float | None:
+        """Seconds left on this object's lease (local clock); None when not held, 0.0 once
+        the deadline passed."""
     @property
-    def token(self) -> str | None: ...
+    def token(self) -> str | None:
+        """The owner identifier of the current hold (32 hex chars), None when not held."""
     @property
-    def fence(self) -> int | None: ...
+    def fence(self) -> int | None:
+        """The fencing token of the current hold: strictly increasing across acquisitions of
+        this name; None when not held."""
     @property
-    def lost(self) -> bool: ...
+    def lost(self) -> bool:
+        """True once this hold was found lost (by renewal, extend or release)."""
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The lock's name."""
     @property
-    def ttl(self) -> float: ...
+    def ttl(self) -> float:
+        """The lease in seconds."""
     @property
-    def client(self) -> Client: ...
-    def __enter__(self) -> Self: ...
-    def __exit__(self, *exc: object) -> Literal[False]: ...
+    def client(self) -> Client:
+        """The Client this lock talks through."""
+    def __enter__(self) -> Self:
+        """Acquires with the constructor's timeout; LockTimeoutError when not acquired."""
+    def __exit__(self, *exc: object) -> Literal[False]:
+        """Releases; LockLostError if the lease was lost while the block ran (when the block
+        raised, its exception propagates and the loss is logged)."""
     # Awaited by redmutex.aio.Lock; same semantics as the blocking methods.
     def _acquire_async(
-        self, blocking: bool | None = None, timeout: _Seconds | None = None
+        self, blocking: bool | None = None, timeout: float | None = None
     ) -> asyncio.Future[bool]: ...
     def _enter_async(self) -> asyncio.Future[None]: ...
     def _release_async(self) -> asyncio.Future[None]: ...
     def _give_back(self, token: str) -> bool: ...
-    def _extend_async(self, ttl: _Seconds | None = None) -> asyncio.Future[None]: ...
+    def _extend_async(self, ttl: float | None = None) -> asyncio.Future[None]: ...
     def _owned_async(self) -> asyncio.Future[bool]: ...
     def _locked_async(self) -> asyncio.Future[bool]: ...
     def _exit_async(self, body_raised: bool) -> asyncio.Future[bool]: ...
 
 @final
 class Semaphore:
+    """At most `limit` holders of `name` at once: `with Semaphore(client, "jobs", 3): ...`.
+
+    `ttl: float = 10.0`: each holder's lease in seconds (a dead holder stops counting when it
+    ends). `timeout: float | None = None`: the default wait of `acquire()` and `with`; None
+    waits forever, 0 tries once. `fair=True`: waiters in arrival order. `auto_renew=False`,
+    `on_lost=None`: as for Lock. An acquire with a `limit` different from the live one raises
+    SemaphoreLimitError naming both.
+    """
+
     def __new__(
         cls,
-        client: _ClientLike,
+        client: ClientLike,
         name: str,
         limit: int,
         *,
-        ttl: _Seconds = 10.0,
-        timeout: _Seconds | None = None,
+        ttl: float = 10.0,
+        timeout: float | None = None,
         fair: bool | None = None,
         auto_renew: bool | None = None,
         on_lost: Callable[[Semaphore], object] | None = None,
     ) -> Self: ...
-    def acquire(self, blocking: bool | None = None, timeout: _Seconds | None = None) -> bool: ...
-    def release(self) -> None: ...
-    def extend(self, ttl: _Seconds | None = None) -> None: ...
-    def holders(self) -> int: ...
-    def owned(self) -> bool: ...
-    def remaining(self) -> float | None: ...
+    def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
+        """Takes one of the `limit` places; True when acquired, False when the wait ended.
+
+        `blocking`: None or True waits, False tries once. `timeout`: None means the
+        constructor's timeout (whose default None waits forever), `math.inf` forever, 0 once.
+        """
+    def release(self) -> None:
+        """Gives the place back. LockNotOwnedError when this object holds none, LockLostError
+        when its lease expired."""
+    def extend(self, ttl: float | None = None) -> None:
+        """This holder's lease now ends `ttl` seconds from now (None: the semaphore's ttl)."""
+    def holders(self) -> int:
+        """The number of live holders."""
+    def owned(self) -> bool:
+        """True when this object holds a place, checked against Redis."""
+    def remaining(self) -> float | None:
+        """Seconds left on this object's lease; None when not held."""
     @property
-    def token(self) -> str | None: ...
+    def token(self) -> str | None:
+        """The identifier of this object's hold, None when not held."""
     @property
-    def lost(self) -> bool: ...
+    def lost(self) -> bool:
+        """True once this hold was found lost."""
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The semaphore's name."""
     @property
-    def limit(self) -> int: ...
+    def limit(self) -> int:
+        """The most holders at once."""
     @property
-    def ttl(self) -> float: ...
+    def ttl(self) -> float:
+        """Each holder's lease in seconds."""
     @property
-    def fair(self) -> bool: ...
+    def fair(self) -> bool:
+        """True when waiters are served in arrival order."""
     @property
-    def client(self) -> Client: ...
-    def __enter__(self) -> Self: ...
-    def __exit__(self, *exc: object) -> Literal[False]: ...
+    def client(self) -> Client:
+        """The Client this semaphore talks through."""
+    def __enter__(self) -> Self:
+        """Acquires with the constructor's timeout; LockTimeoutError when not acquired."""
+    def __exit__(self, *exc: object) -> Literal[False]:
+        """Releases; LockLostError if the lease was lost while the block ran."""
     # Awaited by redmutex.aio.Semaphore; same semantics as the blocking methods.
     def _acquire_async(
-        self, blocking: bool | None = None, timeout: _Seconds | None = None
+        self, blocking: bool | None = None, timeout: float | None = None
     ) -> asyncio.Future[bool]: ...
     def _enter_async(self) -> asyncio.Future[None]: ...
     def _release_async(self) -> asyncio.Future[None]: ...
     def _give_back(self, token: str) -> bool: ...
-    def _extend_async(self, ttl: _Seconds | None = None) -> asyncio.Future[None]: ...
+    def _extend_async(self, ttl: float | None = None) -> asyncio.Future[None]: ...
     def _owned_async(self) -> asyncio.Future[bool]: ...
     def _holders_async(self) -> asyncio.Future[int]: ...
     def _exit_async(self, body_raised: bool) -> asyncio.Future[bool]: ...
 
 @final
 class RWLock:
+    """A read-write lock: `with rw.read(): ...` (many readers) or `with rw.write(): ...` (one
+    writer, no readers; a waiting writer holds back new readers).
+
+    `ttl: float = 10.0`: each side's lease. `timeout: float | None = None`: the default wait;
+    None waits forever, 0 tries once. `auto_renew=False`, `on_lost=None` (called with the
+    RWLockSide): as for Lock. A read->write upgrade through one RWLock raises LockError.
+    """
+
     def __new__(
         cls,
-        client: _ClientLike,
+        client: ClientLike,
         name: str,
         *,
-        ttl: _Seconds = 10.0,
-        timeout: _Seconds | None = None,
+        ttl: float = 10.0,
+        timeout: float | None = None,
         auto_renew: bool | None = None,
         on_lost: Callable[[RWLockSide], object] | None = None,
     ) -> Self: ...
-    def read(self) -> RWLockSide: ...
-    def write(self) -> RWLockSide: ...
-    def locked(self) -> bool: ...
-    def readers(self) -> int: ...
+    def read(self) -> RWLockSide:
+        """A new read lock of this RWLock (shared with other readers)."""
+    def write(self) -> RWLockSide:
+        """A new write lock of this RWLock (exclusive)."""
+    def locked(self) -> bool:
+        """True when a writer holds it (readers do not count)."""
+    def readers(self) -> int:
+        """The number of live readers."""
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The RWLock's name."""
     @property
-    def ttl(self) -> float: ...
+    def ttl(self) -> float:
+        """Each side's lease in seconds."""
     @property
-    def auto_renew(self) -> bool: ...
+    def auto_renew(self) -> bool:
+        """True when held sides renew their lease in the background."""
     @property
-    def client(self) -> Client: ...
+    def client(self) -> Client:
+        """The Client this RWLock talks through."""
     # Awaited by redmutex.aio.RWLock.
     def _locked_async(self) -> asyncio.Future[bool]: ...
     def _readers_async(self) -> asyncio.Future[int]: ...
 
 @final
 class RWLockSide:
-    """The read or the write lock of an RWLock (made by `RWLock.read()` / `RWLock.write()`)."""
+    """The read or the write lock of an RWLock (made by `RWLock.read()` / `RWLock.write()`),
+    with the acquire/release/extend/owned methods and `with` behaviour of Lock."""
 
-    def acquire(self, blocking: bool | None = None, timeout: _Seconds | None = None) -> bool: ...
-    def release(self) -> None: ...
-    def extend(self, ttl: _Seconds | None = None) -> None: ...
-    def locked(self) -> bool: ...
-    def owned(self) -> bool: ...
-    def remaining(self) -> float | None: ...
+    def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
+        """Takes this side; True when acquired, False when the wait ended first.
+
+        `blocking`: None or True waits, False tries once. `timeout`: None means the RWLock's
+        timeout (whose default None waits forever), `math.inf` forever, 0 once.
+        """
+    def release(self) -> None:
+        """Releases this side; LockNotOwnedError / LockLostError as for Lock.release()."""
+    def extend(self, ttl: float | None = None) -> None:
+        """This side's lease now ends `ttl` seconds from now (None: the RWLock's ttl)."""
+    def locked(self) -> bool:
+        """True when a writer holds the RWLock."""
+    def owned(self) -> bool:
+        """True when this object holds its side, checked against Redis."""
+    def remaining(self) -> float | None:
+        """Seconds left on this side's lease; None when not held."""
     @property
-    def token(self) -> str | None: ...
+    def token(self) -> str | None:
+        """The identifier of this side's hold, None when not held."""
     @property
-    def lost(self) -> bool: ...
+    def lost(self) -> bool:
+        """True once this hold was found lost."""
     @property
-    def mode(self) -> Literal["read", "write"]: ...
+    def mode(self) -> Literal["read", "write"]:
+        """ "read" or "write"."""
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The RWLock's name."""
     @property
-    def ttl(self) -> float: ...
+    def ttl(self) -> float:
+        """The lease in seconds."""
     @property
-    def rwlock(self) -> RWLock: ...
-    def __enter__(self) -> Self: ...
-    def __exit__(self, *exc: object) -> Literal[False]: ...
+    def rwlock(self) -> RWLock:
+        """The RWLock this side belongs to."""
+    def __enter__(self) -> Self:
+        """Acquires with the RWLock's timeout; LockTimeoutError when not acquired."""
+    def __exit__(self, *exc: object) -> Literal[False]:
+        """Releases; LockLostError if the lease was lost while the block ran."""
     # Awaited by redmutex.aio.RWLockSide; `context` tells asyncio tasks apart for the
     # deadlock guard (a read->write upgrade within one task raises LockError).
     def _acquire_async(
-        self, context: int, blocking: bool | None = None, timeout: _Seconds | None = None
+        self, context: int, blocking: bool | None = None, timeout: float | None = None
     ) -> asyncio.Future[bool]: ...
     def _enter_async(self, context: int) -> asyncio.Future[None]: ...
     def _release_async(self) -> asyncio.Future[None]: ...
     def _give_back(self, token: str) -> bool: ...
-    def _extend_async(self, ttl: _Seconds | None = None) -> asyncio.Future[None]: ...
+    def _extend_async(self, ttl: float | None = None) -> asyncio.Future[None]: ...
     def _owned_async(self) -> asyncio.Future[bool]: ...
     def _locked_async(self) -> asyncio.Future[bool]: ...
     def _exit_async(self, body_raised: bool) -> asyncio.Future[bool]: ...
@@ -245,54 +359,63 @@ class CacheStore:
 
     def __new__(
         cls,
-        client: _ClientLike,
+        client: ClientLike,
         *,
-        ttl: _Seconds,
-        lock_ttl: _Seconds = 10.0,
-        timeout: _Seconds | None = None,
+        ttl: float,
+        lock_ttl: float = 10.0,
+        timeout: float | None = None,
     ) -> Self: ...
     def fetch(
-        self, key: str, skip: str | None = None, *, timeout: _Seconds | None = None
+        self, key: str, skip: str | None = None, *, timeout: float | None = None
     ) -> _FetchReply:
         """Look up `key`; on a miss claim its fill or wait for another caller's (at most
         `timeout`, default the store's). `skip`: SHA-1 hex of a payload that counts as absent."""
     def try_claim(self, key: str, seen: str) -> _FetchReply:
         """The early-refresh claim, never waiting, taken only if the payload with SHA-1 `seen`
         is still the stored one (or none is)."""
-    def invalidate(self, key: str) -> bool: ...
+    def invalidate(self, key: str) -> bool:
+        """Drops the value of `key` (and any fill in progress); True when a value was dropped."""
     def _fetch_async(
-        self, key: str, skip: str | None = None, *, timeout: _Seconds | None = None
+        self, key: str, skip: str | None = None, *, timeout: float | None = None
     ) -> asyncio.Future[_FetchReply]: ...
     def _try_claim_async(self, key: str, seen: str) -> asyncio.Future[_FetchReply]: ...
     def _invalidate_async(self, key: str) -> asyncio.Future[bool]: ...
     @property
-    def client(self) -> Client: ...
+    def client(self) -> Client:
+        """The Client of the store."""
     @property
-    def ttl(self) -> float: ...
+    def ttl(self) -> float:
+        """How long a stored value lives, in seconds."""
     @property
-    def lock_ttl(self) -> float: ...
+    def lock_ttl(self) -> float:
+        """The lease of a fill claim, in seconds."""
     @property
-    def timeout(self) -> float | None: ...
+    def timeout(self) -> float | None:
+        """How long to wait for another caller's fill; None: forever."""
 
 @final
 class FillClaim:
     """The fill claim of one cache entry (renewed while held); settled by store or abandon."""
 
-    def store(self, payload: bytes) -> bool: ...
-    def abandon(self) -> bool: ...
+    def store(self, payload: bytes) -> bool:
+        """Stores `payload` and ends the claim; False when the claim was lost meanwhile."""
+    def abandon(self) -> bool:
+        """Ends the claim without a value (a waiting caller takes the fill over)."""
     def _store_async(self, payload: bytes) -> asyncio.Future[bool]: ...
     def _abandon_async(self) -> asyncio.Future[bool]: ...
     @property
-    def held(self) -> bool: ...
+    def held(self) -> bool:
+        """True until stored or abandoned."""
     @property
-    def token(self) -> str: ...
+    def token(self) -> str:
+        """The claim's owner identifier."""
 
 def acquire_token(
-    conn: _ClientLike, lockname: str, identifier: str, atime: _Seconds, ltime: _Seconds
+    conn: ClientLike, lockname: str, identifier: str, atime: float, ltime: float
 ) -> int | None:
     """Takes `lockname` for `identifier`; the fence, or None when not acquired within `atime`."""
 
-def release_token(conn: _ClientLike, lockname: str, identifier: str) -> bool:
+def release_token(conn: ClientLike, lockname: str, identifier: str) -> bool:
     """Compare-and-delete for `identifier`; False when it did not hold the lock."""
 
 def _interpreter_exiting() -> None: ...

@@ -14,11 +14,14 @@ import time
 import types
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator
 from contextlib import contextmanager
-from typing import Any, Literal, ParamSpec, Protocol, TypeVar, cast, final, overload
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar, cast, final, overload
 
 from . import _core, metrics
 from ._callkeys import compile_template
 from .errors import LockError, LockLostError
+
+if TYPE_CHECKING:
+    from ._types import ClientLike
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -34,7 +37,7 @@ def _shown(name: str) -> str:
 
 
 def acquire_lock(
-    conn: Any,
+    conn: ClientLike,
     lockname: str,
     identifier: str | None = None,
     atime: float = 10,
@@ -62,7 +65,7 @@ def acquire_lock(
     return identifier if fence is not None else False
 
 
-def release_lock(conn: Any, lockname: str, identifier: str) -> bool:
+def release_lock(conn: ClientLike, lockname: str, identifier: str) -> bool:
     """Release `lockname` if `identifier` holds it; False means "we lost the lock"."""
     released = bool(_core.release_token(conn, lockname, identifier))
     if metrics._active is not None:
@@ -71,7 +74,9 @@ def release_lock(conn: Any, lockname: str, identifier: str) -> bool:
 
 
 @contextmanager
-def redis_lock(conn: Any, lockname: str, atime: float = 10, ltime: float = 10) -> Iterator[str]:
+def redis_lock(
+    conn: ClientLike, lockname: str, atime: float = 10, ltime: float = 10
+) -> Iterator[str]:
     """`with redis_lock(conn, name) as identifier:` — raises LockError("could not acquire lock")
     when not acquired within `atime`, and LockLostError("lock was lost") on leaving if the lease
     ended meanwhile; both say the lock's name and carry it as `.name`. As with `with Lock`: when
@@ -89,7 +94,7 @@ def redis_lock(conn: Any, lockname: str, atime: float = 10, ltime: float = 10) -
         raise LockLostError(f"lock {_shown(lockname)}: lock was lost", name=lockname)
 
 
-def _release_after_raise(conn: Any, lockname: str, identifier: str) -> None:
+def _release_after_raise(conn: ClientLike, lockname: str, identifier: str) -> None:
     """Releases after the block raised; never replaces the block's exception."""
     try:
         released = release_lock(conn, lockname, identifier)
@@ -153,7 +158,7 @@ def _refuse_async_result(func: Callable[..., Any], result: object) -> None:
 
 
 def locked(
-    client: Any,
+    client: ClientLike,
     name: str,
     *,
     ttl: float = 10.0,

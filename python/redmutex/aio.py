@@ -14,7 +14,7 @@ import itertools
 import weakref
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 
 from . import _core
 from ._aio_cache import AsyncCachedFunction, cached, get_or_fill
@@ -22,6 +22,8 @@ from ._callkeys import compile_template
 
 if TYPE_CHECKING:
     from typing_extensions import Self
+
+    from ._types import ClientLike
 
 __all__ = [
     "AsyncCachedFunction",
@@ -75,6 +77,9 @@ class _Hold:
             self._core._give_back(token)
 
     async def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        """Takes it; True when acquired, False when the wait ended first. `blocking=False`
+        tries once; `timeout=None` means the constructor's timeout (whose default None waits
+        forever), `math.inf` forever, 0 once. Never blocks the event loop."""
         attempt = self._core._acquire_async(*self._context(), blocking, timeout)
         try:
             return bool(await attempt)
@@ -83,32 +88,40 @@ class _Hold:
             raise
 
     async def release(self) -> None:
+        """Releases the hold (LockNotOwnedError when none, LockLostError when it was lost)."""
         await self._core._release_async()
 
     async def extend(self, ttl: float | None = None) -> None:
+        """The lease now ends `ttl` seconds from now (None: the object's own ttl)."""
         await self._core._extend_async(ttl)
 
     async def owned(self) -> bool:
+        """True when this object holds it, checked against Redis."""
         return bool(await self._core._owned_async())
 
     def remaining(self) -> float | None:
+        """Seconds left on this object's lease; None when not held."""
         value: float | None = self._core.remaining()
         return value
 
     @property
     def token(self) -> str | None:
+        """The owner identifier of the current hold, None when not held."""
         value: str | None = self._core.token
         return value
 
     @property
     def lost(self) -> bool:
+        """True once this hold was found lost."""
         return bool(self._core.lost)
 
     @property
     def name(self) -> str:
+        """The name in Redis."""
         return str(self._core.name)
 
     async def __aenter__(self) -> Self:
+        """Acquires with the constructor's timeout; LockTimeoutError when not acquired."""
         attempt = self._core._enter_async(*self._context())
         try:
             await attempt
@@ -132,11 +145,14 @@ class _Hold:
 
 
 class Lock(_Hold):
-    """`redmutex.Lock` for asyncio: `await lock.acquire()`, `async with lock: ...`."""
+    """`redmutex.Lock` for asyncio: `await lock.acquire()`, `async with lock: ...`.
+
+    Same arguments and defaults as `redmutex.Lock` (`ttl=10.0`; `timeout=None` waits forever).
+    """
 
     def __init__(
         self,
-        client: Any,
+        client: ClientLike,
         name: str,
         *,
         ttl: float = 10.0,
@@ -158,20 +174,26 @@ class Lock(_Hold):
         )
 
     async def locked(self) -> bool:
+        """True when anybody holds the lock."""
         return bool(await self._core._locked_async())
 
     @property
     def fence(self) -> int | None:
+        """The fencing token of the current hold (strictly increasing), None when not held."""
         value: int | None = self._core.fence
         return value
 
 
 class Semaphore(_Hold):
-    """`redmutex.Semaphore` for asyncio."""
+    """`redmutex.Semaphore` for asyncio: `async with sem: ...`.
+
+    Same arguments and defaults as `redmutex.Semaphore` (`ttl=10.0`; `timeout=None` waits
+    forever; `fair=True`).
+    """
 
     def __init__(
         self,
-        client: Any,
+        client: ClientLike,
         name: str,
         limit: int,
         *,
@@ -193,10 +215,12 @@ class Semaphore(_Hold):
         )
 
     async def holders(self) -> int:
+        """The number of live holders."""
         return int(await self._core._holders_async())
 
     @property
     def limit(self) -> int:
+        """The most holders at once."""
         return int(self._core.limit)
 
 
@@ -226,11 +250,14 @@ class RWLockSide(_Hold):
         return (_current_task_id(),)
 
     async def locked(self) -> bool:
+        """True when a writer holds the RWLock."""
         return bool(await self._core.rwlock._locked_async())
 
     @property
-    def mode(self) -> str:
-        return str(self._core.mode)
+    def mode(self) -> Literal["read", "write"]:
+        """ "read" or "write"."""
+        mode: Literal["read", "write"] = self._core.mode
+        return mode
 
 
 class RWLock:
@@ -238,7 +265,7 @@ class RWLock:
 
     def __init__(
         self,
-        client: Any,
+        client: ClientLike,
         name: str,
         *,
         ttl: float = 10.0,
@@ -269,24 +296,29 @@ class RWLock:
         return side
 
     def read(self) -> RWLockSide:
+        """A new read lock of this RWLock (shared with other readers)."""
         return self._side(self._core.read())
 
     def write(self) -> RWLockSide:
+        """A new write lock of this RWLock (exclusive)."""
         return self._side(self._core.write())
 
     async def locked(self) -> bool:
+        """True when a writer holds it."""
         return bool(await self._core._locked_async())
 
     async def readers(self) -> int:
+        """The number of live readers."""
         return int(await self._core._readers_async())
 
     @property
     def name(self) -> str:
+        """The RWLock's name."""
         return str(self._core.name)
 
 
 def locked(
-    client: Any,
+    client: ClientLike,
     name: str,
     *,
     ttl: float = 10.0,

@@ -12,6 +12,7 @@ __all__ = [
     "LockNotOwnedError",
     "LockTimeoutError",
     "QuorumError",
+    "SemaphoreLimitError",
 ]
 
 
@@ -46,6 +47,14 @@ class LockLostError(LockError):
 
 class QuorumError(LockError):
     """Redlock: no majority of the masters answered."""
+
+
+class SemaphoreLimitError(LockError):
+    """A Semaphore acquire whose limit differs from the one its live holders or waiters use.
+
+    The limit is kept with the semaphore in Redis; a new limit takes effect once no holder or
+    queued waiter of the old one remains.
+    """
 
 
 class ConnectionError(LockError, builtins.ConnectionError):

@@ -18,14 +18,15 @@ use super::direct::DirectPool;
 use super::error::{Error, Result};
 use super::exclusive::ExclusivePool;
 use super::name_map::NameMap;
-use super::node::{Node, Retry, Target, Timeouts};
+use super::node::{Node, Retry, ServerSeen, Target, Timeouts};
 use super::redlock::Redlock;
 use super::runtime::{self, pid};
 use super::sentinel::Sentinel;
+use super::tls;
 use super::waiting::Gate;
 use super::wake::WakeHub;
-use crate::protocol::keys::Keys;
-use crate::protocol::url::{self, Endpoint};
+use crate::protocol::keys::{Keys, DEFAULT_FENCE_TTL_MS};
+use crate::protocol::url::Endpoint;
 
 /// The Redis deployment a client talks to.
 #[derive(Clone, Debug)]
@@ -44,17 +45,18 @@ pub struct ClientConfig {
     pub deployment: Deployment,
     pub prefix: Vec<u8>,
     pub timeouts: Timeouts,
+    /// How long a fencing counter lives after the last acquisition of its name, in ms.
+    pub fence_ttl_ms: u64,
 }
 
 impl ClientConfig {
     /// One server (or Sentinel URL), the common case.
     pub fn single(url_text: &str, prefix: &[u8], timeouts: Timeouts) -> Result<Self> {
         Ok(ClientConfig {
-            deployment: Deployment::Single(Box::new(
-                url::parse_endpoint(url_text).map_err(Error::Invalid)?,
-            )),
+            deployment: Deployment::Single(Box::new(tls::parse_endpoint(url_text)?)),
             prefix: prefix.to_vec(),
             timeouts,
+            fence_ttl_ms: DEFAULT_FENCE_TTL_MS,
         })
     }
 }
@@ -71,6 +73,11 @@ impl Shared {
     /// sent twice, and its second answer may describe the effect of its first.
     pub fn fault_epoch(&self) -> u64 {
         self.node.drops() + self.direct.drops()
+    }
+
+    /// The run_id of the server incarnation that the latest connection opened on, if known.
+    pub fn run_id(&self) -> Option<Arc<str>> {
+        self.seen.run_id()
     }
 }
 
@@ -114,6 +121,8 @@ pub struct Shared {
     gates: Gates,
     /// Per cache entry: the gate of its waiters and the value last read for them.
     pub cache_flights: NameMap<Flight>,
+    /// The run_id of the server incarnation last connected to (None on a cluster).
+    seen: Arc<ServerSeen>,
     /// Sentinel: the task that moves the connections when a failover is announced.
     _watcher: Option<AbortOnDrop>,
 }
@@ -143,13 +152,19 @@ impl Shared {
                 }
                 _ => None,
             };
-            let node = if identify {
-                Node::identified(target.clone(), timeouts)
+            // Every connection to one server (or a Sentinel-managed master) reads its run_id as
+            // it opens, so a restart or failover is told from a reply lost in transit (see
+            // `Holder::release`); a cluster's connections span many servers: none is read.
+            let seen = Arc::new(ServerSeen::default());
+            let node = if identify || !target.is_cluster() {
+                Node::identified_into(target.clone(), timeouts, seen.clone())
             } else {
                 Node::new(target.clone(), timeouts)
             };
             let direct = match &*target {
-                Target::Direct(client) => DirectPool::new(client.clone(), timeouts),
+                Target::Direct(client) => {
+                    DirectPool::identified(client.clone(), timeouts, seen.clone())
+                }
                 _ => DirectPool::unavailable(timeouts),
             };
             Shared {
@@ -159,6 +174,7 @@ impl Shared {
                 hub: WakeHub::new(target, timeouts),
                 gates: Gates::default(),
                 cache_flights: NameMap::new(),
+                seen,
                 _watcher: watcher,
             }
         })
@@ -300,7 +316,7 @@ impl Client {
     /// The keys of the primitive `name`. On a cluster every key of a primitive must share one
     /// slot, which a name starting with '}' would break (its hash tag would be empty).
     pub fn keys(&self, name: &[u8]) -> Result<Keys> {
-        let keys = Keys::new(&self.config.prefix, name);
+        let keys = Keys::new(&self.config.prefix, name).with_fence_ttl(self.config.fence_ttl_ms);
         if self.is_cluster() && !keys.single_slot() {
             return Err(Error::Invalid(
                 "name: on Redis Cluster a name must not start with '}' (its keys would not \

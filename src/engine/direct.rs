@@ -5,12 +5,14 @@
 //! round-trip limit. Waiting and everything in the background still go through the runtime.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use redis::{Cmd, ConnectionLike, FromRedisValue, ScriptInvocation, Value};
 
 use super::error::{timed_out, Error, Result};
-use super::node::{Retry, Timeouts};
+use super::node::{Retry, ServerSeen, Timeouts};
+use crate::protocol::replies::parse_server_info;
 
 /// Idle connections kept for reuse; more threads than this open and close their own.
 const KEPT: usize = 16;
@@ -24,6 +26,8 @@ pub struct DirectPool {
     idle: Mutex<Vec<redis::Connection>>,
     /// How many connections broke under a call.
     drops: AtomicU64,
+    /// Some: each new connection reads the server's run_id (`INFO server`) into it.
+    seen: Option<Arc<ServerSeen>>,
 }
 
 impl DirectPool {
@@ -34,6 +38,15 @@ impl DirectPool {
             timeouts,
             idle: Mutex::new(Vec::new()),
             drops: AtomicU64::new(0),
+            seen: None,
+        }
+    }
+
+    /// A pool whose new connections record the server's run_id in `seen`.
+    pub fn identified(client: redis::Client, timeouts: Timeouts, seen: Arc<ServerSeen>) -> Self {
+        DirectPool {
+            seen: Some(seen),
+            ..DirectPool::new(client, timeouts)
         }
     }
 
@@ -45,6 +58,7 @@ impl DirectPool {
             timeouts,
             idle: Mutex::new(Vec::new()),
             drops: AtomicU64::new(0),
+            seen: None,
         }
     }
 
@@ -64,7 +78,7 @@ impl DirectPool {
                 "no direct connection to this deployment (only to a single server)".into(),
             ));
         };
-        let conn = client
+        let mut conn = client
             .get_connection_with_timeout(self.timeouts.connect)
             .map_err(|err| {
                 if err.is_timeout() {
@@ -75,6 +89,12 @@ impl DirectPool {
             })?;
         conn.set_read_timeout(Some(self.timeouts.command))?;
         conn.set_write_timeout(Some(self.timeouts.command))?;
+        if let Some(seen) = &self.seen {
+            let info: String = redis::cmd("INFO").arg("server").query(&mut conn)?;
+            if let Some((run_id, _)) = parse_server_info(&info) {
+                seen.note(&run_id);
+            }
+        }
         Ok(conn)
     }
 
@@ -89,39 +109,56 @@ impl DirectPool {
     /// calls: once more on a connection that broke under the call, never after a timeout.
     pub fn invoke(&self, inv: &ScriptInvocation<'_>, retry: Retry) -> Result<Value> {
         self.call(retry, |conn| inv.invoke::<Value>(conn))
+            .map_err(|(err, _)| err)
     }
 
     pub fn query<T: FromRedisValue>(&self, cmd: &Cmd, retry: Retry) -> Result<T> {
         self.call(retry, |conn| cmd.query::<T>(conn))
+            .map_err(|(err, _)| err)
+    }
+
+    /// `invoke`, keeping the connection of a call that timed out: its request may still run
+    /// (it sits in the server's or the network's queue), and whatever must follow it (an
+    /// undo) can wait on that connection for its reply (`Overdue::settle`).
+    #[allow(clippy::result_large_err)] // a rare failure path: the connection travels along
+    pub fn invoke_keeping(
+        &self,
+        inv: &ScriptInvocation<'_>,
+        retry: Retry,
+    ) -> std::result::Result<Value, (Error, Option<Overdue>)> {
+        self.call(retry, |conn| inv.invoke::<Value>(conn))
     }
 
     /// One call (see `attempt`); its connection errors name the endpoint.
+    #[allow(clippy::result_large_err)]
     fn call<T>(
         &self,
         retry: Retry,
         op: impl Fn(&mut redis::Connection) -> redis::RedisResult<T>,
-    ) -> Result<T> {
+    ) -> std::result::Result<T, (Error, Option<Overdue>)> {
         self.attempt(retry, op)
-            .map_err(|err| err.at(&self.endpoint))
+            .map_err(|(err, overdue)| (err.at(&self.endpoint), overdue))
     }
 
+    #[allow(clippy::result_large_err)]
     fn attempt<T>(
         &self,
         retry: Retry,
         op: impl Fn(&mut redis::Connection) -> redis::RedisResult<T>,
-    ) -> Result<T> {
+    ) -> std::result::Result<T, (Error, Option<Overdue>)> {
         let mut may_retry = retry == Retry::Once;
         let mut fresh = false;
         loop {
-            let mut conn = self.take(fresh)?;
+            let mut conn = self.take(fresh).map_err(|err| (err, None))?;
             match op(&mut conn) {
                 Ok(value) => {
                     self.give_back(conn);
                     return Ok(value);
                 }
                 Err(err) => {
-                    let dropped = err.is_connection_dropped() && !err.is_timeout();
-                    let err = if err.is_timeout() {
+                    let overdue = err.is_timeout();
+                    let dropped = err.is_connection_dropped() && !overdue;
+                    let err = if overdue {
                         timed_out(self.timeouts.command, "waiting for an answer")
                     } else {
                         Error::from(err)
@@ -130,6 +167,10 @@ impl DirectPool {
                     // would otherwise be read as the answer to the next call.
                     if !err.is_connection() {
                         self.give_back(conn);
+                        return Err((err, None));
+                    }
+                    if overdue {
+                        return Err((err, Some(Overdue { conn })));
                     }
                     if dropped {
                         self.drops.fetch_add(1, Ordering::Relaxed);
@@ -138,12 +179,38 @@ impl DirectPool {
                         self.idle.lock().unwrap_or_else(|p| p.into_inner()).clear();
                     }
                     if !(dropped && may_retry) {
-                        return Err(err);
+                        return Err((err, None));
                     }
                     may_retry = false;
                     fresh = true;
                 }
             }
+        }
+    }
+}
+
+/// The connection of a call that timed out, its reply still due; never reused for a call.
+pub struct Overdue {
+    conn: redis::Connection,
+}
+
+impl Overdue {
+    /// Blocks until the overdue request has been answered (so it ran, and anything sent after
+    /// it now runs after it) or the connection ended (it ran, or never will), at most `limit`.
+    /// False when it is still unanswered after `limit`. A PING goes after it on the same
+    /// connection: the connection skips the replies still due, so the PING's answer comes
+    /// only once the overdue request has been answered.
+    pub fn settle(mut self, limit: Duration) -> bool {
+        if limit.is_zero() || self.conn.set_read_timeout(Some(limit)).is_err() {
+            return false;
+        }
+        let ping = redis::cmd("PING").get_packed_command();
+        if self.conn.send_packed_command(&ping).is_err() {
+            return true;
+        }
+        match self.conn.recv_response() {
+            Ok(_) => true,
+            Err(err) => !err.is_timeout(),
         }
     }
 }

@@ -23,6 +23,8 @@ pub enum Error {
     Quorum(String),
     /// The deployment cannot do this (e.g. a Semaphore on several independent masters).
     Unsupported(String),
+    /// A semaphore acquire with another limit than its live holders' or waiters'.
+    Limit(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -38,7 +40,8 @@ impl fmt::Display for Error {
             | Error::Usage(m)
             | Error::Invalid(m)
             | Error::Quorum(m)
-            | Error::Unsupported(m) => f.write_str(m),
+            | Error::Unsupported(m)
+            | Error::Limit(m) => f.write_str(m),
         }
     }
 }

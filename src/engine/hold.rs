@@ -22,8 +22,12 @@ use crate::protocol::lease;
 pub struct HoldStatus {
     deadline: Mutex<Instant>,
     lost: AtomicBool,
-    /// Set while a release is under way, so renewal does not mistake it for a loss.
+    /// Set once a release was attempted, and never cleared: renewal stops for good (a release
+    /// that failed must not leave the lease renewed for as long as the object lives; it ends by
+    /// itself within the ttl), and no "not ours" it hears from then on is a loss.
     releasing: AtomicBool,
+    /// The run_id of the server incarnation known when the hold was granted (None: unknown).
+    run_id: Option<Arc<str>>,
 }
 
 impl HoldStatus {
@@ -32,6 +36,14 @@ impl HoldStatus {
             deadline: Mutex::new(deadline),
             lost: AtomicBool::new(false),
             releasing: AtomicBool::new(false),
+            run_id: None,
+        }
+    }
+
+    fn granted_on(deadline: Instant, run_id: Option<Arc<str>>) -> Self {
+        HoldStatus {
+            run_id,
+            ..HoldStatus::new(deadline)
         }
     }
 
@@ -56,8 +68,8 @@ impl HoldStatus {
         self.releasing.load(Ordering::Acquire)
     }
 
-    pub fn set_releasing(&self, releasing: bool) {
-        self.releasing.store(releasing, Ordering::Release);
+    pub fn set_releasing(&self) {
+        self.releasing.store(true, Ordering::Release);
     }
 }
 
@@ -282,7 +294,11 @@ impl<P: Leased> Pending<'_, P> {
                 let lease = holder.primitive.lease();
                 let granted = holder.primitive.granted_lease(&detail).min(lease);
                 let deadline = lease::deadline(sent_at, granted);
-                let status = Arc::new(HoldStatus::new(deadline));
+                let run_id = match backend {
+                    Backend::Single(shared) => shared.run_id(),
+                    Backend::Redlock(_) => None,
+                };
+                let status = Arc::new(HoldStatus::granted_on(deadline, run_id));
                 // A shorter grant is topped up to the full lease once, when half of what is left
                 // of it has passed, unless renewal comes anyway (sooner than that, if need be).
                 let left = lease::remaining(deadline, Instant::now());
@@ -622,17 +638,28 @@ impl<P: Leased> Holder<P> {
         )
     }
 
+    /// Stops renewal before the release goes out: whatever the release's outcome, the hold is
+    /// renewed no more (see `HoldStatus::releasing`).
     fn begin_release(&self) -> Result<HoldRef> {
-        let hold = self.current().ok_or_else(|| self.not_owned())?;
-        hold.status.set_releasing(true);
-        Ok(hold)
+        let mut state = self.state();
+        let State::Held(hold) = &mut *state else {
+            return Err(self.not_owned());
+        };
+        hold.status.set_releasing();
+        if let Some(renewal) = hold.renewal.take() {
+            renewal.stop();
+        }
+        Ok(HoldRef {
+            token: hold.token.clone(),
+            status: hold.status.clone(),
+        })
     }
 
     /// `retried`: the release went out while the lease was still ours and its connection broke
     /// meanwhile, so a "not ours" may be the answer of a resend to our own first delete: that
-    /// counts as released (the local deadline never outlives Redis's lease).
+    /// counts as released (the local deadline never outlives Redis's lease) only when the server
+    /// that answered is the incarnation the hold was granted on (see `resent_own`).
     fn finish_release(&self, hold: HoldRef, outcome: Result<bool>, retried: bool) -> Result<()> {
-        hold.status.set_releasing(false);
         let released = outcome? || retried;
         let lost = !released || hold.status.is_lost();
         {
@@ -661,7 +688,7 @@ impl<P: Leased> Holder<P> {
         };
         let (epoch, sent_at) = (shared.fault_epoch(), Instant::now());
         let outcome = self.primitive.release(&shared, &hold.token).await;
-        let retried = shared.fault_epoch() != epoch && sent_at < hold.status.deadline();
+        let retried = resent_own(&shared, &hold, epoch, sent_at);
         self.finish_release(hold, outcome, retried)
     }
 
@@ -674,7 +701,7 @@ impl<P: Leased> Holder<P> {
         };
         let (epoch, sent_at) = (shared.fault_epoch(), Instant::now());
         let outcome = self.primitive.release_direct(&shared, &hold.token);
-        let retried = shared.fault_epoch() != epoch && sent_at < hold.status.deadline();
+        let retried = resent_own(&shared, &hold, epoch, sent_at);
         self.finish_release(hold, outcome, retried)
     }
 
@@ -771,6 +798,22 @@ impl<P: Leased> Holder<P> {
             "this {} object does not hold {}",
             naming.object, naming.held
         ))
+    }
+}
+
+/// Whether a release that met a connection fault (the fault epoch moved since `epoch`) may have
+/// deleted our token with its first send: it went out while the lease was ours, and the server
+/// that answered in the end is the incarnation the hold was granted on. After a restart or a
+/// failover (another run_id: every connection reopened after the fault reads it) the first
+/// send reached a server that is gone, so a "not ours" is a loss (another holder may hold it).
+/// Without a known run_id (a cluster) the first condition alone decides.
+fn resent_own(shared: &Shared, hold: &HoldRef, epoch: u64, sent_at: Instant) -> bool {
+    if shared.fault_epoch() == epoch || sent_at >= hold.status.deadline() {
+        return false;
+    }
+    match (&hold.status.run_id, shared.run_id()) {
+        (Some(granted_on), Some(now)) => *granted_on == now,
+        _ => true,
     }
 }
 

@@ -15,6 +15,7 @@ pub mod runtime;
 pub mod rwlock;
 pub mod semaphore;
 pub mod sentinel;
+pub mod tls;
 pub mod token;
 pub mod waiting;
 pub mod wake;

@@ -31,6 +31,8 @@ pub enum Retry {
 }
 
 /// What a node connects to.
+// One per client, behind an Arc: the size of `Direct` (a client with TLS settings) is no cost.
+#[allow(clippy::large_enum_variant)]
 pub enum Target {
     /// One server.
     Direct(redis::Client),
@@ -191,6 +193,31 @@ pub struct Identity {
     pub observed_at: Instant,
 }
 
+/// The run_id of the server incarnation that the latest connection of a deployment opened on
+/// (shared by its runtime node and its direct pool): a release resent after a fault compares
+/// it with the one its hold was granted on, to tell a restart or failover (everything lost)
+/// from a reply lost in transit.
+#[derive(Debug, Default)]
+pub struct ServerSeen {
+    run_id: Mutex<Option<Arc<str>>>,
+}
+
+impl ServerSeen {
+    pub fn run_id(&self) -> Option<Arc<str>> {
+        self.run_id
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn note(&self, run_id: &str) {
+        let mut seen = self.run_id.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.as_deref() != Some(run_id) {
+            *seen = Some(Arc::from(run_id));
+        }
+    }
+}
+
 #[derive(Clone)]
 struct Live {
     conn: Conn,
@@ -209,6 +236,8 @@ pub struct Node {
     /// Serialises (re)connecting so a burst of callers opens one connection, not many.
     connecting: tokio::sync::Mutex<()>,
     drops: std::sync::atomic::AtomicU64,
+    /// Where an `identified` node records the run_id of each connection it opens.
+    seen: Arc<ServerSeen>,
 }
 
 /// The pause between two tries of a call that a cluster refused for the moment.
@@ -274,6 +303,7 @@ impl Node {
             current: Mutex::new((0, None)),
             connecting: tokio::sync::Mutex::new(()),
             drops: std::sync::atomic::AtomicU64::new(0),
+            seen: Arc::default(),
         }
     }
 
@@ -281,6 +311,15 @@ impl Node {
     pub fn identified(target: Arc<Target>, timeouts: Timeouts) -> Self {
         Node {
             identify: true,
+            ..Node::new(target, timeouts)
+        }
+    }
+
+    /// An `identified` node recording each connection's run_id in `seen`.
+    pub fn identified_into(target: Arc<Target>, timeouts: Timeouts, seen: Arc<ServerSeen>) -> Self {
+        Node {
+            identify: true,
+            seen,
             ..Node::new(target, timeouts)
         }
     }
@@ -341,6 +380,7 @@ impl Node {
             let (run_id, uptime) = parse_server_info(&info).ok_or_else(|| {
                 Error::Server("INFO server did not report run_id and uptime".into())
             })?;
+            self.seen.note(&run_id);
             Some(Arc::new(Identity {
                 run_id,
                 uptime: Duration::from_secs(uptime),

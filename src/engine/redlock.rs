@@ -11,7 +11,9 @@
 //!   restarted: it may have forgotten a lease it granted to somebody else.
 //! - Fencing: the fence is the largest counter among the granting masters, written back to every
 //!   granting master before acquire returns (see `protocol::quorum` for why that makes fences
-//!   strictly increasing per name whenever a majority agrees).
+//!   strictly increasing per name whenever a majority agrees), and in the background to every
+//!   other master that answers. Each master's counter also has the server-clock floor of
+//!   `fence_next.lua`, so a master that restarted empty counts from its clock, not from 1.
 //! - Release, extend and `owned` count confirmations by majority, too.
 //! - A vote still out when a round is won goes on in the background (a late grant is ours), and
 //!   whatever later runs on that master for the same token (the release, a give-back) waits for
@@ -517,6 +519,21 @@ impl Redlock {
         grants: &[(usize, i64)],
     ) -> Option<Granted> {
         let (fence, behind) = quorum::agreed_fence(grants)?;
+        // Every master that did not grant in this count (busy, failed, or its vote still out:
+        // late or slow after a restart) has its counter raised too, in the background: after
+        // further failures, a majority without the granting masters must not count from below
+        // this fence. A vote still out runs before or after the raise; either way the counter
+        // ends at or above the fence.
+        for (i, master) in self.masters.iter().enumerate() {
+            if grants.iter().any(|&(g, _)| g == i) {
+                continue;
+            }
+            let shared = master.shared.clone();
+            let inv = scripts::raise_fence(&spec.keys, fence);
+            runtime::spawn(async move {
+                let _ = shared.node.invoke(&inv, Retry::Once).await;
+            });
+        }
         let mut at_fence = grants.len() - behind.len();
         if !behind.is_empty() {
             let raises = behind.iter().filter_map(|&i| self.masters.get(i)).map(|m| {

@@ -106,7 +106,7 @@ async fn renew<F, Fut>(
     let mut next = Instant::now() + schedule.first;
     loop {
         tokio::time::sleep_until(next.into()).await;
-        if status.is_lost() {
+        if status.is_lost() || status.is_releasing() {
             return;
         }
         // An extend still unanswered when the lease ends cannot save it: stop waiting then, so
@@ -123,8 +123,8 @@ async fn renew<F, Fut>(
                 }
                 next = sent_at + period;
             }
-            Ok(None) if status.is_releasing() => next = Instant::now() + retry,
             Ok(None) => return report_lost(&status, &listener),
+            Err(_) if status.is_releasing() => return,
             Err(err) => {
                 if Instant::now() >= status.deadline() {
                     return report_lost(&status, &listener);
@@ -140,7 +140,12 @@ async fn renew<F, Fut>(
     }
 }
 
+/// Marks the hold lost and tells the listener, unless a release was attempted meanwhile: then
+/// the hold's end is the release's to report (a "not ours" may be the release's own doing).
 fn report_lost(status: &HoldStatus, listener: &Option<Arc<dyn Listener>>) {
+    if status.is_releasing() {
+        return;
+    }
     if status.mark_lost() {
         if let Some(l) = listener {
             l.lost();

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::client::{Client, Shared};
-use super::error::Result;
+use super::error::{Error, Result};
 use super::hold::{DirectTry, Holder, Leased, Naming, OnLost};
 use super::node::Retry;
 use super::waiting::{
@@ -15,7 +15,9 @@ use super::waiting::{
 };
 use crate::protocol::keys::Keys;
 use crate::protocol::lease;
-use crate::protocol::replies::{parse_admission, parse_count, parse_flag, Admission};
+use crate::protocol::replies::{
+    parse_admission, parse_count, parse_flag, parse_limit_refusal, Admission,
+};
 use crate::protocol::scripts::{self, Queueing};
 
 /// What identifies a semaphore in Redis and how its permits are leased.
@@ -51,6 +53,7 @@ impl Contender for SemaphoreContender<'_> {
         let inv = attempt_invocation(self.spec, self.token, queueing);
         let sent_at = Instant::now();
         let reply = self.shared.node.invoke(&inv, Retry::Once).await?;
+        refuse_other_limit(self.spec, &reply)?;
         Ok(match parse_admission(&reply)? {
             Admission::Admitted { .. } => Outcome::Granted(sent_at),
             Admission::Busy { retry_ms } => Outcome::Busy { retry_ms },
@@ -84,6 +87,19 @@ impl Contender for SemaphoreContender<'_> {
             step: Box::new(step),
             horizon,
         }
+    }
+}
+
+/// `Error::Limit` when the attempt was refused because the semaphore's live limit differs.
+fn refuse_other_limit(spec: &SemaphoreSpec, reply: &redis::Value) -> Result<()> {
+    match parse_limit_refusal(reply) {
+        None => Ok(()),
+        Some(live) => Err(Error::Limit(format!(
+            "semaphore '{}': limit {} differs from the limit {live} its holders or waiters use \
+             (kept in Redis); a new limit takes effect once none of them remains",
+            String::from_utf8_lossy(&spec.name),
+            spec.limit
+        ))),
     }
 }
 
@@ -229,6 +245,7 @@ impl Leased for SemaphoreSpec {
             };
             contender.undo()
         })?;
+        refuse_other_limit(self, &reply)?;
         Ok(match parse_admission(&reply)? {
             Admission::Admitted { .. } => DirectTry::Granted(sent_at, ()),
             Admission::Busy { retry_ms } => DirectTry::Busy { retry_ms },

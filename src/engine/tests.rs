@@ -36,6 +36,25 @@ impl Server {
             .local_addr()
             .unwrap()
             .port();
+        Self::try_start_on(port)
+    }
+
+    /// Stops the server and starts an empty one (a new run_id) on the same port.
+    pub(super) fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(server) = Self::try_start_on(self.port) {
+                *self = server;
+                return;
+            }
+            assert!(Instant::now() < deadline, "redis-server did not restart");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn try_start_on(port: u16) -> Option<Server> {
         let mut child = Command::new("redis-server")
             .args([
                 "--port",
@@ -381,7 +400,8 @@ fn a_fair_release_grants_the_head_and_a_leave_gives_a_grant_back() {
             Value::BulkString(b) => String::from_utf8(b).unwrap().parse::<i64>().unwrap(),
             other => panic!("{other:?}"),
         };
-        assert_eq!(fence(get(keys.fence()).await), first + 1);
+        let granted = fence(get(keys.fence()).await);
+        assert!(granted > first, "{granted} after {first}");
         let mut pttl = redis::cmd("PTTL");
         pttl.arg(keys.lock());
         let Value::Int(left) = query(pttl.clone()).await else {
@@ -390,10 +410,7 @@ fn a_fair_release_grants_the_head_and_a_leave_gives_a_grant_back() {
         let bound = 5_000 + i64::try_from(scripts::GRANT_SLACK_MS).unwrap();
         assert!(left > 4_000 && left <= bound, "{left}");
         // b's own attempt now finds the grant, and renews it to its full lease.
-        assert_eq!(
-            run("b", 60_000).await,
-            Attempt::Granted { fence: first + 1 }
-        );
+        assert_eq!(run("b", 60_000).await, Attempt::Granted { fence: granted });
         let Value::Int(left) = query(pttl.clone()).await else {
             panic!("no pttl");
         };
@@ -412,7 +429,7 @@ fn a_fair_release_grants_the_head_and_a_leave_gives_a_grant_back() {
             .await
             .unwrap();
         assert_eq!(get(keys.lock()).await, Value::Nil);
-        assert_eq!(fence(get(keys.fence()).await), first + 2);
+        assert!(fence(get(keys.fence()).await) > granted);
         let mut scan = redis::cmd("KEYS");
         scan.arg("t7:*");
         assert_eq!(
@@ -441,6 +458,7 @@ fn redlock_client(servers: &[&Server], prefix: &str) -> Arc<Client> {
             deployment: Deployment::Redlock(masters),
             prefix: prefix.as_bytes().to_vec(),
             timeouts,
+            fence_ttl_ms: crate::protocol::keys::DEFAULT_FENCE_TTL_MS,
         })
         .unwrap(),
     )
@@ -712,4 +730,288 @@ fn redlock_votes_for_a_caller_chosen_token_never_take_it_found_in_place() {
         }
         assert_eq!(owners().await, vec![one.clone(), one.clone(), None]);
     });
+}
+
+/// The server's clock in µs, as `fence_next.lua` reads it.
+fn server_time_us(shared: &super::client::Shared) -> i64 {
+    let (secs, micros): (i64, i64) =
+        block_on(shared.node.query(&redis::cmd("TIME"), Retry::Never)).unwrap();
+    secs * 1_000_000 + micros
+}
+
+#[test]
+fn fence_counters_expire_and_restart_from_the_server_clock() {
+    use super::client::Deployment;
+    use crate::protocol::url::parse_endpoint;
+    let server = Server::start();
+    let url = format!("redis://127.0.0.1:{}/0", server.port);
+    let timeouts = Timeouts {
+        connect: Duration::from_secs(2),
+        command: Duration::from_secs(2),
+    };
+    // A counter that lives 300 ms after the last acquisition.
+    let client = Arc::new(
+        Client::new(ClientConfig {
+            deployment: Deployment::Single(Box::new(parse_endpoint(&url).unwrap())),
+            prefix: b"ft:".to_vec(),
+            timeouts,
+            fence_ttl_ms: 300,
+        })
+        .unwrap(),
+    );
+    let shared = client.shared().unwrap();
+    let pttl = |key: Vec<u8>| -> i64 {
+        block_on(shared.node.query(redis::cmd("PTTL").arg(key), Retry::Never)).unwrap()
+    };
+    for fair in [false, true] {
+        let name = if fair { "fair" } else { "unfair" };
+        let s = spec(&client, name, 5_000, fair);
+        let before = server_time_us(&shared);
+        let first = block_on(lock::acquire(&shared, &s, "a", Wait::Once))
+            .unwrap()
+            .unwrap();
+        // A fresh counter starts from the server's clock in µs, and expires.
+        assert!(first.fence >= before, "{} < {before}", first.fence);
+        assert!(first.fence <= server_time_us(&shared));
+        let left = pttl(s.keys.fence());
+        assert!(left > 0 && left <= 300, "{left}");
+        // A resent acquire finds its own hold and its fence, even once the counter expired.
+        let again = block_on(lock::acquire(&shared, &s, "a", Wait::Once))
+            .unwrap()
+            .unwrap();
+        assert_eq!(again.fence, first.fence);
+        assert!(block_on(lock::release(&shared, &s.keys, "a")).unwrap());
+        // Back to back: the next fence is larger, and refreshes the expiry.
+        let second = block_on(lock::acquire(&shared, &s, "b", Wait::Once))
+            .unwrap()
+            .unwrap();
+        assert!(second.fence > first.fence);
+        assert!(block_on(lock::release(&shared, &s.keys, "b")).unwrap());
+        // Idle past the ttl: no key of the name is left at all...
+        std::thread::sleep(Duration::from_millis(450));
+        let pattern = format!("ft:{{{name}}}*");
+        let left: Vec<Vec<u8>> = block_on(
+            shared
+                .node
+                .query(redis::cmd("KEYS").arg(pattern), Retry::Never),
+        )
+        .unwrap();
+        assert!(left.is_empty(), "{left:?}");
+        // ...and the next fence still exceeds every earlier one.
+        let third = block_on(lock::acquire(&shared, &s, "c", Wait::Once))
+            .unwrap()
+            .unwrap();
+        assert!(third.fence > second.fence);
+        assert!(block_on(lock::release(&shared, &s.keys, "c")).unwrap());
+    }
+    // A counter ahead of the clock (written by a master whose clock ran ahead) counts on.
+    let s = spec(&client, "ahead", 5_000, false);
+    let ahead = server_time_us(&shared) + 3_600_000_000;
+    block_on(shared.node.query::<()>(
+        redis::cmd("SET").arg(s.keys.fence()).arg(ahead),
+        Retry::Never,
+    ))
+    .unwrap();
+    let got = block_on(lock::acquire(&shared, &s, "a", Wait::Once))
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.fence, ahead + 1);
+    assert!(pttl(s.keys.fence()) > 0);
+}
+
+#[test]
+fn a_fair_grant_on_release_issues_a_fence_with_an_expiry() {
+    let server = Server::start();
+    let client = server.client("fg:");
+    let shared = client.shared().unwrap();
+    let keys = client.keys(b"g").unwrap();
+    let join = Some(Queueing::Join { place_ms: 5_000 });
+    let run = |token: &str| {
+        let inv = scripts::acquire(&keys, token, 10_000, join, "");
+        parse_attempt(&block_on(shared.node.invoke(&inv, Retry::Never)).unwrap()).unwrap()
+    };
+    let Attempt::Granted { fence: first } = run("a") else {
+        panic!("a is first");
+    };
+    // The counter is gone (as if expired) while b waits: the grant starts from the clock.
+    block_on(
+        shared
+            .node
+            .query::<()>(redis::cmd("DEL").arg(keys.fence()), Retry::Never),
+    )
+    .unwrap();
+    assert!(matches!(run("b"), Attempt::Busy { .. }));
+    assert!(block_on(lock::release(&shared, &keys, "a")).unwrap());
+    let Attempt::Granted { fence: granted } = run("b") else {
+        panic!("b was granted on release");
+    };
+    assert!(granted > first, "{granted} after {first}");
+    let left: i64 = block_on(
+        shared
+            .node
+            .query(redis::cmd("PTTL").arg(keys.fence()), Retry::Never),
+    )
+    .unwrap();
+    let day = i64::try_from(crate::protocol::keys::DEFAULT_FENCE_TTL_MS).unwrap();
+    assert!(left > day - 60_000 && left <= day, "{left}");
+}
+
+/// Fences across two successive restarts of different Redlock masters stay strictly increasing,
+/// also when the counters ran ahead of the servers' clocks (so the clock floor alone would not
+/// do): the winner raises the counter on every master that answers, including one whose vote
+/// did not count (here: held by a stranger).
+#[test]
+fn redlock_fences_increase_across_two_restarts_of_different_masters() {
+    let mut servers = [Server::start(), Server::start(), Server::start()];
+    let stranger = |server: &Server, on: bool| {
+        let shared = server.client("rr:").shared().unwrap();
+        let mut cmd = redis::cmd(if on { "SET" } else { "DEL" });
+        cmd.arg(b"rr:{n}:lock".to_vec());
+        if on {
+            cmd.arg("stranger").arg("PX").arg(60_000);
+        }
+        block_on(shared.node.query::<()>(&cmd, Retry::Never)).unwrap();
+    };
+    let fence_on = |server: &Server| -> Option<i64> {
+        let shared = server.client("rr:").shared().unwrap();
+        block_on(shared.node.query(
+            redis::cmd("GET").arg(b"rr:{n}:fence".to_vec()),
+            Retry::Never,
+        ))
+        .unwrap()
+    };
+    let ahead = {
+        let shared = servers[0].client("rr:").shared().unwrap();
+        server_time_us(&shared) + 3_600_000_000
+    };
+    for server in &servers {
+        let shared = server.client("rr:").shared().unwrap();
+        block_on(shared.node.query::<()>(
+            redis::cmd("SET").arg(b"rr:{n}:fence".to_vec()).arg(ahead),
+            Retry::Never,
+        ))
+        .unwrap();
+    }
+    let client = redlock_client(&[&servers[0], &servers[1], &servers[2]], "rr:");
+    let handle = LockHandle::new(
+        client.clone(),
+        b"n",
+        Duration::from_secs(1),
+        false,
+        0,
+        false,
+    )
+    .unwrap();
+    let mut fences = Vec::new();
+    let take = |handle: &LockHandle| {
+        let until = Wait::Until(Instant::now() + Duration::from_secs(15));
+        assert!(block_on(handle.acquire(until, None)).unwrap());
+        let fence = handle.fence().unwrap();
+        let _ = block_on(handle.release());
+        fence
+    };
+    fences.push(take(&handle));
+    // Master 2 restarts empty and is held by a stranger there: its vote is "busy".
+    servers[2].restart();
+    stranger(&servers[2], true);
+    fences.push(take(&handle));
+    // The winner raised master 2's counter too (in the background).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while fence_on(&servers[2]).is_none_or(|f| f < fences[1]) {
+        assert!(Instant::now() < deadline, "master 2 was never raised");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stranger(&servers[2], false);
+    // Master 0 restarts empty, and master 1 is held by a stranger: the majority is {0, 2}.
+    servers[0].restart();
+    stranger(&servers[1], true);
+    fences.push(take(&handle));
+    assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
+    assert!(fences[0] > ahead, "{fences:?}");
+}
+
+#[test]
+fn a_semaphore_refuses_another_limit_while_holders_or_waiters_of_the_live_one_remain() {
+    use super::error::Error;
+    use super::semaphore::{self, SemaphoreSpec};
+    let server = Server::start();
+    let client = server.client("sl:");
+    let shared = client.shared().unwrap();
+    let spec = |limit: u64, fair: bool| SemaphoreSpec {
+        name: b"s".to_vec(),
+        keys: client.keys(b"s").unwrap(),
+        limit,
+        lease: Duration::from_secs(5),
+        fair,
+    };
+    let keys = client.keys(b"s").unwrap();
+    let get = |key: Vec<u8>| -> Option<String> {
+        block_on(shared.node.query(redis::cmd("GET").arg(key), Retry::Never)).unwrap()
+    };
+    for fair in [false, true] {
+        let one = spec(1, fair);
+        let five = spec(5, fair);
+        assert!(block_on(semaphore::acquire(&shared, &one, "a", Wait::Once))
+            .unwrap()
+            .is_some());
+        assert_eq!(get(keys.semaphore_limit()).as_deref(), Some("1"));
+        // Another limit while a holder of the live one remains: refused, naming both.
+        let err = block_on(semaphore::acquire(&shared, &five, "b", Wait::Once)).unwrap_err();
+        let Error::Limit(message) = err else {
+            panic!("{err:?}");
+        };
+        assert!(
+            message.contains("limit 5") && message.contains("limit 1"),
+            "{message}"
+        );
+        // The same limit: busy, as ever.
+        assert!(block_on(semaphore::acquire(&shared, &one, "c", Wait::Once))
+            .unwrap()
+            .is_none());
+        assert!(block_on(semaphore::release(&shared, &one, "a")).unwrap());
+        // Nobody of the old limit is left: the new one takes effect.
+        assert!(
+            block_on(semaphore::acquire(&shared, &five, "b", Wait::Once))
+                .unwrap()
+                .is_some()
+        );
+        assert_eq!(get(keys.semaphore_limit()).as_deref(), Some("5"));
+        assert!(matches!(
+            block_on(semaphore::acquire(&shared, &one, "a", Wait::Once)),
+            Err(Error::Limit(_))
+        ));
+        // The limit lives as long as the holders: extended with them, gone after them.
+        let ext = semaphore::extend(&shared, &keys, "b", Duration::from_secs(60));
+        assert!(block_on(ext).unwrap().is_some());
+        let pttl: i64 = block_on(
+            shared
+                .node
+                .query(redis::cmd("PTTL").arg(keys.semaphore_limit()), Retry::Never),
+        )
+        .unwrap();
+        assert!(pttl > 50_000, "{pttl}");
+        assert!(block_on(semaphore::release(&shared, &five, "b")).unwrap());
+        // The last holder out takes the limit with it: nothing of the semaphore is left.
+        assert_eq!(get(keys.semaphore_limit()), None);
+    }
+    // A queued waiter of the live limit holds it too (fair).
+    let one = spec(1, true);
+    assert!(block_on(semaphore::acquire(&shared, &one, "a", Wait::Once))
+        .unwrap()
+        .is_some());
+    let waiter = block_on(semaphore::acquire(
+        &shared,
+        &one,
+        "w",
+        Wait::Until(Instant::now() + Duration::from_millis(300)),
+    ));
+    assert!(waiter.unwrap().is_none());
+    let join = Some(Queueing::Join { place_ms: 10_000 });
+    let queued = scripts::semaphore_acquire(&keys, "q", 5_000, 1, join);
+    block_on(shared.node.invoke(&queued, Retry::Never)).unwrap();
+    assert!(block_on(semaphore::release(&shared, &one, "a")).unwrap());
+    assert!(matches!(
+        block_on(semaphore::acquire(&shared, &spec(2, true), "b", Wait::Once)),
+        Err(Error::Limit(_))
+    ));
 }

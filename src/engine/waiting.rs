@@ -90,17 +90,29 @@ pub struct Undo {
 
 /// A first attempt on a direct connection of the caller's thread: the reply, and when the
 /// request was sent. When the call fails the script may still have run before the connection
-/// broke, so whatever the token may hold is given back in the background (`undo`).
+/// broke, so whatever the token may hold is given back in the background (`undo`). When it timed
+/// out, the attempt may also run later than any undo sent on another connection (a request
+/// stuck in the server's or the network's queue): the undo is sent again once the attempt's own
+/// connection has answered it (or ended), so it never leaves an orphan for a whole lease.
 pub fn attempt_direct(
     shared: &Shared,
     inv: &redis::ScriptInvocation<'_>,
-    undo: impl FnOnce() -> Undo,
+    undo: impl Fn() -> Undo,
 ) -> Result<(redis::Value, Instant)> {
     let sent_at = Instant::now();
-    match shared.direct.invoke(inv, Retry::Once) {
+    match shared.direct.invoke_keeping(inv, Retry::Once) {
         Ok(reply) => Ok((reply, sent_at)),
-        Err(err) => {
+        Err((err, overdue)) => {
             spawn_undo(undo());
+            if let Some(overdue) = overdue {
+                let again = undo();
+                if let Ok(handle) = runtime::handle() {
+                    handle.spawn_blocking(move || {
+                        overdue.settle(again.horizon);
+                        spawn_undo(again);
+                    });
+                }
+            }
             Err(err)
         }
     }

@@ -2,10 +2,15 @@
 //! `prefix + "{" + N + "}"`, so all of them share one cluster hash slot. This is the only place
 //! where keys and channel names are built.
 
+/// How long a fencing counter lives after the last acquisition, unless the client says
+/// otherwise (`Client(fence_ttl=...)`): a day, in ms.
+pub const DEFAULT_FENCE_TTL_MS: u64 = 86_400_000;
+
 /// The keys and channels of one named primitive.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Keys {
     base: Vec<u8>,
+    fence_ttl_ms: u64,
 }
 
 impl Keys {
@@ -16,7 +21,22 @@ impl Keys {
         base.push(b'{');
         base.extend_from_slice(name);
         base.push(b'}');
-        Keys { base }
+        Keys {
+            base,
+            fence_ttl_ms: DEFAULT_FENCE_TTL_MS,
+        }
+    }
+
+    /// The same keys, whose fencing counter expires `ms` after the last acquisition (at least 1).
+    pub fn with_fence_ttl(mut self, ms: u64) -> Self {
+        self.fence_ttl_ms = ms.max(1);
+        self
+    }
+
+    /// How long the fencing counter lives after the last acquisition, in ms (every script that
+    /// issues a fence refreshes its expiry to this).
+    pub fn fence_ttl_ms(&self) -> u64 {
+        self.fence_ttl_ms
     }
 
     fn with_suffix(&self, suffix: &[u8]) -> Vec<u8> {
@@ -36,7 +56,9 @@ impl Keys {
         self.with_suffix(b":lock")
     }
 
-    /// Fencing counter: the only key that outlives a release.
+    /// Fencing counter: the only key that outlives a release. It expires `fence_ttl_ms` after
+    /// the last acquisition; a counter created afresh starts from the server's clock in µs
+    /// (`fence_next.lua`), so fences of a name keep increasing across its expiry.
     pub fn fence(&self) -> Vec<u8> {
         self.with_suffix(b":fence")
     }
@@ -59,6 +81,12 @@ impl Keys {
     /// Semaphore: zset of holder token -> lease end (ms, server clock from `TIME`).
     pub fn semaphore_holders(&self) -> Vec<u8> {
         self.with_suffix(b":sem:holders")
+    }
+
+    /// Semaphore: the limit its holders and waiters use (string), expiring with the holders and
+    /// the queue; an acquire with another limit is refused while any of them remains.
+    pub fn semaphore_limit(&self) -> Vec<u8> {
+        self.with_suffix(b":sem:limit")
     }
 
     /// Fair semaphore: list of waiting tokens in arrival order.
@@ -171,6 +199,7 @@ mod tests {
             keys.queue_deadlines(),
             keys.queue_leases(),
             keys.semaphore_holders(),
+            keys.semaphore_limit(),
             keys.semaphore_queue(),
             keys.semaphore_queue_deadlines(),
             keys.rw_readers(),
@@ -188,6 +217,7 @@ mod tests {
         assert_eq!(keys.cache_value(), b"redmutex:{acct:1}:value");
         assert_eq!(keys.cache_fill(), b"redmutex:{acct:1}:fill");
         assert_eq!(keys.semaphore_holders(), b"redmutex:{acct:1}:sem:holders");
+        assert_eq!(keys.semaphore_limit(), b"redmutex:{acct:1}:sem:limit");
         assert_eq!(keys.rw_readers(), b"redmutex:{acct:1}:rw:readers");
         assert_eq!(keys.rw_writer(), b"redmutex:{acct:1}:rw:writer");
         assert_eq!(
@@ -206,6 +236,7 @@ mod tests {
             keys.queue_deadlines(),
             keys.queue_leases(),
             keys.semaphore_holders(),
+            keys.semaphore_limit(),
             keys.semaphore_queue(),
             keys.semaphore_queue_deadlines(),
             keys.rw_readers(),

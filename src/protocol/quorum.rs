@@ -6,8 +6,10 @@
 //! takes the largest counter of the masters that granted it and, before its acquire returns,
 //! raises every granting master's counter to that value, so a majority then holds a counter at
 //! least as large. The next winner's majority intersects that one in at least one master, whose
-//! INCR therefore exceeds the previous fence. It holds as long as no master of that intersection
-//! lost its counter (a restart without persistence that the client did not see).
+//! next fence (counter + 1) therefore exceeds the previous fence. A master of that intersection
+//! that lost its counter (a restart without persistence, or the counter's idle expiry) counts
+//! from its own clock in µs instead, which exceeds every earlier fence unless clocks disagree;
+//! for that case the winner also raises every other master that answers (in the background).
 
 use std::time::{Duration, Instant};
 

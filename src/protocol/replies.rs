@@ -102,6 +102,19 @@ pub fn parse_admission(value: &Value) -> Result<Admission, UnexpectedReply> {
     Err(UnexpectedReply(format!("{value:?}")))
 }
 
+/// `{2, live}` from a semaphore's acquire: refused because a holder or waiter of another limit
+/// (`live`) remains. None for any other reply (parse it with `parse_admission`).
+pub fn parse_limit_refusal(value: &Value) -> Option<i64> {
+    if let Value::Array(items) = value {
+        if let [flag, live] = items.as_slice() {
+            if let (Some(2), Some(live)) = (as_int(flag), as_int(live)) {
+                return Some(live);
+            }
+        }
+    }
+    None
+}
+
 /// A count: a non-negative integer.
 pub fn parse_count(value: &Value) -> Result<i64, UnexpectedReply> {
     match as_int(value) {
@@ -217,6 +230,23 @@ mod tests {
         assert_eq!(parse_server_info("uptime_in_seconds:1"), None);
         assert_eq!(parse_int(&Value::Int(7)), Ok(7));
         assert!(parse_int(&Value::Nil).is_err());
+    }
+
+    #[test]
+    fn a_semaphore_limit_refusal_parses() {
+        let refused = Value::Array(vec![Value::Int(2), Value::Int(5)]);
+        assert_eq!(parse_limit_refusal(&refused), Some(5));
+        // The refusal is no admission, and admissions are no refusal.
+        assert!(parse_admission(&refused).is_err());
+        for other in [
+            Value::Array(vec![Value::Int(1), Value::Int(5)]),
+            Value::Array(vec![Value::Int(0), Value::Int(5)]),
+            Value::Array(vec![Value::Int(2)]),
+            Value::Int(2),
+            Value::Nil,
+        ] {
+            assert_eq!(parse_limit_refusal(&other), None, "{other:?}");
+        }
     }
 
     #[test]

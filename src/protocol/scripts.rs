@@ -7,17 +7,31 @@ use redis::{Cmd, Script, ScriptInvocation};
 
 use super::keys::Keys;
 
-macro_rules! queue_script {
+/// Scripts that issue a lock's fence: the fence prelude in front.
+macro_rules! fence_script {
     ($file:literal) => {
-        concat!(include_str!("lua/queue_prune.lua"), include_str!($file))
+        concat!(include_str!("lua/fence_next.lua"), include_str!($file))
     };
 }
 
-/// The fair lock's release and leave: the queue prelude, then the grant to the queue's head.
+/// The fair lock's acquire: the queue prelude and the fence prelude in front.
+macro_rules! fair_script {
+    ($file:literal) => {
+        concat!(
+            include_str!("lua/queue_prune.lua"),
+            include_str!("lua/fence_next.lua"),
+            include_str!($file)
+        )
+    };
+}
+
+/// The fair lock's release and leave: the queue and fence preludes, then the grant to the
+/// queue's head.
 macro_rules! grant_script {
     ($file:literal) => {
         concat!(
             include_str!("lua/queue_prune.lua"),
+            include_str!("lua/fence_next.lua"),
             include_str!("lua/lock_grant.lua"),
             include_str!($file)
         )
@@ -35,8 +49,8 @@ macro_rules! leases_script {
     };
 }
 
-const LOCK_ACQUIRE_SOURCE: &str = include_str!("lua/lock_acquire.lua");
-const LOCK_ACQUIRE_FAIR_SOURCE: &str = queue_script!("lua/lock_acquire_fair.lua");
+const LOCK_ACQUIRE_SOURCE: &str = fence_script!("lua/lock_acquire.lua");
+const LOCK_ACQUIRE_FAIR_SOURCE: &str = fair_script!("lua/lock_acquire_fair.lua");
 pub static LOCK_ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(LOCK_ACQUIRE_SOURCE));
 pub static LOCK_ACQUIRE_FAIR: LazyLock<Script> =
     LazyLock::new(|| Script::new(LOCK_ACQUIRE_FAIR_SOURCE));
@@ -132,7 +146,11 @@ pub fn acquire_call(
             script: &LOCK_ACQUIRE,
             source: LOCK_ACQUIRE_SOURCE,
             keys: vec![keys.lock(), keys.fence()],
-            args: vec![token.as_bytes().to_vec(), lease_ms.to_string().into_bytes()],
+            args: vec![
+                token.as_bytes().to_vec(),
+                lease_ms.to_string().into_bytes(),
+                keys.fence_ttl_ms().to_string().into_bytes(),
+            ],
         },
         Some(queueing) => {
             let (place_ms, join) = match queueing {
@@ -155,6 +173,7 @@ pub fn acquire_call(
                     place_ms.to_string().into_bytes(),
                     join.as_bytes().to_vec(),
                     inbox.as_bytes().to_vec(),
+                    keys.fence_ttl_ms().to_string().into_bytes(),
                 ],
             }
         }
@@ -218,7 +237,8 @@ fn queue_hand_off(inv: &mut ScriptInvocation<'_>, keys: &Keys, token: &str) {
         .key(keys.queue_leases())
         .arg(token)
         .arg(keys.wake_channel())
-        .arg(GRANT_SLACK_MS);
+        .arg(GRANT_SLACK_MS)
+        .arg(keys.fence_ttl_ms());
 }
 
 /// Compare-and-pexpire: the lease ends `lease_ms` from now.
@@ -255,6 +275,7 @@ pub fn semaphore_acquire<'a>(
     inv.key(keys.semaphore_holders())
         .key(keys.semaphore_queue())
         .key(keys.semaphore_queue_deadlines())
+        .key(keys.semaphore_limit())
         .arg(token)
         .arg(lease_ms)
         .arg(limit)
@@ -269,6 +290,7 @@ pub fn semaphore_release<'a>(keys: &Keys, token: &str, limit: u64) -> ScriptInvo
     inv.key(keys.semaphore_holders())
         .key(keys.semaphore_queue())
         .key(keys.semaphore_queue_deadlines())
+        .key(keys.semaphore_limit())
         .arg(token)
         .arg(limit)
         .arg(keys.wake_channel());
@@ -281,15 +303,19 @@ pub fn semaphore_leave<'a>(keys: &Keys, token: &str, limit: u64) -> ScriptInvoca
     inv.key(keys.semaphore_holders())
         .key(keys.semaphore_queue())
         .key(keys.semaphore_queue_deadlines())
+        .key(keys.semaphore_limit())
         .arg(token)
         .arg(limit)
         .arg(keys.wake_channel());
     inv
 }
 
-/// Compare-and-extend of a permit: its lease ends `lease_ms` from now (server clock).
+/// Compare-and-extend of a permit: its lease ends `lease_ms` from now (server clock); the
+/// semaphore's live limit lives at least as long.
 pub fn semaphore_extend<'a>(keys: &Keys, token: &str, lease_ms: u64) -> ScriptInvocation<'a> {
-    lease_extend(keys.semaphore_holders(), token, lease_ms)
+    let mut inv = lease_extend(keys.semaphore_holders(), token, lease_ms);
+    inv.key(keys.semaphore_limit());
+    inv
 }
 
 /// Whether `token` holds a live permit.
@@ -412,10 +438,11 @@ pub fn rw_state<'a>(keys: &Keys) -> ScriptInvocation<'a> {
     inv
 }
 
-/// Raises the fencing counter to at least `fence` (Redlock's write-back; never lowers it).
+/// Raises the fencing counter to at least `fence` (Redlock's write-back; never lowers it) and
+/// refreshes its expiry.
 pub fn raise_fence<'a>(keys: &Keys, fence: i64) -> ScriptInvocation<'a> {
     let mut inv = FENCE_RAISE.prepare_invoke();
-    inv.key(keys.fence()).arg(fence);
+    inv.key(keys.fence()).arg(fence).arg(keys.fence_ttl_ms());
     inv
 }
 
@@ -651,10 +678,18 @@ mod tests {
             [
                 keys.semaphore_holders(),
                 keys.semaphore_queue(),
-                keys.semaphore_queue_deadlines()
+                keys.semaphore_queue_deadlines(),
+                keys.semaphore_limit()
             ]
         );
         assert_eq!(args, [&b"t"[..], b"10", b"5", b"0", b"0"]);
+        let (sent_keys, _) = sent(&semaphore_extend(&keys, "t", 10));
+        assert_eq!(
+            sent_keys,
+            [keys.semaphore_holders(), keys.semaphore_limit()]
+        );
+        let (sent_keys, _) = sent(&rw_read_extend(&keys, "t", 10));
+        assert_eq!(sent_keys, [keys.rw_readers()]);
         let (_, args) = sent(&semaphore_acquire(
             &keys,
             "t",
@@ -702,7 +737,7 @@ mod tests {
         for inv in [release(&keys, "t"), leave_queue(&keys, "t")] {
             let (sent_keys, args) = sent(&inv);
             assert_eq!(sent_keys, expected_keys);
-            assert_eq!(args, [&b"t"[..], b"p:{n}:wake", b"3000"]);
+            assert_eq!(args, [&b"t"[..], b"p:{n}:wake", b"3000", b"86400000"]);
         }
         let (sent_keys, args) = sent(&acquire(
             &keys,
@@ -712,7 +747,51 @@ mod tests {
             "0a1b",
         ));
         assert_eq!(sent_keys, expected_keys);
-        assert_eq!(args, [&b"t"[..], b"10", b"6000", b"1", b"0a1b"]);
+        assert_eq!(
+            args,
+            [&b"t"[..], b"10", b"6000", b"1", b"0a1b", b"86400000"]
+        );
+    }
+
+    #[test]
+    fn every_fence_carries_the_counters_ttl() {
+        let keys = Keys::new(b"p:", b"n").with_fence_ttl(1500);
+        let (sent_keys, args) = sent(&acquire(&keys, "t", 10, None, ""));
+        assert_eq!(sent_keys, [keys.lock(), keys.fence()]);
+        assert_eq!(args, [&b"t"[..], b"10", b"1500"]);
+        let (_, args) = sent(&acquire(&keys, "t", 10, Some(Queueing::TryOnly), ""));
+        assert_eq!(args[5], b"1500");
+        for inv in [release(&keys, "t"), leave_queue(&keys, "t")] {
+            assert_eq!(sent(&inv).1[3], b"1500");
+        }
+        let (sent_keys, args) = sent(&raise_fence(&keys, 42));
+        assert_eq!(sent_keys, [keys.fence()]);
+        assert_eq!(args, [&b"42"[..], b"1500"]);
+        // A zero ttl would make PX fail on the server: at least 1 ms.
+        assert_eq!(Keys::new(b"p:", b"n").with_fence_ttl(0).fence_ttl_ms(), 1);
+    }
+
+    #[test]
+    fn fences_come_from_the_fence_prelude_only() {
+        for source in [
+            LOCK_ACQUIRE_SOURCE,
+            LOCK_ACQUIRE_FAIR_SOURCE,
+            grant_script!("lua/lock_release.lua"),
+            grant_script!("lua/queue_leave.lua"),
+        ] {
+            let prelude = source.find("local function next_fence").unwrap();
+            assert!(source[prelude..].contains("'PX', ttl_ms"));
+            // A bare INCR would leave a counter without an expiry.
+            assert!(!source.contains("'INCR'"), "{source}");
+        }
+        for source in [
+            grant_script!("lua/lock_release.lua"),
+            grant_script!("lua/queue_leave.lua"),
+        ] {
+            let fence = source.find("local function next_fence").unwrap();
+            let grant = source.find("local function grant_head").unwrap();
+            assert!(fence < grant);
+        }
     }
 
     #[test]
@@ -733,6 +812,6 @@ mod tests {
         for script in [&*LOCK_ACQUIRE_FAIR, &*LOCK_RELEASE, &*QUEUE_LEAVE] {
             let _ = script.get_hash();
         }
-        assert!(queue_script!("lua/lock_release.lua").contains("local function prune_queue"));
+        assert!(fair_script!("lua/lock_acquire_fair.lua").contains("local function prune_queue"));
     }
 }

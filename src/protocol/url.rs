@@ -22,10 +22,10 @@ const SENTINEL_SCHEMES: [&str; 2] = ["redis+sentinel://", "rediss+sentinel://"];
 /// The port of a sentinel when the URL gives none.
 pub const SENTINEL_PORT: u16 = 26379;
 /// Query keys whose values are secrets.
-const SECRET_KEYS: [&str; 3] = ["pass", "password", "sentinel_password"];
+const SECRET_KEYS: [&str; 4] = ["pass", "password", "sentinel_password", "ssl_password"];
 /// Query keys any accepted URL may hold: a secret value runs to the next `&` that starts one of
 /// these (or to the end), so a raw `&` inside a password is never shown.
-const QUERY_KEYS: [&str; 8] = [
+const QUERY_KEYS: [&str; 14] = [
     "db",
     "user",
     "username",
@@ -34,6 +34,12 @@ const QUERY_KEYS: [&str; 8] = [
     "protocol",
     "sentinel_username",
     "sentinel_password",
+    "ssl_ca_certs",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "ssl_cert_reqs",
+    "ssl_check_hostname",
+    "ssl_password",
 ];
 
 /// Where the text after the scheme starts, if the URL has one.
@@ -133,6 +139,142 @@ fn normalize(url: &str) -> Cow<'_, str> {
     }
     out.push_str(tail);
     Cow::Owned(out)
+}
+
+/// The TLS settings a `rediss://` URL may carry in its query, named as redis-py names them.
+const TLS_KEYS: [&str; 5] = [
+    "ssl_ca_certs",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "ssl_cert_reqs",
+    "ssl_check_hostname",
+];
+
+/// The TLS settings of a `rediss://` URL (`?ssl_ca_certs=...&ssl_certfile=...`): file paths as
+/// given (the engine reads the files), and how the server's certificate is checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsOptions {
+    /// PEM file of the CAs to trust instead of the built-in web roots.
+    pub ca_certs: Option<String>,
+    /// PEM file of the client certificate (chain) presented to the server.
+    pub certfile: Option<String>,
+    /// PEM file of the client certificate's private key (defaults to `certfile`).
+    pub keyfile: Option<String>,
+    /// `ssl_cert_reqs=none` turns this off: the server's certificate is not checked at all.
+    pub verify_peer: bool,
+    /// `ssl_check_hostname=false` turns this off: the certificate must chain to a trusted CA,
+    /// but may name another host.
+    pub check_hostname: bool,
+}
+
+impl Default for TlsOptions {
+    fn default() -> Self {
+        TlsOptions {
+            ca_certs: None,
+            certfile: None,
+            keyfile: None,
+            verify_peer: true,
+            check_hostname: true,
+        }
+    }
+}
+
+impl TlsOptions {
+    /// Whether the URL gave no TLS setting (the redis crate's defaults apply).
+    pub fn is_default(&self) -> bool {
+        *self == TlsOptions::default()
+    }
+}
+
+/// Takes the `ssl_*` settings out of a URL's query: the URL without them, and the settings.
+/// They are accepted only on `rediss://` URLs of one server (not Sentinel, not unix sockets).
+pub fn split_tls(url: &str) -> Result<(String, TlsOptions), String> {
+    let fail = |why: &str| format!("url: invalid Redis URL '{}': {}", redact(url), why);
+    // A raw password may hold '?', '#' or '&': only what follows the user-info is looked at.
+    let (head, tail) = url.split_at(userinfo_range(url).map_or(0, |(_, at)| at + 1));
+    let (before, fragment) = match tail.find('#') {
+        Some(h) => tail.split_at(h),
+        None => (tail, ""),
+    };
+    let Some((base, query)) = before.split_once('?') else {
+        return Ok((url.to_string(), TlsOptions::default()));
+    };
+    let mut options = TlsOptions::default();
+    let mut seen: Vec<&str> = Vec::new();
+    let mut kept: Vec<&str> = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if !key.starts_with("ssl_") {
+            kept.push(pair);
+            continue;
+        }
+        if !TLS_KEYS.contains(&key) {
+            return Err(fail(&format!(
+                "unknown TLS option '{key}' (known: {})",
+                TLS_KEYS.join(", ")
+            )));
+        }
+        if seen.contains(&key) {
+            return Err(fail(&format!("{key} is given twice")));
+        }
+        seen.push(key);
+        let value = percent_decode(value);
+        let path = |value: String| {
+            if value.is_empty() {
+                Err(fail(&format!("{key} needs a file path")))
+            } else {
+                Ok(Some(value))
+            }
+        };
+        match key {
+            "ssl_ca_certs" => options.ca_certs = path(value)?,
+            "ssl_certfile" => options.certfile = path(value)?,
+            "ssl_keyfile" => options.keyfile = path(value)?,
+            "ssl_cert_reqs" => {
+                options.verify_peer = match value.to_ascii_lowercase().as_str() {
+                    "required" | "optional" | "cert_required" | "cert_optional" => true,
+                    "none" | "cert_none" => false,
+                    _ => return Err(fail("ssl_cert_reqs must be required, optional or none")),
+                }
+            }
+            _ => {
+                options.check_hostname = match value.to_ascii_lowercase().as_str() {
+                    "true" | "1" | "yes" | "y" | "t" => true,
+                    "false" | "0" | "no" | "n" | "f" => false,
+                    _ => return Err(fail("ssl_check_hostname must be true or false")),
+                }
+            }
+        }
+    }
+    if seen.is_empty() {
+        return Ok((url.to_string(), options));
+    }
+    if !url.starts_with("rediss://") {
+        return Err(fail(
+            "ssl_* options need a rediss:// URL of one server (not redis://, unix:// or Sentinel)",
+        ));
+    }
+    if options.keyfile.is_some() && options.certfile.is_none() {
+        return Err(fail("ssl_keyfile needs ssl_certfile"));
+    }
+    let mut plain = format!("{head}{base}");
+    if !kept.is_empty() {
+        plain.push('?');
+        plain.push_str(&kept.join("&"));
+    }
+    plain.push_str(fragment);
+    Ok((plain, options))
+}
+
+/// Whether a URL's query holds any `ssl_*` setting.
+fn has_tls_query(url: &str) -> bool {
+    let tail = url
+        .get(userinfo_range(url).map_or(0, |(_, at)| at + 1)..)
+        .unwrap_or_default();
+    let before = tail.split('#').next().unwrap_or_default();
+    before
+        .split_once('?')
+        .is_some_and(|(_, query)| query.split('&').any(|pair| pair.starts_with("ssl_")))
 }
 
 /// Where a client connects: one server, or whichever master the sentinels name.
@@ -345,6 +487,13 @@ pub fn parse(url: &str) -> Result<ConnectionInfo, String> {
             "the scheme must be redis://, rediss://, redis+unix:// or unix://",
         ));
     }
+    if has_tls_query(url) {
+        // `split_tls` takes them off first where they are supported.
+        return Err(fail(
+            "the ssl_* options are taken by Client(url) and Redlock master URLs, not here \
+             (e.g. not by cluster seeds)",
+        ));
+    }
     match normalize(url).as_ref().into_connection_info() {
         Ok(info) => Ok(info),
         // The parser's own words are static descriptions; they still pass through the
@@ -484,6 +633,53 @@ mod tests {
             ),
             "boom s3 and *** and ***"
         );
+    }
+
+    #[test]
+    fn splits_tls_options_off_the_query() {
+        let (plain, o) = split_tls(
+            "rediss://u:pw@h:1/2?ssl_ca_certs=%2Fetc%2Fca%20x.pem&protocol=resp3\
+             &ssl_certfile=/c.pem&ssl_keyfile=/k.pem&ssl_cert_reqs=Required&ssl_check_hostname=false",
+        )
+        .unwrap();
+        assert_eq!(plain, "rediss://u:pw@h:1/2?protocol=resp3");
+        assert_eq!(o.ca_certs.as_deref(), Some("/etc/ca x.pem"));
+        assert_eq!(o.certfile.as_deref(), Some("/c.pem"));
+        assert_eq!(o.keyfile.as_deref(), Some("/k.pem"));
+        assert!(o.verify_peer && !o.check_hostname);
+        // A raw password with '?', '#' and '&' is left alone.
+        let (plain, o) = split_tls("rediss://u:p?a#b&c@h:1/0?ssl_cert_reqs=none").unwrap();
+        assert_eq!(plain, "rediss://u:p?a#b&c@h:1/0");
+        assert!(!o.verify_peer);
+        assert!(!has_tls_query("rediss://u:p?ssl_x@h:1/0"));
+        let (plain, o) = split_tls("rediss://h/0?ssl_cert_reqs=none#insecure").unwrap();
+        assert_eq!(plain, "rediss://h/0#insecure");
+        assert!(!o.verify_peer);
+        for url in [
+            "rediss://h/0",
+            "redis://h/0?protocol=resp3",
+            "unix:///s?db=1",
+        ] {
+            let (plain, o) = split_tls(url).unwrap();
+            assert_eq!(plain, url);
+            assert!(o.is_default());
+        }
+        for bad in [
+            "redis://:hunter2@h/0?ssl_cert_reqs=none",
+            "rediss+sentinel://:hunter2@h/svc?ssl_cert_reqs=none",
+            "rediss://:hunter2@h/0?ssl_cert_reqs=sometimes",
+            "rediss://:hunter2@h/0?ssl_check_hostname=2",
+            "rediss://:hunter2@h/0?ssl_keyfile=/k",
+            "rediss://:hunter2@h/0?ssl_ca_certs=",
+            "rediss://:hunter2@h/0?ssl_ca_certs=/a&ssl_ca_certs=/b",
+            "rediss://h/0?ssl_password=hunter2",
+        ] {
+            let err = split_tls(bad).map(|_| ()).expect_err(bad);
+            assert!(err.starts_with("url: "), "{err}");
+            assert!(!err.contains("hunter2"), "{err}");
+        }
+        // Where the options are not taken off first, they are refused, never ignored.
+        assert!(parse("rediss://h/0?ssl_cert_reqs=none").is_err());
     }
 
     #[test]

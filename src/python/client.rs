@@ -10,11 +10,20 @@ use super::args;
 use super::blocking;
 use super::errors::{type_error, value_error};
 use crate::engine::node::Timeouts;
+use crate::engine::tls;
 use crate::engine::{Client, ClientConfig, Deployment, Error};
+use crate::protocol::keys::DEFAULT_FENCE_TTL_MS;
+use crate::protocol::lease;
 use crate::protocol::url::{self, Endpoint};
 
 const DEFAULT_URL: &str = "redis://127.0.0.1:6379/0";
 
+/// A connection to Redis for the primitives: one server, a Redlock set or a Cluster.
+///
+/// `Client(url="redis://127.0.0.1:6379/0", *, prefix="redmutex:", connect_timeout=5.0,
+/// command_timeout=5.0, fence_ttl=86400.0)`; a list of URLs is a Redlock set,
+/// `cluster=[seed, ...]` a Redis Cluster. Constructing does not connect; None for any argument
+/// means its default.
 #[pyclass(frozen, module = "redmutex", name = "Client")]
 pub struct PyClient {
     pub inner: Arc<Client>,
@@ -53,7 +62,7 @@ fn redlock_deployment(value: &Bound<'_, PyAny>) -> PyResult<(Deployment, String)
     let mut masters = Vec::with_capacity(urls.len());
     let mut seen: Vec<String> = Vec::new();
     for u in &urls {
-        let endpoint = url::parse_endpoint(u).map_err(Error::Invalid)?;
+        let endpoint = tls::parse_endpoint(u)?;
         // The same master twice would count its vote twice (another db of one server is the
         // same master too). Other names of one server are found at first contact (run_id).
         let identity = match &endpoint {
@@ -123,16 +132,26 @@ fn seconds_or(arg: &str, value: Option<&Bound<'_, PyAny>>, default: f64) -> PyRe
     }
 }
 
+/// `fence_ttl`: a finite number of seconds greater than 0 (whole ms on the wire, rounded up).
+fn fence_ttl_seconds(value: &Bound<'_, PyAny>) -> PyResult<Duration> {
+    match args::forever_or_duration("fence_ttl", value, 0.0)? {
+        None => Err(value_error("fence_ttl", "must be finite")),
+        Some(d) if d.is_zero() => Err(value_error("fence_ttl", "must be greater than 0")),
+        Some(d) => Ok(d),
+    }
+}
+
 #[pymethods]
 impl PyClient {
     #[new]
-    #[pyo3(signature = (url=None, *, prefix=None, connect_timeout=None, command_timeout=None, cluster=None))]
+    #[pyo3(signature = (url=None, *, prefix=None, connect_timeout=None, command_timeout=None, cluster=None, fence_ttl=None))]
     fn new(
         url: Option<&Bound<'_, PyAny>>,
         prefix: Option<&Bound<'_, PyAny>>,
         connect_timeout: Option<&Bound<'_, PyAny>>,
         command_timeout: Option<&Bound<'_, PyAny>>,
         cluster: Option<&Bound<'_, PyAny>>,
+        fence_ttl: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let url = url.filter(|u| !u.is_none());
         let cluster = cluster.filter(|c| !c.is_none());
@@ -143,6 +162,10 @@ impl PyClient {
         let timeouts = Timeouts {
             connect: seconds_or("connect_timeout", connect_timeout, 5.0)?,
             command: seconds_or("command_timeout", command_timeout, 5.0)?,
+        };
+        let fence_ttl = match fence_ttl {
+            Some(v) if !v.is_none() => fence_ttl_seconds(v)?,
+            _ => Duration::from_millis(DEFAULT_FENCE_TTL_MS),
         };
         let (deployment, display_url) = match (url, cluster) {
             (Some(_), Some(_)) => {
@@ -158,7 +181,7 @@ impl PyClient {
             }
             (Some(u), None) => {
                 let url_text = text("url", u)?;
-                let endpoint = url::parse_endpoint(&url_text).map_err(Error::Invalid)?;
+                let endpoint = tls::parse_endpoint(&url_text)?;
                 (
                     Deployment::Single(Box::new(endpoint)),
                     url::redact(&url_text),
@@ -176,6 +199,7 @@ impl PyClient {
             deployment,
             prefix: prefix.as_bytes().to_vec(),
             timeouts,
+            fence_ttl_ms: lease::lease_ms(fence_ttl),
         };
         Ok(PyClient {
             inner: Arc::new(Client::new(config)?),
@@ -205,6 +229,12 @@ impl PyClient {
     /// Closes this process's connections; a later use opens new ones.
     fn close(&self) {
         self.inner.close();
+    }
+
+    /// How long a name's fencing counter lives after its last acquisition, in seconds.
+    #[getter]
+    fn fence_ttl(&self) -> f64 {
+        self.inner.config().fence_ttl_ms as f64 / 1000.0
     }
 
     #[getter]

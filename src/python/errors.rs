@@ -16,6 +16,7 @@ pyo3::import_exception!(redmutex.errors, LockNotOwnedError);
 pyo3::import_exception!(redmutex.errors, LockLostError);
 pyo3::import_exception!(redmutex.errors, ConnectionError);
 pyo3::import_exception!(redmutex.errors, QuorumError);
+pyo3::import_exception!(redmutex.errors, SemaphoreLimitError);
 
 impl From<Error> for PyErr {
     fn from(err: Error) -> PyErr {
@@ -28,6 +29,7 @@ impl From<Error> for PyErr {
             Error::Invalid(m) => PyValueError::new_err(m),
             Error::Quorum(m) => QuorumError::new_err(m),
             Error::Unsupported(m) => PyNotImplementedError::new_err(m),
+            Error::Limit(m) => SemaphoreLimitError::new_err(m),
         }
     }
 }
@@ -83,6 +85,7 @@ impl About {
             Error::NotOwned(_) => LockNotOwnedError::type_object(py),
             Error::Lost(_) => LockLostError::type_object(py),
             Error::Quorum(_) => QuorumError::type_object(py),
+            Error::Limit(_) => SemaphoreLimitError::type_object(py),
             Error::Invalid(_) | Error::Unsupported(_) => return err.into(),
         };
         self.raise(&class, &format!("{}: {err}", self.label()))

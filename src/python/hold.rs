@@ -81,6 +81,11 @@ impl Listener for PyListener {
             return;
         }
         std::thread::spawn(move || {
+            // Checked again here, atomically with the exit hook: this thread may only now get
+            // to run, after the interpreter began to exit.
+            let Some(_pass) = super::enter_python() else {
+                return;
+            };
             Python::attach(|py| {
                 log::warning(py, &message);
                 let (Some(callback), Some(target)) = (on_lost, target.bind(py).upgrade()) else {
@@ -98,7 +103,12 @@ impl Listener for PyListener {
         if super::interpreter_exiting() {
             return;
         }
-        std::thread::spawn(move || Python::attach(|py| log::warning(py, &message)));
+        std::thread::spawn(move || {
+            let Some(_pass) = super::enter_python() else {
+                return;
+            };
+            Python::attach(|py| log::warning(py, &message))
+        });
     }
 }
 

@@ -13,6 +13,12 @@ use super::errors::{About, Named};
 use super::hold;
 use crate::engine::lock::{Direct, LockHandle, OnLost, Wait};
 
+/// A distributed mutex on Redis: `with Lock(client, "name", ttl=5): ...`.
+///
+/// `ttl: float = 10.0` is the lease in seconds (never None; use `auto_renew=True` for long
+/// holds). `timeout: float | None = None` is the default wait of `acquire()` and `with`: None
+/// waits forever, 0 tries once. Options: `auto_renew=False`, `fair=False`, `replicas=0`,
+/// `on_lost=None`. Not re-entrant; ownership belongs to this object.
 #[pyclass(frozen, weakref, module = "redmutex", name = "Lock")]
 pub struct PyLock {
     client: Py<PyClient>,
@@ -118,6 +124,7 @@ impl PyLock {
         Self::acquire_with(slf, wait)
     }
 
+    /// Releases the hold (LockNotOwnedError when none, LockLostError when the lease was lost).
     fn release(&self, py: Python<'_>) -> PyResult<()> {
         if self.handle.has_direct() {
             return py

@@ -16,6 +16,10 @@ use super::hold;
 use crate::engine::lock::{OnLost, Wait};
 use crate::engine::rwlock::{Mode, RwHandle, RwLock};
 
+/// A read-write lock: `with rw.read(): ...` (many readers) or `with rw.write(): ...` (one writer).
+///
+/// `ttl: float = 10.0` is each side's lease in seconds. `timeout: float | None = None` is the
+/// default wait: None waits forever, 0 tries once. Options: `auto_renew=False`, `on_lost=None`.
 #[pyclass(frozen, module = "redmutex", name = "RWLock")]
 pub struct PyRwLock {
     client: Py<PyClient>,
@@ -29,7 +33,8 @@ pub struct PyRwLock {
     on_lost: Option<Arc<Py<PyAny>>>,
 }
 
-/// The read or the write lock of an RWLock, as returned by `read()` / `write()`.
+/// The read or the write lock of an RWLock (made by `RWLock.read()` / `RWLock.write()`),
+/// with the acquire/release/extend/owned methods and `with` behaviour of Lock.
 #[pyclass(frozen, weakref, module = "redmutex", name = "RWLockSide")]
 pub struct PyRwSide {
     rwlock: Py<PyRwLock>,
@@ -225,6 +230,7 @@ impl PyRwSide {
         Self::acquire_with(slf, wait)
     }
 
+    /// Releases the hold (LockNotOwnedError when none, LockLostError when the lease was lost).
     fn release(&self, py: Python<'_>) -> PyResult<()> {
         let handle = self.handle.clone();
         blocking::wait(py, async move { handle.release().await })?.about(py, &self.about)

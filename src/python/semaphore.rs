@@ -16,6 +16,11 @@ use crate::engine::lock::{Direct, OnLost, Wait};
 use crate::engine::semaphore::SemaphoreHandle;
 use crate::protocol::lease::MAX_MS;
 
+/// At most `limit` holders of a name at once: `with Semaphore(client, "jobs", 3): ...`.
+///
+/// `ttl: float = 10.0` is each holder's lease in seconds. `timeout: float | None = None` is the
+/// default wait: None waits forever, 0 tries once. Options: `fair=True`, `auto_renew=False`,
+/// `on_lost=None`.
 #[pyclass(frozen, weakref, module = "redmutex", name = "Semaphore")]
 pub struct PySemaphore {
     client: Py<PyClient>,

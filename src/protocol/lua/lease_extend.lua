@@ -1,6 +1,7 @@
 -- Extend a lease kept in a zset if ARGV[1] holds a live one: compare-and-extend (appended to
 -- queue_prune.lua and leases.lua). Used for semaphore holders and read-write lock readers.
 -- KEYS[1] leases (zset token -> lease end, server ms)   ARGV[1] token
+-- KEYS[2] (semaphores only) the live limit: its expiry is stretched to the leases' if shorter
 -- ARGV[2] new lease in ms, counted from now (server clock)
 -- Reply: 1 extended; 0 not ours (its lease had ended, or it never held one).
 local now = server_now_ms()
@@ -13,4 +14,11 @@ if tonumber(lease_end) <= now then
   return 0
 end
 grant_lease(KEYS[1], ARGV[1], tonumber(ARGV[2]), now)
+if KEYS[2] then
+  local ms = redis.call('PTTL', KEYS[1])
+  local left = redis.call('PTTL', KEYS[2])
+  if left ~= -2 and left < ms then
+    redis.call('PEXPIRE', KEYS[2], ms)
+  end
+end
 return 1

@@ -58,3 +58,10 @@ local function wake_semaphore(holders, queue, deadlines, limit, channel, now, or
     redis.call('PUBLISH', channel, '')
   end
 end
+
+-- A semaphore's live limit goes with its last holder and waiter (otherwise it expires with them).
+local function drop_unused_limit(limit_key, holders, queue, now)
+  if limit_key and prune_leases(holders, now) == 0 and redis.call('EXISTS', queue) == 0 then
+    redis.call('DEL', limit_key)
+  end
+end

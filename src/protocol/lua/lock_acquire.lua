@@ -1,19 +1,20 @@
--- Acquire a lock (no queue): SET NX PX and the fence INCR in one atomic step.
+-- Acquire a lock (no queue): SET NX PX and the next fence in one atomic step (after
+-- fence_next.lua).
 -- KEYS[1] lock key (string: owner token)   KEYS[2] fence counter
--- ARGV[1] token   ARGV[2] lease in ms
--- ARGV[#ARGV] 'first' (optional, always the last argument): the first send of an attempt whose
---        token the caller chose (the recipes' identifier): a token found in place was put there
---        by another call with the same identifier, so it is not a grant. Without it (a resend
---        after the connection dropped, or a token of the lock object's own) it is ours.
+-- ARGV[1] token   ARGV[2] lease in ms   ARGV[3] fence counter's ttl in ms (after the last fence)
+-- ARGV[#ARGV] 'first' (optional, always the last argument, after ARGV[3]): the first send of an
+--        attempt whose token the caller chose (the recipes' identifier): a token found in place
+--        was put there by another call with the same identifier, so it is not a grant. Without it
+--        (a resend after the connection dropped, or a token of the lock object's own) it is ours.
 -- Reply: {1, fence} when ARGV[1] holds the lock now (a retry that finds its own token in place
 --        counts: nobody else can have incremented the fence while we held it);
 --        {0, pttl} when another owner holds it; pttl = ms left on its lease (-1: no lease).
 local owner = redis.call('GET', KEYS[1])
 if owner == false then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return {1, redis.call('INCR', KEYS[2])}
+  return {1, next_fence(KEYS[2], ARGV[3])}
 end
 if owner == ARGV[1] and ARGV[#ARGV] ~= 'first' then
-  return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
+  return {1, current_fence(KEYS[2], ARGV[3])}
 end
 return {0, redis.call('PTTL', KEYS[1])}

@@ -1,4 +1,4 @@
--- Acquire a lock in FIFO order (appended to queue_prune.lua).
+-- Acquire a lock in FIFO order (appended to queue_prune.lua and fence_next.lua).
 -- KEYS[1] lock key   KEYS[2] fence counter   KEYS[3] queue (list of tokens, arrival order)
 -- KEYS[4] place deadlines (zset token -> ms, server clock)
 -- KEYS[5] queue leases (hash token -> '<lease ms> <inbox>': what a release grants the waiter and
@@ -6,6 +6,7 @@
 -- ARGV[1] token   ARGV[2] lease in ms   ARGV[3] how long a silent waiter keeps its place, in ms
 -- ARGV[4] '1': join (or stay in) the queue when not granted; '0': try once, never queue
 -- ARGV[5] the waiter's inbox: hex id of the process's subscriber, or '' (see lock_grant.lua)
+-- ARGV[6] fence counter's ttl in ms (after the last fence; see fence_next.lua)
 -- Reply: {1, fence} granted (also when the token holds the lock already: a retry, or a grant
 --        by a release; its lease is then renewed to ARGV[2] from now);
 --        {0, ms, fence} not granted; ms = when to look again at the latest: the holder's lease
@@ -17,7 +18,7 @@ prune_queue(KEYS[3], KEYS[4], now, KEYS[5])
 local owner = redis.call('GET', KEYS[1])
 if owner == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
+  return {1, current_fence(KEYS[2], ARGV[6])}
 end
 
 local head = redis.call('LINDEX', KEYS[3], 0)
@@ -28,7 +29,7 @@ if owner == false and (head == false or head == ARGV[1]) then
     redis.call('ZREM', KEYS[4], ARGV[1])
     redis.call('HDEL', KEYS[5], ARGV[1])
   end
-  return {1, redis.call('INCR', KEYS[2])}
+  return {1, next_fence(KEYS[2], ARGV[6])}
 end
 
 if ARGV[4] == '1' then

@@ -1,4 +1,5 @@
--- Shared prelude of the fair lock's release and leave (after queue_prune.lua; not run alone):
+-- Shared prelude of the fair lock's release and leave (after queue_prune.lua and fence_next.lua;
+-- not run alone):
 -- hands a free lock straight to the first live waiter of the queue ("grant on release"), so the
 -- waiter holds it without asking. The grant's lease is the waiter's own, but at most the time
 -- left on its place plus `slack_ms`: a waiter that died while queued keeps the lock at most
@@ -6,10 +7,11 @@
 -- The grant is published as '<token> <fence> <lease ms>' on the waiter's inbox, `channel` ..
 -- ':' .. its inbox id, which only the waiter's process listens to (or on `channel` when it
 -- named no inbox). A head whose lease is not recorded (queued by an older client) is only
--- woken, on `channel` with its bare token, to take the lock itself.
+-- woken, on `channel` with its bare token, to take the lock itself. The fence counter's
+-- expiry is set to `fence_ttl_ms` (see fence_next.lua).
 -- Reply: true if a message was published.
 local function grant_head(lock_key, fence_key, queue_key, deadline_key, lease_key, channel,
-                          slack_ms, now)
+                          slack_ms, now, fence_ttl_ms)
   prune_queue(queue_key, deadline_key, now, lease_key)
   local head = redis.call('LINDEX', queue_key, 0)
   if not head then
@@ -27,7 +29,7 @@ local function grant_head(lock_key, fence_key, queue_key, deadline_key, lease_ke
   redis.call('LPOP', queue_key)
   redis.call('ZREM', deadline_key, head)
   redis.call('HDEL', lease_key, head)
-  local fence = redis.call('INCR', fence_key)
+  local fence = next_fence(fence_key, fence_ttl_ms)
   if inbox ~= '' then
     channel = channel .. ':' .. inbox
   end

@@ -1,7 +1,8 @@
--- Release a lock if ARGV[1] owns it, and hand it on (after queue_prune.lua, lock_grant.lua).
+-- Release a lock if ARGV[1] owns it, and hand it on (after queue_prune.lua, fence_next.lua, lock_grant.lua).
 -- KEYS[1] lock key   KEYS[2] fence counter   KEYS[3] queue   KEYS[4] place deadlines
 -- KEYS[5] queue leases (hash token -> lease ms)
 -- ARGV[1] token   ARGV[2] wake-up channel   ARGV[3] grant slack in ms (see lock_grant.lua)
+-- ARGV[4] fence counter's ttl in ms (see fence_next.lua)
 -- Reply: 1 released; 0 not ours (the lease ended, or another owner holds it): nothing touched.
 -- With live waiters in the fair queue, the first is granted the lock at once (its grant is
 -- published); otherwise the wake-up message is '' (for all).
@@ -11,7 +12,7 @@ end
 redis.call('DEL', KEYS[1])
 if redis.call('EXISTS', KEYS[3]) == 1 then
   if grant_head(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[2], tonumber(ARGV[3]),
-                server_now_ms()) then
+                server_now_ms(), ARGV[4]) then
     return 1
   end
 end

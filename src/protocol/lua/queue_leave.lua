@@ -1,7 +1,8 @@
--- A fair waiter gives up: leave the queue at once (after queue_prune.lua, lock_grant.lua).
+-- A fair waiter gives up: leave the queue at once (after queue_prune.lua, fence_next.lua, lock_grant.lua).
 -- KEYS[1] lock key   KEYS[2] fence counter   KEYS[3] queue   KEYS[4] place deadlines
 -- KEYS[5] queue leases (hash token -> lease ms)
 -- ARGV[1] token   ARGV[2] wake-up channel   ARGV[3] grant slack in ms (see lock_grant.lua)
+-- ARGV[4] fence counter's ttl in ms (see fence_next.lua)
 -- Reply: 1 if the token was queued or had been granted the lock, else 0. A grant that came
 -- while the waiter was giving up is given back. When the lock is free, it goes to the new head,
 -- which may have been waiting behind the one that left.
@@ -16,6 +17,6 @@ if owner == ARGV[1] then
 end
 if owner == false then
   grant_head(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[2], tonumber(ARGV[3]),
-             server_now_ms())
+             server_now_ms(), ARGV[4])
 end
 return removed

@@ -1,12 +1,15 @@
 -- A fair semaphore waiter gives up: leave the queue at once (appended to queue_prune.lua and
 -- leases.lua).
 -- KEYS[1] holders   KEYS[2] queue   KEYS[3] place deadlines
+-- KEYS[4] the live limit (see sem_acquire.lua): dropped with the last holder and waiter
 -- ARGV[1] token   ARGV[2] limit   ARGV[3] wake-up channel
 -- Reply: 1 if the token was queued, else 0. The waiters that free permits let in now are woken by
 -- name, since they may have been waiting behind the one that left.
 local removed = redis.call('LREM', KEYS[2], 1, ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
 if removed > 0 then
-  wake_semaphore(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[2]), ARGV[3], server_now_ms(), false)
+  local now = server_now_ms()
+  wake_semaphore(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[2]), ARGV[3], now, false)
+  drop_unused_limit(KEYS[4], KEYS[1], KEYS[2], now)
 end
 return removed

@@ -1,6 +1,7 @@
 -- Give back a permit if ARGV[1] holds one, and wake the waiters it lets in (appended to
 -- queue_prune.lua and leases.lua).
 -- KEYS[1] holders (zset token -> lease end, server ms)   KEYS[2] queue   KEYS[3] place deadlines
+-- KEYS[4] the live limit (see sem_acquire.lua): dropped with the last holder and waiter
 -- ARGV[1] token   ARGV[2] limit   ARGV[3] wake-up channel
 -- Reply: 1 released; 0 not ours (its lease had ended, or it never held a permit).
 -- The wake-up messages name the waiters at the head of the fair queue that the free permits let
@@ -13,7 +14,9 @@ end
 redis.call('ZREM', KEYS[1], ARGV[1])
 if tonumber(lease_end) <= now then
   -- It stopped counting when its lease ended; waiters were told to look again by then.
+  drop_unused_limit(KEYS[4], KEYS[1], KEYS[2], now)
   return 0
 end
 wake_semaphore(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[2]), ARGV[3], now, true)
+drop_unused_limit(KEYS[4], KEYS[1], KEYS[2], now)
 return 1
