@@ -344,3 +344,73 @@ def test_other_primitives_name_the_limitation(masters: Masters) -> None:
         redmutex.Semaphore(c, name(), 2)
     with pytest.raises(NotImplementedError, match="RWLock.*Redlock"):
         redmutex.RWLock(c, name())
+
+
+SAME_IDENTIFIER_WORKER = r"""
+import sys
+import threading
+import time
+
+import redis
+import redmutex
+
+urls, name = sys.argv[1].split(","), sys.argv[2]
+rounds, seconds = int(sys.argv[3]), float(sys.argv[4])
+client = redmutex.Client(urls, prefix="t:", connect_timeout=2, command_timeout=2)
+tally = redis.Redis.from_url(urls[0])  # the test's own counters, beside the lock's keys
+inside, overlaps, held = name + ":inside", name + ":overlaps", name + ":held"
+deadline = time.monotonic() + seconds
+
+
+def worker():
+    for _ in range(rounds):
+        if time.monotonic() > deadline:
+            return
+        if not redmutex.acquire_lock(client, name, identifier="worker-1", atime=2, ltime=10):
+            continue
+        tally.incr(held)
+        if tally.incr(inside) > 1:
+            tally.incr(overlaps)
+        time.sleep(0.001)
+        tally.decr(inside)
+        redmutex.release_lock(client, name, "worker-1")
+
+
+threads = [threading.Thread(target=worker) for _ in range(3)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print("done")
+"""
+
+
+def test_callers_with_the_same_identifier_never_hold_at_once() -> None:
+    # A token already in place is a grant only for one call's own resend: with a Redlock client
+    # too, two processes of three threads each passing identifier="worker-1" take turns.
+    with Masters(3) as masters:
+        n = name()
+        args = [",".join(masters.urls), n, "60", "8"]
+        children = [
+            subprocess.Popen(
+                [sys.executable, "-c", SAME_IDENTIFIER_WORKER, *args],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(2)
+        ]
+        try:
+            for child in children:
+                out, err = child.communicate(timeout=60)
+                assert child.returncode == 0 and out.strip() == "done", err
+        finally:
+            for child in children:
+                if child.poll() is None:
+                    child.kill()
+                    child.wait()
+        tally = masters.conn(0)
+        held = int(tally.get(n + ":held") or 0)
+        overlaps = int(tally.get(n + ":overlaps") or 0)
+        assert held >= 30, held
+        assert overlaps == 0, f"{overlaps} of {held} holds overlapped another"

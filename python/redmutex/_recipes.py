@@ -46,6 +46,9 @@ def acquire_lock(
     """Take `lockname` for up to `atime` seconds with a lease of `ltime` seconds.
 
     Returns the identifier (a fresh random one unless given), or False if not acquired in time.
+    Two calls with the same `identifier` never hold the lock at once. An attempt given up with
+    its outcome unknown (interrupted, or its reply lost twice) may leave the lock held for that
+    identifier until `ltime` ends: it is not deleted by identifier, as another call may hold it.
     """
     if identifier is None:
         identifier = secrets.token_hex(16)

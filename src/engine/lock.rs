@@ -205,13 +205,18 @@ impl Contender for LockContender<'_> {
         let shared = self.shared.clone();
         let keys = self.spec.keys.clone();
         let token = self.token.to_string();
+        // A token the caller chose found in place may be another call's lock (same identifier):
+        // with no proof that this attempt set it, it is left to lapse (at most one lease).
+        let release = !self.shared_token;
         let step = move || -> UndoStep {
             let (shared, keys, token) = (shared.clone(), keys.clone(), token.clone());
             Box::pin(async move {
-                shared
-                    .node
-                    .invoke(&scripts::release(&keys, &token), Retry::Once)
-                    .await?;
+                if release {
+                    shared
+                        .node
+                        .invoke(&scripts::release(&keys, &token), Retry::Once)
+                        .await?;
+                }
                 shared
                     .node
                     .invoke(&scripts::leave_queue(&keys, &token), Retry::Once)
@@ -299,15 +304,16 @@ pub async fn acquire_on(
 ) -> Result<Option<Granted>> {
     match backend {
         Backend::Single(shared) => acquire_from(shared, spec, token, wait, None, true).await,
-        Backend::Redlock(r) => redlock::acquire(r, spec, token, wait).await,
+        Backend::Redlock(r) => redlock::acquire(r, spec, token, wait, true).await,
     }
 }
 
-/// `release` on any deployment; `Ok(false)` when the lock was not ours (any more).
+/// `release` on any deployment for a token the caller chose (the recipes' entry point);
+/// `Ok(false)` when the lock was not ours (any more). On Redlock see `Redlock::release_chosen`.
 pub async fn release_on(backend: &Backend, keys: &Keys, token: &str) -> Result<bool> {
     match backend {
         Backend::Single(shared) => release(shared, keys, token).await,
-        Backend::Redlock(r) => r.release(keys, token).await,
+        Backend::Redlock(r) => r.release_chosen(keys, token).await,
     }
 }
 
@@ -433,7 +439,7 @@ impl Leased for LockSpec {
         wait: Wait,
         _args: &(),
     ) -> Result<Option<(Instant, Fenced)>> {
-        let granted = redlock::acquire(redlock, self, token, wait).await?;
+        let granted = redlock::acquire(redlock, self, token, wait, false).await?;
         Ok(granted.map(Into::into))
     }
 

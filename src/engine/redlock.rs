@@ -84,6 +84,9 @@ pub struct Redlock {
     run_ids: Mutex<Vec<Option<String>>>,
     /// Set (for good) once two masters turned out to be one server.
     refused: OnceLock<String>,
+    /// Holds of caller-chosen tokens won through this client, per (lock key, token): the masters
+    /// where their own votes set the token, the only ones their release deletes (see `Held`).
+    holds: Mutex<HashMap<(Vec<u8>, String), Held>>,
 }
 
 /// What one master said to an operation, and whether its word counts now.
@@ -101,6 +104,31 @@ enum RoundEnd {
 /// Releases of earlier rounds still under way, per master: the next vote on a master waits for
 /// its release, so a give-back can never delete a later grant of the same token.
 type GiveBacks = Vec<Option<tokio::task::JoinHandle<()>>>;
+
+/// For a token the caller chose (the recipes' identifier, which another call may use too): per
+/// master, whether this acquire's own vote set the token there and it was not given back yet.
+/// The votes are first sends (`scripts::acquire_first_send`), so a grant proves that this call
+/// set the key; a give-back or a cancelled acquire deletes only there, never a lock that another
+/// call with the same identifier holds.
+type Held = Arc<Mutex<Vec<bool>>>;
+
+fn set_held(held: &Held, index: usize, value: bool) {
+    if let Some(slot) = held
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_mut(index)
+    {
+        *slot = value;
+    }
+}
+
+fn is_held(held: &Held, index: usize) -> bool {
+    held.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(index)
+        .copied()
+        .unwrap_or(false)
+}
 
 impl Redlock {
     pub fn new(masters: Vec<(Arc<Shared>, String)>) -> Self {
@@ -121,6 +149,7 @@ impl Redlock {
             pending: Mutex::new(HashMap::new()),
             next_round: AtomicU64::new(0),
             refused: OnceLock::new(),
+            holds: Mutex::new(HashMap::new()),
         }
     }
 
@@ -284,6 +313,7 @@ impl Redlock {
         spec: LockSpec,
         token: String,
         before: Option<tokio::task::JoinHandle<()>>,
+        held: Option<Held>,
     ) -> VoteResult {
         if let Some(give_back) = before {
             let _ = give_back.await;
@@ -293,7 +323,13 @@ impl Redlock {
         };
         let failed = |err: Error| (index, Vote::Failed, Some(Self::labelled(master, &err)));
         let (attempt, identity) = if spec.replicas == 0 {
-            let inv = scripts::acquire(&spec.keys, &token, lease::lease_ms(spec.lease), None, "");
+            let lease_ms = lease::lease_ms(spec.lease);
+            // A token the caller chose may be in place for another call: a first send refuses
+            // it. Votes are never resent, so every vote is a first send.
+            let inv = match held {
+                Some(_) => scripts::acquire_first_send(&spec.keys, &token, lease_ms),
+                None => scripts::acquire(&spec.keys, &token, lease_ms, None, ""),
+            };
             // No resend after a dropped connection: a vote that fails is one vote fewer, and a
             // resend could land after this round gave its grants back.
             let node = &master.shared.node;
@@ -336,6 +372,9 @@ impl Redlock {
             Attempt::Busy { retry_ms, .. } => return (index, Vote::Busy { retry_ms }, None),
             Attempt::Granted { fence } => fence,
         };
+        if let Some(held) = &held {
+            set_held(held, index, true);
+        }
         let vote = match self.discounted(master, identity.as_deref()) {
             None => Vote::Granted { fence },
             Some(left) => Vote::Discounted {
@@ -352,6 +391,7 @@ impl Redlock {
         spec: &LockSpec,
         token: &str,
         give_backs: &mut GiveBacks,
+        held: Option<&Held>,
     ) -> Result<RoundEnd> {
         self.check_distinct()?;
         let n = self.masters.len();
@@ -360,7 +400,7 @@ impl Redlock {
             .map(|i| {
                 let before = give_backs.get_mut(i).and_then(Option::take);
                 self.clone()
-                    .vote(i, spec.clone(), token.to_string(), before)
+                    .vote(i, spec.clone(), token.to_string(), before, held.cloned())
                     .boxed()
                     .shared()
             })
@@ -412,6 +452,16 @@ impl Redlock {
             if let Some(granted) = self.settle_win(spec, sent_at, &grants).await {
                 return Ok(RoundEnd::Won(granted));
             }
+        } else if held.is_some() {
+            // A token the caller chose: only a vote that granted may be given back (see `Held`),
+            // so the give-back waits for the votes still out to learn which did.
+            for (i, vote) in all.into_iter().enumerate() {
+                if !reported.get(i).copied().unwrap_or(true) {
+                    if let Some(slot) = still_out.get_mut(i) {
+                        *slot = Some(vote);
+                    }
+                }
+            }
         } else {
             // Dropped (every copy): a request already sent runs before the give-back below
             // (same connection, in order); one not yet sent never will be.
@@ -426,10 +476,17 @@ impl Redlock {
             let keys = spec.keys.clone();
             let token = token.to_string();
             let late = still_out.get_mut(i).and_then(Option::take);
+            let held = held.cloned();
             *slot = runtime::handle().ok().map(|h| {
                 h.spawn(async move {
                     if let Some(vote) = late {
                         vote.await;
+                    }
+                    if let Some(held) = &held {
+                        if !is_held(held, i) {
+                            return;
+                        }
+                        set_held(held, i, false);
                     }
                     if let Some(m) = me.masters.get(i) {
                         let _ = m
@@ -538,6 +595,50 @@ impl Redlock {
                 }
             })
             .await?;
+        self.by_majority(answers, |v| parse_flag(v).ok())
+    }
+
+    /// `release` of a token the caller chose: when this client won the hold, only on the masters
+    /// where its own votes set the token (a token on any other master belongs to another call
+    /// with the same identifier, and deleting it could let a third call in beside that one);
+    /// otherwise (released by another client) on every master.
+    pub async fn release_chosen(&self, keys: &Keys, token: &str) -> Result<bool> {
+        let hold = self
+            .holds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(keys.lock(), token.to_string()));
+        let Some(held) = hold else {
+            return self.release(keys, token).await;
+        };
+        self.check_distinct()?;
+        let releases = self.masters.iter().map(|m| {
+            let earlier = self.pending_on(token, m.index);
+            let held = &held;
+            async move {
+                // Votes of the won round still out settle first (they mark `held` themselves).
+                join_all(earlier).await;
+                if !is_held(held, m.index) {
+                    return Answer {
+                        value: Ok(redis::Value::Int(0)),
+                        counted: true,
+                    };
+                }
+                set_held(held, m.index, false);
+                let inv = scripts::release(keys, token);
+                match m.shared.node.invoke(&inv, Retry::Once).await {
+                    Ok(value) => Answer {
+                        value: Ok(value),
+                        counted: true,
+                    },
+                    Err(err) => Answer {
+                        value: Err(Error::Connection(Self::labelled(m, &err))),
+                        counted: false,
+                    },
+                }
+            }
+        });
+        let answers = join_all(releases).await;
         self.by_majority(answers, |v| parse_flag(v).ok())
     }
 
@@ -673,11 +774,13 @@ impl Redlock {
     }
 }
 
-/// Gives the lock back on every master if dropped while armed (an acquire cancelled mid-way).
+/// Gives the lock back on every master if dropped while armed (an acquire cancelled mid-way);
+/// for a token the caller chose, only where this acquire's own vote set it (see `Held`).
 struct Cleanup {
     redlock: Arc<Redlock>,
     keys: Keys,
     token: String,
+    held: Option<Held>,
     armed: bool,
 }
 
@@ -689,8 +792,27 @@ impl Drop for Cleanup {
         let redlock = self.redlock.clone();
         let keys = self.keys.clone();
         let token = std::mem::take(&mut self.token);
+        let Some(held) = self.held.take() else {
+            runtime::spawn(async move {
+                let _ = redlock.release(&keys, &token).await;
+            });
+            return;
+        };
         runtime::spawn(async move {
-            let _ = redlock.release(&keys, &token).await;
+            let releases = redlock.masters.iter().map(|m| {
+                // Votes of a won round still out settle first (they mark `held` themselves).
+                let earlier = redlock.pending_on(&token, m.index);
+                let (held, keys, token) = (&held, &keys, &token);
+                async move {
+                    join_all(earlier).await;
+                    if is_held(held, m.index) {
+                        set_held(held, m.index, false);
+                        let inv = scripts::release(keys, token);
+                        let _ = m.shared.node.invoke(&inv, Retry::Once).await;
+                    }
+                }
+            });
+            join_all(releases).await;
         });
     }
 }
@@ -706,22 +828,37 @@ fn jitter(max: Duration) -> Duration {
 }
 
 /// Takes the lock for `token` on a majority, waiting as `wait` allows, without polling.
+/// `shared_token`: the caller chose the token (the recipes' identifier), so another call may
+/// hold the lock with it: a vote never counts the token found in place as a grant, and a
+/// give-back deletes only what this call's own votes set (see `Held`). The recipes never ask
+/// for a fair lock or replica acknowledgements, the only votes without a first-send form.
 pub async fn acquire(
     redlock: &Arc<Redlock>,
     spec: &LockSpec,
     token: &str,
     wait: Wait,
+    shared_token: bool,
 ) -> Result<Option<Granted>> {
     redlock.note_lease(spec.lease);
+    let held: Option<Held> = (shared_token && spec.replicas == 0)
+        .then(|| Arc::new(Mutex::new(vec![false; redlock.len()])));
     let mut cleanup = Cleanup {
         redlock: redlock.clone(),
         keys: spec.keys.clone(),
         token: token.to_string(),
+        held: held.clone(),
         armed: true,
     };
     let mut give_backs: GiveBacks = (0..redlock.len()).map(|_| None).collect();
-    let outcome = acquire_rounds(redlock, spec, token, wait, &mut give_backs).await;
+    let outcome = acquire_rounds(redlock, spec, token, wait, &mut give_backs, held.as_ref()).await;
     cleanup.armed = false;
+    if let (Ok(Some(_)), Some(held)) = (&outcome, held) {
+        redlock
+            .holds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((spec.keys.lock(), token.to_string()), held);
+    }
     outcome
 }
 
@@ -731,8 +868,9 @@ async fn acquire_rounds(
     token: &str,
     wait: Wait,
     give_backs: &mut GiveBacks,
+    held: Option<&Held>,
 ) -> Result<Option<Granted>> {
-    if let RoundEnd::Won(granted) = redlock.round(spec, token, give_backs).await? {
+    if let RoundEnd::Won(granted) = redlock.round(spec, token, give_backs, held).await? {
         return Ok(Some(granted));
     }
     if wait.expired(Instant::now()) {
@@ -757,7 +895,7 @@ async fn acquire_rounds(
     loop {
         // Subscribed before looking, so a release after the look is heard.
         redlock.ready(&registrations).await?;
-        let (retry_ms, split) = match redlock.round(spec, token, give_backs).await? {
+        let (retry_ms, split) = match redlock.round(spec, token, give_backs, held).await? {
             RoundEnd::Won(granted) => return Ok(Some(granted)),
             RoundEnd::Busy { retry_ms, split } => (retry_ms, split),
         };

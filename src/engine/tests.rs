@@ -660,6 +660,78 @@ fn an_abandoned_acquire_gives_back_what_it_obtains_and_nothing_else() {
     });
 }
 
+#[test]
+fn redlock_votes_for_a_caller_chosen_token_never_take_it_found_in_place() {
+    let servers = [Server::start(), Server::start(), Server::start()];
+    let client = redlock_client(&[&servers[0], &servers[1], &servers[2]], "rls:");
+    let backend = client.backend().unwrap();
+    let s = spec(&client, "same", 5_000, false);
+    let key = b"rls:{same}:lock";
+    let owners = || async {
+        let mut found = Vec::new();
+        for server in &servers {
+            let shared = server.client("rls:").shared().unwrap();
+            let value: Option<String> = shared
+                .node
+                .query(redis::cmd("GET").arg(key), Retry::Never)
+                .await
+                .unwrap();
+            found.push(value);
+        }
+        found
+    };
+    let one = Some("worker-1".to_string());
+    block_on(async {
+        assert!(lock::acquire_on(&backend, &s, "worker-1", Wait::Once)
+            .await
+            .unwrap()
+            .is_some());
+        // (A vote still out when the round was won lands in the background.)
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while owners().await != vec![one.clone(); 3] && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // A second call with the same identifier is refused, and its lost round deletes
+        // nothing: the first call still holds every master.
+        assert!(lock::acquire_on(&backend, &s, "worker-1", Wait::Once)
+            .await
+            .unwrap()
+            .is_none());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(owners().await, vec![one.clone(); 3]);
+        assert!(lock::release_on(&backend, &s.keys, "worker-1")
+            .await
+            .unwrap());
+
+        // Another call holds two masters with that identifier: this call's vote sets it on the
+        // third only, and gives back only there.
+        for server in &servers[..2] {
+            let shared = server.client("rls:").shared().unwrap();
+            let _: () = shared
+                .node
+                .query(
+                    redis::cmd("SET")
+                        .arg(key)
+                        .arg("worker-1")
+                        .arg("PX")
+                        .arg(5_000),
+                    Retry::Never,
+                )
+                .await
+                .unwrap();
+        }
+        assert!(lock::acquire_on(&backend, &s, "worker-1", Wait::Once)
+            .await
+            .unwrap()
+            .is_none());
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while owners().await[2].is_some() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(owners().await, vec![one.clone(), one.clone(), None]);
+    });
+}
+
 /// The server's clock in µs, as `fence_next.lua` reads it.
 fn server_time_us(shared: &super::client::Shared) -> i64 {
     let (secs, micros): (i64, i64) =
