@@ -9,38 +9,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from redmutex._cli import CliError, add_commands, url_secrets
+from redmutex._cli import CliError, add_commands
+from redmutex._redact import redact
 
 EXIT_ERROR = 2  # the command could not do its job (bad arguments, Redis unreachable, ...)
 EXIT_INTERRUPTED = 130
-
-# A password in a URL's user-info runs to the last '@' of the URL (raw '/', '?', '#' and '@'
-# included), a secret query value to the next '&' that starts a known key.
-_URL_PASSWORD = re.compile(r"(://[^:/@\s]*:)\S*@")
-_QUERY_PASSWORD = re.compile(
-    r"([?&](?:pass|password|sentinel_password)=)\S*?"
-    r"(?=&(?:db|user|username|pass|password|protocol|sentinel_username|sentinel_password)="
-    r"|'|\s|$)",
-    re.IGNORECASE,
-)
-
-
-def _secrets(url: str | None) -> list[str]:
-    """The password(s) a URL carries, raw and percent-decoded, to be kept out of messages."""
-    return url_secrets(url) if url else []
-
-
-def redact(text: str, url: str | None = None) -> str:
-    """`text` on one line, with URL passwords (and the given URL's password) replaced by ***."""
-    for secret in sorted(_secrets(url), key=len, reverse=True):
-        text = text.replace(secret, "***")
-    text = _QUERY_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", text))
-    return " ".join(text.split())
 
 
 class _Parser(argparse.ArgumentParser):

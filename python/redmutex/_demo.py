@@ -86,7 +86,7 @@ def _worker(
     url: str, accounts: list[str], transfers: int, seed: int, barrier: Any, results: Any
 ) -> None:
     """One process: wait for the start signal, make `transfers` random transfers, report."""
-    from redmutex.__main__ import redact
+    from redmutex._redact import redact
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     conn = None

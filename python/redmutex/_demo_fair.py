@@ -53,7 +53,7 @@ def _waiter(url: str, prefix: str, name: str, label: str, go: Any, results: Any)
         released = time.perf_counter_ns()
         results.put(("granted", label, fence, granted, released))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent as one line
-        from redmutex.__main__ import redact
+        from redmutex._redact import redact
 
         results.put(("error", label, redact(_one_line(exc), url)))
     finally:
