@@ -38,7 +38,8 @@ import redis
 from _helpers import wait_until
 from _proxy import FaultProxy
 from redmutex._server import RedisServer
-from test_faults import Section, _check_history, _paused
+from test_faults import Section, _check_history
+from test_faults import _inject as _inject_fault_test_kind
 
 SOAK_SECONDS = float(os.environ.get("REDMUTEX_SOAK_SECONDS", "150"))
 WORKERS = 8
@@ -46,6 +47,10 @@ TTL = 0.6
 MAX_SECTIONS = 100_000
 
 pytestmark = pytest.mark.soak
+
+# What test_faults' Jepsen run injects: a paused worker, cuts, latency, killed subscribers, a lost
+# reply, black-holes.
+FAULT_TEST_KINDS = ("pause", "cut", "latency", "pubsub", "drop-reply", "blackhole")
 
 # A worker: argv = url prefix name ttl mode deadline out board index seed.
 # mode: "unfair", "renew" (unfair, auto_renew), "fair", "aio" (asyncio, fair or not, cancels).
@@ -249,39 +254,16 @@ def _inject(
     marker: bytes,
 ) -> str:
     rng = soak.rng
-    if kind == "pause":
-        busy = [i for i in range(len(workers)) if board[i]]
-        target = rng.choice(busy) if busy else rng.randrange(len(workers))
-        with _paused(workers[target].pid):
-            time.sleep(TTL + rng.uniform(0.2, 0.5))
-        return "pause-holder" if busy else "pause-any"
-    if kind == "cut":
-        proxy.cut_all()
-    elif kind == "latency":
-        proxy.set_latency(rng.uniform(0.005, 0.05))
-        try:
-            time.sleep(rng.uniform(0.3, 1.0))
-        finally:
-            proxy.set_latency(0)
-    elif kind == "drop-reply":
-        proxy.drop_reply_to(marker)
-    elif kind == "blackhole":
-        hold = rng.random() < 0.5
-        proxy.blackhole("both", hold=hold)
-        try:
-            time.sleep(rng.uniform(0.1, 0.5))
-        finally:
-            proxy.heal()
-    elif kind == "restart":
+    if kind == "restart":
         soak.restart()
     elif kind == "exit":
         soak.exiter()
-    else:  # commands sent straight to the server
+    else:  # the fault tests' own kinds, and commands sent straight to the server
         conn = soak.conn()
         try:
-            if kind == "pubsub":
-                conn.client_kill_filter(_type="pubsub")
-            elif kind == "client-pause":
+            if kind in FAULT_TEST_KINDS:
+                return _inject_fault_test_kind(kind, rng, proxy, conn, workers, board, marker)
+            if kind == "client-pause":
                 conn.client_pause(int(rng.uniform(0.1, 0.7) * 1000))
             elif kind == "script-flush":
                 conn.script_flush()
