@@ -30,10 +30,11 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use super::client::{Client, Shared};
+use super::client::Client;
 use super::error::{Error, Result};
 use super::node::Retry;
 use super::runtime::{self, pid};
+use super::shared::Shared;
 use super::token::new_token;
 use super::waiting::Wait;
 use crate::protocol::keys::Keys;
@@ -166,7 +167,7 @@ impl Claim {
 
     /// The claim was taken by a lookup sent at `sent_at`: keep its lease alive from now on.
     fn granted(mut self, sent_at: Instant) -> Self {
-        self.flight = Some(self.shared.cache_flights.get(&self.name));
+        self.flight = Some(self.shared.locals.get::<Flight>(&self.name));
         if let Ok(handle) = runtime::handle() {
             let task = handle.spawn(renew(
                 self.shared.clone(),
@@ -451,7 +452,7 @@ async fn wait_for_value(
     skip: Option<&str>,
     started: Instant,
 ) -> Result<Waited> {
-    let flight = shared.cache_flights.get(&spec.name);
+    let flight = shared.locals.get::<Flight>(&spec.name);
     // Queue for the turn to look in Redis, unless the one looking now publishes a value first.
     let timer = until(wait.deadline());
     tokio::pin!(timer);

@@ -7,24 +7,18 @@
 //! - `Redlock`: N independent masters, each a `Shared` of its own, with per-primitive quorum
 //!   logic (`engine::redlock`). Primitives without such logic get `Error::Unsupported` there.
 
-use std::collections::HashMap;
 use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 
 use redis::ConnectionInfo;
 
-use super::cache::Flight;
-use super::direct::DirectPool;
 use super::error::{Error, Result};
-use super::exclusive::ExclusivePool;
-use super::name_map::NameMap;
-use super::node::{Node, Retry, ServerSeen, Target, Timeouts};
+use super::node::{Retry, Target, Timeouts};
 use super::redlock::Redlock;
-use super::runtime::{self, pid};
+use super::runtime::pid;
 use super::sentinel::Sentinel;
+pub use super::shared::Shared;
 use super::tls;
-use super::waiting::Gate;
-use super::wake::WakeHub;
 use crate::protocol::keys::{Keys, DEFAULT_FENCE_TTL_MS};
 use crate::protocol::url::Endpoint;
 
@@ -58,131 +52,6 @@ impl ClientConfig {
             timeouts,
             fence_ttl_ms: DEFAULT_FENCE_TTL_MS,
         })
-    }
-}
-
-/// The in-process gates that let only one waiter per primitive compete in Redis at a time,
-/// keyed by the primitive's full Redis key (see `waiting::Plan::gate`).
-#[derive(Default)]
-pub struct Gates {
-    gates: Mutex<HashMap<Vec<u8>, Weak<Gate>>>,
-}
-
-impl Shared {
-    /// Moves whenever a connection broke under a call: a call that spans a move may have been
-    /// sent twice, and its second answer may describe the effect of its first.
-    pub fn fault_epoch(&self) -> u64 {
-        self.node.drops() + self.direct.drops()
-    }
-
-    /// The run_id of the server incarnation that the latest connection opened on, if known.
-    pub fn run_id(&self) -> Option<Arc<str>> {
-        self.seen.run_id()
-    }
-}
-
-impl Gates {
-    /// The gate of the primitive whose key is `key` in this process (fair waiters queue in
-    /// Redis instead).
-    pub fn gate(&self, key: &[u8]) -> Arc<Gate> {
-        let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(gate) = gates.get(key).and_then(Weak::upgrade) {
-            return gate;
-        }
-        if gates.len() >= 64 {
-            gates.retain(|_, gate| gate.strong_count() > 0);
-        }
-        let gate = Arc::new(Gate::default());
-        gates.insert(key.to_vec(), Arc::downgrade(&gate));
-        gate
-    }
-}
-
-/// Aborts a background task when dropped.
-struct AbortOnDrop(tokio::task::AbortHandle);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// What a process shares on one Redis deployment: the command connection, the subscriber hub,
-/// and the in-process gates.
-pub struct Shared {
-    pub node: Node,
-    /// Connections used one call at a time, for writes that WAIT must follow (replicas).
-    pub exclusive: ExclusivePool,
-    /// Blocking connections for one-round-trip calls made from the caller's thread; only for a
-    /// single server (a cluster routes by slot and a Sentinel master moves: they go through
-    /// the runtime, and this pool refuses).
-    pub direct: DirectPool,
-    pub hub: WakeHub,
-    gates: Gates,
-    /// Per cache entry: the gate of its waiters and the value last read for them.
-    pub cache_flights: NameMap<Flight>,
-    /// The run_id of the server incarnation last connected to (None on a cluster).
-    seen: Arc<ServerSeen>,
-    /// Sentinel: the task that moves the connections when a failover is announced.
-    _watcher: Option<AbortOnDrop>,
-}
-
-impl Shared {
-    /// Connections (opened lazily) to `target`; `identify` reads each server's run_id as its
-    /// connection opens (Redlock masters).
-    pub fn open(target: Arc<Target>, timeouts: Timeouts, identify: bool) -> Arc<Shared> {
-        Arc::new_cyclic(|me: &Weak<Shared>| {
-            let watcher = match &*target {
-                Target::Sentinel(sentinel) => {
-                    let me = me.clone();
-                    let watch = sentinel
-                        .clone()
-                        .watch(timeouts, move || match me.upgrade() {
-                            Some(shared) => {
-                                shared.node.reset();
-                                shared.exclusive.reset();
-                                shared.hub.reset();
-                                true
-                            }
-                            None => false,
-                        });
-                    runtime::handle()
-                        .ok()
-                        .map(|h| AbortOnDrop(h.spawn(watch).abort_handle()))
-                }
-                _ => None,
-            };
-            // Every connection to one server (or a Sentinel-managed master) reads its run_id as
-            // it opens, so a restart or failover is told from a reply lost in transit (see
-            // `Holder::release`); a cluster's connections span many servers: none is read.
-            let seen = Arc::new(ServerSeen::default());
-            let node = if identify || !target.is_cluster() {
-                Node::identified_into(target.clone(), timeouts, seen.clone())
-            } else {
-                Node::new(target.clone(), timeouts)
-            };
-            let direct = match &*target {
-                Target::Direct(client) => {
-                    DirectPool::identified(client.clone(), timeouts, seen.clone())
-                }
-                _ => DirectPool::unavailable(timeouts),
-            };
-            Shared {
-                node,
-                exclusive: ExclusivePool::new(target.clone(), timeouts),
-                direct,
-                hub: WakeHub::new(target, timeouts),
-                gates: Gates::default(),
-                cache_flights: NameMap::new(),
-                seen,
-                _watcher: watcher,
-            }
-        })
-    }
-
-    /// The gate of the primitive whose key is `key` in this process.
-    pub fn gate(&self, key: &[u8]) -> Arc<Gate> {
-        self.gates.gate(key)
     }
 }
 

@@ -4,74 +4,18 @@
 //! when asked, and marked lost once renewal, extend or release finds the lease gone.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::client::{Backend, Client, Shared};
 use super::error::{Error, Result};
+pub use super::hold_status::HoldStatus;
 use super::redlock::Redlock;
 use super::renew::{self, Renewal, Schedule};
 use super::runtime::pid;
 use super::token::new_token;
 use super::waiting::{spawn_undo, Undo, UndoStep, Wait};
 use crate::protocol::lease;
-
-/// Shared between a hold and its renewal task.
-#[derive(Debug)]
-pub struct HoldStatus {
-    deadline: Mutex<Instant>,
-    lost: AtomicBool,
-    /// Set once a release was attempted, and never cleared: renewal stops for good (a release
-    /// that failed must not leave the lease renewed for as long as the object lives; it ends by
-    /// itself within the ttl), and no "not ours" it hears from then on is a loss.
-    releasing: AtomicBool,
-    /// The run_id of the server incarnation known when the hold was granted (None: unknown).
-    run_id: Option<Arc<str>>,
-}
-
-impl HoldStatus {
-    pub fn new(deadline: Instant) -> Self {
-        HoldStatus {
-            deadline: Mutex::new(deadline),
-            lost: AtomicBool::new(false),
-            releasing: AtomicBool::new(false),
-            run_id: None,
-        }
-    }
-
-    fn granted_on(deadline: Instant, run_id: Option<Arc<str>>) -> Self {
-        HoldStatus {
-            run_id,
-            ..HoldStatus::new(deadline)
-        }
-    }
-
-    pub fn deadline(&self) -> Instant {
-        *self.deadline.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub fn set_deadline(&self, deadline: Instant) {
-        *self.deadline.lock().unwrap_or_else(|p| p.into_inner()) = deadline;
-    }
-
-    pub fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::Acquire)
-    }
-
-    /// Marks the hold lost; true only for the first caller (who reports it).
-    pub fn mark_lost(&self) -> bool {
-        !self.lost.swap(true, Ordering::AcqRel)
-    }
-
-    pub fn is_releasing(&self) -> bool {
-        self.releasing.load(Ordering::Acquire)
-    }
-
-    pub fn set_releasing(&self) {
-        self.releasing.store(true, Ordering::Release);
-    }
-}
 
 /// Told by renewal when a hold is lost or renewal falters.
 pub type OnLost = Arc<dyn renew::Listener>;

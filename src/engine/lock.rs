@@ -9,6 +9,7 @@ use super::error::{Error, Result};
 use super::hold::{DirectTry, Holder, Leased, Naming};
 use super::node::Retry;
 use super::redlock::{self, Redlock};
+use super::replicas::attempt_with_replicas;
 use super::waiting::{self, attempt_direct, Contender, Outcome, Plan, Undo, UndoStep};
 use crate::protocol::keys::Keys;
 use crate::protocol::lease;
@@ -18,26 +19,7 @@ use crate::protocol::wake::GrantNote;
 
 pub use super::hold::{Direct, HoldStatus, OnLost, Pending};
 pub use super::waiting::{Wait, QUEUE_PLACE};
-
-/// What identifies a lock in Redis and how it is leased.
-#[derive(Clone, Debug)]
-pub struct LockSpec {
-    pub name: Vec<u8>,
-    pub keys: Keys,
-    pub lease: Duration,
-    pub fair: bool,
-    /// Replicas that must acknowledge the lock write (Redis WAIT) before a grant counts.
-    pub replicas: u32,
-}
-
-/// A successful acquire: the fence, when the lease started at the latest as far as this side
-/// knows (when the winning request was sent), and the lease from then.
-#[derive(Clone, Copy, Debug)]
-pub struct Granted {
-    pub fence: i64,
-    pub sent_at: Instant,
-    pub lease: Duration,
-}
+pub use crate::protocol::lock::{Granted, LockSpec};
 
 /// What a lock hold keeps beside its token: the fence, and the lease it was granted (shorter
 /// than the lock's ttl when a release granted it to a fair waiter, see `lock_grant.lua`).
@@ -57,44 +39,6 @@ impl From<Granted> for (Instant, Fenced) {
             },
         )
     }
-}
-
-/// With `replicas` > 0 the attempt and a WAIT go out as one pipeline on the connection kept for
-/// it alone, so WAIT covers exactly this write (a WAIT sent on another connection, e.g. after a
-/// reconnect, would have nothing to wait for and vouch for nothing). A grant that fewer replicas
-/// acknowledged within the command timeout is given back: None.
-pub(crate) async fn attempt_with_replicas(
-    shared: &Shared,
-    spec: &LockSpec,
-    fair: Option<Queueing>,
-    token: &str,
-) -> Result<Option<Attempt>> {
-    let limit = shared.exclusive.timeouts().command;
-    let call = scripts::acquire_call(
-        &spec.keys,
-        token,
-        lease::lease_ms(spec.lease),
-        fair,
-        shared.hub.inbox(),
-    );
-    let mut pipe = redis::pipe();
-    pipe.add_command(call.eval())
-        .cmd("WAIT")
-        .arg(spec.replicas)
-        .arg(lease::lease_ms(limit));
-    let (reply, acked): (redis::Value, i64) = shared
-        .exclusive
-        .pipeline(&pipe, limit + Duration::from_secs(1))
-        .await?;
-    let attempt = parse_attempt(&reply)?;
-    if let Attempt::Granted { .. } = attempt {
-        if acked < i64::from(spec.replicas) {
-            let release = scripts::release(&spec.keys, token);
-            shared.node.invoke(&release, Retry::Once).await?;
-            return Ok(None);
-        }
-    }
-    Ok(Some(attempt))
 }
 
 /// One waiter's attempts on a lock.

@@ -2,19 +2,23 @@
 
 pub mod cache;
 pub mod client;
+pub mod connect;
 pub mod direct;
 pub mod error;
 pub mod exclusive;
 pub mod hold;
+pub mod hold_status;
 pub mod lock;
 pub mod name_map;
 pub mod node;
 pub mod redlock;
 pub mod renew;
+pub mod replicas;
 pub mod runtime;
 pub mod rwlock;
 pub mod semaphore;
 pub mod sentinel;
+pub mod shared;
 pub mod tls;
 pub mod token;
 pub mod waiting;

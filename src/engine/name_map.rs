@@ -1,6 +1,9 @@
 //! In-process state per name, alive while anybody holds it (weakly mapped, swept as it grows):
-//! the cache keeps each entry's `Flight` (its waiters' gate and the value last read) here.
+//! the cache keeps each entry's `Flight` (its waiters' gate and the value last read) here, the
+//! waiting code each primitive's `Gate`. `Locals` holds one such map per kind of state, so that
+//! the connection container keeps them without knowing any primitive.
 
+use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
@@ -59,6 +62,30 @@ impl<T: Default> Default for NameMap<T> {
     }
 }
 
+/// One `NameMap` per type of state, looked up by type: a primitive's in-process state lives
+/// beside the connections (one per process and deployment) without their code naming it.
+#[derive(Default)]
+pub struct Locals {
+    maps: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
+}
+
+impl Locals {
+    /// The `T` of `name` (see `NameMap::get`).
+    pub fn get<T: Default + Send + Sync + 'static>(&self, name: &[u8]) -> Arc<T> {
+        let map = {
+            let mut maps = self.maps.lock().unwrap_or_else(|p| p.into_inner());
+            maps.entry(TypeId::of::<T>())
+                .or_insert_with(|| Arc::new(NameMap::<T>::new()))
+                .clone()
+        };
+        match map.downcast::<NameMap<T>>() {
+            Ok(map) => map.get(name),
+            // Never: the entry of `TypeId::of::<T>()` is a `NameMap<T>`.
+            Err(_) => Arc::new(T::default()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -82,5 +109,17 @@ mod tests {
         }
         assert!(gates.len() <= SWEEP_FLOOR + 1, "{}", gates.len());
         assert!(Arc::ptr_eq(&keep, &gates.get(b"keep")));
+    }
+
+    #[test]
+    fn locals_keep_one_map_per_type() {
+        let locals = Locals::default();
+        let a = locals.get::<u32>(b"a");
+        assert!(Arc::ptr_eq(&a, &locals.get::<u32>(b"a")));
+        let counter = locals.get::<Mutex<u64>>(b"a");
+        *counter.lock().unwrap() = 7;
+        assert_eq!(*locals.get::<Mutex<u64>>(b"a").lock().unwrap(), 7);
+        assert_eq!(*locals.get::<u64>(b"a"), 0);
+        assert_eq!(*a, 0);
     }
 }

@@ -12,15 +12,10 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Cmd, FromRedisValue, RedisFuture, ScriptInvocation, Value};
 
+pub use super::connect::{address, within, Timeouts};
 use super::error::{timed_out, Error, Result};
 use super::sentinel::Sentinel;
 use crate::protocol::replies::parse_server_info;
-
-#[derive(Clone, Copy, Debug)]
-pub struct Timeouts {
-    pub connect: Duration,
-    pub command: Duration,
-}
 
 /// Whether a call may be sent again after the connection dropped under it. Every script of
 /// redmutex is checked by owner token, so a repeat is safe; that is what makes retrying right.
@@ -46,14 +41,6 @@ pub enum Target {
         seeds: Vec<redis::Client>,
         next_seed: AtomicUsize,
     },
-}
-
-/// One server's address for messages: "host:port", or "unix socket /path".
-pub fn address(info: &redis::ConnectionInfo) -> String {
-    match info.addr() {
-        redis::ConnectionAddr::Unix(path) => format!("unix socket {}", path.display()),
-        tcp => tcp.to_string(),
-    }
 }
 
 impl Target {
@@ -258,19 +245,6 @@ fn cluster_transient(err: &redis::RedisError) -> bool {
                     | ServerErrorKind::BusyLoading
             )
     )
-}
-
-/// Bounds `fut` by `limit`, turning the overrun into a connection error.
-pub async fn within<T>(
-    limit: Duration,
-    what: &str,
-    fut: impl Future<Output = redis::RedisResult<T>>,
-) -> Result<T> {
-    match tokio::time::timeout(limit, fut).await {
-        Ok(Err(err)) if err.is_timeout() => Err(timed_out(limit, &format!("waiting for {what}"))),
-        Ok(result) => result.map_err(Error::from),
-        Err(_) => Err(timed_out(limit, &format!("waiting for {what}"))),
-    }
 }
 
 /// Opening a connection: the connect timeout bounds reaching the server, and the connect and

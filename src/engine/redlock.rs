@@ -34,14 +34,16 @@ use futures_util::future::{join_all, select_all, BoxFuture, Shared as SharedFutu
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
 
-use super::client::{Gates, Shared};
 use super::error::{Error, Result};
-use super::lock::{attempt_with_replicas, Granted, LockSpec};
+use super::name_map::NameMap;
 use super::node::{Identity, Retry};
+use super::replicas::attempt_with_replicas;
 use super::runtime;
-use super::waiting::Wait;
+use super::shared::Shared;
+use super::waiting::{Gate, Wait};
 use crate::protocol::keys::Keys;
 use crate::protocol::lease;
+use crate::protocol::lock::{Granted, LockSpec};
 use crate::protocol::quorum::{self, Incarnation, Majority, Outcome, Tally, Vote};
 use crate::protocol::replies::{parse_attempt, parse_flag, parse_int, Attempt};
 use crate::protocol::scripts;
@@ -73,7 +75,7 @@ type PendingVotes = HashMap<String, Vec<(u64, usize, PendingVote)>>;
 
 pub struct Redlock {
     masters: Vec<Master>,
-    gates: Gates,
+    gates: NameMap<Gate>,
     /// The longest lease used through this client, in ms: how long the votes of a restarted
     /// master are discounted.
     max_lease_ms: AtomicU64,
@@ -144,7 +146,7 @@ impl Redlock {
                     incarnation: Mutex::new(Incarnation::default()),
                 })
                 .collect(),
-            gates: Gates::default(),
+            gates: NameMap::new(),
             max_lease_ms: AtomicU64::new(0),
             pending: Mutex::new(HashMap::new()),
             next_round: AtomicU64::new(0),
@@ -877,7 +879,7 @@ async fn acquire_rounds(
         return Ok(None);
     }
     // One competitor per name in this process; the others queue here.
-    let gate = redlock.gates.gate(&spec.keys.lock());
+    let gate = redlock.gates.get(&spec.keys.lock());
     let _turn = match wait.deadline() {
         None => gate.lock().await,
         Some(d) => match tokio::time::timeout_at(d.into(), gate.lock()).await {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::error::Result;
-use super::hold::HoldStatus;
+use super::hold_status::HoldStatus;
 use super::runtime;
 
 /// Whom renewal tells what it finds.

@@ -10,8 +10,8 @@ use futures_util::StreamExt;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Value};
 
+use super::connect::{address, within, Timeouts};
 use super::error::{Error, Result};
-use super::node::{within, Timeouts};
 use crate::protocol::url::SentinelUrl;
 
 /// The channel on which sentinels announce a failover: "name old-ip old-port new-ip new-port".
@@ -50,7 +50,7 @@ impl Sentinel {
         let sentinels: Vec<String> = self
             .sentinels
             .iter()
-            .map(|s| super::node::address(s.get_connection_info()))
+            .map(|s| address(s.get_connection_info()))
             .collect();
         format!(
             "service '{}' via sentinels [{}]",

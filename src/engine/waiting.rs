@@ -13,10 +13,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::client::Shared;
 use super::error::Result;
 use super::node::Retry;
 use super::runtime;
+use super::shared::Shared;
 use super::wake::Registration;
 use crate::protocol::lease;
 use crate::protocol::wake::GrantNote;
@@ -273,7 +273,7 @@ async fn wait_for_turn<C: Contender>(
     plan: &Plan<'_>,
     wait: Wait,
 ) -> Result<Option<C::Grant>> {
-    let gate = plan.gate.map(|id| plan.shared.gate(id));
+    let gate = plan.gate.map(|id| plan.shared.locals.get::<Gate>(id));
     let mut turn = match &gate {
         Some(gate) => match wait.deadline() {
             None => Some(gate.lock().await),

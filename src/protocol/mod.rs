@@ -3,6 +3,7 @@
 
 pub mod keys;
 pub mod lease;
+pub mod lock;
 pub mod quorum;
 pub mod replies;
 pub mod scripts;

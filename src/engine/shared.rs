@@ -1,0 +1,107 @@
+//! The connections of one process to one Redis deployment (a server, a Sentinel-managed master
+//! or a Redis Cluster; on Redlock, to one master), opened lazily: below every primitive, and
+//! knowing none.
+
+use std::sync::{Arc, Weak};
+
+use super::direct::DirectPool;
+use super::exclusive::ExclusivePool;
+use super::name_map::Locals;
+use super::node::{Node, ServerSeen, Target, Timeouts};
+use super::runtime;
+use super::wake::WakeHub;
+
+impl Shared {
+    /// Moves whenever a connection broke under a call: a call that spans a move may have been
+    /// sent twice, and its second answer may describe the effect of its first.
+    pub fn fault_epoch(&self) -> u64 {
+        self.node.drops() + self.direct.drops()
+    }
+
+    /// The run_id of the server incarnation that the latest connection opened on, if known.
+    pub fn run_id(&self) -> Option<Arc<str>> {
+        self.seen.run_id()
+    }
+}
+
+/// Aborts a background task when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// What a process shares on one Redis deployment (or one Redlock master): the command
+/// connection, the subscriber hub, and the primitives' in-process state (`locals`).
+pub struct Shared {
+    pub node: Node,
+    /// Connections used one call at a time, for writes that WAIT must follow (replicas).
+    pub exclusive: ExclusivePool,
+    /// Blocking connections for one-round-trip calls made from the caller's thread; only for a
+    /// single server (a cluster routes by slot and a Sentinel master moves: they go through
+    /// the runtime, and this pool refuses).
+    pub direct: DirectPool,
+    pub hub: WakeHub,
+    /// Per name, the in-process state of a primitive: the gate that lets one waiter per lock
+    /// compete in Redis (`waiting::Gate`), a cache entry's `Flight`.
+    pub locals: Locals,
+    /// The run_id of the server incarnation last connected to (None on a cluster).
+    seen: Arc<ServerSeen>,
+    /// Sentinel: the task that moves the connections when a failover is announced.
+    _watcher: Option<AbortOnDrop>,
+}
+
+impl Shared {
+    /// Connections (opened lazily) to `target`; `identify` reads each server's run_id as its
+    /// connection opens (Redlock masters).
+    pub fn open(target: Arc<Target>, timeouts: Timeouts, identify: bool) -> Arc<Shared> {
+        Arc::new_cyclic(|me: &Weak<Shared>| {
+            let watcher = match &*target {
+                Target::Sentinel(sentinel) => {
+                    let me = me.clone();
+                    let watch = sentinel
+                        .clone()
+                        .watch(timeouts, move || match me.upgrade() {
+                            Some(shared) => {
+                                shared.node.reset();
+                                shared.exclusive.reset();
+                                shared.hub.reset();
+                                true
+                            }
+                            None => false,
+                        });
+                    runtime::handle()
+                        .ok()
+                        .map(|h| AbortOnDrop(h.spawn(watch).abort_handle()))
+                }
+                _ => None,
+            };
+            // Every connection to one server (or a Sentinel-managed master) reads its run_id as
+            // it opens, so a restart or failover is told from a reply lost in transit (see
+            // `Holder::release`); a cluster's connections span many servers: none is read.
+            let seen = Arc::new(ServerSeen::default());
+            let node = if identify || !target.is_cluster() {
+                Node::identified_into(target.clone(), timeouts, seen.clone())
+            } else {
+                Node::new(target.clone(), timeouts)
+            };
+            let direct = match &*target {
+                Target::Direct(client) => {
+                    DirectPool::identified(client.clone(), timeouts, seen.clone())
+                }
+                _ => DirectPool::unavailable(timeouts),
+            };
+            Shared {
+                node,
+                exclusive: ExclusivePool::new(target.clone(), timeouts),
+                direct,
+                hub: WakeHub::new(target, timeouts),
+                locals: Locals::default(),
+                seen,
+                _watcher: watcher,
+            }
+        })
+    }
+}
