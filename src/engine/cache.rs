@@ -32,15 +32,15 @@ use tokio::sync::Notify;
 
 use super::client::Client;
 use super::error::{Error, Result};
-use super::node::Retry;
+use super::executor;
 use super::runtime::{self, pid};
 use super::shared::Shared;
 use super::token::new_token;
 use super::waiting::Wait;
+use crate::protocol::cache as steps;
 use crate::protocol::keys::Keys;
 use crate::protocol::lease;
-use crate::protocol::replies::{parse_flag, parse_lookup, Lookup};
-use crate::protocol::scripts;
+use crate::protocol::replies::Lookup;
 
 /// How long a waiter sleeps when Redis gives no lease to wait for (a claim without expiry,
 /// which this library never writes).
@@ -190,20 +190,20 @@ impl Claim {
     pub async fn store(mut self, payload: &[u8], ttl: Duration) -> Result<bool> {
         self.check_process()?;
         let ttl_ms = lease::lease_ms(ttl);
-        let inv = scripts::cache_store(&self.keys, &self.token, payload, ttl_ms);
+        let step = steps::store(&self.keys, &self.token, payload, ttl_ms);
         let sent_at = Instant::now();
-        let reply = self.shared.node.invoke(&inv, Retry::Once).await?;
-        self.stored(parse_flag(&reply)?, payload, ttl_ms, sent_at)
+        let stored = executor::run(&self.shared, &step).await?;
+        self.stored(stored, payload, ttl_ms, sent_at)
     }
 
     /// `store` on a direct connection, blocking the calling thread for one round trip.
     pub fn store_direct(mut self, payload: &[u8], ttl: Duration) -> Result<bool> {
         self.check_process()?;
         let ttl_ms = lease::lease_ms(ttl);
-        let inv = scripts::cache_store(&self.keys, &self.token, payload, ttl_ms);
+        let step = steps::store(&self.keys, &self.token, payload, ttl_ms);
         let sent_at = Instant::now();
-        let reply = self.shared.direct.invoke(&inv, Retry::Once)?;
-        self.stored(parse_flag(&reply)?, payload, ttl_ms, sent_at)
+        let stored = executor::run_direct(&self.shared, &step)?;
+        self.stored(stored, payload, ttl_ms, sent_at)
     }
 
     /// A claim inherited by a forked child is the parent's: the child neither uses the parent's
@@ -248,8 +248,8 @@ impl Claim {
     /// `abandon` on a direct connection, blocking the calling thread for one round trip.
     pub fn abandon_direct(mut self) -> Result<bool> {
         self.check_process()?;
-        let inv = scripts::cache_abandon(&self.keys, &self.token);
-        let given_back = parse_flag(&self.shared.direct.invoke(&inv, Retry::Once)?)?;
+        let step = steps::abandon(&self.keys, &self.token);
+        let given_back = executor::run_direct(&self.shared, &step)?;
         self.settled = true;
         Ok(given_back)
     }
@@ -281,11 +281,7 @@ impl Drop for Claim {
 }
 
 async fn abandon(shared: &Shared, keys: &Keys, token: &str) -> Result<bool> {
-    let reply = shared
-        .node
-        .invoke(&scripts::cache_abandon(keys, token), Retry::Once)
-        .await?;
-    Ok(parse_flag(&reply)?)
+    executor::run(shared, &steps::abandon(keys, token)).await
 }
 
 /// Extends the claim's lease every third of it until aborted (store, abandon, drop), or until
@@ -299,9 +295,9 @@ async fn renew(shared: Arc<Shared>, keys: Keys, token: String, lease: Duration, 
     loop {
         tokio::time::sleep_until(next.into()).await;
         let sent_at = Instant::now();
-        let inv = scripts::cache_extend(&keys, &token, lease_ms);
-        match shared.node.invoke(&inv, Retry::Once).await {
-            Ok(reply) => match parse_flag(&reply) {
+        let step = steps::extend(&keys, &token, lease_ms);
+        match executor::send(&shared, &step).await {
+            Ok(reply) => match step.parse(reply) {
                 Ok(true) => {
                     lease_end = lease::deadline(sent_at, lease);
                     next = lease::deadline(sent_at, period);
@@ -321,11 +317,9 @@ async fn lookup(
     token: &str,
     skip: Option<&str>,
 ) -> Result<(Lookup, Instant)> {
-    let lease_ms = lease::lease_ms(spec.claim_lease);
-    let inv = scripts::cache_get_or_claim(&spec.keys, token, lease_ms, skip);
+    let step = steps::get_or_claim(&spec.keys, token, spec.claim_lease, skip);
     let sent_at = Instant::now();
-    let reply = shared.node.invoke(&inv, Retry::Once).await?;
-    Ok((parse_lookup(reply)?, sent_at))
+    Ok((executor::run(shared, &step).await?, sent_at))
 }
 
 fn hit(payload: Vec<u8>, pttl_ms: i64) -> Hit {
@@ -364,10 +358,9 @@ pub fn first_look_direct(
 ) -> Result<First> {
     let started = Instant::now();
     let claim = Claim::pending(shared.clone(), spec, new_token()?);
-    let lease_ms = lease::lease_ms(spec.claim_lease);
-    let inv = scripts::cache_get_or_claim(&spec.keys, &claim.token, lease_ms, skip);
+    let step = steps::get_or_claim(&spec.keys, &claim.token, spec.claim_lease, skip);
     let sent_at = Instant::now();
-    let found = parse_lookup(shared.direct.invoke(&inv, Retry::Once)?)?;
+    let found = executor::run_direct(shared, &step)?;
     Ok(first_step(claim, started, found, sent_at, wait))
 }
 
@@ -516,11 +509,7 @@ async fn wait_for_value(
 /// Drops the entry's value and any fill in progress (whose waiters are woken to fill anew).
 /// `Ok(true)` when a value was dropped.
 pub async fn invalidate(shared: &Shared, keys: &Keys) -> Result<bool> {
-    let reply = shared
-        .node
-        .invoke(&scripts::cache_invalidate(keys), Retry::Once)
-        .await?;
-    Ok(parse_flag(&reply)?)
+    executor::run(shared, &steps::invalidate(keys)).await
 }
 
 #[cfg(test)]
@@ -570,6 +559,7 @@ mod tests {
 #[cfg(test)]
 mod server_tests {
     use super::*;
+    use crate::engine::node::Retry;
     use crate::engine::tests::{block_on, Server};
 
     fn spec(client: &Client, name: &str, lease_ms: u64) -> CacheSpec {

@@ -7,15 +7,18 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::client::{Backend, Client, Shared};
+use super::client::{Backend, Client};
 use super::error::{Error, Result};
+use super::executor::{self, Now};
 pub use super::hold_status::HoldStatus;
 use super::redlock::Redlock;
 use super::renew::{self, Renewal, Schedule};
 use super::runtime::pid;
+use super::shared::Shared;
 use super::token::new_token;
 use super::waiting::{spawn_undo, Undo, UndoStep, Wait};
 use crate::protocol::lease;
+use crate::protocol::step::Step;
 
 /// Told by renewal when a hold is lost or renewal falters.
 pub type OnLost = Arc<dyn renew::Listener>;
@@ -28,7 +31,9 @@ pub struct Naming {
     pub held: &'static str,
 }
 
-/// A primitive whose holds are leases, every change checked by owner token.
+/// A primitive whose holds are leases, every change checked by owner token. It supplies its
+/// steps (`protocol/`) and its way to acquire (its `waiting::Contender`); the `Holder` runs
+/// release, extend and `owned` for every primitive alike, on the transport that fits.
 pub trait Leased: Send + Sync + 'static {
     /// What a hold keeps beside its token (the lock's fence; nothing for the others).
     type Detail: Clone + Send + Sync + 'static;
@@ -46,6 +51,15 @@ pub trait Leased: Send + Sync + 'static {
         self.lease()
     }
 
+    /// Gives `token`'s hold back; false when it was not ours (any more).
+    fn release(&self, token: &str) -> Step<bool>;
+
+    /// The lease of `token`'s hold now ends `lease` from now; false when not ours.
+    fn extend(&self, token: &str, lease: Duration) -> Step<bool>;
+
+    /// Whether `token` holds it.
+    fn owned(&self, token: &str) -> Step<bool>;
+
     /// Takes a hold for `token`: when the winning request was sent (the lease's start), and the
     /// detail; None when not granted in time.
     fn acquire(
@@ -56,29 +70,13 @@ pub trait Leased: Send + Sync + 'static {
         args: &Self::Args,
     ) -> impl Future<Output = Result<Option<(Instant, Self::Detail)>>> + Send;
 
-    /// Gives the hold back; false when it was not ours (any more).
-    fn release(&self, shared: &Shared, token: &str) -> impl Future<Output = Result<bool>> + Send;
-
-    /// The lease now ends `lease` from now; Some(sent_at) when extended, None when not ours.
-    fn extend(
-        &self,
-        shared: &Shared,
-        token: &str,
-        lease: Duration,
-    ) -> impl Future<Output = Result<Option<Instant>>> + Send;
-
-    /// Whether `token` holds it, checked against Redis.
-    fn owned(&self, shared: &Shared, token: &str) -> impl Future<Output = Result<bool>> + Send;
-
-    // Direct calls, made on the caller's thread (see `direct.rs`) by the blocking API, for the
-    // one-round-trip steps; a primitive without them is used through the runtime only.
-
-    /// Whether this primitive offers the direct calls below.
+    /// Whether the blocking API may run this primitive's one-round-trip steps on the caller's
+    /// thread (see `direct.rs`), the first acquire attempt included (`try_direct`).
     fn direct(&self) -> bool {
         false
     }
 
-    /// A first acquire attempt, never taking a place in a queue.
+    /// A first acquire attempt on the caller's thread, never taking a place in a queue.
     fn try_direct(&self, _shared: &Arc<Shared>, _token: &str) -> Result<DirectTry<Self::Detail>> {
         Err(no_direct())
     }
@@ -96,26 +94,15 @@ pub trait Leased: Send + Sync + 'static {
         self.acquire(shared, token, wait, args)
     }
 
-    fn release_direct(&self, _shared: &Shared, _token: &str) -> Result<bool> {
-        Err(no_direct())
-    }
-
-    fn extend_direct(
-        &self,
-        _shared: &Shared,
-        _token: &str,
-        _lease: Duration,
-    ) -> Result<Option<Instant>> {
-        Err(no_direct())
-    }
-
-    fn owned_direct(&self, _shared: &Shared, _token: &str) -> Result<bool> {
-        Err(no_direct())
-    }
-
-    // Redlock (several independent masters): a primitive takes part only with a quorum protocol
-    // of its own; by default it says so. Instants are when the lease counts from (Redlock's
+    // Redlock (several independent masters): a primitive takes part only with a quorum acquire
+    // of its own (its release, extend and `owned` steps then run on every master, decided by
+    // majority); by default it says so. Instants are when the lease counts from (Redlock's
     // drift allowance already taken off).
+
+    /// Whether this primitive has a quorum protocol (`acquire_quorum`).
+    fn quorum(&self) -> bool {
+        false
+    }
 
     fn acquire_quorum(
         &self,
@@ -124,34 +111,6 @@ pub trait Leased: Send + Sync + 'static {
         _wait: Wait,
         _args: &Self::Args,
     ) -> impl Future<Output = Result<Option<(Instant, Self::Detail)>>> + Send {
-        let err = no_quorum(self.naming());
-        async move { Err(err) }
-    }
-
-    fn release_quorum(
-        &self,
-        _redlock: &Redlock,
-        _token: &str,
-    ) -> impl Future<Output = Result<bool>> + Send {
-        let err = no_quorum(self.naming());
-        async move { Err(err) }
-    }
-
-    fn extend_quorum(
-        &self,
-        _redlock: &Redlock,
-        _token: &str,
-        _lease: Duration,
-    ) -> impl Future<Output = Result<Option<Instant>>> + Send {
-        let err = no_quorum(self.naming());
-        async move { Err(err) }
-    }
-
-    fn owned_quorum(
-        &self,
-        _redlock: &Redlock,
-        _token: &str,
-    ) -> impl Future<Output = Result<bool>> + Send {
         let err = no_quorum(self.naming());
         async move { Err(err) }
     }
@@ -204,7 +163,7 @@ impl Ticket {
 
 /// An acquire under way (the object is in its Acquiring state). Dropped unsettled — the caller
 /// was interrupted between the steps — it puts the object back to idle.
-pub struct Pending<'a, P: Leased> {
+struct Pending<'a, P: Leased> {
     holder: &'a Holder<P>,
     token: Option<String>,
     busy_retry_ms: Option<i64>,
@@ -287,7 +246,7 @@ impl<P: Leased> Drop for Pending<'_, P> {
 }
 
 /// The outcome of `Holder::acquire_direct`.
-pub enum Direct<'a, P: Leased> {
+enum Direct<'a, P: Leased> {
     Done(bool),
     /// Must wait: finish with `Holder::acquire_pending` (through the runtime).
     Wait(Pending<'a, P>),
@@ -443,10 +402,7 @@ impl<P: Leased> Holder<P> {
         let step = move || -> UndoStep {
             let (primitive, backend, token) = (primitive.clone(), backend.clone(), token.clone());
             Box::pin(async move {
-                match &backend {
-                    Backend::Single(shared) => primitive.release(shared, &token).await?,
-                    Backend::Redlock(redlock) => primitive.release_quorum(redlock, &token).await?,
-                };
+                release_on(&*primitive, &backend, &token).await?;
                 Ok(())
             })
         };
@@ -458,7 +414,7 @@ impl<P: Leased> Holder<P> {
 
     /// The blocking API's first step, on the caller's thread: one direct attempt when the
     /// primitive offers it. `Done` when that settles it; otherwise finish with `acquire_pending`.
-    pub fn acquire_direct(&self, wait: Wait, listener: Option<OnLost>) -> Result<Direct<'_, P>> {
+    fn acquire_direct(&self, wait: Wait, listener: Option<OnLost>) -> Result<Direct<'_, P>> {
         let mut pending = self.begin_acquire()?;
         if !self.has_direct() {
             return Ok(Direct::Wait(pending));
@@ -487,8 +443,25 @@ impl<P: Leased> Holder<P> {
         }
     }
 
+    /// The blocking API's `acquire`: a first attempt on the caller's thread when the direct
+    /// path serves this primitive (`Done` when that settles it), else a future to wait on
+    /// (through the runtime) that finishes the acquire.
+    pub fn acquire_blocking<'a>(
+        &'a self,
+        wait: Wait,
+        listener: Option<OnLost>,
+        args: &'a P::Args,
+    ) -> Now<Result<bool>, impl Future<Output = Result<bool>> + Send + 'a> {
+        let pending = match self.acquire_direct(wait, listener.clone()) {
+            Ok(Direct::Wait(pending)) => pending,
+            Ok(Direct::Done(acquired)) => return Now::Done(Ok(acquired)),
+            Err(err) => return Now::Done(Err(err)),
+        };
+        Now::Later(self.acquire_pending(pending, wait, listener, args))
+    }
+
     /// Finishes an acquire begun by `acquire_direct` (or `acquire`), waiting as `wait` allows.
-    pub async fn acquire_pending(
+    async fn acquire_pending(
         &self,
         mut pending: Pending<'_, P>,
         wait: Wait,
@@ -545,7 +518,7 @@ impl<P: Leased> Holder<P> {
 
     /// Whether the blocking API may use the `*_direct` calls (the primitive offers them and
     /// the client is one server, reached directly).
-    pub fn has_direct(&self) -> bool {
+    fn has_direct(&self) -> bool {
         self.primitive.direct() && self.client.supports_direct()
     }
 
@@ -564,14 +537,7 @@ impl<P: Leased> Holder<P> {
             let primitive = primitive.clone();
             let backend = backend.clone();
             let token = token.clone();
-            async move {
-                match &backend {
-                    Backend::Single(shared) => primitive.extend(shared, &token, lease).await,
-                    Backend::Redlock(redlock) => {
-                        primitive.extend_quorum(redlock, &token, lease).await
-                    }
-                }
-            }
+            async move { extend_on(&*primitive, &backend, &token, lease).await }
         };
         renew::start(
             extend,
@@ -622,31 +588,45 @@ impl<P: Leased> Holder<P> {
 
     pub async fn release(&self) -> Result<()> {
         let hold = self.begin_release()?;
-        let shared = match self.client.backend() {
-            Ok(Backend::Single(shared)) => shared,
-            Ok(Backend::Redlock(redlock)) => {
-                let outcome = self.primitive.release_quorum(&redlock, &hold.token).await;
-                return self.finish_release(hold, outcome, false);
-            }
+        let backend = match self.client.backend() {
+            Ok(backend) => backend,
             Err(err) => return self.finish_release(hold, Err(err), false),
         };
+        let Backend::Single(shared) = &backend else {
+            let outcome = release_on(&*self.primitive, &backend, &hold.token).await;
+            return self.finish_release(hold, outcome, false);
+        };
+        let step = self.primitive.release(&hold.token);
         let (epoch, sent_at) = (shared.fault_epoch(), Instant::now());
-        let outcome = self.primitive.release(&shared, &hold.token).await;
-        let retried = resent_own(&shared, &hold, epoch, sent_at);
+        let outcome = executor::run(shared, &step).await;
+        let retried = resent_own(shared, &hold, epoch, sent_at);
         self.finish_release(hold, outcome, retried)
     }
 
     /// `release` on the caller's thread (only when `has_direct`).
-    pub fn release_direct(&self) -> Result<()> {
+    fn release_direct(&self) -> Result<()> {
         let hold = self.begin_release()?;
         let shared = match self.client.shared() {
             Ok(shared) => shared,
             Err(err) => return self.finish_release(hold, Err(err), false),
         };
+        let step = self.primitive.release(&hold.token);
         let (epoch, sent_at) = (shared.fault_epoch(), Instant::now());
-        let outcome = self.primitive.release_direct(&shared, &hold.token);
+        let outcome = executor::run_direct(&shared, &step);
         let retried = resent_own(&shared, &hold, epoch, sent_at);
         self.finish_release(hold, outcome, retried)
+    }
+
+    /// The blocking API's `release`: done on the caller's thread when the direct path serves
+    /// this hold, else a future to wait on (through the runtime).
+    pub fn release_blocking(
+        &self,
+    ) -> Now<Result<()>, impl Future<Output = Result<()>> + Send + '_> {
+        if self.has_direct() {
+            Now::Done(self.release_direct())
+        } else {
+            Now::Later(self.release())
+        }
     }
 
     fn finish_extend(
@@ -671,45 +651,61 @@ impl<P: Leased> Holder<P> {
         let hold = self.current().ok_or_else(|| self.not_owned())?;
         let lease = lease.unwrap_or(self.primitive.lease());
         let outcome = match self.client.backend() {
-            Ok(Backend::Single(shared)) => self.primitive.extend(&shared, &hold.token, lease).await,
-            Ok(Backend::Redlock(redlock)) => {
-                self.primitive
-                    .extend_quorum(&redlock, &hold.token, lease)
-                    .await
-            }
+            Ok(backend) => extend_on(&*self.primitive, &backend, &hold.token, lease).await,
             Err(err) => Err(err),
         };
         self.finish_extend(&hold, lease, outcome)
     }
 
     /// `extend` on the caller's thread (only when `has_direct`).
-    pub fn extend_direct(&self, lease: Option<Duration>) -> Result<()> {
+    fn extend_direct(&self, lease: Option<Duration>) -> Result<()> {
         let hold = self.current().ok_or_else(|| self.not_owned())?;
         let lease = lease.unwrap_or(self.primitive.lease());
-        let outcome = self
-            .client
-            .shared()
-            .and_then(|shared| self.primitive.extend_direct(&shared, &hold.token, lease));
+        let outcome = self.client.shared().and_then(|shared| {
+            let step = self.primitive.extend(&hold.token, lease);
+            let sent_at = Instant::now();
+            Ok(executor::run_direct(&shared, &step)?.then_some(sent_at))
+        });
         self.finish_extend(&hold, lease, outcome)
+    }
+
+    /// The blocking API's `extend` (see `release_blocking`).
+    pub fn extend_blocking(
+        &self,
+        lease: Option<Duration>,
+    ) -> Now<Result<()>, impl Future<Output = Result<()>> + Send + '_> {
+        if self.has_direct() {
+            Now::Done(self.extend_direct(lease))
+        } else {
+            Now::Later(self.extend(lease))
+        }
     }
 
     pub async fn owned(&self) -> Result<bool> {
         let Some(hold) = self.current() else {
             return Ok(false);
         };
-        match self.client.backend()? {
-            Backend::Single(shared) => self.primitive.owned(&shared, &hold.token).await,
-            Backend::Redlock(redlock) => self.primitive.owned_quorum(&redlock, &hold.token).await,
-        }
+        owned_on(&*self.primitive, &self.client.backend()?, &hold.token).await
     }
 
     /// `owned` on the caller's thread (only when `has_direct`).
-    pub fn owned_direct(&self) -> Result<bool> {
+    fn owned_direct(&self) -> Result<bool> {
         let Some(hold) = self.current() else {
             return Ok(false);
         };
         let shared = self.client.shared()?;
-        self.primitive.owned_direct(&shared, &hold.token)
+        executor::run_direct(&shared, &self.primitive.owned(&hold.token))
+    }
+
+    /// The blocking API's `owned` (see `release_blocking`).
+    pub fn owned_blocking(
+        &self,
+    ) -> Now<Result<bool>, impl Future<Output = Result<bool>> + Send + '_> {
+        if self.has_direct() {
+            Now::Done(self.owned_direct())
+        } else {
+            Now::Later(self.owned())
+        }
     }
 
     pub fn token(&self) -> Option<String> {
@@ -742,6 +738,44 @@ impl<P: Leased> Holder<P> {
             "this {} object does not hold {}",
             naming.object, naming.held
         ))
+    }
+}
+
+/// Runs `token`'s release step on the deployment (on Redlock, on every master by majority).
+async fn release_on<P: Leased>(primitive: &P, backend: &Backend, token: &str) -> Result<bool> {
+    let step = primitive.release(token);
+    match backend {
+        Backend::Single(shared) => executor::run(shared, &step).await,
+        Backend::Redlock(redlock) if primitive.quorum() => redlock.release_by(token, &step).await,
+        Backend::Redlock(_) => Err(no_quorum(primitive.naming())),
+    }
+}
+
+/// Runs `token`'s extend step (to `lease`); Some(when the new lease counts from) when extended.
+async fn extend_on<P: Leased>(
+    primitive: &P,
+    backend: &Backend,
+    token: &str,
+    lease: Duration,
+) -> Result<Option<Instant>> {
+    let step = primitive.extend(token, lease);
+    match backend {
+        Backend::Single(shared) => {
+            let sent_at = Instant::now();
+            Ok(executor::run(shared, &step).await?.then_some(sent_at))
+        }
+        Backend::Redlock(redlock) if primitive.quorum() => redlock.extend_by(&step, lease).await,
+        Backend::Redlock(_) => Err(no_quorum(primitive.naming())),
+    }
+}
+
+/// Runs `token`'s ownership step.
+async fn owned_on<P: Leased>(primitive: &P, backend: &Backend, token: &str) -> Result<bool> {
+    let step = primitive.owned(token);
+    match backend {
+        Backend::Single(shared) => executor::run(shared, &step).await,
+        Backend::Redlock(redlock) if primitive.quorum() => redlock.owned_by(&step).await,
+        Backend::Redlock(_) => Err(no_quorum(primitive.naming())),
     }
 }
 

@@ -1,23 +1,27 @@
 //! Lock operations: acquire (waiting without polling, see `waiting`), release, extend, and the
 //! lock object's hold (shared by the blocking and the asyncio bindings).
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::client::{Backend, Client, Shared};
+use super::client::{Backend, Client};
 use super::error::{Error, Result};
+use super::executor::{self, Now};
 use super::hold::{DirectTry, Holder, Leased, Naming};
-use super::node::Retry;
 use super::redlock::{self, Redlock};
 use super::replicas::attempt_with_replicas;
+use super::shared::Shared;
 use super::waiting::{self, attempt_direct, Contender, Outcome, Plan, Undo, UndoStep};
 use crate::protocol::keys::Keys;
 use crate::protocol::lease;
-use crate::protocol::replies::{parse_attempt, parse_flag, Attempt};
+use crate::protocol::lock as steps;
+use crate::protocol::replies::Attempt;
 use crate::protocol::scripts::{self, Queueing};
+use crate::protocol::step::Step;
 use crate::protocol::wake::GrantNote;
 
-pub use super::hold::{Direct, HoldStatus, OnLost, Pending};
+pub use super::hold::{HoldStatus, OnLost};
 pub use super::waiting::{Wait, QUEUE_PLACE};
 pub use crate::protocol::lock::{Granted, LockSpec};
 
@@ -86,22 +90,15 @@ impl Contender for LockContender<'_> {
                 None => return Ok(Outcome::Refused),
             }
         } else {
-            let lease_ms = lease::lease_ms(self.spec.lease);
-            let inv = scripts::acquire(
-                &self.spec.keys,
-                self.token,
-                lease_ms,
-                fair,
-                self.shared.hub.inbox(),
-            );
-            let node = &self.shared.node;
-            let reply = if self.shared_token && fair.is_none() {
+            let step = steps::attempt(self.spec, self.token, fair, self.shared.hub.inbox());
+            if self.shared_token && fair.is_none() {
+                let lease_ms = lease::lease_ms(self.spec.lease);
                 let first = scripts::acquire_first_send(&self.spec.keys, self.token, lease_ms);
-                node.invoke_or_resend(&first, &inv).await?
+                let resend = executor::script_of(&step)?;
+                step.parse(self.shared.node.invoke_or_resend(&first, resend).await?)?
             } else {
-                node.invoke(&inv, Retry::Once).await?
-            };
-            parse_attempt(&reply)?
+                executor::run(self.shared, &step).await?
+            }
         };
         match attempt {
             Attempt::Granted { fence } => Ok(Outcome::Granted(Granted {
@@ -135,14 +132,11 @@ impl Contender for LockContender<'_> {
     }
 
     async fn leave(&self) -> Result<()> {
-        self.shared
-            .node
-            .invoke(
-                &scripts::leave_queue(&self.spec.keys, self.token),
-                Retry::Once,
-            )
-            .await?;
-        Ok(())
+        executor::run(
+            self.shared,
+            &steps::leave_queue(&self.spec.keys, self.token),
+        )
+        .await
     }
 
     fn undo(&self) -> Undo {
@@ -156,16 +150,9 @@ impl Contender for LockContender<'_> {
             let (shared, keys, token) = (shared.clone(), keys.clone(), token.clone());
             Box::pin(async move {
                 if release {
-                    shared
-                        .node
-                        .invoke(&scripts::release(&keys, &token), Retry::Once)
-                        .await?;
+                    executor::run(&shared, &steps::release(&keys, &token)).await?;
                 }
-                shared
-                    .node
-                    .invoke(&scripts::leave_queue(&keys, &token), Retry::Once)
-                    .await?;
-                Ok(())
+                executor::run(&shared, &steps::leave_queue(&keys, &token)).await
             })
         };
         Undo {
@@ -217,24 +204,7 @@ async fn acquire_from(
 
 /// Compare-and-delete; `Ok(false)` when the lock was not ours (any more).
 pub async fn release(shared: &Shared, keys: &Keys, token: &str) -> Result<bool> {
-    let reply = shared
-        .node
-        .invoke(&scripts::release(keys, token), Retry::Once)
-        .await?;
-    Ok(parse_flag(&reply)?)
-}
-
-/// Compare-and-pexpire; `Ok(Some(sent_at))` when extended, `Ok(None)` when not ours.
-pub async fn extend(
-    shared: &Shared,
-    keys: &Keys,
-    token: &str,
-    lease: Duration,
-) -> Result<Option<Instant>> {
-    let inv = scripts::extend(keys, token, lease::lease_ms(lease));
-    let sent_at = Instant::now();
-    let reply = shared.node.invoke(&inv, Retry::Once).await?;
-    Ok(parse_flag(&reply)?.then_some(sent_at))
+    executor::run(shared, &steps::release(keys, token)).await
 }
 
 /// `acquire` on any deployment for a token the caller chose (the recipes' entry point): two
@@ -263,10 +233,7 @@ pub async fn release_on(backend: &Backend, keys: &Keys, token: &str) -> Result<b
 
 /// The current owner token of a lock, if anybody holds it.
 pub async fn owner(shared: &Shared, keys: &Keys) -> Result<Option<Vec<u8>>> {
-    shared
-        .node
-        .query(redis::cmd("GET").arg(keys.lock()), Retry::Once)
-        .await
+    executor::run(shared, &steps::owner(keys)).await
 }
 
 impl Leased for LockSpec {
@@ -299,21 +266,16 @@ impl Leased for LockSpec {
         Ok(granted.map(Into::into))
     }
 
-    async fn release(&self, shared: &Shared, token: &str) -> Result<bool> {
-        release(shared, &self.keys, token).await
+    fn release(&self, token: &str) -> Step<bool> {
+        steps::release(&self.keys, token)
     }
 
-    async fn extend(
-        &self,
-        shared: &Shared,
-        token: &str,
-        lease: Duration,
-    ) -> Result<Option<Instant>> {
-        extend(shared, &self.keys, token, lease).await
+    fn extend(&self, token: &str, lease: Duration) -> Step<bool> {
+        steps::extend(&self.keys, token, lease)
     }
 
-    async fn owned(&self, shared: &Shared, token: &str) -> Result<bool> {
-        Ok(owner(shared, &self.keys).await?.as_deref() == Some(token.as_bytes()))
+    fn owned(&self, token: &str) -> Step<bool> {
+        steps::owned(&self.keys, token)
     }
 
     /// WAIT must follow the write on the same connection, so `replicas` locks use the runtime.
@@ -324,11 +286,11 @@ impl Leased for LockSpec {
     fn try_direct(&self, shared: &Arc<Shared>, token: &str) -> Result<DirectTry<Fenced>> {
         let fair = self.fair.then_some(Queueing::TryOnly);
         // A first try never queues, so it names no inbox.
-        let inv = scripts::acquire(&self.keys, token, lease::lease_ms(self.lease), fair, "");
-        let (reply, sent_at) = attempt_direct(shared, &inv, || {
+        let step = steps::attempt(self, token, fair, "");
+        let (reply, sent_at) = attempt_direct(shared, executor::script_of(&step)?, || {
             LockContender::new(shared, self, token).undo()
         })?;
-        Ok(match parse_attempt(&reply)? {
+        Ok(match step.parse(reply)? {
             Attempt::Granted { fence } => DirectTry::Granted(
                 sent_at,
                 Fenced {
@@ -353,27 +315,8 @@ impl Leased for LockSpec {
         Ok(granted.map(Into::into))
     }
 
-    fn release_direct(&self, shared: &Shared, token: &str) -> Result<bool> {
-        let reply = shared
-            .direct
-            .invoke(&scripts::release(&self.keys, token), Retry::Once)?;
-        Ok(parse_flag(&reply)?)
-    }
-
-    fn extend_direct(
-        &self,
-        shared: &Shared,
-        token: &str,
-        lease: Duration,
-    ) -> Result<Option<Instant>> {
-        let inv = scripts::extend(&self.keys, token, lease::lease_ms(lease));
-        let sent_at = Instant::now();
-        let reply = shared.direct.invoke(&inv, Retry::Once)?;
-        Ok(parse_flag(&reply)?.then_some(sent_at))
-    }
-
-    fn owned_direct(&self, shared: &Shared, token: &str) -> Result<bool> {
-        Ok(owner_direct(shared, &self.keys)?.as_deref() == Some(token.as_bytes()))
+    fn quorum(&self) -> bool {
+        true
     }
 
     async fn acquire_quorum(
@@ -386,30 +329,6 @@ impl Leased for LockSpec {
         let granted = redlock::acquire(redlock, self, token, wait, false).await?;
         Ok(granted.map(Into::into))
     }
-
-    async fn release_quorum(&self, redlock: &Redlock, token: &str) -> Result<bool> {
-        redlock.release(&self.keys, token).await
-    }
-
-    async fn extend_quorum(
-        &self,
-        redlock: &Redlock,
-        token: &str,
-        lease: Duration,
-    ) -> Result<Option<Instant>> {
-        redlock.extend(&self.keys, token, lease).await
-    }
-
-    async fn owned_quorum(&self, redlock: &Redlock, token: &str) -> Result<bool> {
-        redlock.owned(&self.keys, token).await
-    }
-}
-
-/// The current owner token, looked up on the caller's thread.
-fn owner_direct(shared: &Shared, keys: &Keys) -> Result<Option<Vec<u8>>> {
-    shared
-        .direct
-        .query(redis::cmd("GET").arg(keys.lock()), Retry::Once)
 }
 
 /// One lock object: at most one hold at a time, owned by the object (not by a thread).
@@ -464,26 +383,9 @@ impl LockHandle {
         self.holder.client()
     }
 
-    /// Takes the lock for this object; `listener` hears from auto-renewal, if it is on.
-    pub async fn acquire(&self, wait: Wait, listener: Option<OnLost>) -> Result<bool> {
-        self.holder.acquire(wait, listener, &()).await
-    }
-
-    /// The object's hold (asyncio drives acquires that may be abandoned through it).
+    /// The object's hold: acquire, release, extend, `owned` and the hold's state.
     pub fn holder(&self) -> &Holder<LockSpec> {
         &self.holder
-    }
-
-    pub async fn release(&self) -> Result<()> {
-        self.holder.release().await
-    }
-
-    pub async fn extend(&self, lease: Option<Duration>) -> Result<()> {
-        self.holder.extend(lease).await
-    }
-
-    pub async fn owned(&self) -> Result<bool> {
-        self.holder.owned().await
     }
 
     pub async fn locked(&self) -> Result<bool> {
@@ -493,61 +395,22 @@ impl LockHandle {
         }
     }
 
-    /// Whether the blocking API may use the `*_direct` calls below.
-    pub fn has_direct(&self) -> bool {
-        self.holder.has_direct()
-    }
-
-    /// The blocking acquire's first step, on the caller's thread (see `Holder::acquire_direct`).
-    pub fn acquire_direct(
+    /// The blocking API's `locked`: on the caller's thread when the client allows it.
+    pub fn locked_blocking(
         &self,
-        wait: Wait,
-        listener: Option<OnLost>,
-    ) -> Result<Direct<'_, LockSpec>> {
-        self.holder.acquire_direct(wait, listener)
-    }
-
-    pub async fn acquire_pending(
-        &self,
-        pending: Pending<'_, LockSpec>,
-        wait: Wait,
-        listener: Option<OnLost>,
-    ) -> Result<bool> {
-        self.holder
-            .acquire_pending(pending, wait, listener, &())
-            .await
-    }
-
-    pub fn release_direct(&self) -> Result<()> {
-        self.holder.release_direct()
-    }
-
-    pub fn extend_direct(&self, lease: Option<Duration>) -> Result<()> {
-        self.holder.extend_direct(lease)
-    }
-
-    pub fn owned_direct(&self) -> Result<bool> {
-        self.holder.owned_direct()
-    }
-
-    pub fn locked_direct(&self) -> Result<bool> {
-        let shared = self.holder.client().shared()?;
-        Ok(owner_direct(&shared, &self.spec().keys)?.is_some())
-    }
-
-    pub fn token(&self) -> Option<String> {
-        self.holder.token()
+    ) -> Now<Result<bool>, impl Future<Output = Result<bool>> + Send + '_> {
+        if !self.holder.client().supports_direct() {
+            return Now::Later(self.locked());
+        }
+        let owner = self
+            .holder
+            .client()
+            .shared()
+            .and_then(|shared| executor::run_direct(&shared, &steps::owner(&self.spec().keys)));
+        Now::Done(owner.map(|owner| owner.is_some()))
     }
 
     pub fn fence(&self) -> Option<i64> {
         self.holder.detail().map(|d| d.fence)
-    }
-
-    pub fn lost(&self) -> bool {
-        self.holder.lost()
-    }
-
-    pub fn remaining(&self) -> Option<Duration> {
-        self.holder.remaining()
     }
 }

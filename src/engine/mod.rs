@@ -6,6 +6,7 @@ pub mod connect;
 pub mod direct;
 pub mod error;
 pub mod exclusive;
+pub mod executor;
 pub mod hold;
 pub mod hold_status;
 pub mod lock;

@@ -35,6 +35,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
 
 use super::error::{Error, Result};
+use super::executor;
 use super::name_map::NameMap;
 use super::node::{Identity, Retry};
 use super::replicas::attempt_with_replicas;
@@ -43,10 +44,11 @@ use super::shared::Shared;
 use super::waiting::{Gate, Wait};
 use crate::protocol::keys::Keys;
 use crate::protocol::lease;
-use crate::protocol::lock::{Granted, LockSpec};
+use crate::protocol::lock::{self, Granted, LockSpec};
 use crate::protocol::quorum::{self, Incarnation, Majority, Outcome, Tally, Vote};
 use crate::protocol::replies::{parse_attempt, parse_flag, parse_int, Attempt};
 use crate::protocol::scripts;
+use crate::protocol::step::Step;
 
 /// How long a waiter sleeps when no master gives a lease to wait for.
 const NO_HINT_LOOK: Duration = Duration::from_millis(500);
@@ -584,6 +586,12 @@ impl Redlock {
 
     /// Compare-and-delete on every master; `Ok(false)` when a majority says it is not ours.
     pub async fn release(&self, keys: &Keys, token: &str) -> Result<bool> {
+        self.release_by(token, &lock::release(keys, token)).await
+    }
+
+    /// Runs the release step of `token`'s hold on every master; `Ok(false)` when a majority
+    /// says it is not ours.
+    pub async fn release_by(&self, token: &str, step: &Step<bool>) -> Result<bool> {
         let answers = self
             .on_all(|i, s| {
                 // A vote of this token still out on this master settles first: sent again
@@ -591,13 +599,11 @@ impl Redlock {
                 let earlier = self.pending_on(token, i);
                 async move {
                     join_all(earlier).await;
-                    s.node
-                        .invoke_identified(&scripts::release(keys, token), Retry::Once)
-                        .await
+                    executor::send_identified(&s.node, step).await
                 }
             })
             .await?;
-        self.by_majority(answers, |v| parse_flag(v).ok())
+        self.by_majority(answers, |v| step.parse(v.clone()).ok())
     }
 
     /// `release` of a token the caller chose: when this client won the hold, only on the masters
@@ -653,17 +659,22 @@ impl Redlock {
         token: &str,
         lease_for: Duration,
     ) -> Result<Option<Instant>> {
+        self.extend_by(&lock::extend(keys, token, lease_for), lease_for)
+            .await
+    }
+
+    /// Runs an extend step (to `lease_for`) on every master; see `extend`.
+    pub async fn extend_by(
+        &self,
+        step: &Step<bool>,
+        lease_for: Duration,
+    ) -> Result<Option<Instant>> {
         self.note_lease(lease_for);
         let sent_at = Instant::now();
-        let ms = lease::lease_ms(lease_for);
         let answers = self
-            .on_all(|_, s| async move {
-                s.node
-                    .invoke_identified(&scripts::extend(keys, token, ms), Retry::Once)
-                    .await
-            })
+            .on_all(|_, s| executor::send_identified(&s.node, step))
             .await?;
-        if !self.by_majority(answers, |v| parse_flag(v).ok())? {
+        if !self.by_majority(answers, |v| step.parse(v.clone()).ok())? {
             return Ok(None);
         }
         Ok(Some(quorum::lease_start(sent_at, lease_for)))
@@ -671,10 +682,15 @@ impl Redlock {
 
     /// Whether `token` holds the lock on a majority of the masters.
     pub async fn owned(&self, keys: &Keys, token: &str) -> Result<bool> {
-        let answers = self.owners(keys).await?;
-        self.by_majority(answers, |owner: &Option<Vec<u8>>| {
-            Some(owner.as_deref() == Some(token.as_bytes()))
-        })
+        self.owned_by(&lock::owned(keys, token)).await
+    }
+
+    /// Whether an ownership step says yes on a majority of the masters.
+    pub async fn owned_by(&self, step: &Step<bool>) -> Result<bool> {
+        let answers = self
+            .on_all(|_, s| executor::send_identified(&s.node, step))
+            .await?;
+        self.by_majority(answers, |v| step.parse(v.clone()).ok())
     }
 
     /// Whether some owner holds the lock on a majority of the masters.

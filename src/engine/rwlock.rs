@@ -13,30 +13,20 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use super::client::{Client, Shared};
+use super::client::Client;
 use super::error::{Error, Result};
-use super::hold::{Holder, Leased, Naming, OnLost};
-use super::node::Retry;
+use super::executor;
+use super::hold::{Holder, Leased, Naming};
 use super::runtime::pid;
+use super::shared::Shared;
 use super::waiting::{self, Contender, Outcome, Plan, Undo, UndoStep, Wait, QUEUE_PLACE};
 use crate::protocol::keys::Keys;
 use crate::protocol::lease;
-use crate::protocol::replies::{parse_admission, parse_flag, parse_rw_state, Admission, RwState};
-use crate::protocol::scripts::{self, Queueing};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    Read,
-    Write,
-}
-
-/// What identifies a read-write lock in Redis and how it is leased.
-#[derive(Clone, Debug)]
-pub struct RwSpec {
-    pub name: Vec<u8>,
-    pub keys: Keys,
-    pub lease: Duration,
-}
+use crate::protocol::replies::{Admission, RwState};
+use crate::protocol::rwlock as steps;
+pub use crate::protocol::rwlock::{Mode, RwSpec};
+use crate::protocol::scripts::Queueing;
+use crate::protocol::step::Step;
 
 /// A context of this process that holds locks: (pid, thread or task id).
 type Context = (u32, u64);
@@ -114,25 +104,16 @@ impl Contender for RwContender<'_> {
     type Grant = Instant;
 
     async fn attempt(&self, join: bool) -> Result<Outcome<Instant>> {
-        let lease_ms = lease::lease_ms(self.spec.lease);
-        let inv = match self.mode {
-            Mode::Read => {
-                scripts::rw_read_acquire(&self.spec.keys, self.token, lease_ms, self.reentrant)
+        let queueing = if join {
+            Queueing::Join {
+                place_ms: lease::lease_ms(QUEUE_PLACE),
             }
-            Mode::Write => {
-                let queueing = if join {
-                    Queueing::Join {
-                        place_ms: lease::lease_ms(QUEUE_PLACE),
-                    }
-                } else {
-                    Queueing::TryOnly
-                };
-                scripts::rw_write_acquire(&self.spec.keys, self.token, lease_ms, queueing)
-            }
+        } else {
+            Queueing::TryOnly
         };
+        let step = steps::attempt(self.spec, self.mode, self.token, self.reentrant, queueing);
         let sent_at = Instant::now();
-        let reply = self.shared.node.invoke(&inv, Retry::Once).await?;
-        Ok(match parse_admission(&reply)? {
+        Ok(match executor::run(self.shared, &step).await? {
             Admission::Admitted { .. } => Outcome::Granted(sent_at),
             Admission::Busy { retry_ms } => Outcome::Busy { retry_ms },
         })
@@ -140,8 +121,11 @@ impl Contender for RwContender<'_> {
 
     async fn leave(&self) -> Result<()> {
         if self.mode == Mode::Write {
-            let inv = scripts::rw_writer_leave(&self.spec.keys, self.token);
-            self.shared.node.invoke(&inv, Retry::Once).await?;
+            executor::run(
+                self.shared,
+                &steps::writer_leave(&self.spec.keys, self.token),
+            )
+            .await?;
         }
         Ok(())
     }
@@ -155,17 +139,9 @@ impl Contender for RwContender<'_> {
         let step = move || -> UndoStep {
             let (shared, keys, token) = (shared.clone(), keys.clone(), token.clone());
             Box::pin(async move {
-                match mode {
-                    Mode::Read => {
-                        let inv = scripts::rw_read_release(&keys, &token);
-                        shared.node.invoke(&inv, Retry::Once).await?;
-                    }
-                    Mode::Write => {
-                        let inv = scripts::rw_write_release(&keys, &token);
-                        shared.node.invoke(&inv, Retry::Once).await?;
-                        let inv = scripts::rw_writer_leave(&keys, &token);
-                        shared.node.invoke(&inv, Retry::Once).await?;
-                    }
+                executor::run(&shared, &steps::release(&keys, mode, &token)).await?;
+                if mode == Mode::Write {
+                    executor::run(&shared, &steps::writer_leave(&keys, &token)).await?;
                 }
                 Ok(())
             })
@@ -253,58 +229,22 @@ impl Leased for RwSide {
         Ok(granted.map(|sent_at| (sent_at, self.registry.add(context, self.mode))))
     }
 
-    async fn release(&self, shared: &Shared, token: &str) -> Result<bool> {
-        let inv = match self.mode {
-            Mode::Read => scripts::rw_read_release(&self.spec.keys, token),
-            Mode::Write => scripts::rw_write_release(&self.spec.keys, token),
-        };
-        let reply = shared.node.invoke(&inv, Retry::Once).await?;
-        Ok(parse_flag(&reply)?)
+    fn release(&self, token: &str) -> Step<bool> {
+        steps::release(&self.spec.keys, self.mode, token)
     }
 
-    async fn extend(
-        &self,
-        shared: &Shared,
-        token: &str,
-        lease: Duration,
-    ) -> Result<Option<Instant>> {
-        let lease_ms = lease::lease_ms(lease);
-        let inv = match self.mode {
-            Mode::Read => scripts::rw_read_extend(&self.spec.keys, token, lease_ms),
-            Mode::Write => scripts::rw_write_extend(&self.spec.keys, token, lease_ms),
-        };
-        let sent_at = Instant::now();
-        let reply = shared.node.invoke(&inv, Retry::Once).await?;
-        Ok(parse_flag(&reply)?.then_some(sent_at))
+    fn extend(&self, token: &str, lease: Duration) -> Step<bool> {
+        steps::extend(&self.spec.keys, self.mode, token, lease)
     }
 
-    async fn owned(&self, shared: &Shared, token: &str) -> Result<bool> {
-        match self.mode {
-            Mode::Read => {
-                let inv = scripts::rw_read_owned(&self.spec.keys, token);
-                Ok(parse_flag(&shared.node.invoke(&inv, Retry::Once).await?)?)
-            }
-            Mode::Write => {
-                let owner: Option<Vec<u8>> = shared
-                    .node
-                    .query(
-                        redis::cmd("GET").arg(self.spec.keys.rw_writer()),
-                        Retry::Once,
-                    )
-                    .await?;
-                Ok(owner.as_deref() == Some(token.as_bytes()))
-            }
-        }
+    fn owned(&self, token: &str) -> Step<bool> {
+        steps::owned(&self.spec.keys, self.mode, token)
     }
 }
 
 /// Who holds a read-write lock now.
 pub async fn state(shared: &Shared, keys: &Keys) -> Result<RwState> {
-    let reply = shared
-        .node
-        .invoke(&scripts::rw_state(keys), Retry::Once)
-        .await?;
-    Ok(parse_rw_state(&reply)?)
+    executor::run(shared, &steps::state(keys)).await
 }
 
 /// One RWLock object: hands out read and write lock objects that share its deadlock guard.
@@ -386,33 +326,10 @@ impl RwHandle {
         self.holder.auto_renew()
     }
 
-    /// Takes the lock for this object on behalf of `context` (the caller's thread or task id,
-    /// which the deadlock guard tells apart); `listener` hears from auto-renewal, if it is on.
-    pub async fn acquire(
-        &self,
-        wait: Wait,
-        listener: Option<OnLost>,
-        context: u64,
-    ) -> Result<bool> {
-        self.holder.acquire(wait, listener, &context).await
-    }
-
-    /// The object's hold (asyncio drives acquires that may be abandoned through it).
+    /// The object's hold: acquire (its `Args` is the caller's thread or task id, which the
+    /// deadlock guard tells apart), release, extend, `owned` and the hold's state.
     pub fn holder(&self) -> &Holder<RwSide> {
         &self.holder
-    }
-
-    pub async fn release(&self) -> Result<()> {
-        self.holder.release().await
-    }
-
-    pub async fn extend(&self, lease: Option<Duration>) -> Result<()> {
-        self.holder.extend(lease).await
-    }
-
-    /// This object holds its lock, checked against Redis.
-    pub async fn owned(&self) -> Result<bool> {
-        self.holder.owned().await
     }
 
     /// Somebody holds the read-write lock (a writer, or at least one live reader).
@@ -420,17 +337,5 @@ impl RwHandle {
         let shared = self.holder.client().shared()?;
         let now = state(&shared, &self.spec().keys).await?;
         Ok(now.writer || now.readers > 0)
-    }
-
-    pub fn token(&self) -> Option<String> {
-        self.holder.token()
-    }
-
-    pub fn lost(&self) -> bool {
-        self.holder.lost()
-    }
-
-    pub fn remaining(&self) -> Option<Duration> {
-        self.holder.remaining()
     }
 }

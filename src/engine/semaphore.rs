@@ -3,34 +3,25 @@
 //! holder that dies stops counting when its lease ends and no client clock can over-admit.
 //! Waiting is the shared `waiting` loop: woken by releases, or when the soonest lease ends.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::client::{Client, Shared};
+use super::client::Client;
 use super::error::{Error, Result};
-use super::hold::{DirectTry, Holder, Leased, Naming, OnLost};
-use super::node::Retry;
+use super::executor::{self, Now};
+use super::hold::{DirectTry, Holder, Leased, Naming};
+use super::shared::Shared;
 use super::waiting::{
     self, attempt_direct, Contender, Outcome, Plan, Undo, UndoStep, Wait, QUEUE_PLACE,
 };
 use crate::protocol::keys::Keys;
 use crate::protocol::lease;
-use crate::protocol::replies::{
-    parse_admission, parse_count, parse_flag, parse_limit_refusal, Admission,
-};
-use crate::protocol::scripts::{self, Queueing};
-
-/// What identifies a semaphore in Redis and how its permits are leased.
-#[derive(Clone, Debug)]
-pub struct SemaphoreSpec {
-    pub name: Vec<u8>,
-    pub keys: Keys,
-    /// The most live holders at any time (>= 1).
-    pub limit: u64,
-    pub lease: Duration,
-    /// Waiters get permits in the order in which they started waiting (FIFO queue in Redis).
-    pub fair: bool,
-}
+use crate::protocol::replies::Admission;
+use crate::protocol::scripts::Queueing;
+pub use crate::protocol::semaphore::SemaphoreSpec;
+use crate::protocol::semaphore::{self as steps, Admit};
+use crate::protocol::step::Step;
 
 struct SemaphoreContender<'a> {
     shared: &'a Arc<Shared>,
@@ -50,20 +41,17 @@ impl Contender for SemaphoreContender<'_> {
         } else {
             Queueing::TryOnly
         };
-        let inv = attempt_invocation(self.spec, self.token, queueing);
+        let step = steps::attempt(self.spec, self.token, queueing);
         let sent_at = Instant::now();
-        let reply = self.shared.node.invoke(&inv, Retry::Once).await?;
-        refuse_other_limit(self.spec, &reply)?;
-        Ok(match parse_admission(&reply)? {
+        let admit = executor::run(self.shared, &step).await?;
+        Ok(match admitted(self.spec, admit)? {
             Admission::Admitted { .. } => Outcome::Granted(sent_at),
             Admission::Busy { retry_ms } => Outcome::Busy { retry_ms },
         })
     }
 
     async fn leave(&self) -> Result<()> {
-        let inv = scripts::semaphore_leave(&self.spec.keys, self.token, self.spec.limit);
-        self.shared.node.invoke(&inv, Retry::Once).await?;
-        Ok(())
+        executor::run(self.shared, &steps::leave(self.spec, self.token)).await
     }
 
     fn undo(&self) -> Undo {
@@ -74,11 +62,9 @@ impl Contender for SemaphoreContender<'_> {
         let step = move || -> UndoStep {
             let (shared, spec, token) = (shared.clone(), spec.clone(), token.clone());
             Box::pin(async move {
-                let release = scripts::semaphore_release(&spec.keys, &token, spec.limit);
-                shared.node.invoke(&release, Retry::Once).await?;
+                executor::run(&shared, &steps::release(&spec, &token)).await?;
                 if spec.fair {
-                    let leave = scripts::semaphore_leave(&spec.keys, &token, spec.limit);
-                    shared.node.invoke(&leave, Retry::Once).await?;
+                    executor::run(&shared, &steps::leave(&spec, &token)).await?;
                 }
                 Ok(())
             })
@@ -90,32 +76,18 @@ impl Contender for SemaphoreContender<'_> {
     }
 }
 
-/// `Error::Limit` when the attempt was refused because the semaphore's live limit differs.
-fn refuse_other_limit(spec: &SemaphoreSpec, reply: &redis::Value) -> Result<()> {
-    match parse_limit_refusal(reply) {
-        None => Ok(()),
-        Some(live) => Err(Error::Limit(format!(
+/// The admission of an attempt; `Error::Limit` when it was refused because the semaphore's live
+/// limit differs.
+fn admitted(spec: &SemaphoreSpec, admit: Admit) -> Result<Admission> {
+    match admit {
+        Admit::Answered(admission) => Ok(admission),
+        Admit::OtherLimit(live) => Err(Error::Limit(format!(
             "semaphore '{}': limit {} differs from the limit {live} its holders or waiters use \
              (kept in Redis); a new limit takes effect once none of them remains",
             String::from_utf8_lossy(&spec.name),
             spec.limit
         ))),
     }
-}
-
-/// One admission attempt for `token` (`queueing` matters to a fair semaphore only).
-fn attempt_invocation(
-    spec: &SemaphoreSpec,
-    token: &str,
-    queueing: Queueing,
-) -> redis::ScriptInvocation<'static> {
-    scripts::semaphore_acquire(
-        &spec.keys,
-        token,
-        lease::lease_ms(spec.lease),
-        spec.limit,
-        spec.fair.then_some(queueing),
-    )
 }
 
 /// Tries to take a permit for `token`, waiting as `wait` allows; Some(sent_at) when taken.
@@ -157,31 +129,12 @@ async fn acquire_from(
 
 /// Gives a permit back; `Ok(false)` when `token` held none (any more).
 pub async fn release(shared: &Shared, spec: &SemaphoreSpec, token: &str) -> Result<bool> {
-    let inv = scripts::semaphore_release(&spec.keys, token, spec.limit);
-    let reply = shared.node.invoke(&inv, Retry::Once).await?;
-    Ok(parse_flag(&reply)?)
-}
-
-/// Compare-and-extend of a permit; `Ok(Some(sent_at))` when extended, `Ok(None)` when not ours.
-pub async fn extend(
-    shared: &Shared,
-    keys: &Keys,
-    token: &str,
-    lease: Duration,
-) -> Result<Option<Instant>> {
-    let inv = scripts::semaphore_extend(keys, token, lease::lease_ms(lease));
-    let sent_at = Instant::now();
-    let reply = shared.node.invoke(&inv, Retry::Once).await?;
-    Ok(parse_flag(&reply)?.then_some(sent_at))
+    executor::run(shared, &steps::release(spec, token)).await
 }
 
 /// The number of live holders.
 pub async fn holders(shared: &Shared, keys: &Keys) -> Result<i64> {
-    let reply = shared
-        .node
-        .invoke(&scripts::semaphore_holders(keys), Retry::Once)
-        .await?;
-    Ok(parse_count(&reply)?)
+    executor::run(shared, &steps::holders(keys)).await
 }
 
 impl Leased for SemaphoreSpec {
@@ -211,23 +164,16 @@ impl Leased for SemaphoreSpec {
             .map(|sent_at| (sent_at, ())))
     }
 
-    async fn release(&self, shared: &Shared, token: &str) -> Result<bool> {
-        release(shared, self, token).await
+    fn release(&self, token: &str) -> Step<bool> {
+        steps::release(self, token)
     }
 
-    async fn extend(
-        &self,
-        shared: &Shared,
-        token: &str,
-        lease: Duration,
-    ) -> Result<Option<Instant>> {
-        extend(shared, &self.keys, token, lease).await
+    fn extend(&self, token: &str, lease: Duration) -> Step<bool> {
+        steps::extend(&self.keys, token, lease)
     }
 
-    async fn owned(&self, shared: &Shared, token: &str) -> Result<bool> {
-        let inv = scripts::semaphore_owned(&self.keys, token);
-        let reply = shared.node.invoke(&inv, Retry::Once).await?;
-        Ok(parse_flag(&reply)?)
+    fn owned(&self, token: &str) -> Step<bool> {
+        steps::owned(&self.keys, token)
     }
 
     fn direct(&self) -> bool {
@@ -236,8 +182,8 @@ impl Leased for SemaphoreSpec {
 
     fn try_direct(&self, shared: &Arc<Shared>, token: &str) -> Result<DirectTry<()>> {
         // Never queues: a fair waiter takes its place in the wait that follows a refusal.
-        let inv = attempt_invocation(self, token, Queueing::TryOnly);
-        let (reply, sent_at) = attempt_direct(shared, &inv, || {
+        let step = steps::attempt(self, token, Queueing::TryOnly);
+        let (reply, sent_at) = attempt_direct(shared, executor::script_of(&step)?, || {
             let contender = SemaphoreContender {
                 shared,
                 spec: self,
@@ -245,8 +191,7 @@ impl Leased for SemaphoreSpec {
             };
             contender.undo()
         })?;
-        refuse_other_limit(self, &reply)?;
-        Ok(match parse_admission(&reply)? {
+        Ok(match admitted(self, step.parse(reply)?)? {
             Admission::Admitted { .. } => DirectTry::Granted(sent_at, ()),
             Admission::Busy { retry_ms } => DirectTry::Busy { retry_ms },
         })
@@ -263,28 +208,6 @@ impl Leased for SemaphoreSpec {
         let first = Some(Outcome::Busy { retry_ms });
         let granted = acquire_from(shared, self, token, wait, first).await?;
         Ok(granted.map(|sent_at| (sent_at, ())))
-    }
-
-    fn release_direct(&self, shared: &Shared, token: &str) -> Result<bool> {
-        let inv = scripts::semaphore_release(&self.keys, token, self.limit);
-        Ok(parse_flag(&shared.direct.invoke(&inv, Retry::Once)?)?)
-    }
-
-    fn extend_direct(
-        &self,
-        shared: &Shared,
-        token: &str,
-        lease: Duration,
-    ) -> Result<Option<Instant>> {
-        let inv = scripts::semaphore_extend(&self.keys, token, lease::lease_ms(lease));
-        let sent_at = Instant::now();
-        let reply = shared.direct.invoke(&inv, Retry::Once)?;
-        Ok(parse_flag(&reply)?.then_some(sent_at))
-    }
-
-    fn owned_direct(&self, shared: &Shared, token: &str) -> Result<bool> {
-        let inv = scripts::semaphore_owned(&self.keys, token);
-        Ok(parse_flag(&shared.direct.invoke(&inv, Retry::Once)?)?)
     }
 }
 
@@ -329,51 +252,28 @@ impl SemaphoreHandle {
         self.holder.auto_renew()
     }
 
-    /// Takes a permit for this object; `listener` hears from auto-renewal, if it is on.
-    pub async fn acquire(&self, wait: Wait, listener: Option<OnLost>) -> Result<bool> {
-        self.holder.acquire(wait, listener, &()).await
-    }
-
-    pub async fn release(&self) -> Result<()> {
-        self.holder.release().await
-    }
-
-    pub async fn extend(&self, lease: Option<Duration>) -> Result<()> {
-        self.holder.extend(lease).await
-    }
-
-    /// This object holds a live permit, checked against Redis.
-    pub async fn owned(&self) -> Result<bool> {
-        self.holder.owned().await
-    }
-
     /// How many live holders the semaphore has (in every process).
     pub async fn holders(&self) -> Result<i64> {
         let shared = self.holder.client().shared()?;
         holders(&shared, &self.spec().keys).await
     }
 
-    /// The generic hold, for the direct (caller-thread) calls of the blocking API: one round
-    /// trip each on a single server, no hand-off to the runtime (see `Holder::has_direct`).
+    /// The object's hold: acquire, release, extend, `owned` and the hold's state.
     pub fn holder(&self) -> &Holder<SemaphoreSpec> {
         &self.holder
     }
 
-    pub fn holders_direct(&self) -> Result<i64> {
-        let shared = self.holder.client().shared()?;
-        let inv = scripts::semaphore_holders(&self.spec().keys);
-        Ok(parse_count(&shared.direct.invoke(&inv, Retry::Once)?)?)
-    }
-
-    pub fn token(&self) -> Option<String> {
-        self.holder.token()
-    }
-
-    pub fn lost(&self) -> bool {
-        self.holder.lost()
-    }
-
-    pub fn remaining(&self) -> Option<Duration> {
-        self.holder.remaining()
+    /// The blocking API's `holders`: on the caller's thread when the client allows it.
+    pub fn holders_blocking(
+        &self,
+    ) -> Now<Result<i64>, impl Future<Output = Result<i64>> + Send + '_> {
+        if !self.holder.client().supports_direct() {
+            return Now::Later(self.holders());
+        }
+        Now::Done(
+            self.holder.client().shared().and_then(|shared| {
+                executor::run_direct(&shared, &steps::holders(&self.spec().keys))
+            }),
+        )
     }
 }

@@ -6,9 +6,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::client::{Client, ClientConfig};
+use super::executor;
 use super::lock::{self, LockHandle, LockSpec, Wait};
 use super::node::{Retry, Timeouts};
 use super::runtime;
+use crate::protocol;
 use crate::protocol::replies::{parse_attempt, Attempt};
 use crate::protocol::scripts::{self, Queueing};
 
@@ -152,18 +154,9 @@ fn acquire_release_extend_and_fences() {
             !lock::release(&shared, &s.keys, "tok2").await.unwrap(),
             "non-owner release"
         );
-        assert!(
-            lock::extend(&shared, &s.keys, "tok1", Duration::from_secs(9))
-                .await
-                .unwrap()
-                .is_some()
-        );
-        assert!(
-            lock::extend(&shared, &s.keys, "tok2", Duration::from_secs(9))
-                .await
-                .unwrap()
-                .is_none()
-        );
+        let extend = |token| protocol::lock::extend(&s.keys, token, Duration::from_secs(9));
+        assert!(executor::run(&shared, &extend("tok1")).await.unwrap());
+        assert!(!executor::run(&shared, &extend("tok2")).await.unwrap());
         assert!(lock::release(&shared, &s.keys, "tok1").await.unwrap());
         let second = lock::acquire(&shared, &s, "tok2", Wait::Once)
             .await
@@ -193,7 +186,7 @@ fn a_release_wakes_a_waiter_at_once() {
         false,
     )
     .unwrap();
-    assert!(block_on(handle.acquire(Wait::Once, None)).unwrap());
+    assert!(block_on(handle.holder().acquire(Wait::Once, None, &())).unwrap());
     let waiter_client = client.clone();
     let waiter = std::thread::spawn(move || {
         let other = LockHandle::new(
@@ -206,13 +199,17 @@ fn a_release_wakes_a_waiter_at_once() {
         )
         .unwrap();
         let started = Instant::now();
-        let got = block_on(other.acquire(Wait::from_timeout(Some(Duration::from_secs(5))), None))
-            .unwrap();
+        let got = block_on(other.holder().acquire(
+            Wait::from_timeout(Some(Duration::from_secs(5))),
+            None,
+            &(),
+        ))
+        .unwrap();
         (got, started.elapsed())
     });
     std::thread::sleep(Duration::from_millis(300));
     let released_at = Instant::now();
-    block_on(handle.release()).unwrap();
+    block_on(handle.holder().release()).unwrap();
     let (got, waited) = waiter.join().unwrap();
     assert!(got);
     // Woken by the release, not by the 10 s lease: well under a second after it.
@@ -257,7 +254,7 @@ fn fair_waiters_are_served_in_arrival_order_and_leave_on_timeout() {
         false,
     )
     .unwrap();
-    assert!(block_on(holder.acquire(Wait::Once, None)).unwrap());
+    assert!(block_on(holder.holder().acquire(Wait::Once, None, &())).unwrap());
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut threads = Vec::new();
     for i in 0..4 {
@@ -265,10 +262,10 @@ fn fair_waiters_are_served_in_arrival_order_and_leave_on_timeout() {
         threads.push(std::thread::spawn(move || {
             let me =
                 LockHandle::new(client, b"f", Duration::from_secs(10), true, 0, false).unwrap();
-            assert!(block_on(me.acquire(Wait::Forever, None)).unwrap());
+            assert!(block_on(me.holder().acquire(Wait::Forever, None, &())).unwrap());
             order.lock().unwrap().push(i);
             std::thread::sleep(Duration::from_millis(20));
-            block_on(me.release()).unwrap();
+            block_on(me.holder().release()).unwrap();
         }));
         std::thread::sleep(Duration::from_millis(150));
     }
@@ -282,10 +279,12 @@ fn fair_waiters_are_served_in_arrival_order_and_leave_on_timeout() {
         false,
     )
     .unwrap();
-    assert!(
-        !block_on(quitter.acquire(Wait::from_timeout(Some(Duration::from_millis(200))), None))
-            .unwrap()
-    );
+    assert!(!block_on(quitter.holder().acquire(
+        Wait::from_timeout(Some(Duration::from_millis(200))),
+        None,
+        &()
+    ))
+    .unwrap());
     block_on(async {
         let shared = client.shared().unwrap();
         let queued: Vec<Vec<u8>> = shared
@@ -298,7 +297,7 @@ fn fair_waiters_are_served_in_arrival_order_and_leave_on_timeout() {
             .unwrap();
         assert_eq!(queued.len(), 4, "the quitter is gone, the four others wait");
     });
-    block_on(holder.release()).unwrap();
+    block_on(holder.holder().release()).unwrap();
     for t in threads {
         t.join().unwrap();
     }
@@ -491,24 +490,24 @@ fn redlock_needs_a_majority_and_raises_fences_past_every_previous_one() {
     .unwrap();
     let mut fences = Vec::new();
     for _ in 0..2 {
-        assert!(block_on(handle.acquire(Wait::Once, None)).unwrap());
-        assert!(!block_on(other.acquire(Wait::Once, None)).unwrap());
-        assert!(block_on(handle.owned()).unwrap());
-        let left = handle.remaining().unwrap();
+        assert!(block_on(handle.holder().acquire(Wait::Once, None, &())).unwrap());
+        assert!(!block_on(other.holder().acquire(Wait::Once, None, &())).unwrap());
+        assert!(block_on(handle.holder().owned()).unwrap());
+        let left = handle.holder().remaining().unwrap();
         assert!(left <= Duration::from_millis(5000 - 52), "{left:?}");
         fences.push(handle.fence().unwrap());
-        block_on(handle.release()).unwrap();
+        block_on(handle.holder().release()).unwrap();
     }
     // One of three down: a majority is still there.
     drop(c.take());
-    assert!(block_on(handle.acquire(Wait::Once, None)).unwrap());
+    assert!(block_on(handle.holder().acquire(Wait::Once, None, &())).unwrap());
     fences.push(handle.fence().unwrap());
-    block_on(handle.release()).unwrap();
+    block_on(handle.holder().release()).unwrap();
     assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
     // Two of three down: a quorum error, at once.
     drop(b);
     let t0 = Instant::now();
-    let err = block_on(handle.acquire(Wait::Forever, None)).unwrap_err();
+    let err = block_on(handle.holder().acquire(Wait::Forever, None, &())).unwrap_err();
     assert!(matches!(err, Error::Quorum(_)), "{err:?}");
     assert!(t0.elapsed() < Duration::from_secs(2));
     drop(a);
@@ -580,7 +579,11 @@ fn an_abandoned_acquire_gives_back_what_it_obtains_and_nothing_else() {
     block_on(async {
         let shared = client.shared().unwrap();
         let holder = LockHandle::new(client.clone(), b"g", ttl, true, 0, false).unwrap();
-        assert!(holder.acquire(Wait::Once, None).await.unwrap());
+        assert!(holder
+            .holder()
+            .acquire(Wait::Once, None, &())
+            .await
+            .unwrap());
 
         // Abandoned while it waits in the queue, then granted by the release.
         let waiter = Arc::new(LockHandle::new(client.clone(), b"g", ttl, true, 0, false).unwrap());
@@ -608,12 +611,12 @@ fn an_abandoned_acquire_gives_back_what_it_obtains_and_nothing_else() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         waiter.holder().abandon(&ticket);
-        holder.release().await.unwrap();
+        holder.holder().release().await.unwrap();
         assert!(
             !task.await.unwrap().unwrap(),
             "an abandoned grant must not count"
         );
-        assert_eq!(waiter.token(), None);
+        assert_eq!(waiter.holder().token(), None);
         let deadline = Instant::now() + Duration::from_secs(2);
         while owner(shared.clone()).await.is_some() {
             assert!(Instant::now() < deadline, "the grant was not given back");
@@ -629,7 +632,7 @@ fn an_abandoned_acquire_gives_back_what_it_obtains_and_nothing_else() {
             .unwrap();
         assert!(acquired);
         waiter.holder().abandon(&ticket);
-        assert_eq!(waiter.token(), None);
+        assert_eq!(waiter.holder().token(), None);
         let deadline = Instant::now() + Duration::from_secs(2);
         while owner(shared.clone()).await.is_some() {
             assert!(Instant::now() < deadline, "the hold was not given back");
@@ -644,19 +647,19 @@ fn an_abandoned_acquire_gives_back_what_it_obtains_and_nothing_else() {
             .await
             .unwrap();
         assert!(acquired);
-        waiter.release().await.unwrap();
+        waiter.holder().release().await.unwrap();
         let acquired = waiter
             .holder()
             .acquire_ticketed(Wait::Once, None, &(), Ticket::default())
             .await
             .unwrap();
         assert!(acquired);
-        let token = waiter.token().unwrap();
+        let token = waiter.holder().token().unwrap();
         waiter.holder().abandon(&old);
-        assert_eq!(waiter.token().as_deref(), Some(token.as_str()));
+        assert_eq!(waiter.holder().token().as_deref(), Some(token.as_str()));
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(owner(shared.clone()).await, Some(token.into_bytes()));
-        waiter.release().await.unwrap();
+        waiter.holder().release().await.unwrap();
     });
 }
 
@@ -905,9 +908,9 @@ fn redlock_fences_increase_across_two_restarts_of_different_masters() {
     let mut fences = Vec::new();
     let take = |handle: &LockHandle| {
         let until = Wait::Until(Instant::now() + Duration::from_secs(15));
-        assert!(block_on(handle.acquire(until, None)).unwrap());
+        assert!(block_on(handle.holder().acquire(until, None, &())).unwrap());
         let fence = handle.fence().unwrap();
-        let _ = block_on(handle.release());
+        let _ = block_on(handle.holder().release());
         fence
     };
     fences.push(take(&handle));
@@ -981,8 +984,8 @@ fn a_semaphore_refuses_another_limit_while_holders_or_waiters_of_the_live_one_re
             Err(Error::Limit(_))
         ));
         // The limit lives as long as the holders: extended with them, gone after them.
-        let ext = semaphore::extend(&shared, &keys, "b", Duration::from_secs(60));
-        assert!(block_on(ext).unwrap().is_some());
+        let ext = protocol::semaphore::extend(&keys, "b", Duration::from_secs(60));
+        assert!(block_on(executor::run(&shared, &ext)).unwrap());
         let pttl: i64 = block_on(
             shared
                 .node

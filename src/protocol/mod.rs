@@ -1,11 +1,15 @@
 //! Sans-I/O protocol: key layout, Lua scripts, reply parsing and time arithmetic.
 //! Nothing here touches a socket or Python, so all of it is testable with canned values.
 
+pub mod cache;
 pub mod keys;
 pub mod lease;
 pub mod lock;
 pub mod quorum;
 pub mod replies;
+pub mod rwlock;
 pub mod scripts;
+pub mod semaphore;
+pub mod step;
 pub mod url;
 pub mod wake;

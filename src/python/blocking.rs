@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 
+use crate::engine::executor::Now;
 use crate::engine::runtime;
 
 /// How often a blocked call looks for pending signals.
@@ -27,5 +28,19 @@ where
             // Dropping the future on a signal cancels it; the engine cleans up after itself.
             Err(_) => py.check_signals()?,
         }
+    }
+}
+
+/// Runs a blocking entry point of the engine with the GIL released: the engine either did the
+/// work on this thread already (`Now::Done`), or left a future, waited for here through the
+/// runtime (so the binding never chooses the transport).
+pub fn run<T, F>(py: Python<'_>, start: impl FnOnce() -> Now<T, F> + Send) -> PyResult<T>
+where
+    T: Send,
+    F: Future<Output = T> + Send,
+{
+    match py.detach(start) {
+        Now::Done(output) => Ok(output),
+        Now::Later(fut) => wait(py, fut),
     }
 }

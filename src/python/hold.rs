@@ -158,10 +158,6 @@ pub trait Releasable: Send + Sync + 'static {
     fn extend(&self, lease: Option<Duration>) -> impl Future<Output = Result<()>> + Send;
     fn owned(&self) -> impl Future<Output = Result<bool>> + Send;
     fn lost(&self) -> bool;
-    /// The release on the caller's thread, when the primitive offers one.
-    fn release_direct(&self) -> Option<Result<()>> {
-        None
-    }
 }
 
 impl Releasable for LockHandle {
@@ -181,19 +177,16 @@ impl Releasable for LockHandle {
         self.holder().acquire_ticketed(wait, listener, &(), ticket)
     }
     fn release(&self) -> impl Future<Output = Result<()>> + Send {
-        LockHandle::release(self)
+        self.holder().release()
     }
     fn extend(&self, lease: Option<Duration>) -> impl Future<Output = Result<()>> + Send {
-        LockHandle::extend(self, lease)
+        self.holder().extend(lease)
     }
     fn owned(&self) -> impl Future<Output = Result<bool>> + Send {
-        LockHandle::owned(self)
+        self.holder().owned()
     }
     fn lost(&self) -> bool {
-        LockHandle::lost(self)
-    }
-    fn release_direct(&self) -> Option<Result<()>> {
-        self.has_direct().then(|| LockHandle::release_direct(self))
+        self.holder().lost()
     }
 }
 
@@ -214,20 +207,16 @@ impl Releasable for SemaphoreHandle {
         self.holder().acquire_ticketed(wait, listener, &(), ticket)
     }
     fn release(&self) -> impl Future<Output = Result<()>> + Send {
-        SemaphoreHandle::release(self)
+        self.holder().release()
     }
     fn extend(&self, lease: Option<Duration>) -> impl Future<Output = Result<()>> + Send {
-        SemaphoreHandle::extend(self, lease)
+        self.holder().extend(lease)
     }
     fn owned(&self) -> impl Future<Output = Result<bool>> + Send {
-        SemaphoreHandle::owned(self)
+        self.holder().owned()
     }
     fn lost(&self) -> bool {
-        SemaphoreHandle::lost(self)
-    }
-    fn release_direct(&self) -> Option<Result<()>> {
-        let holder = self.holder();
-        holder.has_direct().then(|| holder.release_direct())
+        self.holder().lost()
     }
 }
 
@@ -249,16 +238,16 @@ impl Releasable for RwHandle {
             .await
     }
     fn release(&self) -> impl Future<Output = Result<()>> + Send {
-        RwHandle::release(self)
+        self.holder().release()
     }
     fn extend(&self, lease: Option<Duration>) -> impl Future<Output = Result<()>> + Send {
-        RwHandle::extend(self, lease)
+        self.holder().extend(lease)
     }
     fn owned(&self) -> impl Future<Output = Result<bool>> + Send {
-        RwHandle::owned(self)
+        self.holder().owned()
     }
     fn lost(&self) -> bool {
-        RwHandle::lost(self)
+        self.holder().lost()
     }
 }
 
@@ -272,13 +261,7 @@ pub fn exit<H: Releasable>(
     about: &About,
 ) -> PyResult<bool> {
     let body_raised = exc.get_item(0).is_ok_and(|t| !t.is_none());
-    let released = match py.detach(|| handle.release_direct()) {
-        Some(released) => released,
-        None => {
-            let handle = handle.clone();
-            blocking::wait(py, async move { handle.release().await })?
-        }
-    };
+    let released = blocking::run(py, || handle.holder().release_blocking())?;
     leave_block(py, about, body_raised, exit_outcome(&**handle, released))
 }
 

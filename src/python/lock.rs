@@ -11,7 +11,7 @@ use super::blocking;
 use super::client::{coerce_client, PyClient};
 use super::errors::{About, Named};
 use super::hold;
-use crate::engine::lock::{Direct, LockHandle, OnLost, Wait};
+use crate::engine::lock::{LockHandle, OnLost, Wait};
 
 /// A distributed mutex on Redis: `with Lock(client, "name", ttl=5): ...`.
 ///
@@ -47,17 +47,10 @@ impl PyLock {
         )?;
         let handle = this.handle.clone();
         let py = slf.py();
-        // One direct attempt on this thread; the runtime (interruptible by signals) only to wait.
-        let first = py
-            .detach(|| handle.acquire_direct(wait, listener.clone()))
-            .about(py, &this.about)?;
-        match first {
-            Direct::Done(acquired) => Ok(acquired),
-            Direct::Wait(pending) => {
-                blocking::wait(py, handle.acquire_pending(pending, wait, listener))?
-                    .about(py, &this.about)
-            }
-        }
+        // The engine decides: done on this thread, or a wait through the runtime
+        // (interruptible by signals).
+        blocking::run(py, || handle.holder().acquire_blocking(wait, listener, &()))?
+            .about(py, &this.about)
     }
 
     fn listener_for(slf: &Bound<'_, Self>) -> PyResult<Option<OnLost>> {
@@ -126,58 +119,34 @@ impl PyLock {
 
     /// Releases the hold (LockNotOwnedError when none, LockLostError when the lease was lost).
     fn release(&self, py: Python<'_>) -> PyResult<()> {
-        if self.handle.has_direct() {
-            return py
-                .detach(|| self.handle.release_direct())
-                .about(py, &self.about);
-        }
-        let handle = self.handle.clone();
-        blocking::wait(py, async move { handle.release().await })?.about(py, &self.about)
+        blocking::run(py, || self.handle.holder().release_blocking())?.about(py, &self.about)
     }
 
     /// The lease now ends `ttl` (default: the lock's ttl) from now.
     #[pyo3(signature = (ttl=None))]
     fn extend(&self, py: Python<'_>, ttl: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let lease = hold::extend_lease(ttl)?;
-        if self.handle.has_direct() {
-            return py
-                .detach(|| self.handle.extend_direct(lease))
-                .about(py, &self.about);
-        }
-        let handle = self.handle.clone();
-        blocking::wait(py, async move { handle.extend(lease).await })?.about(py, &self.about)
+        blocking::run(py, || self.handle.holder().extend_blocking(lease))?.about(py, &self.about)
     }
 
     /// Somebody holds the lock.
     fn locked(&self, py: Python<'_>) -> PyResult<bool> {
-        if self.handle.client().supports_direct() {
-            return py
-                .detach(|| self.handle.locked_direct())
-                .about(py, &self.about);
-        }
-        let handle = self.handle.clone();
-        blocking::wait(py, async move { handle.locked().await })?.about(py, &self.about)
+        blocking::run(py, || self.handle.locked_blocking())?.about(py, &self.about)
     }
 
     /// This object holds the lock, checked against Redis.
     fn owned(&self, py: Python<'_>) -> PyResult<bool> {
-        if self.handle.has_direct() {
-            return py
-                .detach(|| self.handle.owned_direct())
-                .about(py, &self.about);
-        }
-        let handle = self.handle.clone();
-        blocking::wait(py, async move { handle.owned().await })?.about(py, &self.about)
+        blocking::run(py, || self.handle.holder().owned_blocking())?.about(py, &self.about)
     }
 
     /// Seconds left on this object's lease; None if not held, 0.0 once the local deadline passed.
     fn remaining(&self) -> Option<f64> {
-        self.handle.remaining().map(|d| d.as_secs_f64())
+        self.handle.holder().remaining().map(|d| d.as_secs_f64())
     }
 
     #[getter]
     fn token(&self) -> Option<String> {
-        self.handle.token()
+        self.handle.holder().token()
     }
 
     #[getter]
@@ -187,7 +156,7 @@ impl PyLock {
 
     #[getter]
     fn lost(&self) -> bool {
-        self.handle.lost()
+        self.handle.holder().lost()
     }
 
     #[getter]
@@ -298,7 +267,7 @@ impl PyLock {
     }
 
     fn __repr__(&self) -> String {
-        let held = self.handle.token().is_some();
+        let held = self.handle.holder().token().is_some();
         format!(
             "Lock('{}', ttl={}, held={})",
             self.name,

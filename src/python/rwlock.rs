@@ -208,8 +208,8 @@ impl PyRwSide {
         )?;
         let handle = this.handle.clone();
         let context = thread_context();
-        blocking::wait(slf.py(), async move {
-            handle.acquire(wait, listener, context).await
+        blocking::run(slf.py(), || {
+            handle.holder().acquire_blocking(wait, listener, &context)
         })?
         .about(slf.py(), &this.about)
     }
@@ -232,16 +232,14 @@ impl PyRwSide {
 
     /// Releases the hold (LockNotOwnedError when none, LockLostError when the lease was lost).
     fn release(&self, py: Python<'_>) -> PyResult<()> {
-        let handle = self.handle.clone();
-        blocking::wait(py, async move { handle.release().await })?.about(py, &self.about)
+        blocking::run(py, || self.handle.holder().release_blocking())?.about(py, &self.about)
     }
 
     /// The lease now ends `ttl` (default: the RWLock's ttl) from now.
     #[pyo3(signature = (ttl=None))]
     fn extend(&self, py: Python<'_>, ttl: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let lease = hold::extend_lease(ttl)?;
-        let handle = self.handle.clone();
-        blocking::wait(py, async move { handle.extend(lease).await })?.about(py, &self.about)
+        blocking::run(py, || self.handle.holder().extend_blocking(lease))?.about(py, &self.about)
     }
 
     /// Somebody holds the read-write lock: a writer, or at least one live reader.
@@ -252,23 +250,22 @@ impl PyRwSide {
 
     /// This object holds its lock, checked against Redis.
     fn owned(&self, py: Python<'_>) -> PyResult<bool> {
-        let handle = self.handle.clone();
-        blocking::wait(py, async move { handle.owned().await })?.about(py, &self.about)
+        blocking::run(py, || self.handle.holder().owned_blocking())?.about(py, &self.about)
     }
 
     /// Seconds left on this object's lease; None if not held, 0.0 once the local deadline passed.
     fn remaining(&self) -> Option<f64> {
-        self.handle.remaining().map(|d| d.as_secs_f64())
+        self.handle.holder().remaining().map(|d| d.as_secs_f64())
     }
 
     #[getter]
     fn token(&self) -> Option<String> {
-        self.handle.token()
+        self.handle.holder().token()
     }
 
     #[getter]
     fn lost(&self) -> bool {
-        self.handle.lost()
+        self.handle.holder().lost()
     }
 
     /// "read" or "write".
@@ -391,7 +388,7 @@ impl PyRwSide {
             "RWLock('{}').{}(held={})",
             self.name,
             self.mode_name(),
-            if self.handle.token().is_some() {
+            if self.handle.holder().token().is_some() {
                 "True"
             } else {
                 "False"

@@ -12,7 +12,7 @@ use super::blocking;
 use super::client::{coerce_client, PyClient};
 use super::errors::{About, Named};
 use super::hold;
-use crate::engine::lock::{Direct, OnLost, Wait};
+use crate::engine::lock::{OnLost, Wait};
 use crate::engine::semaphore::SemaphoreHandle;
 use crate::protocol::lease::MAX_MS;
 
@@ -56,20 +56,10 @@ impl PySemaphore {
         let this = slf.get();
         let handle = this.handle.clone();
         let py = slf.py();
-        // One direct attempt on this thread; the runtime (interruptible by signals) only to wait.
-        let first = py
-            .detach(|| handle.holder().acquire_direct(wait, listener.clone()))
-            .about(py, &this.about)?;
-        match first {
-            Direct::Done(acquired) => Ok(acquired),
-            Direct::Wait(pending) => blocking::wait(
-                py,
-                handle
-                    .holder()
-                    .acquire_pending(pending, wait, listener, &()),
-            )?
-            .about(py, &this.about),
-        }
+        // The engine decides: done on this thread, or a wait through the runtime
+        // (interruptible by signals).
+        blocking::run(py, || handle.holder().acquire_blocking(wait, listener, &()))?
+            .about(py, &this.about)
     }
 }
 
@@ -131,63 +121,39 @@ impl PySemaphore {
 
     /// Gives the permit back and wakes the waiters it lets in.
     fn release(&self, py: Python<'_>) -> PyResult<()> {
-        if self.handle.holder().has_direct() {
-            return py
-                .detach(|| self.handle.holder().release_direct())
-                .about(py, &self.about);
-        }
-        let handle = self.handle.clone();
-        blocking::wait(py, async move { handle.release().await })?.about(py, &self.about)
+        blocking::run(py, || self.handle.holder().release_blocking())?.about(py, &self.about)
     }
 
     /// The permit's lease now ends `ttl` (default: the semaphore's ttl) from now.
     #[pyo3(signature = (ttl=None))]
     fn extend(&self, py: Python<'_>, ttl: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let lease = hold::extend_lease(ttl)?;
-        if self.handle.holder().has_direct() {
-            return py
-                .detach(|| self.handle.holder().extend_direct(lease))
-                .about(py, &self.about);
-        }
-        let handle = self.handle.clone();
-        blocking::wait(py, async move { handle.extend(lease).await })?.about(py, &self.about)
+        blocking::run(py, || self.handle.holder().extend_blocking(lease))?.about(py, &self.about)
     }
 
     /// How many live holders the semaphore has now, in every process.
     fn holders(&self, py: Python<'_>) -> PyResult<i64> {
-        if self.handle.client().supports_direct() {
-            return py
-                .detach(|| self.handle.holders_direct())
-                .about(py, &self.about);
-        }
-        let handle = self.handle.clone();
-        blocking::wait(py, async move { handle.holders().await })?.about(py, &self.about)
+        blocking::run(py, || self.handle.holders_blocking())?.about(py, &self.about)
     }
 
     /// This object holds a live permit, checked against Redis.
     fn owned(&self, py: Python<'_>) -> PyResult<bool> {
-        if self.handle.holder().has_direct() {
-            return py
-                .detach(|| self.handle.holder().owned_direct())
-                .about(py, &self.about);
-        }
-        let handle = self.handle.clone();
-        blocking::wait(py, async move { handle.owned().await })?.about(py, &self.about)
+        blocking::run(py, || self.handle.holder().owned_blocking())?.about(py, &self.about)
     }
 
     /// Seconds left on this object's lease; None if not held, 0.0 once the local deadline passed.
     fn remaining(&self) -> Option<f64> {
-        self.handle.remaining().map(|d| d.as_secs_f64())
+        self.handle.holder().remaining().map(|d| d.as_secs_f64())
     }
 
     #[getter]
     fn token(&self) -> Option<String> {
-        self.handle.token()
+        self.handle.holder().token()
     }
 
     #[getter]
     fn lost(&self) -> bool {
-        self.handle.lost()
+        self.handle.holder().lost()
     }
 
     #[getter]
@@ -317,7 +283,7 @@ impl PySemaphore {
             self.limit,
             self.ttl.as_secs_f64(),
             py_bool(self.fair),
-            py_bool(self.handle.token().is_some())
+            py_bool(self.handle.holder().token().is_some())
         )
     }
 }

@@ -1,0 +1,65 @@
+//! The one executor: runs any step (`protocol::step`) on the connection that fits — the node of
+//! the runtime (a server, a Sentinel-managed master, a Redis Cluster), or for a blocking caller
+//! on a single server, a direct connection on the caller's own thread. It knows no primitive.
+//! Redlock's quorum executor (`redlock.rs`) runs the same steps on every master.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use redis::{ScriptInvocation, Value};
+
+use super::error::{Error, Result};
+use super::node::{Identity, Node, Retry};
+use super::shared::Shared;
+use crate::protocol::step::{Call, Step};
+
+/// Runs `step` through the runtime (every step of redmutex is token-checked, so a resend after
+/// a dropped connection is safe: `Retry::Once`).
+pub async fn run<T>(shared: &Shared, step: &Step<T>) -> Result<T> {
+    let reply = send(shared, step).await?;
+    Ok(step.parse(reply)?)
+}
+
+/// Sends `step` through the runtime and leaves its reply to the caller (who tells a reply it
+/// cannot read from a failed call).
+pub async fn send<T>(shared: &Shared, step: &Step<T>) -> Result<Value> {
+    match step.call() {
+        Call::Script(inv) => shared.node.invoke(inv, Retry::Once).await,
+        Call::Command(cmd) => shared.node.query::<Value>(cmd, Retry::Once).await,
+    }
+}
+
+/// Runs `step` on the caller's thread (a single server only; see `direct.rs`).
+pub fn run_direct<T>(shared: &Shared, step: &Step<T>) -> Result<T> {
+    let reply = match step.call() {
+        Call::Script(inv) => shared.direct.invoke(inv, Retry::Once)?,
+        Call::Command(cmd) => shared.direct.query::<Value>(cmd, Retry::Once)?,
+    };
+    Ok(step.parse(reply)?)
+}
+
+/// Sends `step` on `node` and tells which server incarnation answered, leaving the reply to
+/// the caller (Redlock tallies replies of every master).
+pub async fn send_identified<T>(
+    node: &Node,
+    step: &Step<T>,
+) -> Result<(Value, Option<Arc<Identity>>)> {
+    match step.call() {
+        Call::Script(inv) => node.invoke_identified(inv, Retry::Once).await,
+        Call::Command(cmd) => node.query_identified::<Value>(cmd, Retry::Once).await,
+    }
+}
+
+/// The script of a step that must go out as one (an acquire attempt sent directly, or as a
+/// first send with a resend); a plain command is refused.
+pub fn script_of<T>(step: &Step<T>) -> Result<&ScriptInvocation<'static>> {
+    step.invocation()
+        .ok_or_else(|| Error::Usage("this step is a plain command, not a script".into()))
+}
+
+/// What a blocking entry point did: ran on the caller's thread already (`Done`), or left a
+/// future for the binding to wait on (through the runtime, interruptible).
+pub enum Now<T, F: Future<Output = T>> {
+    Done(T),
+    Later(F),
+}
