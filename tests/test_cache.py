@@ -289,8 +289,8 @@ def test_a_claim_dropped_unsettled_is_given_back(
     client: redmutex.Client, r: redis.Redis, prefix: str
 ) -> None:
     store = _core.CacheStore(client, ttl=30, lock_ttl=60)
-    state, payload, _pttl, claim = store.fetch("dropped")
-    assert state == _core.CACHE_CLAIMED and payload is None and claim is not None and claim.held
+    claim = store.fetch("dropped")
+    assert isinstance(claim, _core.FillClaim) and claim.held
     assert r.get(fill_key(prefix, "dropped")) == claim.token.encode()
     del claim
     gc.collect()
@@ -298,8 +298,8 @@ def test_a_claim_dropped_unsettled_is_given_back(
     while r.exists(fill_key(prefix, "dropped")):
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    state, _payload, _pttl, claim = store.fetch("dropped", timeout=0)
-    assert state == _core.CACHE_CLAIMED and claim is not None
+    claim = store.fetch("dropped", timeout=0)
+    assert isinstance(claim, _core.FillClaim)
     assert claim.abandon() is True
     with pytest.raises(redmutex.LockError):
         claim.abandon()
@@ -845,8 +845,8 @@ def test_xfetch_decision_uses_redis_time_left_and_the_random_draw(
 
     codec = make_codec("pickle")
     store = _core.CacheStore(client, ttl=30)
-    state, _p, _t, claim = store.fetch("soon")
-    assert state == _core.CACHE_CLAIMED and claim is not None
+    claim = store.fetch("soon")
+    assert isinstance(claim, _core.FillClaim)
     claim.store(codec.encode("old", 1000.0, context="soon"))
     monkeypatch.setattr(_cache, "_random", lambda: 0.98)  # just too large: no refresh
     assert {redmutex.get_or_fill(client, "soon", lambda: "new", ttl=30) for _ in range(5)} == {
@@ -964,8 +964,8 @@ def test_a_fill_claim_is_not_usable_in_a_forked_child(
     client: redmutex.Client, r: redis.Redis, prefix: str, mp_procs: MpProcs
 ) -> None:
     store = _core.CacheStore(client, ttl=30)
-    state, _p, _t, claim = store.fetch("forked")
-    assert state == _core.CACHE_CLAIMED and claim is not None
+    claim = store.fetch("forked")
+    assert isinstance(claim, _core.FillClaim)
     out = FORK.Queue()
     child = mp_procs.start(_store_in_child, claim, out)
     assert out.get(timeout=30).startswith("refused: ")

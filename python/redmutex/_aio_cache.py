@@ -23,8 +23,6 @@ from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, cast, overl
 
 from . import _core
 from ._cache import (
-    _CLAIMED,
-    _HIT,
     _Bound,
     _Descriptor,
     _digest,
@@ -221,9 +219,9 @@ async def _fill(settings: _Settings, key: str, fill: Fill[T], claim: _core.FillC
 async def _get(settings: _Settings, key: str, fill: Fill[T]) -> T:
     """One cache read, as ``redmutex._cache._get``."""
     _refuse_own_entry(settings, key)
-    state, payload, pttl, claim = await settings.store._fetch_async(key)
-    if state == _HIT:
-        assert payload is not None
+    found = await settings.store._fetch_async(key)
+    if isinstance(found, _core.CacheHit):
+        payload, pttl = found.payload, found.pttl_ms
         try:
             value, delta = settings.codec.decode(payload, context=key)
         except PayloadError as exc:
@@ -231,9 +229,8 @@ async def _get(settings: _Settings, key: str, fill: Fill[T]) -> T:
         if _refresh_due(settings, pttl, delta):
             return await _refresh(settings, key, fill, value, payload)
         return cast(T, value)
-    if state == _CLAIMED:
-        assert claim is not None
-        return await _fill(settings, key, fill, claim)
+    if found is not None:
+        return await _fill(settings, key, fill, found)
     raise _timeout_error(settings, key)
 
 
@@ -246,15 +243,12 @@ async def _miss_after_unusable(
     while True:
         _log.warning("cache entry %r: ignoring the stored payload (%s); filling anew", key, exc)
         timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-        state, found, pttl, claim = await settings.store._fetch_async(
-            key, _digest(payload), timeout=timeout
-        )
-        if state == _CLAIMED:
-            assert claim is not None
-            return await _fill(settings, key, fill, claim)
-        if state != _HIT or found is None:
+        found = await settings.store._fetch_async(key, _digest(payload), timeout=timeout)
+        if isinstance(found, _core.FillClaim):
+            return await _fill(settings, key, fill, found)
+        if found is None:
             raise _timeout_error(settings, key)
-        payload = found
+        payload, pttl = found.payload, found.pttl_ms
         try:
             value, delta = settings.codec.decode(payload, context=key)
         except PayloadError as again:
@@ -267,9 +261,9 @@ async def _miss_after_unusable(
 
 async def _refresh(settings: _Settings, key: str, fill: Fill[T], value: Any, payload: bytes) -> T:
     """XFetch chose this caller: refill if nobody does yet and the value is still the one read."""
-    state, _payload, _pttl, claim = await settings.store._try_claim_async(key, _digest(payload))
-    if state == _CLAIMED and claim is not None:
-        return await _fill(settings, key, fill, claim)
+    found = await settings.store._try_claim_async(key, _digest(payload))
+    if isinstance(found, _core.FillClaim):
+        return await _fill(settings, key, fill, found)
     return cast(T, value)
 
 

@@ -80,8 +80,6 @@ T = TypeVar("T")
 R_co = TypeVar("R_co", covariant=True)
 
 _log = logging.getLogger("redmutex")
-_HIT: int = _core.CACHE_HIT
-_CLAIMED: int = _core.CACHE_CLAIMED
 _random = random.random  # the XFetch draw; module-level so tests can seed or replace it
 
 
@@ -317,9 +315,9 @@ def _get(settings: _Settings, key: str, fill: Callable[[], T]) -> T:
     """One cache read: see the module docstring. The hit path is kept short on purpose."""
     if getattr(_filling, "entries", None):  # inside a fill: refuse to wait for ourselves
         _fill_guard(settings, key)
-    state, payload, pttl, claim = settings.store.fetch(key)
-    if state == _HIT:
-        assert payload is not None
+    found = settings.store.fetch(key)
+    if isinstance(found, _core.CacheHit):
+        payload, pttl = found.payload, found.pttl_ms
         try:
             value, delta = settings.codec.decode(payload, context=key)
         except PayloadError as exc:
@@ -328,9 +326,8 @@ def _get(settings: _Settings, key: str, fill: Callable[[], T]) -> T:
         if beta and pttl >= 0 and should_refresh(0.0, pttl / 1000.0, delta, beta, _random):
             return _refresh(settings, key, fill, value, payload)
         return cast(T, value)
-    if state == _CLAIMED:
-        assert claim is not None
-        return _fill(settings, key, fill, claim)
+    if found is not None:
+        return _fill(settings, key, fill, found)
     raise _timeout_error(settings, key)
 
 
@@ -343,13 +340,12 @@ def _miss_after_unusable(
     while True:
         _log.warning("cache entry %r: ignoring the stored payload (%s); filling anew", key, exc)
         timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-        state, found, pttl, claim = settings.store.fetch(key, _digest(payload), timeout=timeout)
-        if state == _CLAIMED:
-            assert claim is not None
-            return _fill(settings, key, fill, claim)
-        if state != _HIT or found is None:
+        found = settings.store.fetch(key, _digest(payload), timeout=timeout)
+        if isinstance(found, _core.FillClaim):
+            return _fill(settings, key, fill, found)
+        if found is None:
             raise _timeout_error(settings, key)
-        payload = found
+        payload, pttl = found.payload, found.pttl_ms
         try:
             value, delta = settings.codec.decode(payload, context=key)
         except PayloadError as again:
@@ -362,9 +358,9 @@ def _miss_after_unusable(
 
 def _refresh(settings: _Settings, key: str, fill: Callable[[], T], value: Any, payload: bytes) -> T:
     """XFetch chose this caller: refill if nobody does yet and the value is still the one read."""
-    state, _payload, _pttl, claim = settings.store.try_claim(key, _digest(payload))
-    if state == _CLAIMED and claim is not None:
-        return _fill(settings, key, fill, claim)
+    found = settings.store.try_claim(key, _digest(payload))
+    if isinstance(found, _core.FillClaim):
+        return _fill(settings, key, fill, found)
     return cast(T, value)
 
 

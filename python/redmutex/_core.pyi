@@ -14,9 +14,7 @@ from typing_extensions import Self
 from redmutex._types import ClientLike, RedisLike
 
 __all__ = [
-    "CACHE_BUSY",
-    "CACHE_CLAIMED",
-    "CACHE_HIT",
+    "CacheHit",
     "CacheStore",
     "Client",
     "FillClaim",
@@ -345,13 +343,20 @@ class RWLockSide:
     def _locked_async(self) -> asyncio.Future[bool]: ...
     def _exit_async(self, body_raised: bool) -> asyncio.Future[bool]: ...
 
-# The states of CacheStore.fetch/try_claim (the first item of their reply).
-CACHE_HIT: int  # a value is stored: its payload and the ms it has left (-1: no expiry)
-CACHE_CLAIMED: int  # the caller holds the fill claim: it fills, then stores or abandons
-CACHE_BUSY: int  # another caller fills, and the wait allowed ended first
+@final
+class CacheHit:
+    """A stored value, as CacheStore.fetch/try_claim found it."""
 
-# (state, payload or None, pttl in ms (-1: none), claim or None)
-_FetchReply: TypeAlias = tuple[int, bytes | None, int, FillClaim | None]
+    @property
+    def payload(self) -> bytes:
+        """The stored payload."""
+    @property
+    def pttl_ms(self) -> int:
+        """The ms the value had left when read (Redis's clock); -1: no expiry."""
+
+# What CacheStore.fetch/try_claim found: a stored value; the fill claim, held by the caller (it
+# fills, then stores or abandons); or None: another caller fills, and the wait allowed ended first.
+_Found: TypeAlias = CacheHit | FillClaim | None
 
 @final
 class CacheStore:
@@ -365,20 +370,18 @@ class CacheStore:
         lock_ttl: float = 10.0,
         timeout: float | None = None,
     ) -> Self: ...
-    def fetch(
-        self, key: str, skip: str | None = None, *, timeout: float | None = None
-    ) -> _FetchReply:
+    def fetch(self, key: str, skip: str | None = None, *, timeout: float | None = None) -> _Found:
         """Look up `key`; on a miss claim its fill or wait for another caller's (at most
         `timeout`, default the store's). `skip`: SHA-1 hex of a payload that counts as absent."""
-    def try_claim(self, key: str, seen: str) -> _FetchReply:
+    def try_claim(self, key: str, seen: str) -> _Found:
         """The early-refresh claim, never waiting, taken only if the payload with SHA-1 `seen`
         is still the stored one (or none is)."""
     def invalidate(self, key: str) -> bool:
         """Drops the value of `key` (and any fill in progress); True when a value was dropped."""
     def _fetch_async(
         self, key: str, skip: str | None = None, *, timeout: float | None = None
-    ) -> asyncio.Future[_FetchReply]: ...
-    def _try_claim_async(self, key: str, seen: str) -> asyncio.Future[_FetchReply]: ...
+    ) -> asyncio.Future[_Found]: ...
+    def _try_claim_async(self, key: str, seen: str) -> asyncio.Future[_Found]: ...
     def _invalidate_async(self, key: str) -> asyncio.Future[bool]: ...
     @property
     def client(self) -> Client:

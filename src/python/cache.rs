@@ -1,6 +1,7 @@
 //! The Redis steps of the stampede-safe cache for `redmutex/_cache.py`, which serializes, signs,
 //! decides early refreshes and runs the fill: `CacheStore.fetch` (look up, or claim the fill, or
 //! wait for another caller's fill without polling), `FillClaim.store`/`abandon`, `invalidate`.
+//! What a lookup found reaches Python typed: a `CacheHit`, the `FillClaim`, or None (busy).
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -19,20 +20,35 @@ use crate::engine::cache::{self, CacheSpec, Claim, Fetched, First};
 use crate::engine::waiting::Wait;
 use crate::engine::{Client, Error};
 
-/// `fetch`'s state: a value is stored (payload and pttl are set).
-pub const HIT: u8 = 1;
-/// `fetch`'s state: the caller holds the fill claim (the claim is set).
-pub const CLAIMED: u8 = 2;
-/// `fetch`'s state: another caller fills, and the wait allowed ended first.
-pub const BUSY: u8 = 0;
+/// A stored value, as `fetch` or `try_claim` found it.
+#[pyclass(frozen, module = "redmutex._core", name = "CacheHit")]
+pub struct PyCacheHit {
+    payload: Py<PyBytes>,
+    pttl_ms: i64,
+}
 
-/// `(state, payload or None, pttl ms (-1: no expiry), claim or None)`.
-type FetchReply<'py> = (
-    u8,
-    Option<Bound<'py, PyBytes>>,
-    i64,
-    Option<Py<PyFillClaim>>,
-);
+#[pymethods]
+impl PyCacheHit {
+    /// The stored payload.
+    #[getter]
+    fn payload(&self, py: Python<'_>) -> Py<PyBytes> {
+        self.payload.clone_ref(py)
+    }
+
+    /// The ms the value had left when read (Redis's clock); -1: no expiry.
+    #[getter]
+    fn pttl_ms(&self) -> i64 {
+        self.pttl_ms
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
+            "CacheHit(payload=<{} bytes>, pttl_ms={})",
+            self.payload.bind(py).as_bytes().len(),
+            self.pttl_ms
+        )
+    }
+}
 
 /// The cache settings that concern Redis, bound to a client; shared by every call of one
 /// `get_or_fill`/`@cached`.
@@ -58,7 +74,7 @@ impl PyCacheStore {
         key: &Bound<'py, PyAny>,
         wait: Wait,
         skip: Option<String>,
-    ) -> PyResult<FetchReply<'py>> {
+    ) -> PyResult<Bound<'py, PyAny>> {
         let spec = self.spec(key)?;
         let shared = self.inner.shared()?;
         let skip = skip.as_deref();
@@ -75,7 +91,7 @@ impl PyCacheStore {
             // A cluster routes by slot and a Sentinel master moves: through the runtime.
             blocking::wait(py, cache::fetch(&shared, &spec, wait, skip))??
         };
-        fetch_reply(py, fetched, self.ttl, self.inner.supports_direct())
+        found(py, fetched, self.ttl, self.inner.supports_direct())
     }
 
     fn invalidation(
@@ -109,7 +125,7 @@ impl PyCacheStore {
                 let shared = client.shared()?;
                 cache::fetch(&shared, &spec, wait, skip.as_deref()).await
             },
-            move |py, fetched| fetch_reply(py, fetched, ttl, direct)?.into_bound_py_any(py),
+            move |py, fetched| found(py, fetched, ttl, direct),
         )
     }
 
@@ -122,26 +138,30 @@ impl PyCacheStore {
     }
 }
 
-/// What `fetch` found, as the `(state, payload, pttl_ms, claim)` tuple of the Python side.
-fn fetch_reply(
+/// What a lookup found, as Python sees it: a `CacheHit`; the `FillClaim` (which stores for
+/// `ttl`, settled directly on the caller's thread when `direct`); or None when another caller
+/// fills and the wait allowed ended first.
+fn found(
     py: Python<'_>,
     fetched: Fetched,
     ttl: Duration,
     direct: bool,
-) -> PyResult<FetchReply<'_>> {
-    Ok(match fetched {
-        Fetched::Hit(hit) => (HIT, Some(PyBytes::new(py, &hit.payload)), hit.pttl_ms, None),
-        Fetched::Claimed(claim) => {
-            let claim = PyFillClaim {
-                token: claim.token().to_string(),
-                claim: Mutex::new(Some(claim)),
-                ttl,
-                direct,
-            };
-            (CLAIMED, None, -1, Some(Py::new(py, claim)?))
+) -> PyResult<Bound<'_, PyAny>> {
+    match fetched {
+        Fetched::Hit(hit) => PyCacheHit {
+            payload: PyBytes::new(py, &hit.payload).unbind(),
+            pttl_ms: hit.pttl_ms,
         }
-        Fetched::Busy => (BUSY, None, -1, None),
-    })
+        .into_bound_py_any(py),
+        Fetched::Claimed(claim) => PyFillClaim {
+            token: claim.token().to_string(),
+            claim: Mutex::new(Some(claim)),
+            ttl,
+            direct,
+        }
+        .into_bound_py_any(py),
+        Fetched::Busy => Ok(py.None().into_bound(py)),
+    }
 }
 
 fn digest(arg: &str, value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<String>> {
@@ -195,7 +215,7 @@ impl PyCacheStore {
     /// Looks `key` up; on a miss claims its fill, or waits for another caller's fill (at most
     /// `timeout` seconds: the store's own timeout when not given or None, inf for forever, 0 to
     /// not wait). `skip`: SHA-1 hex of a payload the caller cannot use, which counts as absent.
-    /// Returns `(state, payload, pttl_ms, claim)`; state is HIT, CLAIMED or BUSY (timed out).
+    /// Returns a CacheHit, the FillClaim, or None when the wait ended first.
     #[pyo3(signature = (key, skip=None, *, timeout=None))]
     fn fetch<'py>(
         &self,
@@ -203,13 +223,13 @@ impl PyCacheStore {
         key: &Bound<'py, PyAny>,
         skip: Option<&Bound<'py, PyAny>>,
         timeout: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<FetchReply<'py>> {
+    ) -> PyResult<Bound<'py, PyAny>> {
         let skip = digest("skip", skip)?;
         let wait = self.fetch_wait(timeout)?;
         self.run_fetch(py, key, wait, skip)
     }
 
-    /// `fetch` as an awaitable resolving to the same tuple.
+    /// `fetch` as an awaitable resolving to the same.
     #[pyo3(signature = (key, skip=None, *, timeout=None))]
     fn _fetch_async<'py>(
         &self,
@@ -223,20 +243,21 @@ impl PyCacheStore {
         self.run_fetch_async(py, key, wait, skip)
     }
 
-    /// The early-refresh claim, never waiting: CLAIMED when the value whose payload has the SHA-1
-    /// hex `seen` is still the stored one (or none is) and nobody fills; HIT with the newer value
-    /// when another caller already replaced it; BUSY when another caller is filling.
+    /// The early-refresh claim, never waiting: the FillClaim when the value whose payload has
+    /// the SHA-1 hex `seen` is still the stored one (or none is) and nobody fills; a CacheHit
+    /// with the newer value when another caller already replaced it; None when another caller
+    /// is filling.
     fn try_claim<'py>(
         &self,
         py: Python<'py>,
         key: &Bound<'py, PyAny>,
         seen: &Bound<'py, PyAny>,
-    ) -> PyResult<FetchReply<'py>> {
+    ) -> PyResult<Bound<'py, PyAny>> {
         let skip = digest("seen", Some(seen))?;
         self.run_fetch(py, key, Wait::Once, skip)
     }
 
-    /// `try_claim` as an awaitable resolving to the same tuple.
+    /// `try_claim` as an awaitable resolving to the same.
     fn _try_claim_async<'py>(
         &self,
         py: Python<'py>,

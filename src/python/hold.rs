@@ -1,20 +1,24 @@
-//! What the lock-like classes share (Lock, Semaphore, and the read and write locks of RWLock):
-//! the wait of `acquire()`, renewal's listener, and the `with` protocol, so that all of them
-//! wait, report a loss and leave a block in exactly the same way.
+//! What the lock-like classes share (Lock, Semaphore, and the read and write locks of RWLock),
+//! written once: their engine hold (`Held`, `HoldCore`), the methods they all have (acquire,
+//! release, extend, owned, `with` and the asyncio twins), and `lock_like_methods!`, which gives
+//! each class those methods beside its own, so that all of them wait, report a loss and leave a
+//! block in exactly the same way.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use pyo3::prelude::*;
+use pyo3::pyclass::boolean_struct::True;
 use pyo3::types::{PyTuple, PyWeakrefMethods, PyWeakrefReference};
-use pyo3::{IntoPyObjectExt, PyTypeInfo};
+use pyo3::{IntoPyObjectExt, PyClass, PyTypeInfo};
 
 use super::args;
 use super::awaitable::{self, OnCancel};
 use super::blocking;
 use super::errors::{type_error, value_error, About, LockTimeoutError, Named};
 use super::log;
+use crate::engine::executor::Now;
 use crate::engine::hold::{Holder, Leased, OnLost, Ticket};
 use crate::engine::lock::{LockHandle, LockSpec, Wait};
 use crate::engine::renew::Listener;
@@ -23,7 +27,7 @@ use crate::engine::semaphore::{SemaphoreHandle, SemaphoreSpec};
 use crate::engine::{Error, Result};
 
 /// The wait of one `acquire(blocking, timeout)`; `default` is the constructor's timeout.
-pub fn wait_for(
+fn wait_for(
     blocking: Option<&Bound<'_, PyAny>>,
     timeout: Option<&Bound<'_, PyAny>>,
     default: Option<Duration>,
@@ -43,7 +47,7 @@ pub fn wait_for(
 }
 
 /// The lease of `extend(ttl)`: None means the object's own ttl.
-pub fn extend_lease(ttl: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Duration>> {
+fn extend_lease(ttl: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Duration>> {
     match ttl {
         Some(t) if !t.is_none() => Ok(Some(args::duration("ttl", t, 0.001)?)),
         _ => Ok(None),
@@ -114,7 +118,7 @@ impl Listener for PyListener {
 
 /// Renewal's listener for `obj` (held weakly: renewal must not keep the object alive), when
 /// anything may extend its hold in the background (auto-renewal, a fair lock's top-up).
-pub fn listener(
+fn listener(
     obj: &Bound<'_, PyAny>,
     renews: bool,
     label: String,
@@ -132,7 +136,7 @@ pub fn listener(
 }
 
 /// The error of a `with` that could not acquire within the object's timeout.
-pub fn enter_timeout(py: Python<'_>, about: &About, default_timeout: Option<Duration>) -> PyErr {
+fn enter_timeout(py: Python<'_>, about: &About, default_timeout: Option<Duration>) -> PyErr {
     let waited = default_timeout.map_or(f64::INFINITY, |d| d.as_secs_f64());
     about.raise(
         &LockTimeoutError::type_object(py),
@@ -140,148 +144,264 @@ pub fn enter_timeout(py: Python<'_>, about: &About, default_timeout: Option<Dura
     )
 }
 
-/// An engine hold that a `with` block gives back on leaving, and that asyncio drives.
-pub trait Releasable: Send + Sync + 'static {
-    /// What one acquire is told beyond the wait (the read/write locks: the caller's context).
-    type Context: Send + 'static;
-    type Primitive: Leased;
+/// An engine object with one hold (the handles of Lock, Semaphore and the read and write locks),
+/// which the shared methods below drive through its `Holder`.
+pub trait Held: Send + Sync + 'static {
+    type Primitive: Leased<Args: Send + 'static>;
     fn holder(&self) -> &Holder<Self::Primitive>;
-    /// The asyncio acquire: `abandon(ticket)` gives back whatever it obtains.
-    fn acquire(
-        &self,
-        wait: Wait,
-        listener: Option<OnLost>,
-        context: Self::Context,
-        ticket: Ticket,
-    ) -> impl Future<Output = Result<bool>> + Send;
-    fn release(&self) -> impl Future<Output = Result<()>> + Send;
-    fn extend(&self, lease: Option<Duration>) -> impl Future<Output = Result<()>> + Send;
-    fn owned(&self) -> impl Future<Output = Result<bool>> + Send;
-    fn lost(&self) -> bool;
+    /// Whether anything may extend a hold in the background (renewal's listener is needed).
+    fn renews(&self) -> bool {
+        self.holder().auto_renew()
+    }
 }
 
-impl Releasable for LockHandle {
-    type Context = ();
+/// What one acquire of `H` is told beyond the wait (the read and write locks: the caller).
+pub type Context<H> = <<H as Held>::Primitive as Leased>::Args;
+
+/// A bare `Holder` is held too (for a primitive without a handle of its own).
+impl<P: Leased<Args: Send + 'static>> Held for Holder<P> {
+    type Primitive = P;
+    fn holder(&self) -> &Holder<P> {
+        self
+    }
+}
+
+impl Held for LockHandle {
     type Primitive = LockSpec;
     fn holder(&self) -> &Holder<LockSpec> {
         LockHandle::holder(self)
     }
-    #[allow(clippy::unused_unit)]
-    fn acquire(
-        &self,
-        wait: Wait,
-        listener: Option<OnLost>,
-        _context: (),
-        ticket: Ticket,
-    ) -> impl Future<Output = Result<bool>> + Send {
-        self.holder().acquire_ticketed(wait, listener, &(), ticket)
-    }
-    fn release(&self) -> impl Future<Output = Result<()>> + Send {
-        self.holder().release()
-    }
-    fn extend(&self, lease: Option<Duration>) -> impl Future<Output = Result<()>> + Send {
-        self.holder().extend(lease)
-    }
-    fn owned(&self) -> impl Future<Output = Result<bool>> + Send {
-        self.holder().owned()
-    }
-    fn lost(&self) -> bool {
-        self.holder().lost()
+    fn renews(&self) -> bool {
+        LockHandle::renews(self)
     }
 }
 
-impl Releasable for SemaphoreHandle {
-    type Context = ();
+impl Held for SemaphoreHandle {
     type Primitive = SemaphoreSpec;
     fn holder(&self) -> &Holder<SemaphoreSpec> {
         SemaphoreHandle::holder(self)
     }
-    #[allow(clippy::unused_unit)]
-    fn acquire(
-        &self,
-        wait: Wait,
-        listener: Option<OnLost>,
-        _context: (),
-        ticket: Ticket,
-    ) -> impl Future<Output = Result<bool>> + Send {
-        self.holder().acquire_ticketed(wait, listener, &(), ticket)
-    }
-    fn release(&self) -> impl Future<Output = Result<()>> + Send {
-        self.holder().release()
-    }
-    fn extend(&self, lease: Option<Duration>) -> impl Future<Output = Result<()>> + Send {
-        self.holder().extend(lease)
-    }
-    fn owned(&self) -> impl Future<Output = Result<bool>> + Send {
-        self.holder().owned()
-    }
-    fn lost(&self) -> bool {
-        self.holder().lost()
-    }
 }
 
-impl Releasable for RwHandle {
-    type Context = u64;
+impl Held for RwHandle {
     type Primitive = RwSide;
     fn holder(&self) -> &Holder<RwSide> {
         RwHandle::holder(self)
     }
-    async fn acquire(
+}
+
+/// What every lock-like Python object keeps: its engine hold, and what its methods need to wait
+/// for it, name it in errors and report its loss.
+pub struct HoldCore<H: Held> {
+    pub handle: Arc<H>,
+    pub name: String,
+    /// Names the object in its errors.
+    pub about: About,
+    pub ttl: Duration,
+    /// The wait of `acquire()`/`with` when no timeout is given: None waits forever.
+    pub default_timeout: Option<Duration>,
+    pub on_lost: Option<Arc<Py<PyAny>>>,
+}
+
+impl<H: Held> HoldCore<H> {
+    pub fn holder(&self) -> &Holder<H::Primitive> {
+        self.handle.holder()
+    }
+
+    /// One blocking call of the hold, its error naming the object: the engine runs it on the
+    /// caller's thread or leaves a future to wait on through the runtime (`blocking::run`).
+    fn call<T, F>(
         &self,
-        wait: Wait,
-        listener: Option<OnLost>,
-        context: u64,
-        ticket: Ticket,
-    ) -> Result<bool> {
-        self.holder()
-            .acquire_ticketed(wait, listener, &context, ticket)
-            .await
+        py: Python<'_>,
+        start: impl FnOnce() -> Now<Result<T>, F> + Send,
+    ) -> PyResult<T>
+    where
+        T: Send,
+        F: Future<Output = Result<T>> + Send,
+    {
+        blocking::run(py, start)?.about(py, &self.about)
     }
-    fn release(&self) -> impl Future<Output = Result<()>> + Send {
-        self.holder().release()
+
+    pub fn release(&self, py: Python<'_>) -> PyResult<()> {
+        let holder = self.holder();
+        self.call(py, || holder.release_blocking())
     }
-    fn extend(&self, lease: Option<Duration>) -> impl Future<Output = Result<()>> + Send {
-        self.holder().extend(lease)
+
+    pub fn extend(&self, py: Python<'_>, ttl: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let lease = extend_lease(ttl)?;
+        let holder = self.holder();
+        self.call(py, || holder.extend_blocking(lease))
     }
-    fn owned(&self) -> impl Future<Output = Result<bool>> + Send {
-        self.holder().owned()
+
+    pub fn owned(&self, py: Python<'_>) -> PyResult<bool> {
+        let holder = self.holder();
+        self.call(py, || holder.owned_blocking())
     }
-    fn lost(&self) -> bool {
+
+    pub fn remaining(&self) -> Option<f64> {
+        self.holder().remaining().map(|d| d.as_secs_f64())
+    }
+
+    pub fn token(&self) -> Option<String> {
+        self.holder().token()
+    }
+
+    pub fn lost(&self) -> bool {
         self.holder().lost()
     }
+
+    pub fn ttl(&self) -> f64 {
+        self.ttl.as_secs_f64()
+    }
+
+    /// "True" or "False": whether the object holds now, for its repr.
+    pub fn held_repr(&self) -> &'static str {
+        if self.token().is_some() {
+            "True"
+        } else {
+            "False"
+        }
+    }
+
+    /// `__exit__`: releases; if the lease was lost while the block ran, raises
+    /// `LockLostError("lock was lost")`, unless the block itself raised: then its exception goes
+    /// on and the loss (or any release error) is logged as a warning.
+    pub fn exit(&self, py: Python<'_>, exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        let body_raised = exc.get_item(0).is_ok_and(|t| !t.is_none());
+        let holder = self.holder();
+        let released = blocking::run(py, || holder.release_blocking())?;
+        leave_block(py, &self.about, body_raised, exit_outcome(holder, released))
+    }
+
+    /// An asyncio step that runs to its end even if the awaiting task is cancelled, resolving
+    /// to None.
+    fn finish_async<'py, F>(&self, py: Python<'py>, step: F) -> PyResult<Bound<'py, PyAny>>
+    where
+        F: Future<Output = Result<()>> + Send + 'static,
+    {
+        let about = self.about.clone();
+        awaitable::spawn(
+            py,
+            OnCancel::Finish,
+            async move { Ok(step.await) },
+            move |py, done| {
+                done.about(py, &about)?;
+                Ok(py.None().into_bound(py))
+            },
+        )
+    }
+
+    pub fn release_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let handle = self.handle.clone();
+        self.finish_async(py, async move { handle.holder().release().await })
+    }
+
+    pub fn extend_async<'py>(
+        &self,
+        py: Python<'py>,
+        ttl: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let lease = extend_lease(ttl)?;
+        let handle = self.handle.clone();
+        self.finish_async(py, async move { handle.holder().extend(lease).await })
+    }
+
+    pub fn owned_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let handle = self.handle.clone();
+        query_async(
+            py,
+            async move { handle.holder().owned().await },
+            self.about.clone(),
+        )
+    }
+
+    /// `_give_back(token)`: see `Holder::give_back`.
+    pub fn give_back(&self, token: &str) -> bool {
+        self.holder().give_back(token)
+    }
+
+    /// `__aexit__`, resolving like `exit`.
+    pub fn exit_async<'py>(
+        &self,
+        py: Python<'py>,
+        body_raised: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let (handle, about) = (self.handle.clone(), self.about.clone());
+        awaitable::spawn(
+            py,
+            OnCancel::Finish,
+            async move {
+                let released = handle.holder().release().await;
+                Ok(exit_outcome(handle.holder(), released))
+            },
+            move |py, outcome| leave_block(py, &about, body_raised, outcome)?.into_bound_py_any(py),
+        )
+    }
 }
 
-/// `__exit__`: releases; if the lease was lost while the block ran, raises
-/// `LockLostError("lock was lost")`, unless the block itself raised: then its exception goes on
-/// and the loss (or any release error) is logged as a warning.
-pub fn exit<H: Releasable>(
-    py: Python<'_>,
-    handle: &Arc<H>,
-    exc: &Bound<'_, PyTuple>,
-    about: &About,
+/// A Python class whose objects hold like a lock (Lock, Semaphore, the read and write locks):
+/// `lock_like_methods!` gives it the methods they share.
+pub trait LockLike: PyClass<Frozen = True> + Sync {
+    type Handle: Held;
+    fn core(&self) -> &HoldCore<Self::Handle>;
+    /// What a blocking acquire tells the primitive of its caller (the read and write locks: the
+    /// calling thread).
+    fn blocking_context() -> Context<Self::Handle>;
+}
+
+/// Renewal's listener for the object (see `listener`).
+fn listener_for<C: LockLike>(slf: &Bound<'_, C>) -> PyResult<Option<OnLost>> {
+    let core = slf.get().core();
+    listener(
+        slf.as_any(),
+        core.handle.renews(),
+        core.about.label(),
+        core.on_lost.clone(),
+    )
+}
+
+/// The blocking acquire: the engine makes one direct attempt on this thread when the hold
+/// offers it; the runtime (interruptible by signals) only to wait.
+fn acquire_with<C: LockLike>(slf: &Bound<'_, C>, wait: Wait) -> PyResult<bool> {
+    let listener = listener_for(slf)?;
+    let core = slf.get().core();
+    let holder = core.holder();
+    let context = C::blocking_context();
+    core.call(slf.py(), || {
+        holder.acquire_blocking(wait, listener, &context)
+    })
+}
+
+/// `acquire(blocking=None, timeout=None)`.
+pub fn acquire<C: LockLike>(
+    slf: &Bound<'_, C>,
+    blocking: Option<&Bound<'_, PyAny>>,
+    timeout: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<bool> {
-    let body_raised = exc.get_item(0).is_ok_and(|t| !t.is_none());
-    let released = blocking::run(py, || handle.holder().release_blocking())?;
-    leave_block(py, about, body_raised, exit_outcome(&**handle, released))
+    let wait = wait_for(blocking, timeout, slf.get().core().default_timeout)?;
+    acquire_with(slf, wait)
 }
 
-/// The asyncio `__aexit__`'s release; resolve its outcome with `leave_block`.
-pub async fn exit_async<H: Releasable>(handle: Arc<H>) -> Result<()> {
-    let released = handle.release().await;
-    exit_outcome(&*handle, released)
+/// `__enter__`: acquires within the object's timeout, else LockTimeoutError.
+pub fn enter<'py, C: LockLike>(slf: &Bound<'py, C>) -> PyResult<Bound<'py, C>> {
+    let core = slf.get().core();
+    if acquire_with(slf, Wait::from_timeout(core.default_timeout))? {
+        return Ok(slf.clone());
+    }
+    Err(enter_timeout(slf.py(), &core.about, core.default_timeout))
 }
 
 /// A hold that renewal found lost counts as lost even if Redis still let us delete it.
-fn exit_outcome<H: Releasable>(handle: &H, released: Result<()>) -> Result<()> {
+fn exit_outcome<P: Leased>(holder: &Holder<P>, released: Result<()>) -> Result<()> {
     match released {
-        Ok(()) if handle.lost() => Err(Error::Lost("lock was lost".into())),
+        Ok(()) if holder.lost() => Err(Error::Lost("lock was lost".into())),
         other => other,
     }
 }
 
 /// What leaving a block does with the release's outcome: a loss raises LockLostError, unless
 /// the block itself raised — then its exception propagates and the loss is logged.
-pub fn leave_block(
+fn leave_block(
     py: Python<'_>,
     about: &About,
     body_raised: bool,
@@ -303,114 +423,63 @@ pub fn leave_block(
 // The asyncio side: awaitables with the same semantics as the blocking methods. Acquiring stops
 // (and cleans up) when cancelled; releasing and extending run to their end regardless.
 
-/// What cancelling an acquire's awaitable does beside aborting it: the attempt gives back
-/// whatever it obtained, now or as it settles (a grant may be on its way).
-fn abandoner<H: Releasable>(handle: &Arc<H>, ticket: &Ticket) -> awaitable::Abandon {
-    let (handle, ticket) = (handle.clone(), ticket.clone());
-    Box::new(move || handle.holder().abandon(&ticket))
+/// An asyncio acquire resolving through `settle`. Cancelling its awaitable makes the attempt
+/// give back whatever it obtained, now or as it settles (a grant may be on its way).
+fn spawn_acquire<'py, C: LockLike>(
+    slf: &Bound<'py, C>,
+    wait: Wait,
+    context: Context<C::Handle>,
+    settle: impl for<'a> FnOnce(Python<'a>, bool) -> PyResult<Bound<'a, PyAny>> + Send + 'static,
+) -> PyResult<Bound<'py, PyAny>> {
+    let listener = listener_for(slf)?;
+    let core = slf.get().core();
+    let ticket = Ticket::default();
+    let abandon: awaitable::Abandon = {
+        let (handle, ticket) = (core.handle.clone(), ticket.clone());
+        Box::new(move || handle.holder().abandon(&ticket))
+    };
+    let (handle, about) = (core.handle.clone(), core.about.clone());
+    awaitable::spawn_abandonable(
+        slf.py(),
+        abandon,
+        async move {
+            let holder = handle.holder();
+            Ok(holder
+                .acquire_ticketed(wait, listener, &context, ticket)
+                .await)
+        },
+        move |py, acquired| settle(py, acquired.about(py, &about)?),
+    )
 }
 
-pub fn acquire_async<'py, H: Releasable>(
-    py: Python<'py>,
-    handle: Arc<H>,
-    wait: Wait,
-    listener: Option<OnLost>,
-    context: H::Context,
-    about: About,
+/// `_acquire_async([context,] blocking=None, timeout=None)`.
+pub fn acquire_async<'py, C: LockLike>(
+    slf: &Bound<'py, C>,
+    context: Context<C::Handle>,
+    blocking: Option<&Bound<'py, PyAny>>,
+    timeout: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let ticket = Ticket::default();
-    awaitable::spawn_abandonable(
-        py,
-        abandoner(&handle, &ticket),
-        async move { Ok(handle.acquire(wait, listener, context, ticket).await) },
-        move |py, acquired| acquired.about(py, &about)?.into_bound_py_any(py),
-    )
+    let wait = wait_for(blocking, timeout, slf.get().core().default_timeout)?;
+    spawn_acquire(slf, wait, context, |py, acquired| {
+        acquired.into_bound_py_any(py)
+    })
 }
 
 /// `__aenter__`: like `acquire_async` with the object's timeout; LockTimeoutError if not acquired.
-pub fn enter_async<'py, H: Releasable>(
-    py: Python<'py>,
-    handle: Arc<H>,
-    wait: Wait,
-    listener: Option<OnLost>,
-    context: H::Context,
-    timeout_error: PyErr,
-    about: About,
+pub fn enter_async<'py, C: LockLike>(
+    slf: &Bound<'py, C>,
+    context: Context<C::Handle>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let ticket = Ticket::default();
-    awaitable::spawn_abandonable(
-        py,
-        abandoner(&handle, &ticket),
-        async move { Ok(handle.acquire(wait, listener, context, ticket).await) },
-        move |py, acquired| {
-            if acquired.about(py, &about)? {
-                Ok(py.None().into_bound(py))
-            } else {
-                Err(timeout_error)
-            }
-        },
-    )
-}
-
-/// `_give_back(token)`: see `Holder::give_back`.
-pub fn give_back<H: Releasable>(handle: &H, token: &str) -> bool {
-    handle.holder().give_back(token)
-}
-
-pub fn release_async<H: Releasable>(
-    py: Python<'_>,
-    handle: Arc<H>,
-    about: About,
-) -> PyResult<Bound<'_, PyAny>> {
-    awaitable::spawn(
-        py,
-        OnCancel::Finish,
-        async move { Ok(handle.release().await) },
-        move |py, released| {
-            released.about(py, &about)?;
+    let core = slf.get().core();
+    let wait = Wait::from_timeout(core.default_timeout);
+    let timeout_error = enter_timeout(slf.py(), &core.about, core.default_timeout);
+    spawn_acquire(slf, wait, context, move |py, acquired| {
+        if acquired {
             Ok(py.None().into_bound(py))
-        },
-    )
-}
-
-pub fn extend_async<H: Releasable>(
-    py: Python<'_>,
-    handle: Arc<H>,
-    lease: Option<Duration>,
-    about: About,
-) -> PyResult<Bound<'_, PyAny>> {
-    awaitable::spawn(
-        py,
-        OnCancel::Finish,
-        async move { Ok(handle.extend(lease).await) },
-        move |py, extended| {
-            extended.about(py, &about)?;
-            Ok(py.None().into_bound(py))
-        },
-    )
-}
-
-pub fn owned_async<H: Releasable>(
-    py: Python<'_>,
-    handle: Arc<H>,
-    about: About,
-) -> PyResult<Bound<'_, PyAny>> {
-    query_async(py, async move { handle.owned().await }, about)
-}
-
-/// `__aexit__`, resolving like `exit`.
-pub fn exit_awaitable<H: Releasable>(
-    py: Python<'_>,
-    handle: Arc<H>,
-    about: About,
-    body_raised: bool,
-) -> PyResult<Bound<'_, PyAny>> {
-    awaitable::spawn(
-        py,
-        OnCancel::Finish,
-        async move { Ok(exit_async(handle).await) },
-        move |py, outcome| leave_block(py, &about, body_raised, outcome)?.into_bound_py_any(py),
-    )
+        } else {
+            Err(timeout_error)
+        }
+    })
 }
 
 /// Any engine query as an awaitable (cancelling it just stops waiting for the answer).
@@ -426,3 +495,140 @@ where
         move |py, value| value.about(py, &about)?.into_bound_py_any(py),
     )
 }
+
+/// The `#[pymethods]` block of a `LockLike` class: the methods every lock-like object shares
+/// (acquire, release, extend, owned, remaining, token, lost, name, ttl, `with` and their asyncio
+/// twins), then the class's own (`$own`: its constructor, getters and extra methods). pyo3 takes
+/// one `#[pymethods]` block per class, hence one macro that writes it whole. The docstrings that
+/// differ between the classes come with the call; `_acquire_async` and `_enter_async` take the
+/// caller's context first when the class names one (the read and write locks).
+macro_rules! lock_like_methods {
+    (@context) => { () };
+    (@context $context:ident) => { $context };
+    (
+        $class:ty;
+        $(#[$acquire_doc:meta])* fn acquire;
+        $(#[$release_doc:meta])* fn release;
+        $(#[$extend_doc:meta])* fn extend;
+        $(#[$owned_doc:meta])* fn owned;
+        $(#[$acquire_async_doc:meta])*
+        fn _acquire_async($($context:ident: $context_ty:ty)?);
+        $($own:tt)*
+    ) => {
+        #[pymethods]
+        impl $class {
+            $(#[$acquire_doc])*
+            #[pyo3(signature = (blocking=None, timeout=None))]
+            fn acquire(
+                slf: &Bound<'_, Self>,
+                blocking: Option<&Bound<'_, PyAny>>,
+                timeout: Option<&Bound<'_, PyAny>>,
+            ) -> PyResult<bool> {
+                $crate::python::hold::acquire(slf, blocking, timeout)
+            }
+
+            $(#[$release_doc])*
+            fn release(&self, py: Python<'_>) -> PyResult<()> {
+                self.core().release(py)
+            }
+
+            $(#[$extend_doc])*
+            #[pyo3(signature = (ttl=None))]
+            fn extend(&self, py: Python<'_>, ttl: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+                self.core().extend(py, ttl)
+            }
+
+            $(#[$owned_doc])*
+            fn owned(&self, py: Python<'_>) -> PyResult<bool> {
+                self.core().owned(py)
+            }
+
+            /// Seconds left on this object's lease; None if not held, 0.0 once the local deadline passed.
+            fn remaining(&self) -> Option<f64> {
+                self.core().remaining()
+            }
+
+            #[getter]
+            fn token(&self) -> Option<String> {
+                self.core().token()
+            }
+
+            #[getter]
+            fn lost(&self) -> bool {
+                self.core().lost()
+            }
+
+            #[getter]
+            fn name(&self) -> &str {
+                &self.core().name
+            }
+
+            #[getter]
+            fn ttl(&self) -> f64 {
+                self.core().ttl()
+            }
+
+            fn __enter__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, Self>> {
+                $crate::python::hold::enter(slf)
+            }
+
+            #[pyo3(signature = (*exc))]
+            fn __exit__(&self, py: Python<'_>, exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
+                self.core().exit(py, exc)
+            }
+
+            // The asyncio side (`redmutex.aio`) awaits these; same semantics as the blocking ones.
+
+            $(#[$acquire_async_doc])*
+            #[pyo3(signature = ($($context,)? blocking=None, timeout=None))]
+            fn _acquire_async<'py>(
+                slf: &Bound<'py, Self>,
+                $($context: $context_ty,)?
+                blocking: Option<&Bound<'py, PyAny>>,
+                timeout: Option<&Bound<'py, PyAny>>,
+            ) -> PyResult<Bound<'py, PyAny>> {
+                let context = $crate::python::hold::lock_like_methods!(@context $($context)?);
+                $crate::python::hold::acquire_async(slf, context, blocking, timeout)
+            }
+
+            fn _enter_async<'py>(
+                slf: &Bound<'py, Self>,
+                $($context: $context_ty,)?
+            ) -> PyResult<Bound<'py, PyAny>> {
+                let context = $crate::python::hold::lock_like_methods!(@context $($context)?);
+                $crate::python::hold::enter_async(slf, context)
+            }
+
+            fn _release_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+                self.core().release_async(py)
+            }
+
+            /// Gives back the hold with `token` at once (released in Redis in the background), if this
+            /// object still has it: an acquire that succeeded after its task was cancelled.
+            fn _give_back(&self, token: &str) -> bool {
+                self.core().give_back(token)
+            }
+
+            #[pyo3(signature = (ttl=None))]
+            fn _extend_async<'py>(
+                &self,
+                py: Python<'py>,
+                ttl: Option<&Bound<'py, PyAny>>,
+            ) -> PyResult<Bound<'py, PyAny>> {
+                self.core().extend_async(py, ttl)
+            }
+
+            fn _owned_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+                self.core().owned_async(py)
+            }
+
+            fn _exit_async<'py>(&self, py: Python<'py>, body_raised: bool) -> PyResult<Bound<'py, PyAny>> {
+                self.core().exit_async(py, body_raised)
+            }
+
+            $($own)*
+        }
+    };
+}
+
+pub(crate) use lock_like_methods;

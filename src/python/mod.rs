@@ -100,9 +100,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<rwlock::PyRwSide>()?;
     m.add_class::<cache::PyCacheStore>()?;
     m.add_class::<cache::PyFillClaim>()?;
-    m.add("CACHE_HIT", cache::HIT)?;
-    m.add("CACHE_CLAIMED", cache::CLAIMED)?;
-    m.add("CACHE_BUSY", cache::BUSY)?;
+    m.add_class::<cache::PyCacheHit>()?;
     m.add_function(wrap_pyfunction!(recipes::acquire_token, m)?)?;
     m.add_function(wrap_pyfunction!(recipes::release_token, m)?)?;
     m.add_function(wrap_pyfunction!(_interpreter_exiting, m)?)?;

@@ -12,8 +12,7 @@ use super::args;
 use super::blocking;
 use super::client::{coerce_client, PyClient};
 use super::errors::{About, Named};
-use super::hold;
-use crate::engine::lock::{OnLost, Wait};
+use super::hold::{self, lock_like_methods, HoldCore, LockLike};
 use crate::engine::rwlock::{Mode, RwHandle, RwLock};
 
 /// A read-write lock: `with rw.read(): ...` (many readers) or `with rw.write(): ...` (one writer).
@@ -38,13 +37,7 @@ pub struct PyRwLock {
 #[pyclass(frozen, weakref, module = "redmutex", name = "RWLockSide")]
 pub struct PyRwSide {
     rwlock: Py<PyRwLock>,
-    handle: Arc<RwHandle>,
-    name: String,
-    /// Names the read or write lock in its errors.
-    about: About,
-    ttl: Duration,
-    default_timeout: Option<Duration>,
-    on_lost: Option<Arc<Py<PyAny>>>,
+    core: HoldCore<RwHandle>,
 }
 
 /// The calling thread, as the deadlock guard tells contexts apart: Rust's thread ids are never
@@ -60,15 +53,17 @@ impl PyRwLock {
         let this = slf.get();
         PyRwSide {
             rwlock: slf.clone().unbind(),
-            handle: Arc::new(this.core.side(mode)),
-            name: this.name.clone(),
-            about: this.about.as_kind(match mode {
-                Mode::Read => "read lock",
-                Mode::Write => "write lock",
-            }),
-            ttl: this.ttl,
-            default_timeout: this.default_timeout,
-            on_lost: this.on_lost.clone(),
+            core: HoldCore {
+                handle: Arc::new(this.core.side(mode)),
+                name: this.name.clone(),
+                about: this.about.as_kind(match mode {
+                    Mode::Read => "read lock",
+                    Mode::Write => "write lock",
+                }),
+                ttl: this.ttl,
+                default_timeout: this.default_timeout,
+                on_lost: this.on_lost.clone(),
+            },
         }
     }
 }
@@ -176,96 +171,43 @@ impl PyRwLock {
     }
 }
 
+impl LockLike for PyRwSide {
+    type Handle = RwHandle;
+    fn core(&self) -> &HoldCore<RwHandle> {
+        &self.core
+    }
+    fn blocking_context() -> u64 {
+        thread_context()
+    }
+}
+
 impl PyRwSide {
     fn mode_name(&self) -> &'static str {
-        match self.handle.mode() {
+        match self.core.handle.mode() {
             Mode::Read => "read",
             Mode::Write => "write",
         }
     }
-
-    fn label(&self) -> String {
-        self.about.label()
-    }
-
-    fn listener_for(slf: &Bound<'_, Self>) -> PyResult<Option<OnLost>> {
-        let this = slf.get();
-        hold::listener(
-            slf.as_any(),
-            this.handle.auto_renew(),
-            this.label(),
-            this.on_lost.clone(),
-        )
-    }
-
-    fn acquire_with(slf: &Bound<'_, Self>, wait: Wait) -> PyResult<bool> {
-        let this = slf.get();
-        let listener = hold::listener(
-            slf.as_any(),
-            this.handle.auto_renew(),
-            this.label(),
-            this.on_lost.clone(),
-        )?;
-        let handle = this.handle.clone();
-        let context = thread_context();
-        blocking::run(slf.py(), || {
-            handle.holder().acquire_blocking(wait, listener, &context)
-        })?
-        .about(slf.py(), &this.about)
-    }
 }
 
-#[pymethods]
-impl PyRwSide {
+lock_like_methods! {
+    PyRwSide;
     /// Takes the lock; False when not acquired in time (`blocking=False` tries once).
     /// Raises LockError where waiting would deadlock on this thread's own holds of the same
     /// RWLock (a read->write upgrade, or any lock while holding its write lock).
-    #[pyo3(signature = (blocking=None, timeout=None))]
-    fn acquire(
-        slf: &Bound<'_, Self>,
-        blocking: Option<&Bound<'_, PyAny>>,
-        timeout: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<bool> {
-        let wait = hold::wait_for(blocking, timeout, slf.get().default_timeout)?;
-        Self::acquire_with(slf, wait)
-    }
-
+    fn acquire;
     /// Releases the hold (LockNotOwnedError when none, LockLostError when the lease was lost).
-    fn release(&self, py: Python<'_>) -> PyResult<()> {
-        blocking::run(py, || self.handle.holder().release_blocking())?.about(py, &self.about)
-    }
-
+    fn release;
     /// The lease now ends `ttl` (default: the RWLock's ttl) from now.
-    #[pyo3(signature = (ttl=None))]
-    fn extend(&self, py: Python<'_>, ttl: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-        let lease = hold::extend_lease(ttl)?;
-        blocking::run(py, || self.handle.holder().extend_blocking(lease))?.about(py, &self.about)
-    }
+    fn extend;
+    /// This object holds its lock, checked against Redis.
+    fn owned;
+    /// `context` tells the caller apart for the deadlock guard (asyncio: the task's id).
+    fn _acquire_async(context: u64);
 
     /// Somebody holds the read-write lock: a writer, or at least one live reader.
     fn locked(&self, py: Python<'_>) -> PyResult<bool> {
-        let handle = self.handle.clone();
-        blocking::wait(py, async move { handle.locked().await })?.about(py, &self.about)
-    }
-
-    /// This object holds its lock, checked against Redis.
-    fn owned(&self, py: Python<'_>) -> PyResult<bool> {
-        blocking::run(py, || self.handle.holder().owned_blocking())?.about(py, &self.about)
-    }
-
-    /// Seconds left on this object's lease; None if not held, 0.0 once the local deadline passed.
-    fn remaining(&self) -> Option<f64> {
-        self.handle.holder().remaining().map(|d| d.as_secs_f64())
-    }
-
-    #[getter]
-    fn token(&self) -> Option<String> {
-        self.handle.holder().token()
-    }
-
-    #[getter]
-    fn lost(&self) -> bool {
-        self.handle.holder().lost()
+        blocking::wait(py, self.core.handle.locked())?.about(py, &self.core.about)
     }
 
     /// "read" or "write".
@@ -274,125 +216,23 @@ impl PyRwSide {
         self.mode_name()
     }
 
-    #[getter]
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    #[getter]
-    fn ttl(&self) -> f64 {
-        self.ttl.as_secs_f64()
-    }
-
     /// The RWLock this lock object belongs to.
     #[getter]
     fn rwlock(&self, py: Python<'_>) -> Py<PyRwLock> {
         self.rwlock.clone_ref(py)
     }
 
-    fn __enter__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, Self>> {
-        let this = slf.get();
-        if Self::acquire_with(slf, Wait::from_timeout(this.default_timeout))? {
-            return Ok(slf.clone());
-        }
-        Err(hold::enter_timeout(
-            slf.py(),
-            &this.about,
-            this.default_timeout,
-        ))
-    }
-
-    #[pyo3(signature = (*exc))]
-    fn __exit__(&self, py: Python<'_>, exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
-        hold::exit(py, &self.handle, exc, &self.about)
-    }
-
-    // The asyncio side (`redmutex.aio`) awaits these; same semantics as the blocking ones.
-
-    /// `context` tells the caller apart for the deadlock guard (asyncio: the task's id).
-    #[pyo3(signature = (context, blocking=None, timeout=None))]
-    fn _acquire_async<'py>(
-        slf: &Bound<'py, Self>,
-        context: u64,
-        blocking: Option<&Bound<'py, PyAny>>,
-        timeout: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let wait = hold::wait_for(blocking, timeout, slf.get().default_timeout)?;
-        let listener = Self::listener_for(slf)?;
-        let this = slf.get();
-        hold::acquire_async(
-            slf.py(),
-            this.handle.clone(),
-            wait,
-            listener,
-            context,
-            this.about.clone(),
-        )
-    }
-
-    fn _enter_async<'py>(slf: &Bound<'py, Self>, context: u64) -> PyResult<Bound<'py, PyAny>> {
-        let this = slf.get();
-        let wait = Wait::from_timeout(this.default_timeout);
-        let listener = Self::listener_for(slf)?;
-        let timeout_error = hold::enter_timeout(slf.py(), &this.about, this.default_timeout);
-        hold::enter_async(
-            slf.py(),
-            this.handle.clone(),
-            wait,
-            listener,
-            context,
-            timeout_error,
-            this.about.clone(),
-        )
-    }
-
-    fn _release_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        hold::release_async(py, self.handle.clone(), self.about.clone())
-    }
-
-    /// Gives back the hold with `token` at once (released in Redis in the background), if this
-    /// object still has it: an acquire that succeeded after its task was cancelled.
-    fn _give_back(&self, token: &str) -> bool {
-        hold::give_back(&*self.handle, token)
-    }
-
-    #[pyo3(signature = (ttl=None))]
-    fn _extend_async<'py>(
-        &self,
-        py: Python<'py>,
-        ttl: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        hold::extend_async(
-            py,
-            self.handle.clone(),
-            hold::extend_lease(ttl)?,
-            self.about.clone(),
-        )
-    }
-
-    fn _owned_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        hold::owned_async(py, self.handle.clone(), self.about.clone())
-    }
-
     fn _locked_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let handle = self.handle.clone();
-        hold::query_async(py, async move { handle.locked().await }, self.about.clone())
-    }
-
-    fn _exit_async<'py>(&self, py: Python<'py>, body_raised: bool) -> PyResult<Bound<'py, PyAny>> {
-        hold::exit_awaitable(py, self.handle.clone(), self.about.clone(), body_raised)
+        let handle = self.core.handle.clone();
+        hold::query_async(py, async move { handle.locked().await }, self.core.about.clone())
     }
 
     fn __repr__(&self) -> String {
         format!(
             "RWLock('{}').{}(held={})",
-            self.name,
+            self.core.name,
             self.mode_name(),
-            if self.handle.holder().token().is_some() {
-                "True"
-            } else {
-                "False"
-            }
+            self.core.held_repr()
         )
     }
 }

@@ -2,7 +2,6 @@
 //! most one permit at a time, used as `with` or acquire/release, exactly like `Lock`.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
@@ -11,8 +10,7 @@ use super::args;
 use super::blocking;
 use super::client::{coerce_client, PyClient};
 use super::errors::{About, Named};
-use super::hold;
-use crate::engine::lock::{OnLost, Wait};
+use super::hold::{self, lock_like_methods, HoldCore, LockLike};
 use crate::engine::semaphore::SemaphoreHandle;
 use crate::protocol::lease::MAX_MS;
 
@@ -24,47 +22,31 @@ use crate::protocol::lease::MAX_MS;
 #[pyclass(frozen, weakref, module = "redmutex", name = "Semaphore")]
 pub struct PySemaphore {
     client: Py<PyClient>,
-    handle: Arc<SemaphoreHandle>,
-    name: String,
-    /// Names the semaphore in its errors.
-    about: About,
+    core: HoldCore<SemaphoreHandle>,
     limit: u64,
-    ttl: Duration,
     fair: bool,
-    /// The wait of `acquire()`/`with` when no timeout is given: None waits forever.
-    default_timeout: Option<Duration>,
-    on_lost: Option<Arc<Py<PyAny>>>,
 }
 
-impl PySemaphore {
-    fn listener_for(slf: &Bound<'_, Self>) -> PyResult<Option<OnLost>> {
-        let this = slf.get();
-        hold::listener(
-            slf.as_any(),
-            this.handle.auto_renew(),
-            this.label(),
-            this.on_lost.clone(),
-        )
+impl LockLike for PySemaphore {
+    type Handle = SemaphoreHandle;
+    fn core(&self) -> &HoldCore<SemaphoreHandle> {
+        &self.core
     }
-
-    fn label(&self) -> String {
-        self.about.label()
-    }
-
-    fn acquire_with(slf: &Bound<'_, Self>, wait: Wait) -> PyResult<bool> {
-        let listener = Self::listener_for(slf)?;
-        let this = slf.get();
-        let handle = this.handle.clone();
-        let py = slf.py();
-        // The engine decides: done on this thread, or a wait through the runtime
-        // (interruptible by signals).
-        blocking::run(py, || handle.holder().acquire_blocking(wait, listener, &()))?
-            .about(py, &this.about)
-    }
+    fn blocking_context() {}
 }
 
-#[pymethods]
-impl PySemaphore {
+lock_like_methods! {
+    PySemaphore;
+    /// Takes a permit; False when not acquired in time (`blocking=False` tries once).
+    fn acquire;
+    /// Gives the permit back and wakes the waiters it lets in.
+    fn release;
+    /// The permit's lease now ends `ttl` (default: the semaphore's ttl) from now.
+    fn extend;
+    /// This object holds a live permit, checked against Redis.
+    fn owned;
+    fn _acquire_async();
+
     #[new]
     #[pyo3(signature = (client, name, limit, *, ttl=10.0, timeout=None, fair=None, auto_renew=None, on_lost=None))]
     #[allow(clippy::too_many_arguments)]
@@ -89,86 +71,36 @@ impl PySemaphore {
         let client = coerce_client(client)?;
         let engine_client = client.get().inner.clone();
         Ok(PySemaphore {
-            handle: Arc::new(SemaphoreHandle::new(
-                engine_client,
-                &name_bytes,
-                limit,
+            core: HoldCore {
+                handle: Arc::new(SemaphoreHandle::new(
+                    engine_client,
+                    &name_bytes,
+                    limit,
+                    ttl,
+                    fair,
+                    auto_renew,
+                )?),
+                about: About::new("semaphore", &String::from_utf8_lossy(&name_bytes)),
+                name: String::from_utf8_lossy(&name_bytes).into_owned(),
                 ttl,
-                fair,
-                auto_renew,
-            )?),
+                default_timeout,
+                on_lost,
+            },
             client,
-            about: About::new("semaphore", &String::from_utf8_lossy(&name_bytes)),
-            name: String::from_utf8_lossy(&name_bytes).into_owned(),
             limit,
-            ttl,
             fair,
-            default_timeout,
-            on_lost,
         })
-    }
-
-    /// Takes a permit; False when not acquired in time (`blocking=False` tries once).
-    #[pyo3(signature = (blocking=None, timeout=None))]
-    fn acquire(
-        slf: &Bound<'_, Self>,
-        blocking: Option<&Bound<'_, PyAny>>,
-        timeout: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<bool> {
-        let wait = hold::wait_for(blocking, timeout, slf.get().default_timeout)?;
-        Self::acquire_with(slf, wait)
-    }
-
-    /// Gives the permit back and wakes the waiters it lets in.
-    fn release(&self, py: Python<'_>) -> PyResult<()> {
-        blocking::run(py, || self.handle.holder().release_blocking())?.about(py, &self.about)
-    }
-
-    /// The permit's lease now ends `ttl` (default: the semaphore's ttl) from now.
-    #[pyo3(signature = (ttl=None))]
-    fn extend(&self, py: Python<'_>, ttl: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-        let lease = hold::extend_lease(ttl)?;
-        blocking::run(py, || self.handle.holder().extend_blocking(lease))?.about(py, &self.about)
     }
 
     /// How many live holders the semaphore has now, in every process.
     fn holders(&self, py: Python<'_>) -> PyResult<i64> {
-        blocking::run(py, || self.handle.holders_blocking())?.about(py, &self.about)
-    }
-
-    /// This object holds a live permit, checked against Redis.
-    fn owned(&self, py: Python<'_>) -> PyResult<bool> {
-        blocking::run(py, || self.handle.holder().owned_blocking())?.about(py, &self.about)
-    }
-
-    /// Seconds left on this object's lease; None if not held, 0.0 once the local deadline passed.
-    fn remaining(&self) -> Option<f64> {
-        self.handle.holder().remaining().map(|d| d.as_secs_f64())
-    }
-
-    #[getter]
-    fn token(&self) -> Option<String> {
-        self.handle.holder().token()
-    }
-
-    #[getter]
-    fn lost(&self) -> bool {
-        self.handle.holder().lost()
-    }
-
-    #[getter]
-    fn name(&self) -> &str {
-        &self.name
+        let (handle, about) = (&self.core.handle, &self.core.about);
+        blocking::run(py, || handle.holders_blocking())?.about(py, about)
     }
 
     #[getter]
     fn limit(&self) -> u64 {
         self.limit
-    }
-
-    #[getter]
-    fn ttl(&self) -> f64 {
-        self.ttl.as_secs_f64()
     }
 
     #[getter]
@@ -181,117 +113,19 @@ impl PySemaphore {
         self.client.clone_ref(py)
     }
 
-    fn __enter__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, Self>> {
-        let this = slf.get();
-        if Self::acquire_with(slf, Wait::from_timeout(this.default_timeout))? {
-            return Ok(slf.clone());
-        }
-        Err(hold::enter_timeout(
-            slf.py(),
-            &this.about,
-            this.default_timeout,
-        ))
-    }
-
-    #[pyo3(signature = (*exc))]
-    fn __exit__(&self, py: Python<'_>, exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
-        hold::exit(py, &self.handle, exc, &self.about)
-    }
-
-    // The asyncio side (`redmutex.aio`) awaits these; same semantics as the blocking ones.
-
-    #[pyo3(signature = (blocking=None, timeout=None))]
-    fn _acquire_async<'py>(
-        slf: &Bound<'py, Self>,
-        blocking: Option<&Bound<'py, PyAny>>,
-        timeout: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let wait = hold::wait_for(blocking, timeout, slf.get().default_timeout)?;
-        let listener = Self::listener_for(slf)?;
-        let this = slf.get();
-        hold::acquire_async(
-            slf.py(),
-            this.handle.clone(),
-            wait,
-            listener,
-            (),
-            this.about.clone(),
-        )
-    }
-
-    fn _enter_async<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
-        let this = slf.get();
-        let wait = Wait::from_timeout(this.default_timeout);
-        let listener = Self::listener_for(slf)?;
-        let timeout_error = hold::enter_timeout(slf.py(), &this.about, this.default_timeout);
-        hold::enter_async(
-            slf.py(),
-            this.handle.clone(),
-            wait,
-            listener,
-            (),
-            timeout_error,
-            this.about.clone(),
-        )
-    }
-
-    fn _release_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        hold::release_async(py, self.handle.clone(), self.about.clone())
-    }
-
-    /// Gives back the hold with `token` at once (released in Redis in the background), if this
-    /// object still has it: an acquire that succeeded after its task was cancelled.
-    fn _give_back(&self, token: &str) -> bool {
-        hold::give_back(&*self.handle, token)
-    }
-
-    #[pyo3(signature = (ttl=None))]
-    fn _extend_async<'py>(
-        &self,
-        py: Python<'py>,
-        ttl: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        hold::extend_async(
-            py,
-            self.handle.clone(),
-            hold::extend_lease(ttl)?,
-            self.about.clone(),
-        )
-    }
-
-    fn _owned_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        hold::owned_async(py, self.handle.clone(), self.about.clone())
-    }
-
     fn _holders_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let handle = self.handle.clone();
-        hold::query_async(
-            py,
-            async move { handle.holders().await },
-            self.about.clone(),
-        )
-    }
-
-    fn _exit_async<'py>(&self, py: Python<'py>, body_raised: bool) -> PyResult<Bound<'py, PyAny>> {
-        hold::exit_awaitable(py, self.handle.clone(), self.about.clone(), body_raised)
+        let handle = self.core.handle.clone();
+        hold::query_async(py, async move { handle.holders().await }, self.core.about.clone())
     }
 
     fn __repr__(&self) -> String {
         format!(
             "Semaphore('{}', {}, ttl={}, fair={}, held={})",
-            self.name,
+            self.core.name,
             self.limit,
-            self.ttl.as_secs_f64(),
-            py_bool(self.fair),
-            py_bool(self.handle.holder().token().is_some())
+            self.core.ttl(),
+            if self.fair { "True" } else { "False" },
+            self.core.held_repr()
         )
-    }
-}
-
-fn py_bool(b: bool) -> &'static str {
-    if b {
-        "True"
-    } else {
-        "False"
     }
 }
