@@ -342,3 +342,43 @@ def test_undo_of_timed_out_runtime_attempt_follows_the_attempt(
         finally:
             c.close()
             other_client.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("pause", ["WRITE", "ALL"])
+def test_undo_of_attempt_behind_client_pause_follows_it(
+    make_server: Callable[..., RedisServer], prefix: str, pause: str
+) -> None:
+    """The runtime's attempt waits behind `CLIENT PAUSE` (0.7 s) and times out (0.2 s). Its
+    connection stays open (so that the undo can wait for it): the attempt runs when the pause
+    ends, and the undo must run after it, leaving nobody holding the lock. Redis runs the paused
+    clients in the order they were paused, so an undo paused too follows the attempt; before the
+    node kept timed-out connections, closing one made Redis drop its paused attempt (0 orphans
+    in 20 tries). A guard: keeping the attempt's connection open must not bring an orphan."""
+    server = make_server()
+    c = redmutex.Client(server.url, prefix=prefix, connect_timeout=1.0, command_timeout=0.2)
+    other_client = redmutex.Client(server.url, prefix=prefix)
+    admin = redis.Redis(host="127.0.0.1", port=server.port)
+    name = f"paused-attempt-{pause}"
+    try:
+        warm = _runtime_hold("aio-lock", c, name, ttl=10)
+        assert _acquire_now(warm)
+        asyncio.run(warm.release())
+        hold = _runtime_hold("aio-lock", c, name, ttl=10)
+        admin.execute_command("CLIENT", "PAUSE", 700, pause)
+        ended = time.monotonic() + 0.7
+        with pytest.raises(redmutex.ConnectionError):
+            _acquire_now(hold)
+        time.sleep(max(0.0, ended - time.monotonic()))
+        looked_at = time.monotonic()
+        other = redmutex.Lock(other_client, name, ttl=5)
+        got = other.acquire(timeout=6)
+        waited = time.monotonic() - looked_at
+        print(f"\nanother holder got it {waited:.3f} s after the pause ended")
+        assert got, "an orphan of the undone attempt held it for its whole ttl"
+        assert waited < 2 * LATE
+        other.release()
+    finally:
+        admin.close()
+        c.close()
+        other_client.close()
