@@ -5,8 +5,10 @@ connection to the upstream server (a test redis-server). While it runs, the test
 
 - add latency per direction (`set_latency`),
 - black-hole traffic in either direction (`blackhole`): connections are still accepted, bytes are
-  no longer forwarded; they are either discarded (a partition that loses them) or held and
-  delivered in order when `heal()` is called (a partition that TCP retransmission outlives),
+  no longer forwarded; they are either discarded (a partition that outlasts TCP: `heal()` then
+  cuts every connection that lost bytes, since TCP never delivers a stream with a gap in it) or
+  held and delivered in order when `heal()` is called (a partition that TCP retransmission
+  outlives),
 - cut every open connection at once (`cut_all`: both sides reset),
 - drop exactly one reply (`drop_reply_to`): the first client request containing a marker is
   forwarded, the server's next reply on that connection is discarded and the connection is cut,
@@ -60,6 +62,9 @@ class _Conn:
         self.tasks: list[asyncio.Task[None]] = []
         self.drop_next_reply = False
         self.closed = False
+        # Bytes of this connection were discarded by a black hole: it must not carry any more
+        # (what follows would be read as the answer to what was lost), so `heal()` cuts it.
+        self.lost_bytes = False
         self.tail = b""  # the end of the last request chunk, for a marker split across chunks
 
     def abort(self) -> None:
@@ -198,7 +203,8 @@ class FaultProxy:
 
     def blackhole(self, direction: str = "both", *, hold: bool = False) -> None:
         """Stops forwarding in `direction`; new connections are accepted but black-holed too.
-        hold=False discards the bytes, hold=True keeps them for `heal()` to deliver."""
+        hold=False discards the bytes (`heal()` then cuts the connections that lost some),
+        hold=True keeps them for `heal()` to deliver."""
 
         self._call(lambda: self._start_blackhole(_directions(direction), hold=hold))
 
@@ -210,10 +216,14 @@ class FaultProxy:
         self._healed.clear()
 
     def heal(self) -> None:
-        """Forwarding resumes in both directions (held bytes first, in order)."""
+        """Forwarding resumes in both directions (held bytes first, in order); connections that
+        lost bytes to the black hole are cut (both sides reset), as TCP would have ended them."""
 
         def apply() -> None:
             assert self._healed is not None
+            for conn in [c for c in self._conns if c.lost_bytes]:
+                self._forget(conn)
+                self.stats.cut += 1
             for d in DIRECTIONS:
                 self._blackholed[d] = False
             self._healed.set()
@@ -338,6 +348,7 @@ class FaultProxy:
                         break
                     await self._healed.wait()
                 if discard:
+                    conn.lost_bytes = True
                     self.stats.discarded_bytes += len(data)
                     continue
                 writer.write(data)

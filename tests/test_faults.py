@@ -13,6 +13,7 @@ its PID (or joined) and reaped; anything SIGSTOPped is SIGCONTinued in a `finall
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import json
@@ -37,6 +38,7 @@ import redmutex
 from _helpers import ResultThread as _Thread
 from _helpers import wait_until as _wait_until
 from _proxy import FaultProxy
+from redmutex import aio
 from redmutex._server import RedisServer
 
 KeyOf = Callable[[str, str], bytes]
@@ -438,6 +440,60 @@ def test_3_blackholed_holder_is_told_and_never_reacquires(
     finally:
         proxy.heal()
         c.close()
+
+
+@pytest.mark.timeout(60)
+def test_3_lossy_blackhole_never_shifts_replies_onto_other_calls(
+    proxy: FaultProxy, prefix: str, r: redis.Redis
+) -> None:
+    """A black hole that loses bytes (a partition that outlasts TCP) ends the connections it
+    lost them on, as TCP would: a stream never resumes with a gap in it. Before the proxy did
+    so, the runtime's shared connection went on after the heal with one request unanswered,
+    so every later reply went to the call before it: an acquire read an extend's `int(0)`
+    ("unexpected reply from Redis: int(0)", seen once in the fault soak). Each round: an extend
+    is lost in the black hole; after the heal an acquire and an extend (of a lock deleted
+    behind its back, so Redis answers 0) go out on that connection; each must get its own
+    answer (or a connection error), never the other's."""
+    c = redmutex.Client(proxy.url, prefix=prefix, connect_timeout=1.0, command_timeout=1.0)
+    odd: list[str] = []
+
+    async def settle(call: asyncio.Future[Any]) -> None:
+        try:
+            await call
+        except (redmutex.ConnectionError, redmutex.LockLostError):
+            pass  # answers: the connection failed, or the lock is gone
+        except redmutex.LockError as err:
+            odd.append(str(err))  # a reply read as the answer to another call
+
+    async def main() -> None:
+        x = aio.Lock(c, "lossy-x", ttl=30)
+        assert await x.acquire(timeout=0)
+        await x.extend()  # the extend script is loaded
+        deleted = [aio.Lock(c, f"lossy-w{i}", ttl=30) for i in range(3)]
+        for i, w in enumerate(deleted):
+            assert await w.acquire(timeout=0)
+            r.delete((prefix + "{" + f"lossy-w{i}" + "}:lock").encode())
+        for i, w in enumerate(deleted):
+            proxy.blackhole("both", hold=False)
+            lost = asyncio.ensure_future(x.extend())
+            await asyncio.sleep(0.1)
+            proxy.heal()
+            y = aio.Lock(c, f"lossy-y{i}", ttl=30)
+            acquire = asyncio.ensure_future(y.acquire(timeout=0))
+            await asyncio.sleep(0.01)
+            extend = asyncio.ensure_future(w.extend())
+            for call in (lost, acquire, extend):
+                await settle(call)
+            with contextlib.suppress(redmutex.LockError):
+                await y.release()
+        with contextlib.suppress(redmutex.LockError):
+            await x.release()
+
+    try:
+        asyncio.run(main())
+    finally:
+        c.close()
+    assert not odd, odd
 
 
 # --------------------------------------------------------- 4. a reply lost in transit

@@ -5,8 +5,9 @@
 - item 4: a release that failed stops renewal: the lease then ends by itself within the ttl.
 - (a): after a clean release, renewal never reports a loss (an extend answered "not ours"
   while the release was finishing).
-- (b): the undo of a (direct, first) acquire attempt whose reply timed out never runs only
-  before the attempt itself, which would leave an orphan holding the lock for a whole ttl.
+- (b): the undo of an acquire attempt whose reply timed out never runs only before the attempt
+  itself, which would leave an orphan holding the lock for a whole ttl: the blocking API's first
+  attempt (direct connection) and every attempt made on the runtime's shared connection.
 
 Every redis-server here is started by the test (make_server) and stopped by its PID.
 """
@@ -233,8 +234,7 @@ def test_undo_of_timed_out_attempt_follows_the_attempt(
     proxy delays what it reads while the latency is set), so it times out (0.3 s) and is
     undone while it has not run yet; then it runs. The undo must follow it: nobody is left
     holding the lock (an orphan would block everybody for the 10 s ttl). This is the blocking
-    API's first attempt (on the caller's thread); the attempts of a wait, made by the runtime,
-    are not covered yet."""
+    API's first attempt (on the caller's thread); the runtime's attempts are the next test's."""
     server = make_server()
     name = f"late-attempt-{kind}"
     with FaultProxy(server.port) as proxy:
@@ -265,3 +265,120 @@ def test_undo_of_timed_out_attempt_follows_the_attempt(
         finally:
             c.close()
             other_client.close()
+
+
+def _runtime_hold(kind: str, c: redmutex.Client, name: str, ttl: float) -> Any:
+    """A hold whose every attempt goes through the runtime's shared (multiplexed) connection:
+    asyncio objects, and the RWLock sides (which have no direct first attempt)."""
+    from redmutex import aio
+
+    if kind == "aio-lock":
+        return aio.Lock(c, name, ttl=ttl)
+    if kind == "aio-fair":
+        return aio.Lock(c, name, ttl=ttl, fair=True)
+    if kind == "aio-semaphore":
+        return aio.Semaphore(c, name, 1, ttl=ttl)
+    rw = redmutex.RWLock(c, name, ttl=ttl)
+    return rw.read() if kind == "read" else rw.write()
+
+
+def _acquire_now(hold: Any) -> Any:
+    """`hold.acquire(timeout=0)`, awaited when the hold is an asyncio one."""
+    outcome = hold.acquire(timeout=0)
+    if asyncio.iscoroutine(outcome):
+
+        async def run() -> Any:
+            return await outcome
+
+        return asyncio.run(run())
+    return outcome
+
+
+def _other_kind(kind: str) -> str:
+    """A blocking kind that an orphan of `kind` keeps out (readers share: a writer is kept out)."""
+    kinds = {"aio-lock": "lock", "aio-fair": "lock", "aio-semaphore": "semaphore"}
+    return kinds.get(kind, "write")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["aio-lock", "aio-fair", "aio-semaphore", "read", "write"])
+def test_undo_of_timed_out_runtime_attempt_follows_the_attempt(
+    make_server: Callable[..., RedisServer], prefix: str, kind: str
+) -> None:
+    """As above, for an attempt on the runtime's shared connection (asyncio, RWLock sides, and
+    likewise every attempt of a wait): the attempt is delayed 1 s on its way to Redis, times out
+    (0.3 s) and is undone while it has not run yet; then it runs. The undo must follow it (the
+    node keeps the timed-out connection and the undo waits for its answer), so nobody is left
+    holding the lock: an orphan would hold it for the whole 10 s ttl."""
+    server = make_server()
+    name = f"late-runtime-attempt-{kind}"
+    with FaultProxy(server.port) as proxy:
+        c = redmutex.Client(proxy.url, prefix=prefix, connect_timeout=1.0, command_timeout=0.3)
+        other_client = redmutex.Client(server.url, prefix=prefix)
+        try:
+            warm = _runtime_hold(kind, c, name, ttl=10)  # scripts loaded, connection open
+            assert _acquire_now(warm)
+            release = warm.release()
+            if asyncio.iscoroutine(release):
+                asyncio.run(release)
+            hold = _runtime_hold(kind, c, name, ttl=10)
+            proxy.set_latency(1.0, "c2s")
+            reset = threading.Timer(0.15, lambda: proxy.set_latency(0.0, "c2s"))
+            reset.start()
+            started = time.monotonic()
+            with pytest.raises(redmutex.ConnectionError):
+                _acquire_now(hold)
+            reset.join()
+            # The attempt reaches Redis about 1 s after it was sent; look after that.
+            time.sleep(max(0.0, started + 1.5 - time.monotonic()))
+            looked_at = time.monotonic()
+            other = _hold(_other_kind(kind), other_client, name, ttl=5)
+            got = other.acquire(timeout=6)
+            waited = time.monotonic() - looked_at
+            print(f"\nanother holder got it {waited:.3f} s after the late attempt ran")
+            assert got, "an orphan of the undone attempt held it for its whole ttl"
+            assert waited < 2 * LATE
+            other.release()
+        finally:
+            c.close()
+            other_client.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("pause", ["WRITE", "ALL"])
+def test_undo_of_attempt_behind_client_pause_follows_it(
+    make_server: Callable[..., RedisServer], prefix: str, pause: str
+) -> None:
+    """The runtime's attempt waits behind `CLIENT PAUSE` (0.7 s) and times out (0.2 s). Its
+    connection stays open (so that the undo can wait for it): the attempt runs when the pause
+    ends, and the undo must run after it, leaving nobody holding the lock. Redis runs the paused
+    clients in the order they were paused, so an undo paused too follows the attempt; before the
+    node kept timed-out connections, closing one made Redis drop its paused attempt (0 orphans
+    in 20 tries). A guard: keeping the attempt's connection open must not bring an orphan."""
+    server = make_server()
+    c = redmutex.Client(server.url, prefix=prefix, connect_timeout=1.0, command_timeout=0.2)
+    other_client = redmutex.Client(server.url, prefix=prefix)
+    admin = redis.Redis(host="127.0.0.1", port=server.port)
+    name = f"paused-attempt-{pause}"
+    try:
+        warm = _runtime_hold("aio-lock", c, name, ttl=10)
+        assert _acquire_now(warm)
+        asyncio.run(warm.release())
+        hold = _runtime_hold("aio-lock", c, name, ttl=10)
+        admin.execute_command("CLIENT", "PAUSE", 700, pause)
+        ended = time.monotonic() + 0.7
+        with pytest.raises(redmutex.ConnectionError):
+            _acquire_now(hold)
+        time.sleep(max(0.0, ended - time.monotonic()))
+        looked_at = time.monotonic()
+        other = redmutex.Lock(other_client, name, ttl=5)
+        got = other.acquire(timeout=6)
+        waited = time.monotonic() - looked_at
+        print(f"\nanother holder got it {waited:.3f} s after the pause ended")
+        assert got, "an orphan of the undone attempt held it for its whole ttl"
+        assert waited < 2 * LATE
+        other.release()
+    finally:
+        admin.close()
+        c.close()
+        other_client.close()

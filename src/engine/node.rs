@@ -225,6 +225,41 @@ pub struct Node {
     drops: std::sync::atomic::AtomicU64,
     /// Where an `identified` node records the run_id of each connection it opens.
     seen: Arc<ServerSeen>,
+    /// Connections on which a call timed out, by generation, kept open (never used for a call
+    /// again) for `OVERDUE_KEEP`: their requests may still run, and an undo must run after them.
+    overdue: Arc<Mutex<Vec<(u64, MultiplexedConnection)>>>,
+}
+
+/// How long a connection whose call timed out is kept for `Node::overdue_calls`: the undo of a
+/// timed-out attempt takes its snapshot at once, and its own copy keeps the connection open.
+const OVERDUE_KEEP: Duration = Duration::from_secs(10);
+/// At most this many such connections are kept per node (the oldest closes first).
+const OVERDUE_KEPT: usize = 8;
+
+/// The calls that had timed out on a node's connections when this was taken, still due.
+pub struct OverdueCalls {
+    conns: Vec<MultiplexedConnection>,
+}
+
+impl OverdueCalls {
+    pub fn is_empty(&self) -> bool {
+        self.conns.is_empty()
+    }
+
+    /// Waits until every overdue call has been answered (so it ran, and whatever is sent now on
+    /// any connection runs after it) or its connection ended (it ran, or never will), at most
+    /// `limit`; false when one is still unanswered then. A PING sent behind them on the same
+    /// connection is answered only after them.
+    pub async fn settle(self, limit: Duration) -> bool {
+        let until = tokio::time::Instant::now() + limit;
+        let mut settled = true;
+        for mut conn in self.conns {
+            let ping = redis::cmd("PING");
+            let answered = tokio::time::timeout_at(until, ping.query_async::<Value>(&mut conn));
+            settled &= answered.await.is_ok();
+        }
+        settled
+    }
 }
 
 /// The pause between two tries of a call that a cluster refused for the moment.
@@ -278,6 +313,7 @@ impl Node {
             connecting: tokio::sync::Mutex::new(()),
             drops: std::sync::atomic::AtomicU64::new(0),
             seen: Arc::default(),
+            overdue: Arc::default(),
         }
     }
 
@@ -373,6 +409,43 @@ impl Node {
             guard.1 = None;
             self.drops
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Keeps the connection of a call that timed out (see `overdue`), for `OVERDUE_KEEP`.
+    fn keep_overdue(&self, generation: u64, conn: Conn) {
+        // A cluster connection routes a PING to any node, not behind the request: not kept.
+        let Conn::Plain(conn) = conn else {
+            return;
+        };
+        {
+            let mut overdue = self.overdue.lock().unwrap_or_else(|p| p.into_inner());
+            if overdue.iter().any(|(kept, _)| *kept == generation) {
+                return;
+            }
+            if overdue.len() >= OVERDUE_KEPT {
+                overdue.remove(0);
+            }
+            overdue.push((generation, conn));
+        }
+        let overdue = Arc::downgrade(&self.overdue);
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                tokio::time::sleep(OVERDUE_KEEP).await;
+                if let Some(overdue) = overdue.upgrade() {
+                    let mut overdue = overdue.lock().unwrap_or_else(|p| p.into_inner());
+                    overdue.retain(|(kept, _)| *kept != generation);
+                }
+            });
+        }
+    }
+
+    /// The calls that timed out on this node (within `OVERDUE_KEEP`) and may still run: an undo
+    /// of a timed-out attempt waits for them (`OverdueCalls::settle`) so it never runs first.
+    pub fn overdue_calls(&self) -> OverdueCalls {
+        let overdue = self.overdue.lock().unwrap_or_else(|p| p.into_inner());
+        OverdueCalls {
+            conns: overdue.iter().map(|(_, conn)| conn.clone()).collect(),
         }
     }
 
@@ -474,11 +547,15 @@ impl Node {
             .then(|| Instant::now() + self.timeouts.command);
         loop {
             let (generation, live) = self.connection().await?;
-            let err = match tokio::time::timeout(self.timeouts.command, op(live.conn)).await {
+            let err = match tokio::time::timeout(self.timeouts.command, op(live.conn.clone())).await
+            {
                 Ok(Ok(value)) => return Ok((value, live.identity)),
                 Ok(Err(err)) => err,
                 Err(_) => {
+                    // The request may still run: its connection stays open, unused, so that an
+                    // undo can wait for its answer instead of overtaking it on a new one.
                     self.invalidate(generation);
+                    self.keep_overdue(generation, live.conn);
                     return Err(timed_out(self.timeouts.command, "waiting for an answer"));
                 }
             };

@@ -180,6 +180,7 @@ pub struct Plan<'a> {
 /// Sends `undo` if dropped while armed.
 struct Cleanup<'a, C: Contender> {
     contender: &'a C,
+    shared: &'a Arc<Shared>,
     armed: bool,
 }
 
@@ -193,6 +194,17 @@ impl<C: Contender> Drop for Cleanup<'_, C> {
     fn drop(&mut self) {
         if self.armed {
             spawn_undo(self.contender.undo());
+            // An attempt that timed out may run later than that undo, which a new connection
+            // carried (a request stuck in the server's or the network's queue): the undo is sent
+            // again once the timed-out calls have been answered (or their connections ended).
+            let overdue = self.shared.node.overdue_calls();
+            if !overdue.is_empty() {
+                let again = self.contender.undo();
+                runtime::spawn(async move {
+                    overdue.settle(again.horizon).await;
+                    spawn_undo(again);
+                });
+            }
         }
     }
 }
@@ -217,6 +229,7 @@ pub async fn acquire_from<C: Contender>(
 ) -> Result<Option<C::Grant>> {
     let cleanup = Cleanup {
         contender,
+        shared: plan.shared,
         armed: true,
     };
     let first = match first {
