@@ -29,3 +29,22 @@ where
         }
     }
 }
+
+/// One call made on the caller's thread when `direct` (one round trip on the thread's own
+/// connection, the GIL released), else waited for on the runtime as `wait` does.
+pub fn direct_or_wait<T, D, F>(
+    py: Python<'_>,
+    direct: bool,
+    on_thread: D,
+    runtime: F,
+) -> PyResult<T>
+where
+    T: Send,
+    D: FnOnce() -> T + Send,
+    F: Future<Output = T> + Send,
+{
+    if direct {
+        return Ok(py.detach(on_thread));
+    }
+    wait(py, runtime)
+}

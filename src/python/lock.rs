@@ -1,14 +1,12 @@
 //! `redmutex.Lock`: a lease on a name, held by this object, used as `with` or acquire/release.
 
-use std::sync::Arc;
-
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use super::args;
 use super::blocking;
 use super::client::{coerce_client, PyClient};
-use super::errors::{About, Named};
+use super::errors::Named;
 use super::hold::{self, lock_like_methods, HoldCore, LockLike};
 use crate::engine::lock::LockHandle;
 
@@ -66,33 +64,26 @@ lock_like_methods! {
         let on_lost = hold::on_lost_arg(on_lost)?;
         let client = coerce_client(client)?;
         let engine_client = client.get().inner.clone();
+        let handle = LockHandle::new(
+            engine_client,
+            &name_bytes,
+            ttl,
+            fair,
+            replicas as u32,
+            auto_renew,
+        )?;
         Ok(PyLock {
-            core: HoldCore {
-                handle: Arc::new(LockHandle::new(
-                    engine_client,
-                    &name_bytes,
-                    ttl,
-                    fair,
-                    replicas as u32,
-                    auto_renew,
-                )?),
-                about: About::new("lock", &String::from_utf8_lossy(&name_bytes)),
-                name: String::from_utf8_lossy(&name_bytes).into_owned(),
-                ttl,
-                default_timeout,
-                on_lost,
-            },
+            core: HoldCore::new(handle, "lock", &name_bytes, ttl, default_timeout, on_lost),
             client,
         })
     }
 
     /// Somebody holds the lock.
     fn locked(&self, py: Python<'_>) -> PyResult<bool> {
-        let (handle, about) = (&self.core.handle, &self.core.about);
-        if handle.client().supports_direct() {
-            return py.detach(|| handle.locked_direct()).about(py, about);
-        }
-        blocking::wait(py, handle.locked())?.about(py, about)
+        let handle = &self.core.handle;
+        let direct = handle.client().supports_direct();
+        blocking::direct_or_wait(py, direct, || handle.locked_direct(), handle.locked())?
+            .about(py, &self.core.about)
     }
 
     #[getter]
