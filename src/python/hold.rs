@@ -204,6 +204,27 @@ pub struct HoldCore<H: Held> {
 }
 
 impl<H: Held> HoldCore<H> {
+    /// The core of an object named `name` (raw bytes, shown lossily) that errors call a `kind`
+    /// ("lock", "semaphore", ...).
+    pub fn new(
+        handle: H,
+        kind: &'static str,
+        name: &[u8],
+        ttl: Duration,
+        default_timeout: Option<Duration>,
+        on_lost: Option<Arc<Py<PyAny>>>,
+    ) -> Self {
+        let name = String::from_utf8_lossy(name).into_owned();
+        HoldCore {
+            handle: Arc::new(handle),
+            about: About::new(kind, &name),
+            name,
+            ttl,
+            default_timeout,
+            on_lost,
+        }
+    }
+
     pub fn holder(&self) -> &Holder<H::Primitive> {
         self.handle.holder()
     }

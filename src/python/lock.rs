@@ -1,14 +1,12 @@
 //! `redmutex.Lock`: a lease on a name, held by this object, used as `with` or acquire/release.
 
-use std::sync::Arc;
-
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use super::args;
 use super::blocking;
 use super::client::{coerce_client, PyClient};
-use super::errors::{About, Named};
+use super::errors::Named;
 use super::hold::{self, lock_like_methods, HoldCore, LockLike};
 use crate::engine::lock::LockHandle;
 
@@ -66,22 +64,16 @@ lock_like_methods! {
         let on_lost = hold::on_lost_arg(on_lost)?;
         let client = coerce_client(client)?;
         let engine_client = client.get().inner.clone();
+        let handle = LockHandle::new(
+            engine_client,
+            &name_bytes,
+            ttl,
+            fair,
+            replicas as u32,
+            auto_renew,
+        )?;
         Ok(PyLock {
-            core: HoldCore {
-                handle: Arc::new(LockHandle::new(
-                    engine_client,
-                    &name_bytes,
-                    ttl,
-                    fair,
-                    replicas as u32,
-                    auto_renew,
-                )?),
-                about: About::new("lock", &String::from_utf8_lossy(&name_bytes)),
-                name: String::from_utf8_lossy(&name_bytes).into_owned(),
-                ttl,
-                default_timeout,
-                on_lost,
-            },
+            core: HoldCore::new(handle, "lock", &name_bytes, ttl, default_timeout, on_lost),
             client,
         })
     }

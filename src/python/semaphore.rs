@@ -1,15 +1,13 @@
 //! `redmutex.Semaphore`: at most `limit` live holders across all processes; this object holds at
 //! most one permit at a time, used as `with` or acquire/release, exactly like `Lock`.
 
-use std::sync::Arc;
-
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use super::args;
 use super::blocking;
 use super::client::{coerce_client, PyClient};
-use super::errors::{About, Named};
+use super::errors::Named;
 use super::hold::{self, lock_like_methods, HoldCore, LockLike};
 use crate::engine::semaphore::SemaphoreHandle;
 use crate::protocol::lease::MAX_MS;
@@ -70,22 +68,10 @@ lock_like_methods! {
         let on_lost = hold::on_lost_arg(on_lost)?;
         let client = coerce_client(client)?;
         let engine_client = client.get().inner.clone();
+        let handle =
+            SemaphoreHandle::new(engine_client, &name_bytes, limit, ttl, fair, auto_renew)?;
         Ok(PySemaphore {
-            core: HoldCore {
-                handle: Arc::new(SemaphoreHandle::new(
-                    engine_client,
-                    &name_bytes,
-                    limit,
-                    ttl,
-                    fair,
-                    auto_renew,
-                )?),
-                about: About::new("semaphore", &String::from_utf8_lossy(&name_bytes)),
-                name: String::from_utf8_lossy(&name_bytes).into_owned(),
-                ttl,
-                default_timeout,
-                on_lost,
-            },
+            core: HoldCore::new(handle, "semaphore", &name_bytes, ttl, default_timeout, on_lost),
             client,
             limit,
             fair,
