@@ -17,26 +17,25 @@ import asyncio
 import contextvars
 import functools
 import inspect
-import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, cast, overload
 
-from . import _core
 from ._cache import (
-    _CLAIMED,
-    _HIT,
+    _FETCH,
+    _RUN_FILL,
     _Bound,
     _Descriptor,
-    _digest,
-    _log,
-    _refresh_due,
+    _flow,
+    _GiveBack,
+    _Raise,
+    _Refetch,
     _Settings,
-    _timeout_error,
+    _Store,
+    _TryClaim,
     _unwrap_method,
 )
 from ._callkeys import compile_key
-from ._codec import PayloadError, Serializer
-from .errors import LockError
+from ._codec import Serializer
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -169,108 +168,60 @@ def _refuse_own_entry(settings: _Settings, key: str) -> None:
         )
 
 
-async def _give_back(claim: _core.FillClaim, key: str, cancelled: bool) -> None:
-    """Abandons the claim after a failed fill; never masks the fill's own exception. After a
-    cancellation the give-back runs on in the background rather than delaying the unwind."""
-    try:
-        pending = claim._abandon_async()
-        if cancelled:
-            pending.add_done_callback(_consume)
-            return
-        await pending
-    except LockError as exc:
-        _log.warning(
-            "cache entry %r: could not give the fill claim back (it ends with its lease): %s",
-            key,
-            exc,
-        )
-
-
-async def _fill(settings: _Settings, key: str, fill: Fill[T], claim: _core.FillClaim) -> T:
-    """Runs ``fill`` holding the claim, stores its value (with δ) and wakes the waiters."""
-    entry = (settings.client_id, key)
-    marker = _filling.set(_filling.get() | {entry})
-    started = time.monotonic()
+async def _run_fill(settings: _Settings, key: str, fill: Fill[T]) -> T:
+    marker = _filling.set(_filling.get() | {(settings.client_id, key)})
     try:
         value = fill()
         if inspect.isawaitable(value):
             value = await value
-        delta = time.monotonic() - started
-        # What the filler's caller gets is what every later caller gets: the value as it
-        # round-trips through the serializer (loads of the bytes just dumped).
-        payload, value = settings.codec.encode_round_trip(value, delta, context=key)
-    except BaseException as exc:
-        await _give_back(claim, key, isinstance(exc, asyncio.CancelledError))
-        raise
+        return cast(T, value)
     finally:
         _filling.reset(marker)
-    try:
-        stored = await claim._store_async(payload)
-    except LockError as exc:  # Redis trouble: this caller still has its value
-        _log.warning("cache entry %r: the filled value could not be stored: %s", key, exc)
-        return cast(T, value)
-    if not stored:
-        _log.info(
-            "cache entry %r: the filled value was not stored: the fill claim ended first "
-            "(the entry was invalidated, or the fill outlived its lease)",
-            key,
-        )
-    return cast(T, value)
+
+
+async def _give_back(request: _GiveBack) -> None:
+    """After a cancellation the give-back runs on in the background rather than delaying the
+    unwind (a failure there then goes unreported: the claim ends with its lease)."""
+    pending = request.claim._abandon_async()
+    if isinstance(request.error, asyncio.CancelledError):
+        pending.add_done_callback(_consume)
+        return
+    await pending
 
 
 async def _get(settings: _Settings, key: str, fill: Fill[T]) -> T:
-    """One cache read, as ``redmutex._cache._get``."""
+    """One cache read: ``redmutex._cache._flow`` with awaited Redis steps."""
     _refuse_own_entry(settings, key)
-    state, payload, pttl, claim = await settings.store._fetch_async(key)
-    if state == _HIT:
-        assert payload is not None
-        try:
-            value, delta = settings.codec.decode(payload, context=key)
-        except PayloadError as exc:
-            return await _miss_after_unusable(settings, key, fill, payload, exc)
-        if _refresh_due(settings, pttl, delta):
-            return await _refresh(settings, key, fill, value, payload)
-        return cast(T, value)
-    if state == _CLAIMED:
-        assert claim is not None
-        return await _fill(settings, key, fill, claim)
-    raise _timeout_error(settings, key)
-
-
-async def _miss_after_unusable(
-    settings: _Settings, key: str, fill: Fill[T], payload: bytes, exc: PayloadError
-) -> T:
-    """A payload that does not decode is a miss: logged, then looked up again with exactly that
-    payload counting as absent, until a usable value, a claim, or the timeout."""
-    deadline = None if settings.timeout is None else time.monotonic() + settings.timeout
+    store = settings.store
+    flow = _flow(settings, key)
+    reply: Any = None
+    error: BaseException | None = None
     while True:
-        _log.warning("cache entry %r: ignoring the stored payload (%s); filling anew", key, exc)
-        timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-        state, found, pttl, claim = await settings.store._fetch_async(
-            key, _digest(payload), timeout=timeout
-        )
-        if state == _CLAIMED:
-            assert claim is not None
-            return await _fill(settings, key, fill, claim)
-        if state != _HIT or found is None:
-            raise _timeout_error(settings, key)
-        payload = found
         try:
-            value, delta = settings.codec.decode(payload, context=key)
-        except PayloadError as again:
-            exc = again
-            continue
-        if _refresh_due(settings, pttl, delta):
-            return await _refresh(settings, key, fill, value, payload)
-        return cast(T, value)
-
-
-async def _refresh(settings: _Settings, key: str, fill: Fill[T], value: Any, payload: bytes) -> T:
-    """XFetch chose this caller: refill if nobody does yet and the value is still the one read."""
-    state, _payload, _pttl, claim = await settings.store._try_claim_async(key, _digest(payload))
-    if state == _CLAIMED and claim is not None:
-        return await _fill(settings, key, fill, claim)
-    return cast(T, value)
+            request = flow.send(reply) if error is None else flow.throw(error)
+        except StopIteration as done:
+            result = done.value
+            break
+        error = None
+        try:
+            if request is _FETCH:
+                reply = await store._fetch_async(key)
+            elif request is _RUN_FILL:
+                reply = await _run_fill(settings, key, fill)
+            elif isinstance(request, _Store):
+                reply = await request.claim._store_async(request.payload)
+            elif isinstance(request, _Refetch):
+                reply = await store._fetch_async(key, request.skip, timeout=request.timeout)
+            elif isinstance(request, _TryClaim):
+                reply = await store._try_claim_async(key, request.seen)
+            elif isinstance(request, _GiveBack):
+                await _give_back(request)
+                reply = None
+        except BaseException as exc:  # noqa: BLE001 - the flow decides what each failure means
+            error = exc
+    if isinstance(result, _Raise):
+        raise result.error
+    return cast(T, result)
 
 
 @overload

@@ -59,7 +59,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, cast, overload
 
 from . import _core
@@ -236,6 +236,147 @@ class _Settings:
         self.client_id = id(self.store.client)  # stable: the store keeps its client alive
 
 
+# -- the flow of one cache read, written once (sans-I/O) ------------------------------------------
+#
+# ``_flow`` is a generator: it decides, and yields a request for each Redis step (or for running
+# ``fill``); a driver performs the request and sends its result back (an exception of the step
+# is thrown in). ``_get`` here drives it with blocking calls, ``redmutex._aio_cache._get`` with
+# awaited ones; nothing else differs between the two.
+
+
+class _Refetch:
+    """Look ``key`` up again, treating the payload with SHA-1 ``skip`` as absent, waiting at
+    most ``timeout`` s (None: as long as fills go on). Reply: as ``_FETCH``'s."""
+
+    __slots__ = ("skip", "timeout")
+
+    def __init__(self, skip: str, timeout: float | None) -> None:
+        self.skip = skip
+        self.timeout = timeout
+
+
+class _TryClaim:
+    """Claim the fill without waiting, only if the payload with SHA-1 ``seen`` is still the
+    stored one. Reply: as ``_FETCH``'s."""
+
+    __slots__ = ("seen",)
+
+    def __init__(self, seen: str) -> None:
+        self.seen = seen
+
+
+class _Store:
+    """Store ``payload`` under ``claim``, ending it and waking the waiters. Reply: stored?"""
+
+    __slots__ = ("claim", "payload")
+
+    def __init__(self, claim: _core.FillClaim, payload: bytes) -> None:
+        self.claim = claim
+        self.payload = payload
+
+
+class _GiveBack:
+    """Abandon ``claim`` after ``error`` ended the fill (a driver may leave it to run on in the
+    background when the error is a cancellation). Reply: ignored."""
+
+    __slots__ = ("claim", "error")
+
+    def __init__(self, claim: _core.FillClaim, error: BaseException) -> None:
+        self.claim = claim
+        self.error = error
+
+
+class _Raise:
+    """The flow's result when the caller must get an exception: a generator cannot raise a
+    ``StopIteration`` that ``fill`` raised, so the driver raises it."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+# Requests without arguments: look ``key`` up (claiming the fill on a miss, or waiting for the
+# filler) with the store's own timeout; run ``fill`` (reply: its value, awaited if need be).
+_FETCH = "fetch"
+_RUN_FILL = "run fill"
+
+_Request = str | _Refetch | _TryClaim | _Store | _GiveBack
+Flow = Generator[_Request, Any, Any]
+
+
+def _read(reply: Any) -> tuple[int, bytes | None, int, _core.FillClaim | None]:
+    """(state, payload, pttl in ms, claim) of a lookup's reply: the one place that reads it."""
+    return cast("tuple[int, bytes | None, int, _core.FillClaim | None]", reply)
+
+
+def _flow(settings: _Settings, key: str) -> Flow:
+    """One cache read (see the module docstring); returns the value, or ``_Raise``."""
+    reply = yield _FETCH
+    deadline: float | None = None
+    while True:
+        state, payload, pttl, claim = _read(reply)
+        if state == _CLAIMED and claim is not None:
+            return (yield from _fill(settings, key, claim))
+        if state != _HIT or payload is None:
+            raise _timeout_error(settings, key)
+        try:
+            value, delta = settings.codec.decode(payload, context=key)
+        except PayloadError as exc:
+            # A miss: logged, then looked up again with exactly that payload counting as
+            # absent, until a usable value, a claim, or the timeout.
+            _log.warning("cache entry %r: ignoring the stored payload (%s); filling anew", key, exc)
+            now = time.monotonic()
+            if deadline is None and settings.timeout is not None:
+                deadline = now + settings.timeout
+            timeout = None if deadline is None else max(deadline - now, 0.0)
+            reply = yield _Refetch(_digest(payload), timeout)
+            continue
+        if _refresh_due(settings, pttl, delta):
+            # XFetch chose this caller: refill if nobody does yet and the value is still the
+            # one read; else the value read is the answer.
+            state, _payload, _pttl, claim = _read((yield _TryClaim(_digest(payload))))
+            if state == _CLAIMED and claim is not None:
+                return (yield from _fill(settings, key, claim))
+        return value
+
+
+def _fill(settings: _Settings, key: str, claim: _core.FillClaim) -> Flow:
+    """Runs ``fill`` holding the claim, stores its value (with δ) and wakes the waiters."""
+    started = time.monotonic()
+    try:
+        value = yield _RUN_FILL
+        delta = time.monotonic() - started
+        # What the filler's caller gets is what every later caller gets: the value as it
+        # round-trips through the serializer (loads of the bytes just dumped).
+        payload, value = settings.codec.encode_round_trip(value, delta, context=key)
+    except BaseException as exc:  # noqa: BLE001 - handed to the caller, after the give-back
+        # Given back (never masking the fill's own exception): one waiter takes the fill over.
+        try:
+            yield _GiveBack(claim, exc)
+        except LockError as failure:
+            _log.warning(
+                "cache entry %r: could not give the fill claim back (it ends with its lease): %s",
+                key,
+                failure,
+            )
+        return _Raise(exc)
+    try:
+        stored = yield _Store(claim, payload)
+    except LockError as exc:  # Redis trouble: this caller still has its value
+        _log.warning("cache entry %r: the filled value could not be stored: %s", key, exc)
+        return value
+    if not stored:
+        _log.info(
+            "cache entry %r: the filled value was not stored: the fill claim ended first "
+            "(the entry was invalidated, or the fill outlived its lease)",
+            key,
+        )
+    return value
+
+
+# -- the blocking driver ------------------------------------------------------------------------
+
 # The entries each thread is filling right now, as (client id, key): a fill that asks for its
 # own entry would wait for itself (its claim is renewed while it runs), so it raises instead.
 _filling = threading.local()
@@ -270,102 +411,49 @@ def _timeout_error(settings: _Settings, key: str) -> LockTimeoutError:
     )
 
 
-def _give_back(claim: _core.FillClaim, key: str) -> None:
-    """Abandons the claim after a failed fill; never masks the fill's own exception."""
-    try:
-        claim.abandon()
-    except LockError as exc:
-        _log.warning(
-            "cache entry %r: could not give the fill claim back (it ends with its lease): %s",
-            key,
-            exc,
-        )
-
-
-def _fill(settings: _Settings, key: str, fill: Callable[[], T], claim: _core.FillClaim) -> T:
-    """Runs ``fill`` holding the claim, stores its value (with δ) and wakes the waiters."""
+def _run_fill(settings: _Settings, key: str, fill: Callable[[], T]) -> T:
     entries = _fill_guard(settings, key)
     entry = (settings.client_id, key)
     entries.add(entry)
-    started = time.monotonic()
     try:
-        value = fill()
-        delta = time.monotonic() - started
-        # What the filler's caller gets is what every later caller gets: the value as it
-        # round-trips through the serializer (loads of the bytes just dumped).
-        payload, value = settings.codec.encode_round_trip(value, delta, context=key)
-    except BaseException:
-        _give_back(claim, key)
-        raise
+        return fill()
     finally:
         entries.discard(entry)
-    try:
-        stored = claim.store(payload)
-    except LockError as exc:  # Redis trouble: this caller still has its value
-        _log.warning("cache entry %r: the filled value could not be stored: %s", key, exc)
-        return value
-    if not stored:
-        _log.info(
-            "cache entry %r: the filled value was not stored: the fill claim ended first "
-            "(the entry was invalidated, or the fill outlived its lease)",
-            key,
-        )
-    return value
 
 
 def _get(settings: _Settings, key: str, fill: Callable[[], T]) -> T:
-    """One cache read: see the module docstring. The hit path is kept short on purpose."""
+    """One cache read: ``_flow`` with blocking Redis steps."""
     if getattr(_filling, "entries", None):  # inside a fill: refuse to wait for ourselves
         _fill_guard(settings, key)
-    state, payload, pttl, claim = settings.store.fetch(key)
-    if state == _HIT:
-        assert payload is not None
-        try:
-            value, delta = settings.codec.decode(payload, context=key)
-        except PayloadError as exc:
-            return _miss_after_unusable(settings, key, fill, payload, exc)
-        beta = settings.beta
-        if beta and pttl >= 0 and should_refresh(0.0, pttl / 1000.0, delta, beta, _random):
-            return _refresh(settings, key, fill, value, payload)
-        return cast(T, value)
-    if state == _CLAIMED:
-        assert claim is not None
-        return _fill(settings, key, fill, claim)
-    raise _timeout_error(settings, key)
-
-
-def _miss_after_unusable(
-    settings: _Settings, key: str, fill: Callable[[], T], payload: bytes, exc: PayloadError
-) -> T:
-    """A payload that does not decode is a miss: logged, then looked up again with exactly
-    that payload counting as absent, until a usable value, a claim, or the timeout."""
-    deadline = None if settings.timeout is None else time.monotonic() + settings.timeout
+    store = settings.store
+    flow = _flow(settings, key)
+    reply: Any = None
+    error: BaseException | None = None
     while True:
-        _log.warning("cache entry %r: ignoring the stored payload (%s); filling anew", key, exc)
-        timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-        state, found, pttl, claim = settings.store.fetch(key, _digest(payload), timeout=timeout)
-        if state == _CLAIMED:
-            assert claim is not None
-            return _fill(settings, key, fill, claim)
-        if state != _HIT or found is None:
-            raise _timeout_error(settings, key)
-        payload = found
         try:
-            value, delta = settings.codec.decode(payload, context=key)
-        except PayloadError as again:
-            exc = again
-            continue
-        if _refresh_due(settings, pttl, delta):
-            return _refresh(settings, key, fill, value, payload)
-        return cast(T, value)
-
-
-def _refresh(settings: _Settings, key: str, fill: Callable[[], T], value: Any, payload: bytes) -> T:
-    """XFetch chose this caller: refill if nobody does yet and the value is still the one read."""
-    state, _payload, _pttl, claim = settings.store.try_claim(key, _digest(payload))
-    if state == _CLAIMED and claim is not None:
-        return _fill(settings, key, fill, claim)
-    return cast(T, value)
+            request = flow.send(reply) if error is None else flow.throw(error)
+        except StopIteration as done:
+            result = done.value
+            break
+        error = None
+        try:
+            if request is _FETCH:
+                reply = store.fetch(key)
+            elif request is _RUN_FILL:
+                reply = _run_fill(settings, key, fill)
+            elif isinstance(request, _Store):
+                reply = request.claim.store(request.payload)
+            elif isinstance(request, _Refetch):
+                reply = store.fetch(key, request.skip, timeout=request.timeout)
+            elif isinstance(request, _TryClaim):
+                reply = store.try_claim(key, request.seen)
+            elif isinstance(request, _GiveBack):
+                reply = request.claim.abandon()
+        except BaseException as exc:  # noqa: BLE001 - the flow decides what each failure means
+            error = exc
+    if isinstance(result, _Raise):
+        raise result.error
+    return cast(T, result)
 
 
 def get_or_fill(
