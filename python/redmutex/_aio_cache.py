@@ -1,9 +1,10 @@
 """The stampede-safe cache for asyncio: ``redmutex.aio.get_or_fill`` and ``@redmutex.aio.cached``.
 
-The same steps, keys, codecs and XFetch rule as ``redmutex._cache`` (read its docstring): only the
-Redis steps are awaited (the Rust runtime does them, the event loop never blocks) and ``fill`` may
-be an ``async def`` or return an awaitable. Of any number of tasks and processes that miss one
-entry, one runs ``fill``; the others wait without polling and are woken when the value is stored.
+The same steps, keys, codecs and XFetch rule as ``redmutex._cache`` (read its docstring), from
+the same code (``_decide`` and ``_flow``, driven here): only the Redis steps are awaited (the
+Rust runtime does them, the event loop never blocks) and ``fill`` may be an ``async def`` or
+return an awaitable. Of any number of tasks and processes that miss one entry, one runs
+``fill``; the others wait without polling and are woken when the value is stored.
 
 Cancellation: a task cancelled while it waits for another's fill leaves nothing behind; a task
 cancelled while its own fill runs gives the claim back, so one waiting caller takes the fill over.
@@ -15,26 +16,25 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import functools
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, cast, overload
 
 from ._cache import (
-    _FETCH,
     _RUN_FILL,
+    _SERVE,
     _Bound,
+    _decide,
+    _decorator,
     _Descriptor,
+    _Driven,
     _flow,
     _GiveBack,
-    _Raise,
     _Refetch,
     _Settings,
     _Store,
     _TryClaim,
-    _unwrap_method,
 )
-from ._callkeys import compile_key
 from ._codec import Serializer
 
 if TYPE_CHECKING:
@@ -130,23 +130,15 @@ class _AsyncCached(_Descriptor):
         settings: _Settings,
         key_of: Callable[[tuple[Any, ...], dict[str, Any]], str],
     ) -> None:
-        functools.update_wrapper(self, func)
+        super().__init__(func, binding, settings, key_of)
         _mark_coroutine_function(self)
-        self._binding = binding
-        self._settings = settings
-        self._key_of = key_of
-        self._constant = key_of((), {}) if getattr(key_of, "is_constant", False) else None
 
     def __get__(self, instance: object, owner: Any = None) -> Any:
         bound = super().__get__(instance, owner)
         return _AsyncBound(bound.__func__, bound.__self__) if isinstance(bound, _Bound) else bound
 
     async def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        func = self.__wrapped__  # type: ignore[attr-defined]
-        name = self._constant if self._constant is not None else self._key_of(args, kwargs)
-        if not args and not kwargs:
-            return await _get(self._settings, name, func)
-        return await _get(self._settings, name, functools.partial(func, *args, **kwargs))
+        return await _get(self._settings, *self._entry(args, kwargs))
 
     async def invalidate(self, *args: Any, **kwargs: Any) -> bool:
         return bool(await self._settings.store._invalidate_async(self._key_of(args, kwargs)))
@@ -193,20 +185,16 @@ async def _get(settings: _Settings, key: str, fill: Fill[T]) -> T:
     """One cache read: ``redmutex._cache._flow`` with awaited Redis steps."""
     _refuse_own_entry(settings, key)
     store = settings.store
-    flow = _flow(settings, key)
+    decision = _decide(settings, key, await store._fetch_async(key))
+    if decision[0] is _SERVE:  # the hit path: no flow needed
+        served: T = decision[1]
+        return served
+    flow = _Driven(_flow(settings, key, decision))
     reply: Any = None
-    error: BaseException | None = None
-    while True:
+    while not flow.done:
+        request = flow.request
         try:
-            request = flow.send(reply) if error is None else flow.throw(error)
-        except StopIteration as done:
-            result = done.value
-            break
-        error = None
-        try:
-            if request is _FETCH:
-                reply = await store._fetch_async(key)
-            elif request is _RUN_FILL:
+            if request is _RUN_FILL:
                 reply = await _run_fill(settings, key, fill)
             elif isinstance(request, _Store):
                 reply = await request.claim._store_async(request.payload)
@@ -218,10 +206,11 @@ async def _get(settings: _Settings, key: str, fill: Fill[T]) -> T:
                 await _give_back(request)
                 reply = None
         except BaseException as exc:  # noqa: BLE001 - the flow decides what each failure means
-            error = exc
-    if isinstance(result, _Raise):
-        raise result.error
-    return cast(T, result)
+            flow.fail(exc)
+        else:
+            flow.send(reply)
+    value: T = flow.result()
+    return value
 
 
 @overload
@@ -270,15 +259,7 @@ async def get_or_fill(
     """
     if not callable(fill):
         raise TypeError(f"fill: expected a callable, not {type(fill).__name__}")
-    settings = _Settings(
-        client,
-        ttl=ttl,
-        lock_ttl=lock_ttl,
-        timeout=timeout,
-        serializer=serializer,
-        secret=secret,
-        beta=beta,
-    )
+    settings = _Settings(client, ttl, lock_ttl, timeout, serializer, secret, beta)
     return await _get(settings, key, fill)
 
 
@@ -298,22 +279,7 @@ def cached(
     ``redmutex.cached`` (a key function may be a plain callable; on a method ``self``/``cls`` is
     left out of derived keys). ``await fetch.invalidate(*args, **kwargs)`` drops that call's
     value; on a method, ``await obj.load.invalidate(5)`` passes the instance first."""
-    settings = _Settings(
-        client,
-        ttl=ttl,
-        lock_ttl=lock_ttl,
-        timeout=timeout,
-        serializer=serializer,
-        secret=secret,
-        beta=beta,
-    )
-
-    def decorate(func: Callable[P, Awaitable[T]]) -> AsyncCachedFunction[P, T]:
-        plain, binding = _unwrap_method(func)
-        if not callable(plain):
-            raise TypeError(f"@aio.cached: expected a function, not {type(func).__name__}")
-        receiver = None if binding is None else binding == "class"
-        key_of = compile_key(key, plain, receiver)
-        return cast(AsyncCachedFunction[P, T], _AsyncCached(plain, binding, settings, key_of))
-
+    settings = _Settings(client, ttl, lock_ttl, timeout, serializer, secret, beta)
+    decorate: Callable[[Callable[P, Awaitable[T]]], AsyncCachedFunction[P, T]]
+    decorate = _decorator(settings, key, _AsyncCached, "@aio.cached")
     return decorate
