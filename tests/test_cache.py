@@ -928,7 +928,7 @@ def test_json_payload_is_what_json_says(
 def test_cache_demo_reports_one_fill(
     redis_server: RedisServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from redmutex._demo_cache import cache_demo
+    from redmutex._demos.cache import cache_demo
 
     assert cache_demo(redis_server.url, threads=6, processes=2, fill_seconds=0.2) == 0
     out = capsys.readouterr().out

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from redmutex._demo_fair import fair_demo
+from redmutex._demos.fair import fair_demo
 
 
 @pytest.mark.timeout(120)

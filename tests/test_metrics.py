@@ -93,6 +93,20 @@ def test_locked_decorator_reports(client: redmutex.Client, events: Recorder) -> 
     assert [(e.name, e.lost) for e in events.released] == [("game:21", False)]
 
 
+def test_aio_locked_decorator_reports_like_the_blocking_one(
+    client: redmutex.Client, events: Recorder
+) -> None:
+    @aio.locked(client, "game:{game_id}")
+    async def play(game_id: int) -> int:
+        await asyncio.sleep(0.02)
+        return game_id * 2
+
+    assert asyncio.run(play(21)) == 42
+    assert [(e.name, e.kind, e.acquired) for e in events.acquired] == [("game:21", "lock", True)]
+    assert [(e.name, e.lost) for e in events.released] == [("game:21", False)]
+    assert events.released[0].held >= 0.02
+
+
 def test_measured_knows_the_kinds(client: redmutex.Client, events: Recorder) -> None:
     name = name_()
     rw = redmutex.RWLock(client, name)

@@ -729,7 +729,7 @@ def test_200_workers_8_processes_10_percent_killed(
 
 @pytest.mark.timeout(120)
 def test_semaphore_demo(redis_url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from redmutex._demo_semaphore import LIMIT, semaphore_demo
+    from redmutex._demos.semaphore import LIMIT, semaphore_demo
 
     assert semaphore_demo(redis_url) == 0
     out = capsys.readouterr().out

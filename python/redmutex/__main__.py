@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from redmutex._cli import CliError, add_commands
-from redmutex._redact import redact
+from redmutex._core import _redact_text
 
 EXIT_ERROR = 2  # the command could not do its job (bad arguments, Redis unreachable, ...)
 EXIT_INTERRUPTED = 130
@@ -24,7 +24,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line on stderr (subparsers inherit this class)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_ERROR, f"{self.prog}: error: {redact(message)}\n")
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {_redact_text(message)}\n")
 
 
 def _redis_option(parser: argparse.ArgumentParser) -> None:
@@ -46,11 +46,11 @@ def _positive_int(value: str) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from redmutex import _demo
+    from redmutex._demos import transfers
 
     try:
-        return _demo.main(args.redis, processes=args.processes, transfers=args.transfers)
-    except _demo.DemoError as exc:
+        return transfers.main(args.redis, processes=args.processes, transfers=args.transfers)
+    except transfers.DemoError as exc:
         _fail(str(exc), args)
         return EXIT_ERROR
 
@@ -100,9 +100,7 @@ def _fail(message: str, args: argparse.Namespace | None) -> None:
         value = getattr(args, option, None) or []
         given += [value] if isinstance(value, str) else value
     urls = given or [os.environ.get("REDIS_URL") or ""]
-    for url in urls:
-        message = redact(message, url or None)
-    print(f"redmutex: error: {redact(message)}", file=sys.stderr)
+    print(f"redmutex: error: {_redact_text(message, urls)}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,9 +1,10 @@
 """The stampede-safe cache for asyncio: ``redmutex.aio.get_or_fill`` and ``@redmutex.aio.cached``.
 
-The same steps, keys, codecs and XFetch rule as ``redmutex._cache`` (read its docstring): only the
-Redis steps are awaited (the Rust runtime does them, the event loop never blocks) and ``fill`` may
-be an ``async def`` or return an awaitable. Of any number of tasks and processes that miss one
-entry, one runs ``fill``; the others wait without polling and are woken when the value is stored.
+The same steps, keys, codecs and XFetch rule as ``redmutex._cache`` (read its docstring), from
+the same code (``_decide`` and ``_flow``, driven here): only the Redis steps are awaited (the
+Rust runtime does them, the event loop never blocks) and ``fill`` may be an ``async def`` or
+return an awaitable. Of any number of tasks and processes that miss one entry, one runs
+``fill``; the others wait without polling and are woken when the value is stored.
 
 Cancellation: a task cancelled while it waits for another's fill leaves nothing behind; a task
 cancelled while its own fill runs gives the claim back, so one waiting caller takes the fill over.
@@ -15,26 +16,26 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import functools
 import inspect
-import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, cast, overload
 
-from . import _core
 from ._cache import (
+    _RUN_FILL,
+    _SERVE,
     _Bound,
+    _decide,
+    _decorator,
     _Descriptor,
-    _digest,
-    _log,
-    _refresh_due,
+    _Driven,
+    _flow,
+    _GiveBack,
+    _Refetch,
     _Settings,
-    _timeout_error,
-    _unwrap_method,
+    _Store,
+    _TryClaim,
 )
-from ._callkeys import compile_key
-from ._codec import PayloadError, Serializer
-from .errors import LockError
+from ._codec import Serializer
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -129,23 +130,15 @@ class _AsyncCached(_Descriptor):
         settings: _Settings,
         key_of: Callable[[tuple[Any, ...], dict[str, Any]], str],
     ) -> None:
-        functools.update_wrapper(self, func)
+        super().__init__(func, binding, settings, key_of)
         _mark_coroutine_function(self)
-        self._binding = binding
-        self._settings = settings
-        self._key_of = key_of
-        self._constant = key_of((), {}) if getattr(key_of, "is_constant", False) else None
 
     def __get__(self, instance: object, owner: Any = None) -> Any:
         bound = super().__get__(instance, owner)
         return _AsyncBound(bound.__func__, bound.__self__) if isinstance(bound, _Bound) else bound
 
     async def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        func = self.__wrapped__  # type: ignore[attr-defined]
-        name = self._constant if self._constant is not None else self._key_of(args, kwargs)
-        if not args and not kwargs:
-            return await _get(self._settings, name, func)
-        return await _get(self._settings, name, functools.partial(func, *args, **kwargs))
+        return await _get(self._settings, *self._entry(args, kwargs))
 
     async def invalidate(self, *args: Any, **kwargs: Any) -> bool:
         return bool(await self._settings.store._invalidate_async(self._key_of(args, kwargs)))
@@ -167,104 +160,57 @@ def _refuse_own_entry(settings: _Settings, key: str) -> None:
         )
 
 
-async def _give_back(claim: _core.FillClaim, key: str, cancelled: bool) -> None:
-    """Abandons the claim after a failed fill; never masks the fill's own exception. After a
-    cancellation the give-back runs on in the background rather than delaying the unwind."""
-    try:
-        pending = claim._abandon_async()
-        if cancelled:
-            pending.add_done_callback(_consume)
-            return
-        await pending
-    except LockError as exc:
-        _log.warning(
-            "cache entry %r: could not give the fill claim back (it ends with its lease): %s",
-            key,
-            exc,
-        )
-
-
-async def _fill(settings: _Settings, key: str, fill: Fill[T], claim: _core.FillClaim) -> T:
-    """Runs ``fill`` holding the claim, stores its value (with δ) and wakes the waiters."""
-    entry = (settings.client_id, key)
-    marker = _filling.set(_filling.get() | {entry})
-    started = time.monotonic()
+async def _run_fill(settings: _Settings, key: str, fill: Fill[T]) -> T:
+    marker = _filling.set(_filling.get() | {(settings.client_id, key)})
     try:
         value = fill()
         if inspect.isawaitable(value):
             value = await value
-        delta = time.monotonic() - started
-        # What the filler's caller gets is what every later caller gets: the value as it
-        # round-trips through the serializer (loads of the bytes just dumped).
-        payload, value = settings.codec.encode_round_trip(value, delta, context=key)
-    except BaseException as exc:
-        await _give_back(claim, key, isinstance(exc, asyncio.CancelledError))
-        raise
+        return cast(T, value)
     finally:
         _filling.reset(marker)
-    try:
-        stored = await claim._store_async(payload)
-    except LockError as exc:  # Redis trouble: this caller still has its value
-        _log.warning("cache entry %r: the filled value could not be stored: %s", key, exc)
-        return cast(T, value)
-    if not stored:
-        _log.info(
-            "cache entry %r: the filled value was not stored: the fill claim ended first "
-            "(the entry was invalidated, or the fill outlived its lease)",
-            key,
-        )
-    return cast(T, value)
+
+
+async def _give_back(request: _GiveBack) -> None:
+    """After a cancellation the give-back runs on in the background rather than delaying the
+    unwind (a failure there then goes unreported: the claim ends with its lease)."""
+    pending = request.claim._abandon_async()
+    if isinstance(request.error, asyncio.CancelledError):
+        pending.add_done_callback(_consume)
+        return
+    await pending
 
 
 async def _get(settings: _Settings, key: str, fill: Fill[T]) -> T:
-    """One cache read, as ``redmutex._cache._get``."""
+    """One cache read: ``redmutex._cache._flow`` with awaited Redis steps."""
     _refuse_own_entry(settings, key)
-    found = await settings.store._fetch_async(key)
-    if isinstance(found, _core.CacheHit):
-        payload, pttl = found.payload, found.pttl_ms
+    store = settings.store
+    decision = _decide(settings, key, await store._fetch_async(key))
+    if decision[0] is _SERVE:  # the hit path: no flow needed
+        served: T = decision[1]
+        return served
+    flow = _Driven(_flow(settings, key, decision))
+    reply: Any = None
+    while not flow.done:
+        request = flow.request
         try:
-            value, delta = settings.codec.decode(payload, context=key)
-        except PayloadError as exc:
-            return await _miss_after_unusable(settings, key, fill, payload, exc)
-        if _refresh_due(settings, pttl, delta):
-            return await _refresh(settings, key, fill, value, payload)
-        return cast(T, value)
-    if found is not None:
-        return await _fill(settings, key, fill, found)
-    raise _timeout_error(settings, key)
-
-
-async def _miss_after_unusable(
-    settings: _Settings, key: str, fill: Fill[T], payload: bytes, exc: PayloadError
-) -> T:
-    """A payload that does not decode is a miss: logged, then looked up again with exactly that
-    payload counting as absent, until a usable value, a claim, or the timeout."""
-    deadline = None if settings.timeout is None else time.monotonic() + settings.timeout
-    while True:
-        _log.warning("cache entry %r: ignoring the stored payload (%s); filling anew", key, exc)
-        timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-        found = await settings.store._fetch_async(key, _digest(payload), timeout=timeout)
-        if isinstance(found, _core.FillClaim):
-            return await _fill(settings, key, fill, found)
-        if found is None:
-            raise _timeout_error(settings, key)
-        payload, pttl = found.payload, found.pttl_ms
-        try:
-            value, delta = settings.codec.decode(payload, context=key)
-        except PayloadError as again:
-            exc = again
-            continue
-        if _refresh_due(settings, pttl, delta):
-            return await _refresh(settings, key, fill, value, payload)
-        return cast(T, value)
-
-
-async def _refresh(settings: _Settings, key: str, fill: Fill[T], value: Any, payload: bytes) -> T:
-    """XFetch chose this caller: refill if nobody does yet and the value is still the one read."""
-    found = await settings.store._try_claim_async(key, _digest(payload))
-    if isinstance(found, _core.FillClaim):
-        return await _fill(settings, key, fill, found)
-    return cast(T, value)
+            if request is _RUN_FILL:
+                reply = await _run_fill(settings, key, fill)
+            elif isinstance(request, _Store):
+                reply = await request.claim._store_async(request.payload)
+            elif isinstance(request, _Refetch):
+                reply = await store._fetch_async(key, request.skip, timeout=request.timeout)
+            elif isinstance(request, _TryClaim):
+                reply = await store._try_claim_async(key, request.seen)
+            elif isinstance(request, _GiveBack):
+                await _give_back(request)
+                reply = None
+        except BaseException as exc:  # noqa: BLE001 - the flow decides what each failure means
+            flow.fail(exc)
+        else:
+            flow.send(reply)
+    value: T = flow.result()
+    return value
 
 
 @overload
@@ -313,15 +259,7 @@ async def get_or_fill(
     """
     if not callable(fill):
         raise TypeError(f"fill: expected a callable, not {type(fill).__name__}")
-    settings = _Settings(
-        client,
-        ttl=ttl,
-        lock_ttl=lock_ttl,
-        timeout=timeout,
-        serializer=serializer,
-        secret=secret,
-        beta=beta,
-    )
+    settings = _Settings(client, ttl, lock_ttl, timeout, serializer, secret, beta)
     return await _get(settings, key, fill)
 
 
@@ -341,22 +279,7 @@ def cached(
     ``redmutex.cached`` (a key function may be a plain callable; on a method ``self``/``cls`` is
     left out of derived keys). ``await fetch.invalidate(*args, **kwargs)`` drops that call's
     value; on a method, ``await obj.load.invalidate(5)`` passes the instance first."""
-    settings = _Settings(
-        client,
-        ttl=ttl,
-        lock_ttl=lock_ttl,
-        timeout=timeout,
-        serializer=serializer,
-        secret=secret,
-        beta=beta,
-    )
-
-    def decorate(func: Callable[P, Awaitable[T]]) -> AsyncCachedFunction[P, T]:
-        plain, binding = _unwrap_method(func)
-        if not callable(plain):
-            raise TypeError(f"@aio.cached: expected a function, not {type(func).__name__}")
-        receiver = None if binding is None else binding == "class"
-        key_of = compile_key(key, plain, receiver)
-        return cast(AsyncCachedFunction[P, T], _AsyncCached(plain, binding, settings, key_of))
-
+    settings = _Settings(client, ttl, lock_ttl, timeout, serializer, secret, beta)
+    decorate: Callable[[Callable[P, Awaitable[T]]], AsyncCachedFunction[P, T]]
+    decorate = _decorator(settings, key, _AsyncCached, "@aio.cached")
     return decorate

@@ -16,6 +16,10 @@ without a process-independent encoding raise ``TypeError``).
 
 One call
 --------
+Its decisions are written once, without I/O: ``_decide`` reads a lookup's reply and ``_flow``
+(a generator) asks for each further Redis step; ``_get`` here performs them with blocking calls,
+``redmutex._aio_cache._get`` with awaited ones.
+
 1. ``fetch`` runs one script, from the calling thread on a connection of its own (the hot path:
    one round trip, GIL released): the value is there → HIT (payload and the ms it has left);
    else the fill claim is free → the caller takes it (CLAIMED); else somebody fills → the caller
@@ -59,7 +63,8 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, cast, overload
 
 from . import _core
@@ -161,11 +166,31 @@ class _Bound:
 
 
 class _Descriptor:
-    """The binding of a ``@cached`` function: looked up on an instance it binds like a method;
-    a classmethod binds to the class, a staticmethod never binds. Pickled by reference."""
+    """What ``@cached`` and ``@aio.cached`` functions share: their settings and key, and their
+    binding: looked up on an instance one binds like a method; a classmethod binds to the
+    class, a staticmethod never binds. Pickled by reference."""
 
-    _binding: str | None
     __qualname__: str
+
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        binding: str | None,
+        settings: _Settings,
+        key_of: Callable[[tuple[Any, ...], dict[str, Any]], str],
+    ) -> None:
+        functools.update_wrapper(cast(Any, self), func)
+        self._binding = binding
+        self._settings = settings
+        self._key_of = key_of
+        # A key without placeholders names one entry for every call: no binding needed.
+        self._constant = key_of((), {}) if getattr(key_of, "is_constant", False) else None
+
+    def _entry(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, Any]:
+        """The entry's name and the fill of one call."""
+        func = self.__wrapped__  # type: ignore[attr-defined]
+        name = self._constant if self._constant is not None else self._key_of(args, kwargs)
+        return name, functools.partial(func, *args, **kwargs) if args or kwargs else func
 
     def __get__(self, instance: object, owner: Any = None) -> Any:
         if self._binding == "static":
@@ -183,26 +208,8 @@ class _Descriptor:
 class _Cached(_Descriptor):
     """A ``@cached`` function (see ``cached``)."""
 
-    def __init__(
-        self,
-        func: Callable[..., Any],
-        binding: str | None,
-        settings: _Settings,
-        key_of: Callable[[tuple[Any, ...], dict[str, Any]], str],
-    ) -> None:
-        functools.update_wrapper(self, func)
-        self._binding = binding
-        self._settings = settings
-        self._key_of = key_of
-        # A key without placeholders names one entry for every call: no binding needed.
-        self._constant = key_of((), {}) if getattr(key_of, "is_constant", False) else None
-
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        func = self.__wrapped__  # type: ignore[attr-defined]
-        name = self._constant if self._constant is not None else self._key_of(args, kwargs)
-        if not args and not kwargs:
-            return _get(self._settings, name, func)
-        return _get(self._settings, name, functools.partial(func, *args, **kwargs))
+        return _get(self._settings, *self._entry(args, kwargs))
 
     def invalidate(self, *args: Any, **kwargs: Any) -> bool:
         return bool(self._settings.store.invalidate(self._key_of(args, kwargs)))
@@ -219,7 +226,6 @@ class _Settings:
     def __init__(
         self,
         client: Any,
-        *,
         ttl: float,
         lock_ttl: float,
         timeout: float | None,
@@ -233,6 +239,197 @@ class _Settings:
         self.timeout = self.store.timeout  # validated: None (forever) or seconds
         self.client_id = id(self.store.client)  # stable: the store keeps its client alive
 
+
+# -- the flow of one cache read, written once (sans-I/O) ------------------------------------------
+#
+# ``_flow`` is a generator: it decides, and yields a request for each Redis step (or for running
+# ``fill``); a driver performs the request and sends its result back (an exception of the step
+# is thrown in). ``_get`` here drives it with blocking calls, ``redmutex._aio_cache._get`` with
+# awaited ones; nothing else differs between the two.
+
+
+@dataclass(slots=True)
+class _Refetch:
+    """Look ``key`` up again, treating the payload with SHA-1 ``skip`` as absent, waiting at
+    most ``timeout`` s (None: as long as fills go on). Reply: the lookup's (see ``_read``)."""
+
+    skip: str
+    timeout: float | None
+
+
+@dataclass(slots=True)
+class _TryClaim:
+    """Claim the fill without waiting, only if the payload with SHA-1 ``seen`` is still the
+    stored one. Reply: the lookup's (see ``_read``)."""
+
+    seen: str
+
+
+@dataclass(slots=True)
+class _Store:
+    """Store ``payload`` under ``claim``, ending it and waking the waiters. Reply: stored?"""
+
+    claim: _core.FillClaim
+    payload: bytes
+
+
+@dataclass(slots=True)
+class _GiveBack:
+    """Abandon ``claim`` after ``error`` ended the fill (a driver may leave it to run on in the
+    background when the error is a cancellation). Reply: ignored."""
+
+    claim: _core.FillClaim
+    error: BaseException
+
+
+@dataclass(slots=True)
+class _Raise:
+    """The flow's result when the caller must get an exception: a generator cannot raise a
+    ``StopIteration`` that ``fill`` raised, so the driver raises it."""
+
+    error: BaseException
+
+
+# The request to run ``fill`` (reply: its value, awaited if need be).
+_RUN_FILL = "run fill"
+
+_Request = str | _Refetch | _TryClaim | _Store | _GiveBack
+Flow = Generator[_Request, Any, Any]
+
+
+class _Driven:
+    """A flow under way: ``request`` is the step it waits for, until ``done``. A driver
+    performs the step and hands back its reply (``send``) or its exception (``fail``)."""
+
+    __slots__ = ("_flow", "_result", "done", "request")
+
+    def __init__(self, flow: Flow) -> None:
+        self._flow = flow
+        self.done = False
+        self.request: _Request = _RUN_FILL
+        self._result: Any = None
+        self.send(None)
+
+    def send(self, reply: Any) -> None:
+        try:
+            self.request = self._flow.send(reply)
+        except StopIteration as stop:
+            self.done, self._result = True, stop.value
+
+    def fail(self, error: BaseException) -> None:
+        try:
+            self.request = self._flow.throw(error)
+        except StopIteration as stop:
+            self.done, self._result = True, stop.value
+
+    def result(self) -> Any:
+        """The flow's value (raising what it says to raise)."""
+        if isinstance(self._result, _Raise):
+            raise self._result.error
+        return self._result
+
+
+def _read(reply: Any) -> _core.CacheHit | _core.FillClaim | None:
+    """What a lookup found: a stored value, the fill claim (held by this caller), or None (another
+    caller fills and the wait ended first); the one place that reads a lookup's reply."""
+    found: _core.CacheHit | _core.FillClaim | None = reply
+    return found
+
+
+# What a lookup's reply means (``_decide``): serve the value; fill (holding the claim); refresh
+# the value read, XFetch having chosen this caller; look again, the payload being unusable.
+_SERVE = "serve"
+_FILL = "fill"
+_REFRESH = "refresh"
+_UNUSABLE = "unusable"
+
+Decision = tuple[str, Any, str | None]
+
+
+def _decide(settings: _Settings, key: str, reply: Any) -> Decision:
+    """What a lookup's reply means: ``(_SERVE, value, None)``, ``(_FILL, claim, None)``,
+    ``(_REFRESH, value, digest)`` or ``(_UNUSABLE, PayloadError, digest)``; raises
+    ``LockTimeoutError`` when another caller's fill outlasted the wait."""
+    found = _read(reply)
+    if isinstance(found, _core.FillClaim):
+        return _FILL, found, None
+    if found is None:
+        raise _timeout_error(settings, key)
+    payload, pttl = found.payload, found.pttl_ms
+    try:
+        value, delta = settings.codec.decode(payload, context=key)
+    except PayloadError as exc:
+        return _UNUSABLE, exc, _digest(payload)
+    # XFetch, on Redis's clock: the value expires ``pttl`` ms from now (-1: never).
+    beta = settings.beta
+    if beta > 0 and pttl >= 0 and should_refresh(0.0, pttl / 1000.0, delta, beta, _random):
+        return _REFRESH, value, _digest(payload)
+    return _SERVE, value, None
+
+
+def _flow(settings: _Settings, key: str, decision: Decision) -> Flow:
+    """The rest of one cache read (see the module docstring) after its first lookup, whose
+    ``_decide`` is ``decision`` (a driver serves a plain hit itself); returns the value, or
+    ``_Raise``."""
+    deadline: float | None = None
+    while True:
+        what, found, digest = decision
+        if what is _FILL:
+            return (yield from _fill(settings, key, found))
+        if what is _REFRESH and digest is not None:
+            # Refill if nobody does yet and the value is still the one read; else the value
+            # read is the answer.
+            claim = _read((yield _TryClaim(digest)))
+            if isinstance(claim, _core.FillClaim):
+                return (yield from _fill(settings, key, claim))
+            return found
+        if what is not _UNUSABLE or digest is None:
+            return found
+        # A miss: logged, then looked up again with exactly that payload counting as absent,
+        # until a usable value, a claim, or the timeout.
+        _log.warning("cache entry %r: ignoring the stored payload (%s); filling anew", key, found)
+        now = time.monotonic()
+        if deadline is None and settings.timeout is not None:
+            deadline = now + settings.timeout
+        timeout = None if deadline is None else max(deadline - now, 0.0)
+        decision = _decide(settings, key, (yield _Refetch(digest, timeout)))
+
+
+def _fill(settings: _Settings, key: str, claim: _core.FillClaim) -> Flow:
+    """Runs ``fill`` holding the claim, stores its value (with δ) and wakes the waiters."""
+    started = time.monotonic()
+    try:
+        value = yield _RUN_FILL
+        delta = time.monotonic() - started
+        # What the filler's caller gets is what every later caller gets: the value as it
+        # round-trips through the serializer (loads of the bytes just dumped).
+        payload, value = settings.codec.encode_round_trip(value, delta, context=key)
+    except BaseException as exc:  # noqa: BLE001 - handed to the caller, after the give-back
+        # Given back (never masking the fill's own exception): one waiter takes the fill over.
+        try:
+            yield _GiveBack(claim, exc)
+        except LockError as failure:
+            _log.warning(
+                "cache entry %r: could not give the fill claim back (it ends with its lease): %s",
+                key,
+                failure,
+            )
+        return _Raise(exc)
+    try:
+        stored = yield _Store(claim, payload)
+    except LockError as exc:  # Redis trouble: this caller still has its value
+        _log.warning("cache entry %r: the filled value could not be stored: %s", key, exc)
+        return value
+    if not stored:
+        _log.info(
+            "cache entry %r: the filled value was not stored: the fill claim ended first "
+            "(the entry was invalidated, or the fill outlived its lease)",
+            key,
+        )
+    return value
+
+
+# -- the blocking driver ------------------------------------------------------------------------
 
 # The entries each thread is filling right now, as (client id, key): a fill that asks for its
 # own entry would wait for itself (its claim is renewed while it runs), so it raises instead.
@@ -255,113 +452,52 @@ def _digest(payload: bytes) -> str:
     return hashlib.sha1(payload, usedforsecurity=False).hexdigest()
 
 
-def _refresh_due(settings: _Settings, pttl_ms: int, delta: float) -> bool:
-    """XFetch, on Redis's clock: the value expires ``pttl_ms`` from now (-1: never)."""
-    if settings.beta <= 0 or pttl_ms < 0:
-        return False
-    return should_refresh(0.0, pttl_ms / 1000.0, delta, settings.beta, _random)
-
-
 def _timeout_error(settings: _Settings, key: str) -> LockTimeoutError:
     return LockTimeoutError(
         f"cache entry {key!r}: another caller's fill did not finish within {settings.timeout} s"
     )
 
 
-def _give_back(claim: _core.FillClaim, key: str) -> None:
-    """Abandons the claim after a failed fill; never masks the fill's own exception."""
-    try:
-        claim.abandon()
-    except LockError as exc:
-        _log.warning(
-            "cache entry %r: could not give the fill claim back (it ends with its lease): %s",
-            key,
-            exc,
-        )
-
-
-def _fill(settings: _Settings, key: str, fill: Callable[[], T], claim: _core.FillClaim) -> T:
-    """Runs ``fill`` holding the claim, stores its value (with δ) and wakes the waiters."""
+def _run_fill(settings: _Settings, key: str, fill: Callable[[], T]) -> T:
     entries = _fill_guard(settings, key)
     entry = (settings.client_id, key)
     entries.add(entry)
-    started = time.monotonic()
     try:
-        value = fill()
-        delta = time.monotonic() - started
-        # What the filler's caller gets is what every later caller gets: the value as it
-        # round-trips through the serializer (loads of the bytes just dumped).
-        payload, value = settings.codec.encode_round_trip(value, delta, context=key)
-    except BaseException:
-        _give_back(claim, key)
-        raise
+        return fill()
     finally:
         entries.discard(entry)
-    try:
-        stored = claim.store(payload)
-    except LockError as exc:  # Redis trouble: this caller still has its value
-        _log.warning("cache entry %r: the filled value could not be stored: %s", key, exc)
-        return value
-    if not stored:
-        _log.info(
-            "cache entry %r: the filled value was not stored: the fill claim ended first "
-            "(the entry was invalidated, or the fill outlived its lease)",
-            key,
-        )
-    return value
 
 
 def _get(settings: _Settings, key: str, fill: Callable[[], T]) -> T:
-    """One cache read: see the module docstring. The hit path is kept short on purpose."""
+    """One cache read: ``_flow`` with blocking Redis steps."""
     if getattr(_filling, "entries", None):  # inside a fill: refuse to wait for ourselves
         _fill_guard(settings, key)
-    found = settings.store.fetch(key)
-    if isinstance(found, _core.CacheHit):
-        payload, pttl = found.payload, found.pttl_ms
+    store = settings.store
+    decision = _decide(settings, key, store.fetch(key))
+    if decision[0] is _SERVE:  # the hit path: no flow needed
+        served: T = decision[1]
+        return served
+    flow = _Driven(_flow(settings, key, decision))
+    reply: Any = None
+    while not flow.done:
+        request = flow.request
         try:
-            value, delta = settings.codec.decode(payload, context=key)
-        except PayloadError as exc:
-            return _miss_after_unusable(settings, key, fill, payload, exc)
-        beta = settings.beta
-        if beta and pttl >= 0 and should_refresh(0.0, pttl / 1000.0, delta, beta, _random):
-            return _refresh(settings, key, fill, value, payload)
-        return cast(T, value)
-    if found is not None:
-        return _fill(settings, key, fill, found)
-    raise _timeout_error(settings, key)
-
-
-def _miss_after_unusable(
-    settings: _Settings, key: str, fill: Callable[[], T], payload: bytes, exc: PayloadError
-) -> T:
-    """A payload that does not decode is a miss: logged, then looked up again with exactly
-    that payload counting as absent, until a usable value, a claim, or the timeout."""
-    deadline = None if settings.timeout is None else time.monotonic() + settings.timeout
-    while True:
-        _log.warning("cache entry %r: ignoring the stored payload (%s); filling anew", key, exc)
-        timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-        found = settings.store.fetch(key, _digest(payload), timeout=timeout)
-        if isinstance(found, _core.FillClaim):
-            return _fill(settings, key, fill, found)
-        if found is None:
-            raise _timeout_error(settings, key)
-        payload, pttl = found.payload, found.pttl_ms
-        try:
-            value, delta = settings.codec.decode(payload, context=key)
-        except PayloadError as again:
-            exc = again
-            continue
-        if _refresh_due(settings, pttl, delta):
-            return _refresh(settings, key, fill, value, payload)
-        return cast(T, value)
-
-
-def _refresh(settings: _Settings, key: str, fill: Callable[[], T], value: Any, payload: bytes) -> T:
-    """XFetch chose this caller: refill if nobody does yet and the value is still the one read."""
-    found = settings.store.try_claim(key, _digest(payload))
-    if isinstance(found, _core.FillClaim):
-        return _fill(settings, key, fill, found)
-    return cast(T, value)
+            if request is _RUN_FILL:
+                reply = _run_fill(settings, key, fill)
+            elif isinstance(request, _Store):
+                reply = request.claim.store(request.payload)
+            elif isinstance(request, _Refetch):
+                reply = store.fetch(key, request.skip, timeout=request.timeout)
+            elif isinstance(request, _TryClaim):
+                reply = store.try_claim(key, request.seen)
+            elif isinstance(request, _GiveBack):
+                reply = request.claim.abandon()
+        except BaseException as exc:  # noqa: BLE001 - the flow decides what each failure means
+            flow.fail(exc)
+        else:
+            flow.send(reply)
+    value: T = flow.result()
+    return value
 
 
 def get_or_fill(
@@ -391,15 +527,7 @@ def get_or_fill(
     """
     if not callable(fill):
         raise TypeError(f"fill: expected a callable, not {type(fill).__name__}")
-    settings = _Settings(
-        client,
-        ttl=ttl,
-        lock_ttl=lock_ttl,
-        timeout=timeout,
-        serializer=serializer,
-        secret=secret,
-        beta=beta,
-    )
+    settings = _Settings(client, ttl, lock_ttl, timeout, serializer, secret, beta)
     return _get(settings, key, fill)
 
 
@@ -444,27 +572,29 @@ def cached(
     ``Repo(1).load.invalidate(5)`` pass the instance first. ``@cached`` may also be put above
     ``@classmethod`` or ``@staticmethod``.
     """
-    settings = _Settings(
-        client,
-        ttl=ttl,
-        lock_ttl=lock_ttl,
-        timeout=timeout,
-        serializer=serializer,
-        secret=secret,
-        beta=beta,
-    )
+    settings = _Settings(client, ttl, lock_ttl, timeout, serializer, secret, beta)
 
-    def decorate(func: Callable[P, T]) -> CachedFunction[P, T]:
+    decorate: Callable[[Callable[P, T]], CachedFunction[P, T]]
+    decorate = _decorator(settings, key, _Cached, "@cached")
+    return decorate
+
+
+def _decorator(
+    settings: _Settings, key: str | Callable[..., str] | None, kind: type[_Descriptor], label: str
+) -> Any:
+    """What ``cached`` and ``aio.cached`` share: ``kind`` (``_Cached`` or the asyncio one)
+    around each function, with its key compiled against the function's signature."""
+
+    def decorate(func: Any) -> Any:
         plain, binding = _unwrap_method(func)
         if not callable(plain):
-            raise TypeError(f"@cached: expected a function, not {type(func).__name__}")
-        if inspect.iscoroutinefunction(plain):
+            raise TypeError(f"{label}: expected a function, not {type(func).__name__}")
+        if kind is _Cached and inspect.iscoroutinefunction(plain):
             raise TypeError(
                 f"@cached: {getattr(plain, '__qualname__', plain)!r} is an async function; "
                 "use redmutex.aio.cached"
             )
         receiver = None if binding is None else binding == "class"
-        key_of = compile_key(key, plain, receiver)
-        return cast(CachedFunction[P, T], _Cached(plain, binding, settings, key_of))
+        return kind(plain, binding, settings, compile_key(key, plain, receiver))
 
     return decorate

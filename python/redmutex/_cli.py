@@ -2,8 +2,11 @@
 Redis server from a shell.
 
 These commands read the fixed key layout (API.md, "Key layout") with redis-py, an optional
-dependency needed by these commands only: every key of the primitive named N starts with
-`prefix{N}`, followed by
+dependency needed by these commands only. What the Rust core owns comes from `_core`, never from
+a copy here: the keys of a name (`_keys`, `_split_key`, `_scan_pattern`; src/protocol/keys.rs),
+URL parsing and redaction (`_parse_url`, `_redact_url`; src/protocol/url.rs) and the forced
+release (`_force_release`: lua/force_release.lua, run by the engine). Every key of the primitive
+named N starts with `prefix{N}`, followed by
 
     :lock, :fence                                        Lock (the fence counter expires
                                                          fence_ttl after the last acquisition)
@@ -42,7 +45,8 @@ import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
-from urllib.parse import parse_qs, unquote, urlsplit
+
+from . import _core, errors
 
 EXIT_OK = 0
 EXIT_HELD = 0
@@ -56,54 +60,6 @@ TOKEN_SHOWN = 8  # hex characters of an owner token that we print (enough to tel
 HOLDERS_SHOWN = 10  # holders listed per line in the text output (--json lists all)
 NAME_SHOWN = 60  # characters of a name in the text output at most (--json gives names whole)
 SCAN_COUNT = 1000
-
-# Suffix of each key -> (kind of primitive, role of the key).
-SUFFIXES: dict[str, tuple[str, str]] = {
-    ":lock": ("lock", "lock"),
-    ":fence": ("lock", "fence"),
-    ":queue": ("lock", "queue"),
-    ":queue:deadlines": ("lock", "queue_deadlines"),
-    ":queue:leases": ("lock", "queue_leases"),
-    ":sem:holders": ("semaphore", "holders"),
-    ":sem:limit": ("semaphore", "limit"),
-    ":sem:queue": ("semaphore", "queue"),
-    ":sem:queue:deadlines": ("semaphore", "queue_deadlines"),
-    ":rw:readers": ("rwlock", "readers"),
-    ":rw:writer": ("rwlock", "writer"),
-    ":rw:writers_waiting": ("rwlock", "writers_waiting"),
-    ":value": ("cache", "value"),
-    ":fill": ("cache", "fill"),
-}
-KINDS = ("lock", "semaphore", "rwlock", "cache")
-
-# Frees everything held under one name, whoever holds it, as the holders' own releases would:
-# the lock (when ARGV[2] is not empty, only if that is still the holder the user confirmed), the
-# semaphore's permits, the RWLock's writer and readers, the cache entry's fill claim. Then one
-# empty message on the wake-up channel wakes every waiter (an empty message names nobody, so it
-# wakes all of them, fair or not); in a fair queue the head then takes what was freed itself.
-# Leases in zsets count only while their end (server ms) is ahead of the server's TIME.
-# KEYS[1] lock   KEYS[2] semaphore holders   KEYS[3] rwlock writer   KEYS[4] rwlock readers
-# KEYS[5] cache fill claim
-# ARGV[1] wake-up channel   ARGV[2] expected lock holder token or ''
-# Reply: {lock token or false, live semaphore holders, writer token or false, live readers,
-#         fill claim token or false}; {err} the lock's holder changed (nothing touched).
-FORCE_RELEASE = """
-local lock = redis.call('GET', KEYS[1])
-if ARGV[2] ~= '' and lock ~= ARGV[2] then
-  return redis.error_reply('the holder changed meanwhile; nothing released')
-end
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-local holders = redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')
-local writer = redis.call('GET', KEYS[3])
-local readers = redis.call('ZCOUNT', KEYS[4], '(' .. now, '+inf')
-local fill = redis.call('GET', KEYS[5])
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
-if lock or holders > 0 or writer or readers > 0 or fill then
-  redis.call('PUBLISH', ARGV[1], '')
-end
-return {lock, holders, writer, readers, fill}
-"""
 
 
 class CliError(Exception):
@@ -123,98 +79,66 @@ def _redis_module() -> Any:
     return redis
 
 
-# Where a URL's user-info ends and which parts are secret: the rule of the Rust core
-# (src/protocol/url.rs), so that the raw form it accepts ("redis://u:se/cret@h") is read, and
-# redacted, the same way here.
-_SECRET_KEYS = ("pass", "password", "sentinel_password")
-_QUERY_KEYS = (*_SECRET_KEYS, "db", "user", "username", "protocol", "sentinel_username")
+def _tls_kwargs(parts: dict[str, Any]) -> dict[str, Any]:
+    """redis-py's TLS settings for what the core read of a URL (`rediss://`, `#insecure`, the
+    `?ssl_*` query)."""
+    if not parts["tls"]:
+        return {}
+    kwargs: dict[str, Any] = {"ssl": True}
+    for key in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
+        if parts[key]:
+            kwargs[key] = parts[key]
+    if parts["insecure"] or not parts["ssl_verify_peer"]:
+        kwargs["ssl_cert_reqs"] = "none"
+        kwargs["ssl_check_hostname"] = False
+    elif not parts["ssl_check_hostname"]:
+        kwargs["ssl_check_hostname"] = False
+    return kwargs
 
 
-def _userinfo_range(url: str) -> tuple[int, int] | None:
-    """(start, at) of the user-info: after `://` up to the last `@` before a secret query key."""
-    scheme_end = url.find("://")
-    if scheme_end < 0:
-        return None
-    start = scheme_end + 3
-    rest = url[start:]
-    if rest.startswith("/"):
-        return None
-    markers = [rest.find(f"{sep}{key}=") for key in _SECRET_KEYS for sep in "?&"]
-    limit = min([m for m in markers if m >= 0], default=len(rest))
-    at = rest.rfind("@", 0, limit)
-    return None if at < 0 else (start, start + at)
+def _credentials(username: str | None, password: str | None) -> dict[str, Any]:
+    return {
+        **({"username": username} if username else {}),
+        **({"password": password} if password else {}),
+    }
 
 
-def url_secrets(url: str) -> list[str]:
-    """The secret parts of a URL (the user-info password, secret query values), raw and decoded."""
-    found: list[str] = []
-    span = _userinfo_range(url)
-    if span is not None:
-        _user, colon, password = url[span[0] : span[1]].partition(":")
-        if colon:
-            found += [password, unquote(password)]
-    for key in _SECRET_KEYS:
-        for sep in "?&":
-            marker = f"{sep}{key}="
-            at = url.find(marker)
-            while at >= 0:
-                value = url[at + len(marker) :]
-                ends = [value.find(f"&{k}=") for k in _QUERY_KEYS]
-                value = value[: min([e for e in ends if e >= 0], default=len(value))]
-                value = value.removesuffix("#insecure")
-                first = value.split("&", 1)[0]
-                found += [value, unquote(value), first, unquote(first.replace("+", " "))]
-                at = url.find(marker, at + 1)
-    return [s for s in found if s]
-
-
-def normalize_url(url: str) -> str:
-    """The URL with `/ ? # @` in its user-info percent-encoded (the raw form the core accepts)."""
-    span = _userinfo_range(url)
-    if span is None:
-        return url
-    start, at = span
-    info = "".join(
-        {"/": "%2F", "?": "%3F", "#": "%23", "@": "%40"}.get(c, c) for c in url[start:at]
-    )
-    return url[:start] + info + url[at:]
-
-
-def redis_kwargs(url: str) -> dict[str, Any]:
-    """redis-py connection settings for a redmutex URL (the schemes and query keys the Rust
-    core accepts: redis://, rediss:// with `#insecure`, redis+unix:// and unix:// with
-    `?db=N&user=U&pass=P`)."""
-    parts = urlsplit(normalize_url(url))
-    query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
+def redis_kwargs(parts: dict[str, Any]) -> dict[str, Any]:
+    """redis-py connection settings for one server, from what the core read of its URL
+    (`_core._parse_url`: every scheme and query key a `Client` accepts)."""
     kwargs: dict[str, Any] = {
         "socket_connect_timeout": TIMEOUT,
         "socket_timeout": TIMEOUT,
         "decode_responses": False,
+        "db": parts["db"],
+        **_credentials(parts["username"], parts["password"]),
+        **_tls_kwargs(parts),
     }
-    if parts.scheme in ("unix", "redis+unix"):
-        kwargs["unix_socket_path"] = unquote(parts.path)
-        kwargs["db"] = int(query.get("db", "0"))
-        username = query.get("user") or query.get("username")
-        password = query.get("pass") or query.get("password")
-    elif parts.scheme in ("redis", "rediss"):
-        kwargs["host"] = parts.hostname or "127.0.0.1"
-        kwargs["port"] = parts.port or 6379
-        db = parts.path.strip("/")
-        kwargs["db"] = int(db) if db else 0
-        username = unquote(parts.username) if parts.username else None
-        password = unquote(parts.password) if parts.password is not None else None
-        if parts.scheme == "rediss":
-            kwargs["ssl"] = True
-            if parts.fragment == "insecure":
-                kwargs["ssl_cert_reqs"] = "none"
-                kwargs["ssl_check_hostname"] = False
+    if parts["socket"] is not None:
+        kwargs["unix_socket_path"] = parts["socket"]
     else:
-        raise CliError("url: the scheme must be redis://, rediss://, redis+unix:// or unix://")
-    if username:
-        kwargs["username"] = username
-    if password:
-        kwargs["password"] = password
+        kwargs["host"], kwargs["port"] = parts["hosts"][0]
     return kwargs
+
+
+def sentinel_kwargs(
+    parts: dict[str, Any],
+) -> tuple[list[tuple[str, int]], str, dict[str, Any], dict[str, Any]]:
+    """(sentinels, service, master settings, sentinel settings) of a `redis+sentinel://` URL,
+    from what the core read of it."""
+    base: dict[str, Any] = {
+        "socket_connect_timeout": TIMEOUT,
+        "socket_timeout": TIMEOUT,
+        **_tls_kwargs(parts),
+    }
+    master = {
+        **base,
+        "decode_responses": False,
+        "db": parts["db"],
+        **_credentials(parts["username"], parts["password"]),
+    }
+    side = {**base, **_credentials(parts["sentinel_username"], parts["sentinel_password"])}
+    return list(parts["hosts"]), parts["service"], master, side
 
 
 # A list of URLs (Redlock) is split at each comma that starts another URL, so a Sentinel URL's
@@ -230,44 +154,6 @@ def split_urls(values: Sequence[str]) -> list[str]:
     return urls
 
 
-def sentinel_kwargs(url: str) -> tuple[list[tuple[str, int]], str, dict[str, Any], dict[str, Any]]:
-    """(sentinels, service, master settings, sentinel settings) of a `redis+sentinel://` URL:
-    `redis+sentinel://[user:pass@]host[:port][,host[:port]...]/service[/db]`
-    `[?sentinel_username=U&sentinel_password=P]` (the form the Rust core reads)."""
-    normal = normalize_url(url)
-    scheme, _, rest = normal.partition("://")
-    rest, _, fragment = rest.partition("#")
-    rest, _, query_text = rest.partition("?")
-    netloc, _, path = rest.partition("/")
-    userinfo, at, hosts = netloc.rpartition("@")
-    base: dict[str, Any] = {"socket_connect_timeout": TIMEOUT, "socket_timeout": TIMEOUT}
-    if scheme == "rediss+sentinel":
-        base["ssl"] = True
-        if fragment == "insecure":
-            base["ssl_cert_reqs"] = "none"
-            base["ssl_check_hostname"] = False
-    master: dict[str, Any] = dict(base, decode_responses=False)
-    if at:
-        user, colon, password = userinfo.partition(":")
-        if user:
-            master["username"] = unquote(user)
-        if colon and password:
-            master["password"] = unquote(password)
-    sentinels: list[tuple[str, int]] = []
-    for host in hosts.split(","):
-        parts = urlsplit("//" + host)
-        sentinels.append((parts.hostname or "127.0.0.1", parts.port or 26379))
-    service, _, db = path.partition("/")
-    master["db"] = int(db.strip("/") or "0")
-    query = {key: values[-1] for key, values in parse_qs(query_text).items()}
-    side: dict[str, Any] = dict(base)
-    if query.get("sentinel_username"):
-        side["username"] = query["sentinel_username"]
-    if query.get("sentinel_password"):
-        side["password"] = query["sentinel_password"]
-    return sentinels, unquote(service), master, side
-
-
 @dataclass
 class Node:
     """One place the keys live: a server, a Sentinel-managed master, or a whole Redis Cluster
@@ -275,6 +161,7 @@ class Node:
 
     conn: Any  # redis.Redis or redis.cluster.RedisCluster
     shown_url: str
+    client: Any  # a redmutex.Client of the same place, for what the core does (force release)
     cluster: bool = False
 
 
@@ -290,17 +177,18 @@ class Target:
     def shown_url(self) -> str:
         return ",".join(node.shown_url for node in self.nodes)
 
-    def base(self, name: str) -> bytes:
-        if not name:
-            raise CliError("name: must not be empty")
+    def keys(self, name: str | bytes) -> dict[str, bytes]:
+        """Every key of `name` by role (the core's key layout)."""
         try:
-            return (self.prefix + "{" + name + "}").encode("utf-8")
-        except UnicodeEncodeError:
-            raise CliError("name: must be valid Unicode") from None
+            return _core._keys(self.prefix, name)
+        except (ValueError, TypeError, UnicodeError) as exc:
+            raise CliError(str(exc)) from None
 
     def close(self) -> None:
         for node in self.nodes:
-            node.conn.close()
+            if node.conn is not None:
+                node.conn.close()
+            node.client.close()
 
 
 def _urls(args: argparse.Namespace) -> tuple[list[str], bool]:
@@ -318,19 +206,20 @@ def connect(args: argparse.Namespace) -> Target:
     urls, cluster = _urls(args)
     if not urls:
         raise CliError("url: no Redis URL given")
-    # The core's parser validates every URL (ValueError with the URL redacted) and gives the
-    # redacted form we may print.
+    # The core's parser validates every URL (ValueError with the URL redacted); one Client per
+    # node (per master of a Redlock), connecting only when used.
+    options = {"prefix": args.prefix, "connect_timeout": TIMEOUT, "command_timeout": TIMEOUT}
     try:
         if cluster:
-            client = redmutex.Client(cluster=urls, prefix=args.prefix)
-        elif len(urls) > 1:
-            client = redmutex.Client(urls, prefix=args.prefix)
+            clients = [redmutex.Client(cluster=urls, **options)]
         else:
-            client = redmutex.Client(urls[0], prefix=args.prefix)
+            clients = [redmutex.Client(url, **options) for url in urls]
+            if len(urls) > 1:
+                redmutex.Client(urls, **options)  # refuses one master listed twice
+        parts = [_core._parse_url(url) for url in urls]
     except (ValueError, TypeError) as exc:
         raise CliError(str(exc)) from None
-    client.close()
-    shown = [_shown(redmutex, url) for url in urls]
+    shown = [_core._redact_url(url) for url in urls]
     redis_py = _redis_module()
     # One try: a command line reports a refused connection at once rather than retrying.
     from redis.backoff import NoBackoff
@@ -340,45 +229,48 @@ def connect(args: argparse.Namespace) -> Target:
         cluster_py: Any = importlib.import_module("redis.cluster")
 
         seeds = []
-        for url in urls:
-            kwargs = _kwargs(url, shown[0])
+        for part in parts:
+            kwargs = redis_kwargs(part)
             seeds.append(cluster_py.ClusterNode(kwargs.pop("host"), kwargs.pop("port")))
         kwargs.pop("db", None)
-        node = Node(None, ",".join(shown), cluster=True)
+        node = Node(None, ",".join(shown), clients[0], cluster=True)
         # redis-py's cluster client reads the slot map from a seed as it is made.
         node.conn = _run(node, cluster_py.RedisCluster, startup_nodes=seeds, **kwargs)
         return Target([node], args.prefix)
     nodes = []
-    for url, url_shown in zip(urls, shown):
-        if url.startswith(("redis+sentinel://", "rediss+sentinel://")):
+    for part, url_shown, client in zip(parts, shown, clients):
+        if part["service"] is not None:
             sentinel_py: Any = importlib.import_module("redis.sentinel")
-            try:
-                sentinels, service, master, side = sentinel_kwargs(url)
-            except ValueError:
-                raise CliError(f"url: invalid Sentinel URL '{url_shown}'") from None
+            sentinels, service, master, side = sentinel_kwargs(part)
             watch = sentinel_py.Sentinel(sentinels, sentinel_kwargs=side, **master)
             conn = watch.master_for(service, retry=Retry(NoBackoff(), 0), **master)
         else:
-            kwargs = _kwargs(url, url_shown)
+            kwargs = redis_kwargs(part)
             kwargs["retry"] = Retry(NoBackoff(), 0)
             conn = redis_py.Redis(**kwargs)
-        nodes.append(Node(conn, url_shown))
+        nodes.append(Node(conn, url_shown, client))
     return Target(nodes, args.prefix, redlock=len(nodes) > 1)
 
 
-def _shown(redmutex: Any, url: str) -> str:
-    client = redmutex.Client(url)
-    try:
-        return str(client.url)
-    finally:
-        client.close()
+def _core_failure(exc: Exception, node: Node) -> CliError:
+    """One line for an error of the core (its messages never hold a password), worded as
+    `_redis_failure` words redis-py's."""
+    text = str(exc)
+    if "NOAUTH" in text or "uthentication required" in text:
+        return CliError(_AUTH_REQUIRED.format(node.shown_url))
+    if "refused the credentials" in text or "AuthenticationFailed" in text:
+        return CliError(_WRONG_CREDENTIALS.format(node.shown_url))
+    if isinstance(exc, errors.ConnectionError):
+        where = "Redis Cluster" if node.cluster else "Redis"
+        return CliError(f"cannot reach {where} at {node.shown_url}: {text}")
+    return CliError(f"Redis at {node.shown_url} answered with an error: {text}")
 
 
-def _kwargs(url: str, shown: str) -> dict[str, Any]:
-    try:
-        return redis_kwargs(url)
-    except ValueError:
-        raise CliError(f"url: invalid Redis URL '{shown}'") from None
+_AUTH_REQUIRED = (
+    "Redis at {}: authentication required (put the password in the URL:"
+    " redis://[user]:password@host:port/db)"
+)
+_WRONG_CREDENTIALS = "Redis at {} refused the credentials: wrong password or user"
 
 
 def _redis_failure(exc: Exception, target: Target | Node) -> CliError:
@@ -389,18 +281,11 @@ def _redis_failure(exc: Exception, target: Target | Node) -> CliError:
     # already authenticated ..."); with RESP2 a command gets NOAUTH.
     text = str(exc)
     if "NOAUTH" in text or "HELLO must be called" in text or "uthentication required" in text:
-        return CliError(
-            f"Redis at {target.shown_url}: authentication required (put the password in the URL:"
-            " redis://[user]:password@host:port/db)"
-        )
+        return CliError(_AUTH_REQUIRED.format(target.shown_url))
     if isinstance(exc, exceptions.AuthenticationError) or "WRONGPASS" in str(exc):
-        return CliError(
-            f"Redis at {target.shown_url} refused the credentials: wrong password or user"
-        )
+        return CliError(_WRONG_CREDENTIALS.format(target.shown_url))
     if isinstance(exc, (exceptions.ConnectionError, exceptions.TimeoutError)):
         return CliError(f"cannot reach Redis at {target.shown_url}: {exc}")
-    if isinstance(exc, exceptions.ResponseError) and "holder changed" in str(exc):
-        return CliError(str(exc))
     return CliError(f"Redis at {target.shown_url} answered with an error: {exc}")
 
 
@@ -507,22 +392,22 @@ class Status:
 
 def read_status(target: Target, node: Node, name: str) -> Status:
     """One consistent snapshot (MULTI/EXEC: all keys of a name share one cluster slot)."""
-    base = target.base(name)
+    k = target.keys(name)
     pipe = _pipeline(node, transaction=True)
-    pipe.get(base + b":lock")
-    pipe.pttl(base + b":lock")
-    pipe.get(base + b":fence")
-    pipe.zrange(base + b":queue:deadlines", 0, -1, withscores=True)
-    pipe.zrange(base + b":sem:holders", 0, -1, withscores=True)
-    pipe.zrange(base + b":sem:queue:deadlines", 0, -1, withscores=True)
-    pipe.exists(base + b":sem:holders", base + b":sem:queue")
-    pipe.get(base + b":rw:writer")
-    pipe.pttl(base + b":rw:writer")
-    pipe.zrange(base + b":rw:readers", 0, -1, withscores=True)
-    pipe.zrange(base + b":rw:writers_waiting", 0, -1, withscores=True)
-    pipe.pttl(base + b":value")
-    pipe.get(base + b":fill")
-    pipe.pttl(base + b":fill")
+    pipe.get(k["lock"])
+    pipe.pttl(k["lock"])
+    pipe.get(k["fence"])
+    pipe.zrange(k["queue_deadlines"], 0, -1, withscores=True)
+    pipe.zrange(k["semaphore_holders"], 0, -1, withscores=True)
+    pipe.zrange(k["semaphore_queue_deadlines"], 0, -1, withscores=True)
+    pipe.exists(k["semaphore_holders"], k["semaphore_queue"])
+    pipe.get(k["rw_writer"])
+    pipe.pttl(k["rw_writer"])
+    pipe.zrange(k["rw_readers"], 0, -1, withscores=True)
+    pipe.zrange(k["rw_writers_waiting"], 0, -1, withscores=True)
+    pipe.pttl(k["cache_value"])
+    pipe.get(k["cache_fill"])
+    pipe.pttl(k["cache_fill"])
     (
         (seconds, micros),
         lock_token,
@@ -539,7 +424,7 @@ def read_status(target: Target, node: Node, name: str) -> Status:
         value_pttl,
         fill_token,
         fill_pttl,
-    ) = _run(node, _with_time, node, base, pipe)
+    ) = _run(node, _with_time, node, k["lock"], pipe)
     now_ms = seconds * 1000 + micros // 1000
 
     status = Status(name=name, prefix=target.prefix)
@@ -626,33 +511,11 @@ def status_lines(status: Status) -> Iterator[str]:
 # -- listing -----------------------------------------------------------------------------------
 
 
-def _glob_escape(text: str) -> str:
-    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
-
-
-def split_key(key: bytes, prefix: bytes) -> tuple[str, str, str] | None:
-    """(name, kind, role) of a redmutex key, or None for a key of something else.
-
-    A key is `prefix + "{" + name + "}" + suffix`; names may hold braces, suffixes never do, so
-    the name ends at the last "}".
-    """
-    if not key.startswith(prefix + b"{"):
-        return None
-    close = key.rfind(b"}")
-    if close < len(prefix) + 1:
-        return None
-    known = SUFFIXES.get(key[close + 1 :].decode("ascii", "replace"))
-    name = key[len(prefix) + 1 : close]
-    if known is None or not name:
-        return None
-    return name.decode("utf-8", "replace"), known[0], known[1]
-
-
 @dataclass
 class Entry:
     name: str
     kind: str
-    base: bytes  # prefix{name}, as found: the name's own bytes, even when not valid UTF-8
+    keys: dict[str, bytes]  # by role, of the name's own bytes (even when not valid UTF-8)
     roles: set[str] = field(default_factory=set)
     state: str = ""
     detail: dict[str, Any] = field(default_factory=dict)
@@ -660,18 +523,21 @@ class Entry:
 
 def scan_entries(target: Target, node: Node) -> list[Entry]:
     """Every primitive under the prefix, found with SCAN (never KEYS), sorted by name and kind."""
-    prefix = target.prefix.encode("utf-8")
-    pattern = _glob_escape(target.prefix) + "{*"
-    found: dict[tuple[str, str], Entry] = {}
+    pattern = _core._scan_pattern(target.prefix)
+    found: dict[tuple[bytes, str], Entry] = {}
     keys = _run(node, lambda: list(node.conn.scan_iter(match=pattern, count=SCAN_COUNT)))
     for key in keys:
-        parsed = split_key(key, prefix)
+        parsed = _core._split_key(target.prefix, key)
         if parsed is None:
             continue
-        name, kind, role = parsed
-        base = key[: key.rfind(b"}") + 1]
-        found.setdefault((name, kind), Entry(name, kind, base)).roles.add(role)
-    entries = sorted(found.values(), key=lambda e: (e.name, KINDS.index(e.kind)))
+        raw, kind, role = parsed
+        entry = found.get((raw, kind))
+        if entry is None:
+            name = raw.decode("utf-8", "replace")
+            entry = found[(raw, kind)] = Entry(name, kind, target.keys(raw))
+        entry.roles.add(role)
+    kinds = _core._kinds()
+    entries = sorted(found.values(), key=lambda e: (e.name, kinds.index(e.kind)))
     _describe(node, entries)
     return entries
 
@@ -683,23 +549,23 @@ def _describe(node: Node, entries: list[Entry]) -> None:
         chunk = entries[start : start + batch]
         pipe = _pipeline(node, transaction=False)
         for entry in chunk:
-            base = entry.base
+            k = entry.keys
             if entry.kind == "lock":
-                pipe.pttl(base + b":lock")
-                pipe.get(base + b":fence")
-                pipe.zrange(base + b":queue:deadlines", 0, -1, withscores=True)
+                pipe.pttl(k["lock"])
+                pipe.get(k["fence"])
+                pipe.zrange(k["queue_deadlines"], 0, -1, withscores=True)
             elif entry.kind == "semaphore":
-                pipe.zrange(base + b":sem:holders", 0, -1, withscores=True)
-                pipe.zrange(base + b":sem:queue:deadlines", 0, -1, withscores=True)
-                pipe.exists(base + b":sem:holders")  # keeps three replies per entry
+                pipe.zrange(k["semaphore_holders"], 0, -1, withscores=True)
+                pipe.zrange(k["semaphore_queue_deadlines"], 0, -1, withscores=True)
+                pipe.exists(k["semaphore_holders"])  # keeps three replies per entry
             elif entry.kind == "rwlock":
-                pipe.pttl(base + b":rw:writer")
-                pipe.zrange(base + b":rw:readers", 0, -1, withscores=True)
-                pipe.zrange(base + b":rw:writers_waiting", 0, -1, withscores=True)
+                pipe.pttl(k["rw_writer"])
+                pipe.zrange(k["rw_readers"], 0, -1, withscores=True)
+                pipe.zrange(k["rw_writers_waiting"], 0, -1, withscores=True)
             else:
-                pipe.pttl(base + b":value")
-                pipe.pttl(base + b":fill")
-                pipe.exists(base + b":value")
+                pipe.pttl(k["cache_value"])
+                pipe.pttl(k["cache_fill"])
+                pipe.exists(k["cache_value"])
         replies = _run(node, _with_time, node, None, pipe)
         seconds, micros = replies[0]
         now_ms = seconds * 1000 + micros // 1000
@@ -948,15 +814,21 @@ class Freed:
         return said
 
 
-def _force_release(target: Target, node: Node, base: bytes, expected: bytes) -> Freed:
-    keys = [base + s for s in (b":lock", b":sem:holders", b":rw:writer", b":rw:readers", b":fill")]
-    reply = _run(node, node.conn.eval, FORCE_RELEASE, len(keys), *keys, base + b":wake", expected)
-    lock, holders, writer, readers, fill = (list(reply) + [None] * 5)[:5]
+def _force_release(node: Node, name: str, expected: bytes) -> Freed:
+    """The core's forced release on one node (`--force`); the lock only while `expected` (if
+    not empty) still holds it."""
+    try:
+        freed = _core._force_release(node.client, name, expected)
+    except errors.LockError as exc:
+        raise _core_failure(exc, node) from None
+    if freed is None:
+        raise CliError("the holder changed meanwhile; nothing released")
+    lock, holders, writer, readers, fill = freed
     return Freed(
         lock=_short(lock) if lock else None,
-        semaphore=int(holders or 0),
+        semaphore=holders,
         writer=_short(writer) if writer else None,
-        readers=int(readers or 0),
+        readers=readers,
         fill=_short(fill) if fill else None,
     )
 
@@ -969,7 +841,7 @@ def cmd_release(args: argparse.Namespace) -> int:
         )
     target = connect(args)
     try:
-        base = target.base(args.name)
+        lock_key = target.keys(args.name)["lock"]
         expected: dict[int, bytes] = {}
         if not args.yes and sys.stdin.isatty():
             # Ask with what each node holds now; the lock is then released only if its holder
@@ -979,7 +851,7 @@ def cmd_release(args: argparse.Namespace) -> int:
             if not held:
                 return _not_released(args, "nothing is held under this name")
             for i, node in enumerate(target.nodes):
-                token = _run(node, node.conn.get, base + b":lock")
+                token = _run(node, node.conn.get, lock_key)
                 expected[i] = token or b""
             what = _held_summary(held[0][1])
             if not _confirm(f"Release {what}?"):
@@ -988,7 +860,7 @@ def cmd_release(args: argparse.Namespace) -> int:
         done = _each_node(
             target,
             lambda node: _force_release(
-                target, node, base, expected.get(target.nodes.index(node), b"")
+                node, args.name, expected.get(target.nodes.index(node), b"")
             ),
         )
     finally:

@@ -7,7 +7,7 @@ except a lease (`ttl`, `lock_ttl`): None there is a TypeError (a lease is never 
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import Literal, TypeAlias, final
+from typing import Any, Literal, TypeAlias, final
 
 from typing_extensions import Self
 
@@ -24,7 +24,15 @@ __all__ = [
     "RWLockSide",
     "Semaphore",
     "__version__",
+    "_force_release",
     "_interpreter_exiting",
+    "_keys",
+    "_kinds",
+    "_parse_url",
+    "_redact_text",
+    "_redact_url",
+    "_scan_pattern",
+    "_split_key",
     "acquire_token",
     "release_token",
 ]
@@ -422,3 +430,37 @@ def release_token(conn: ClientLike, lockname: str, identifier: str) -> bool:
     """Compare-and-delete for `identifier`; False when it did not hold the lock."""
 
 def _interpreter_exiting() -> None: ...
+
+# -- for the command line (redmutex._cli): the core's key layout, URLs, redaction, force release
+
+# What `_parse_url` reads: hosts ([(host, port)]: the server, or the sentinels), socket,
+# service (Sentinel), db, username, password, sentinel_username, sentinel_password, tls,
+# insecure, ssl_ca_certs, ssl_certfile, ssl_keyfile, ssl_verify_peer, ssl_check_hostname.
+_UrlParts: TypeAlias = dict[str, Any]
+# (lock holder's token, live semaphore holders, writer's token, live readers, fill claim's token)
+_Freed: TypeAlias = tuple[bytes | None, int, bytes | None, int, bytes | None]
+
+def _keys(prefix: str, name: str | bytes) -> dict[str, bytes]:
+    """`{role: key}` of every key of `name` under `prefix`, plus "wake_channel"."""
+
+def _split_key(prefix: str, key: bytes) -> tuple[bytes, str, str] | None:
+    """(name, kind, role) of a key of redmutex under `prefix`, or None."""
+
+def _kinds() -> list[str]:
+    """The kinds of primitive, in the order the command line lists them."""
+
+def _scan_pattern(prefix: str) -> bytes:
+    """The SCAN pattern of every key under `prefix`."""
+
+def _redact_url(url: str) -> str:
+    """`url` with its password(s) replaced by `***`."""
+
+def _redact_text(text: str, urls: list[str] = ...) -> str:
+    """`text` on one line, without the passwords of `urls` and with every URL in it redacted."""
+
+def _parse_url(url: str) -> _UrlParts:
+    """What `url` connects to (ValueError, the URL redacted, when a Client would refuse it)."""
+
+def _force_release(client: ClientLike, name: str, expected: bytes = ...) -> _Freed | None:
+    """Frees everything held under `name` and wakes its waiters; None when the lock's holder was
+    not `expected` (b"": whoever holds it)."""

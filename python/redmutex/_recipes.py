@@ -12,7 +12,7 @@ import logging
 import secrets
 import time
 import types
-from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar, cast, final, overload
 
@@ -157,6 +157,81 @@ def _refuse_async_result(func: Callable[..., Any], result: object) -> None:
         )
 
 
+def lock_decorator(
+    client: ClientLike,
+    name: str,
+    make_lock: Callable[..., Any],
+    wrap: Callable[[Callable[..., Any], Callable[[tuple[Any, ...], dict[str, Any]], Any]], Any],
+    **options: Any,
+) -> Callable[[Callable[..., Any]], Any]:
+    """What ``locked`` and ``redmutex.aio.locked`` share: the name's template, the options
+    checked once at decoration time, and a new lock object (``make_lock``: ``Lock`` or
+    ``aio.Lock``) for each call; ``wrap(func, new_lock)`` makes the wrapper."""
+    if not isinstance(name, str):
+        raise TypeError(f"name: expected a str, not {type(name).__name__}")
+    # Validate the options once, at decoration time, with a throwaway object.
+    _core.Lock(client, name or "_", **options)
+
+    def decorate(func: Callable[..., Any]) -> Any:
+        lock_name = compile_template(name, func)
+
+        def new_lock(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            return make_lock(client, lock_name(args, kwargs), **options)
+
+        return wrap(func, new_lock)
+
+    return decorate
+
+
+def _wrap_blocking(
+    func: Callable[..., Any], new_lock: Callable[[tuple[Any, ...], dict[str, Any]], Any]
+) -> Callable[..., Any]:
+    """The wrapper of ``@locked``: each call (or a generator's whole iteration) holds a lock
+    of its own, measured when metrics hooks are set."""
+    _refuse_async(func)
+    if inspect.isgeneratorfunction(func):
+        generate = cast(Callable[..., Generator[Any, Any, Any]], func)
+
+        @functools.wraps(func)
+        def iterate(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
+            lock = new_lock(args, kwargs)
+            with lock if metrics._active is None else metrics.measured(lock):
+                return (yield from generate(*args, **kwargs))
+
+        return iterate
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        lock = new_lock(args, kwargs)
+        if metrics._active is None:
+            with lock:
+                result = func(*args, **kwargs)
+        else:
+            with metrics.measured(lock):
+                result = func(*args, **kwargs)
+        if type(result) in _ASYNC_RESULTS:
+            _refuse_async_result(func, result)
+        return result
+
+    return wrapper
+
+
+def wrap_async(
+    func: Callable[..., Awaitable[Any]],
+    new_lock: Callable[[tuple[Any, ...], dict[str, Any]], Any],
+) -> Callable[..., Awaitable[Any]]:
+    """The wrapper of ``@redmutex.aio.locked``: each call holds an ``aio.Lock`` of its own,
+    measured when metrics hooks are set."""
+
+    @functools.wraps(func)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        lock = new_lock(args, kwargs)
+        async with lock if metrics._active is None else metrics.measured(lock):
+            return await func(*args, **kwargs)
+
+    return wrapper
+
+
 def locked(
     client: ClientLike,
     name: str,
@@ -173,49 +248,14 @@ def locked(
     is closed (so close a generator you stop iterating early, e.g. with ``contextlib.closing``).
     An ``async def`` or async generator function is refused with ``TypeError``: use
     ``redmutex.aio.locked``."""
-    if not isinstance(name, str):
-        raise TypeError(f"name: expected a str, not {type(name).__name__}")
-    # Validate the options once, at decoration time, with a throwaway object.
-    _core.Lock(client, name or "_", ttl=ttl, timeout=timeout, auto_renew=auto_renew, fair=fair)
-
-    def decorate(func: Callable[P, R]) -> Callable[P, R]:
-        _refuse_async(func)
-        lock_name = compile_template(name, func)
-
-        def new_lock(args: tuple[Any, ...], kwargs: dict[str, Any]) -> _core.Lock:
-            return _core.Lock(
-                client,
-                lock_name(args, kwargs),
-                ttl=ttl,
-                timeout=timeout,
-                auto_renew=auto_renew,
-                fair=fair,
-            )
-
-        if inspect.isgeneratorfunction(func):
-            generate = cast(Callable[..., Generator[Any, Any, Any]], func)
-
-            @functools.wraps(func)
-            def iterate(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
-                lock = new_lock(args, kwargs)
-                with lock if metrics._active is None else metrics.measured(lock):
-                    return (yield from generate(*args, **kwargs))
-
-            return cast(Callable[P, R], iterate)
-
-        @functools.wraps(func)
-        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            lock = new_lock(args, kwargs)
-            if metrics._active is None:
-                with lock:
-                    result = func(*args, **kwargs)
-            else:
-                with metrics.measured(lock):
-                    result = func(*args, **kwargs)
-            if type(result) in _ASYNC_RESULTS:
-                _refuse_async_result(func, result)
-            return result
-
-        return wrapper
-
+    decorate = lock_decorator(
+        client,
+        name,
+        _core.Lock,
+        _wrap_blocking,
+        ttl=ttl,
+        timeout=timeout,
+        auto_renew=auto_renew,
+        fair=fair,
+    )
     return cast(LockedDecorator, decorate)

@@ -9,16 +9,15 @@ cancellation is given back.
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import weakref
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, cast
 
 from . import _core
 from ._aio_cache import AsyncCachedFunction, cached, get_or_fill
-from ._callkeys import compile_template
+from ._recipes import lock_decorator, wrap_async
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -327,26 +326,14 @@ def locked(
     fair: bool = False,
 ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
     """Decorator for `async def`: run it holding the lock `name` (`{param}` from the call)."""
-    if not isinstance(name, str):
-        raise TypeError(f"name: expected a str, not {type(name).__name__}")
-    _core.Lock(client, name or "_", ttl=ttl, timeout=timeout, auto_renew=auto_renew, fair=fair)
-
-    def decorate(func: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
-        lock_name = compile_template(name, func)
-
-        @functools.wraps(func)
-        async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            lock = Lock(
-                client,
-                lock_name(args, kwargs),
-                ttl=ttl,
-                timeout=timeout,
-                auto_renew=auto_renew,
-                fair=fair,
-            )
-            async with lock:
-                return await func(*args, **kwargs)
-
-        return wrapper
-
-    return decorate
+    decorate = lock_decorator(
+        client,
+        name,
+        Lock,
+        wrap_async,
+        ttl=ttl,
+        timeout=timeout,
+        auto_renew=auto_renew,
+        fair=fair,
+    )
+    return cast(Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]], decorate)

@@ -1,5 +1,6 @@
 //! I/O without Python: the tokio runtime, connections, waiting, renewal and fork safety.
 
+pub mod admin;
 pub mod cache;
 pub mod client;
 pub mod connect;

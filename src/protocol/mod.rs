@@ -1,6 +1,7 @@
 //! Sans-I/O protocol: key layout, Lua scripts, reply parsing and time arithmetic.
 //! Nothing here touches a socket or Python, so all of it is testable with canned values.
 
+pub mod admin;
 pub mod cache;
 pub mod keys;
 pub mod lease;

@@ -1,6 +1,7 @@
 //! The pyo3 binding: classes and functions of `redmutex._core`. Only conversion lives here; the
 //! behaviour is the engine's.
 
+mod admin;
 mod args;
 mod awaitable;
 mod blocking;
@@ -104,6 +105,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(recipes::acquire_token, m)?)?;
     m.add_function(wrap_pyfunction!(recipes::release_token, m)?)?;
     m.add_function(wrap_pyfunction!(_interpreter_exiting, m)?)?;
+    admin::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -1,8 +1,8 @@
 """`python -m redmutex demo`: the book's money transfer, run from several processes at once.
 
 After it, the same server shows two more scenarios: a fair lock handing over in arrival order
-across processes (`_demo_fair`) and a semaphore limiting calls to a slow resource
-(`_demo_semaphore`). The exit code is 0 only if every scenario's invariant held.
+across processes (`fair`) and a semaphore limiting calls to a slow resource
+(`semaphore`). The exit code is 0 only if every scenario's invariant held.
 
 Five accounts start with the same balance. Several processes (started with "spawn", so each has
 its own interpreter, connections and locks) make random transfers with `transfer_funds`, exactly
@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
 from redmutex import redis_lock
+from redmutex._core import _redact_text
 
 if TYPE_CHECKING:
     import redis
@@ -86,8 +87,6 @@ def _worker(
     url: str, accounts: list[str], transfers: int, seed: int, barrier: Any, results: Any
 ) -> None:
     """One process: wait for the start signal, make `transfers` random transfers, report."""
-    from redmutex._redact import redact
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     conn = None
     try:
@@ -103,7 +102,7 @@ def _worker(
                 refused += 1
         results.put(("ok", os.getpid(), done, refused, conn.overdrafts))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent as one line
-        results.put(("error", os.getpid(), redact(_one_line(exc), url), 0, 0))
+        results.put(("error", os.getpid(), _redact_text(_one_line(exc), [url]), 0, 0))
     finally:
         if conn is not None:
             conn.close()
@@ -292,9 +291,9 @@ def report(outcome: Outcome, out: TextIO) -> bool:
 
 def _run_all(url: str, processes: int, transfers: int, out: TextIO, label: str) -> int:
     """The money transfer, a fair hand-off between processes, the semaphore, the cache."""
-    from redmutex._demo_cache import cache_demo
-    from redmutex._demo_fair import fair_demo
-    from redmutex._demo_semaphore import semaphore_demo
+    from redmutex._demos.cache import cache_demo
+    from redmutex._demos.fair import fair_demo
+    from redmutex._demos.semaphore import semaphore_demo
 
     outcome = run_demo(url, processes, transfers, out, label)
     ok = report(outcome, out)

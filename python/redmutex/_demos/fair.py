@@ -19,7 +19,7 @@ import time
 import uuid
 from typing import Any, TextIO
 
-from ._core import Client, Lock
+from redmutex._core import Client, Lock, _redact_text
 
 WAITERS = 4
 HOLD_SECONDS = 0.05  # each waiter keeps the lock this long once it has it
@@ -53,9 +53,7 @@ def _waiter(url: str, prefix: str, name: str, label: str, go: Any, results: Any)
         released = time.perf_counter_ns()
         results.put(("granted", label, fence, granted, released))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent as one line
-        from redmutex._redact import redact
-
-        results.put(("error", label, redact(_one_line(exc), url)))
+        results.put(("error", label, _redact_text(_one_line(exc), [url])))
     finally:
         client.close()
 

@@ -12,7 +12,7 @@ import threading
 import time
 import uuid
 
-from ._core import Client, Semaphore
+from redmutex._core import Client, Semaphore
 
 LIMIT = 3
 WORKERS = 8

@@ -15,8 +15,8 @@ import time
 import uuid
 from typing import Any
 
-from ._cache import get_or_fill
-from ._core import CacheStore, Client
+from redmutex._cache import get_or_fill
+from redmutex._core import CacheStore, Client
 
 __all__ = ["cache_demo"]
 

@@ -1,0 +1,69 @@
+"""What the command line takes from the core (`_core._keys`, `_split_key`, `_scan_pattern`,
+`_parse_url`, `_redact_url`, `_redact_text`, `_force_release`) instead of keeping copies."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import redis
+import redmutex
+from redmutex import _core
+
+
+def test_keys_are_the_layout_of_the_primitives(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
+    name = f"adm-{uuid.uuid4().hex[:8]}"
+    keys = _core._keys(prefix, name)
+    with redmutex.Lock(client, name, ttl=30) as lock:
+        assert r.get(keys["lock"]) == (lock.token or "").encode()
+        assert int(r.get(keys["fence"]) or 0) == lock.fence
+    with redmutex.Semaphore(client, name, 2, ttl=30) as sem:
+        assert r.zscore(keys["semaphore_holders"], sem.token or "") is not None
+    assert keys["wake_channel"] == (prefix + "{" + name + "}:wake").encode()
+    for role, key in keys.items():
+        if role == "wake_channel":
+            continue
+        found = _core._split_key(prefix, key)
+        assert found is not None and found[0] == name.encode() and found[2] == role
+        assert found[1] in _core._kinds()
+    assert _core._keys(prefix, b"\xff") == _core._keys(prefix, b"\xff")  # raw bytes as found
+    assert _core._split_key(prefix, (prefix + "{n}:wake").encode()) is None
+    assert _core._scan_pattern("a*[b]:") == b"a\\*\\[b\\]:{*"
+    with pytest.raises(ValueError, match="name: must not be empty"):
+        _core._keys(prefix, "")
+
+
+def test_urls_are_read_and_redacted_as_the_client_reads_them() -> None:
+    parts = _core._parse_url("rediss://u:p/w@h:7/3?ssl_cert_reqs=none#insecure")
+    assert parts["hosts"] == [("h", 7)] and parts["db"] == 3
+    assert (parts["username"], parts["password"]) == ("u", "p/w")
+    assert parts["tls"] and parts["insecure"] and not parts["ssl_verify_peer"]
+    parts = _core._parse_url("unix:///tmp/x.sock?db=2&pass=s3")
+    assert (parts["socket"], parts["db"], parts["password"]) == ("/tmp/x.sock", 2, "s3")
+    parts = _core._parse_url("redis+sentinel://:pw@a,b:5/svc/1?sentinel_password=sp")
+    assert parts["hosts"] == [("a", 26379), ("b", 5)] and parts["service"] == "svc"
+    assert (parts["db"], parts["password"], parts["sentinel_password"]) == (1, "pw", "sp")
+    with pytest.raises(ValueError) as caught:
+        _core._parse_url("redis://:hunter2@h/x")
+    assert "hunter2" not in str(caught.value)
+    assert _core._redact_url("redis://u:hunter2@h/0") == "redis://u:***@h/0"
+    text = _core._redact_text("x\n  'redis://:a@h' hunter2", ["redis://:hunter2@h"])
+    assert text == "x 'redis://:***@h' ***"
+
+
+def test_force_release_only_frees_the_expected_holder(
+    client: redmutex.Client, redis_url: str
+) -> None:
+    name = f"adm-{uuid.uuid4().hex[:8]}"
+    lock = redmutex.Lock(client, name, ttl=30)
+    assert lock.acquire(timeout=5)
+    assert _core._force_release(client, name, b"somebody else") is None
+    assert lock.owned()
+    freed = _core._force_release(client, name, (lock.token or "").encode())
+    assert freed == ((lock.token or "").encode(), 0, None, 0, None)
+    assert not lock.locked()
+    assert _core._force_release(client, name) == (None, 0, None, 0, None)
+    with pytest.raises(ValueError, match="client"):
+        _core._force_release(redmutex.Client([redis_url, "redis://127.0.0.1:1/0"]), name)
