@@ -388,13 +388,18 @@ fn listener_for<C: LockLike>(slf: &Bound<'_, C>) -> PyResult<Option<OnLost>> {
     )
 }
 
-/// The blocking acquire: one direct attempt on this thread when the hold offers it; the runtime
-/// (interruptible by signals) only to wait.
+/// The blocking acquire: one direct attempt on this thread when the hold offers it, the runtime
+/// (interruptible by signals) only to wait; else all of it through the runtime.
 fn acquire_with<C: LockLike>(slf: &Bound<'_, C>, wait: Wait) -> PyResult<bool> {
     let listener = listener_for(slf)?;
     let core = slf.get().core();
     let holder = core.holder();
     let py = slf.py();
+    if !holder.has_direct() {
+        let context = C::blocking_context();
+        return blocking::wait(py, holder.acquire(wait, listener, &context))?
+            .about(py, &core.about);
+    }
     let first = py
         .detach(|| holder.acquire_direct(wait, listener.clone()))
         .about(py, &core.about)?;
