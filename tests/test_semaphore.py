@@ -598,7 +598,7 @@ url, prefix, name, limit, ttl, spec = sys.argv[1:7]
 spec = json.loads(spec)   # [[worker id, doomed], ...]
 key = f"{prefix}{{{name}}}:sem:holders"
 
-def worker(wid, wfd):
+def worker(wid, doomed, wfd):
     # a forked child: a fresh client (redmutex gives a child new connections)
     probe = redis.Redis.from_url(url)
     client = redmutex.Client(url, prefix=prefix)
@@ -609,6 +609,10 @@ def worker(wid, wfd):
     sec, usec = probe.time()
     lease_end = probe.zscore(key, sem.token)
     os.write(wfd, f"acq {sem.token} {sec * 1e6 + usec} {lease_end}\n".encode())
+    if doomed:
+        # Held until the parent's SIGKILL lands: a doomed worker that finished its short hold
+        # first (a loaded machine) would exit on its own, and the kill would find no hold.
+        time.sleep(60)
     time.sleep(random.uniform(0.01, 0.06))
     sec, usec = probe.time()
     os.write(wfd, f"rel {sec * 1e6 + usec}\n".encode())
@@ -621,7 +625,7 @@ for wid, doomed in spec:
     if pid == 0:
         os.close(rfd)
         try:
-            worker(wid, wfd)
+            worker(wid, doomed, wfd)
         finally:
             os._exit(4)
     os.close(wfd)
