@@ -382,3 +382,53 @@ def test_undo_of_attempt_behind_client_pause_follows_it(
         admin.close()
         c.close()
         other_client.close()
+
+
+@pytest.mark.timeout(90)
+def test_undo_of_timed_out_replicated_attempt_follows_the_attempt(
+    make_server: Callable[..., RedisServer], prefix: str
+) -> None:
+    """As above, for a lock with `replicas=1`, whose attempt and WAIT go out on a connection of
+    their own (not the node's shared one): the attempt is delayed 2.5 s on its way to Redis,
+    times out (0.3 s command timeout + 1 s for WAIT) and is undone before it ran; then it runs.
+    The undo must follow it, so nobody is left holding the lock for the whole 10 s ttl."""
+    server = make_server()
+    replica = make_server(extra_args=["--replicaof", "127.0.0.1", str(server.port)])
+    probe = redis.Redis(host="127.0.0.1", port=server.port)
+    deadline = time.monotonic() + 30
+    while not str(probe.info("replication").get("slave0", {})).count("'online'"):
+        assert time.monotonic() < deadline, "the replica did not come online"
+        time.sleep(0.05)
+    probe.close()
+    assert replica.process is not None
+    name = "late-replicated-attempt"
+    with FaultProxy(server.port) as proxy:
+        c = redmutex.Client(proxy.url, prefix=prefix, connect_timeout=1.0, command_timeout=0.3)
+        other_client = redmutex.Client(server.url, prefix=prefix)
+        try:
+            warm = redmutex.Lock(c, name, ttl=10, replicas=1)
+            # Scripts loaded, connections open. A grant the replica did not confirm within the
+            # 0.3 s WAIT is refused at once (a loaded machine), so try a few times.
+            assert any(warm.acquire(timeout=0) for _ in range(20))
+            warm.release()
+            hold = redmutex.Lock(c, name, ttl=10, replicas=1)
+            proxy.set_latency(2.5, "c2s")
+            reset = threading.Timer(0.15, lambda: proxy.set_latency(0.0, "c2s"))
+            reset.start()
+            started = time.monotonic()
+            with pytest.raises(redmutex.ConnectionError):
+                hold.acquire(timeout=0)
+            reset.join()
+            # The attempt reaches Redis about 2.5 s after it was sent; look after that.
+            time.sleep(max(0.0, started + 3.0 - time.monotonic()))
+            looked_at = time.monotonic()
+            other = redmutex.Lock(other_client, name, ttl=5)
+            got = other.acquire(timeout=6)
+            waited = time.monotonic() - looked_at
+            print(f"\nanother holder got it {waited:.3f} s after the late attempt ran")
+            assert got, "an orphan of the undone attempt held it for its whole ttl"
+            assert waited < 2 * LATE
+            other.release()
+        finally:
+            c.close()
+            other_client.close()

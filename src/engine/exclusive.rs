@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use redis::{FromRedisValue, Pipeline};
 
-use super::error::{timed_out, Result};
-use super::node::{within, Conn, Target, Timeouts};
+use super::error::{timed_out, Error, Result};
+use super::node::{Conn, Target, Timeouts};
 
 /// Idle connections kept for reuse.
 const KEPT: usize = 8;
@@ -51,23 +51,30 @@ impl ExclusivePool {
     }
 
     /// Sends `pipe` on a connection of its own, once, waiting at most `limit` for the replies.
-    /// A connection that failed or timed out is dropped, never reused.
-    pub async fn pipeline<T: FromRedisValue + Send>(
+    /// A connection that failed is dropped, never reused; one that timed out is given to
+    /// `on_timeout` (its request may still run: an undo must wait for it).
+    pub(crate) async fn pipeline<T: FromRedisValue + Send>(
         &self,
         pipe: &Pipeline,
         limit: Duration,
+        on_timeout: impl FnOnce(Conn),
     ) -> Result<T> {
         let endpoint = || self.target.endpoint();
         let mut conn = self.take().await.map_err(|err| err.at(&endpoint()))?;
-        let outcome = within(limit, "a pipeline", pipe.query_async::<T>(&mut conn))
-            .await
-            .map_err(|err| err.at(&endpoint()));
-        if outcome.is_ok() {
-            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-            if idle.len() < KEPT {
-                idle.push(conn);
+        let outcome = tokio::time::timeout(limit, pipe.query_async::<T>(&mut conn)).await;
+        match outcome {
+            Ok(Ok(value)) => {
+                let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+                if idle.len() < KEPT {
+                    idle.push(conn);
+                }
+                Ok(value)
+            }
+            Ok(Err(err)) if !err.is_timeout() => Err(Error::from(err).at(&endpoint())),
+            Ok(Err(_)) | Err(_) => {
+                on_timeout(conn);
+                Err(timed_out(limit, "waiting for a pipeline").at(&endpoint()))
             }
         }
-        outcome
     }
 }

@@ -225,9 +225,11 @@ pub struct Node {
     drops: std::sync::atomic::AtomicU64,
     /// Where an `identified` node records the run_id of each connection it opens.
     seen: Arc<ServerSeen>,
-    /// Connections on which a call timed out, by generation, kept open (never used for a call
-    /// again) for `OVERDUE_KEEP`: their requests may still run, and an undo must run after them.
-    overdue: Arc<Mutex<Vec<(u64, MultiplexedConnection)>>>,
+    /// Connections on which a call timed out, kept open (never used for a call again) for
+    /// `OVERDUE_KEEP`: their requests may still run, and an undo must run after them.
+    overdue: Arc<Mutex<Vec<(Kept, MultiplexedConnection)>>>,
+    /// Numbers the connections handed in by `keep_overdue_conn` (see `Kept::Handed`).
+    handed: std::sync::atomic::AtomicU64,
 }
 
 /// How long a connection whose call timed out is kept for `Node::overdue_calls`: the undo of a
@@ -235,6 +237,14 @@ pub struct Node {
 const OVERDUE_KEEP: Duration = Duration::from_secs(10);
 /// At most this many such connections are kept per node (the oldest closes first).
 const OVERDUE_KEPT: usize = 8;
+
+/// Which connection an overdue entry is: the node's own of that generation, or one handed in
+/// from outside (a connection of the exclusive pool), numbered.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kept {
+    Generation(u64),
+    Handed(u64),
+}
 
 /// The calls that had timed out on a node's connections when this was taken, still due.
 pub struct OverdueCalls {
@@ -314,6 +324,7 @@ impl Node {
             drops: std::sync::atomic::AtomicU64::new(0),
             seen: Arc::default(),
             overdue: Arc::default(),
+            handed: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -414,19 +425,32 @@ impl Node {
 
     /// Keeps the connection of a call that timed out (see `overdue`), for `OVERDUE_KEEP`.
     fn keep_overdue(&self, generation: u64, conn: Conn) {
+        self.keep(Kept::Generation(generation), conn);
+    }
+
+    /// Keeps a connection of the same server on which a call timed out (the exclusive pool's,
+    /// which carries a lock attempt with its WAIT), so an undo waits for it too.
+    pub(crate) fn keep_overdue_conn(&self, conn: Conn) {
+        let serial = self
+            .handed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.keep(Kept::Handed(serial), conn);
+    }
+
+    fn keep(&self, kept: Kept, conn: Conn) {
         // A cluster connection routes a PING to any node, not behind the request: not kept.
         let Conn::Plain(conn) = conn else {
             return;
         };
         {
             let mut overdue = self.overdue.lock().unwrap_or_else(|p| p.into_inner());
-            if overdue.iter().any(|(kept, _)| *kept == generation) {
+            if overdue.iter().any(|(other, _)| *other == kept) {
                 return;
             }
             if overdue.len() >= OVERDUE_KEPT {
                 overdue.remove(0);
             }
-            overdue.push((generation, conn));
+            overdue.push((kept, conn));
         }
         let overdue = Arc::downgrade(&self.overdue);
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
@@ -434,7 +458,7 @@ impl Node {
                 tokio::time::sleep(OVERDUE_KEEP).await;
                 if let Some(overdue) = overdue.upgrade() {
                     let mut overdue = overdue.lock().unwrap_or_else(|p| p.into_inner());
-                    overdue.retain(|(kept, _)| *kept != generation);
+                    overdue.retain(|(other, _)| *other != kept);
                 }
             });
         }

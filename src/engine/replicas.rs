@@ -35,7 +35,9 @@ pub async fn attempt_with_replicas(
         .arg(lease::lease_ms(limit));
     let (reply, acked): (redis::Value, i64) = shared
         .exclusive
-        .pipeline(&pipe, limit + Duration::from_secs(1))
+        .pipeline(&pipe, limit + Duration::from_secs(1), |conn| {
+            shared.node.keep_overdue_conn(conn)
+        })
         .await?;
     let attempt = parse_attempt(&reply)?;
     if let Attempt::Granted { .. } = attempt {
