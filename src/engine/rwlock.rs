@@ -116,10 +116,7 @@ impl Contender for RwContender<'_> {
     }
 
     fn read(&self, admission: Admission, sent_at: Instant) -> Result<Outcome<Instant>> {
-        Ok(match admission {
-            Admission::Admitted { .. } => Outcome::Granted(sent_at),
-            Admission::Busy { retry_ms } => Outcome::Busy { retry_ms },
-        })
+        Ok(waiting::admission(admission, sent_at))
     }
 
     async fn attempt(&self, join: bool) -> Result<Outcome<Instant>> {

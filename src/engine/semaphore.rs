@@ -43,10 +43,7 @@ impl Contender for SemaphoreContender<'_> {
     }
 
     fn read(&self, admit: Admit, sent_at: Instant) -> Result<Outcome<Instant>> {
-        Ok(match admitted(self.spec, admit)? {
-            Admission::Admitted { .. } => Outcome::Granted(sent_at),
-            Admission::Busy { retry_ms } => Outcome::Busy { retry_ms },
-        })
+        Ok(waiting::admission(admitted(self.spec, admit)?, sent_at))
     }
 
     async fn attempt(&self, join: bool) -> Result<Outcome<Instant>> {

@@ -20,6 +20,7 @@ use super::runtime;
 use super::shared::Shared;
 use super::wake::Registration;
 use crate::protocol::lease;
+use crate::protocol::replies::Admission;
 use crate::protocol::scripts::Queueing;
 use crate::protocol::step::Step;
 use crate::protocol::wake::GrantNote;
@@ -178,6 +179,15 @@ pub fn queueing(join: bool) -> Queueing {
         }
     } else {
         Queueing::TryOnly
+    }
+}
+
+/// The outcome of an attempt that a primitive answers with an `Admission` (a semaphore, a
+/// read-write lock): granted, the lease started when the attempt was sent.
+pub fn admission(admission: Admission, sent_at: Instant) -> Outcome<Instant> {
+    match admission {
+        Admission::Admitted { .. } => Outcome::Granted(sent_at),
+        Admission::Busy { retry_ms } => Outcome::Busy { retry_ms },
     }
 }
 
