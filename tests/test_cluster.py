@@ -13,6 +13,7 @@ import redis
 import redmutex
 from _scale_servers import Cluster
 from redis.crc import key_slot
+from redmutex import _core
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -282,3 +283,26 @@ def test_no_crossslot_from_redis_py_view(cluster: Cluster, client: redmutex.Clie
             assert lock.locked()
     finally:
         rc.close()
+
+
+def test_blocking_cache_runs_through_the_runtime(client: redmutex.Client) -> None:
+    # A cluster has no direct path: the engine leaves every cache step to the runtime, the wait
+    # for another caller's fill included.
+    name = f"cache-{uuid.uuid4().hex}"
+    store = _core.CacheStore(client, ttl=30, lock_ttl=10)
+    claim = store.fetch(name)
+    assert isinstance(claim, _core.FillClaim) and claim.held
+    assert store.fetch(name, timeout=0) is None  # another caller fills
+    got: list[object] = []
+    waiter = threading.Thread(target=lambda: got.append(store.fetch(name, timeout=20)))
+    waiter.start()
+    time.sleep(0.2)
+    assert claim.store(b"filled") is True
+    waiter.join(30)
+    hit = got[0]
+    assert isinstance(hit, _core.CacheHit) and hit.payload == b"filled"
+    store.invalidate(name)
+    again = store.fetch(name)
+    assert isinstance(again, _core.FillClaim)
+    assert again.abandon() is True
+    assert isinstance(store.fetch(name), _core.FillClaim)

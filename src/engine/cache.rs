@@ -25,6 +25,7 @@
 //! value, so the one that reads it publishes it to everybody queued behind it (`Flight`). The
 //! `Wait` type, the wake hub and the lease arithmetic are the shared ones.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -32,7 +33,7 @@ use tokio::sync::Notify;
 
 use super::client::Client;
 use super::error::{Error, Result};
-use super::executor;
+use super::executor::{self, Now};
 use super::runtime::{self, pid};
 use super::shared::Shared;
 use super::token::new_token;
@@ -52,6 +53,9 @@ pub struct CacheSpec {
     pub name: Vec<u8>,
     pub keys: Keys,
     pub claim_lease: Duration,
+    /// The blocking API may run a one-round-trip step on a direct connection of the caller's
+    /// thread (the client is one server, reached directly).
+    pub direct: bool,
 }
 
 impl CacheSpec {
@@ -61,6 +65,7 @@ impl CacheSpec {
             name: name.to_vec(),
             keys: client.keys(name)?,
             claim_lease,
+            direct: client.supports_direct(),
         })
     }
 }
@@ -142,6 +147,8 @@ pub struct Claim {
     pid: u32,
     settled: bool,
     renewal: Option<tokio::task::AbortHandle>,
+    /// Settled on a direct connection of the caller's thread by the blocking API.
+    direct: bool,
 }
 
 impl Claim {
@@ -157,6 +164,7 @@ impl Claim {
             pid: pid(),
             settled: false,
             renewal: None,
+            direct: spec.direct,
         }
     }
 
@@ -206,6 +214,19 @@ impl Claim {
         self.stored(stored, payload, ttl_ms, sent_at)
     }
 
+    /// The blocking API's `store`: on the caller's thread when the client allows it, else a
+    /// future to wait on (through the runtime).
+    pub fn store_blocking(
+        self,
+        payload: &[u8],
+        ttl: Duration,
+    ) -> Now<Result<bool>, impl Future<Output = Result<bool>> + Send + '_> {
+        if self.direct {
+            return Now::Done(self.store_direct(payload, ttl));
+        }
+        Now::Later(self.store(payload, ttl))
+    }
+
     /// A claim inherited by a forked child is the parent's: the child neither uses the parent's
     /// connections for it nor gives it back.
     fn check_process(&self) -> Result<()> {
@@ -252,6 +273,17 @@ impl Claim {
         let given_back = executor::run_direct(&self.shared, &step)?;
         self.settled = true;
         Ok(given_back)
+    }
+
+    /// The blocking API's `abandon`: on the caller's thread when the client allows it, else a
+    /// future to wait on (through the runtime).
+    pub fn abandon_blocking(
+        self,
+    ) -> Now<Result<bool>, impl Future<Output = Result<bool>> + Send + 'static> {
+        if self.direct {
+            return Now::Done(self.abandon_direct());
+        }
+        Now::Later(self.abandon())
     }
 }
 
@@ -350,7 +382,7 @@ pub async fn fetch(
 
 /// The first look of a `fetch`, on a direct connection: blocks the calling thread for one
 /// round trip (a hit, a claim, or a non-waiting miss ends there); the wait, if any, is `Pending`'s.
-pub fn first_look_direct(
+fn first_look_direct(
     shared: &Arc<Shared>,
     spec: &CacheSpec,
     wait: Wait,
@@ -362,6 +394,33 @@ pub fn first_look_direct(
     let sent_at = Instant::now();
     let found = executor::run_direct(shared, &step)?;
     Ok(first_step(claim, started, found, sent_at, wait))
+}
+
+/// The blocking API's `fetch`: the first look on a direct connection of the caller's thread
+/// when the client allows it (the hot path: one round trip, no hand-off to the runtime), so that
+/// only a wait for another's fill is left to the runtime; else all of it through the runtime (a
+/// cluster routes by slot and a Sentinel master moves).
+pub fn fetch_blocking<'a>(
+    shared: &'a Arc<Shared>,
+    spec: &'a CacheSpec,
+    wait: Wait,
+    skip: Option<&'a str>,
+) -> Now<Result<Fetched>, impl Future<Output = Result<Fetched>> + Send + 'a> {
+    let pending = if spec.direct {
+        match first_look_direct(shared, spec, wait, skip) {
+            Ok(First::Done(fetched)) => return Now::Done(Ok(fetched)),
+            Ok(First::Wait(pending)) => Some(pending),
+            Err(err) => return Now::Done(Err(err)),
+        }
+    } else {
+        None
+    };
+    Now::Later(async move {
+        match pending {
+            Some(pending) => pending.wait(shared, spec, wait, skip).await,
+            None => fetch(shared, spec, wait, skip).await,
+        }
+    })
 }
 
 /// What the first look of a fetch came to.

@@ -16,7 +16,9 @@ use super::renew::{self, Renewal, Schedule};
 use super::runtime::pid;
 use super::shared::Shared;
 use super::token::new_token;
-use super::waiting::{spawn_undo, Undo, UndoStep, Wait};
+use super::waiting::{
+    self, attempt_direct, spawn_undo, Contender, Outcome, Plan, Undo, UndoStep, Wait,
+};
 use crate::protocol::lease;
 use crate::protocol::step::Step;
 
@@ -32,7 +34,8 @@ pub struct Naming {
 }
 
 /// A primitive whose holds are leases, every change checked by owner token. It supplies its
-/// steps (`protocol/`) and its way to acquire (its `waiting::Contender`); the `Holder` runs
+/// steps (`protocol/`), its attempts (a `waiting::Contender`) and how its waiters wait (a
+/// `waiting::Plan`); the `Holder` runs acquire (the direct first attempt, then the wait),
 /// release, extend and `owned` for every primitive alike, on the transport that fits.
 pub trait Leased: Send + Sync + 'static {
     /// What a hold keeps beside its token (the lock's fence; nothing for the others).
@@ -60,38 +63,33 @@ pub trait Leased: Send + Sync + 'static {
     /// Whether `token` holds it.
     fn owned(&self, token: &str) -> Step<bool>;
 
-    /// Takes a hold for `token`: when the winning request was sent (the lease's start), and the
-    /// detail; None when not granted in time.
-    fn acquire(
-        &self,
-        shared: &Arc<Shared>,
-        token: &str,
-        wait: Wait,
+    /// What one of its attempts grants (see `waiting::Contender`).
+    type Grant: Send;
+    /// One waiter's attempts for a token: the attempt step and how to read its outcome.
+    type Contender<'a>: Contender<Grant = Self::Grant> + Send
+    where
+        Self: 'a;
+
+    /// The attempts of an acquire for `token` on one node; an error when this acquire may not
+    /// go ahead at all (the read-write lock's deadlock guard).
+    fn contender<'a>(
+        &'a self,
+        shared: &'a Arc<Shared>,
+        token: &'a str,
         args: &Self::Args,
-    ) -> impl Future<Output = Result<Option<(Instant, Self::Detail)>>> + Send;
+    ) -> Result<Self::Contender<'a>>;
+
+    /// How its waiters for `token` wait (see `waiting::Plan`).
+    fn plan<'a>(&self, shared: &'a Arc<Shared>, token: &'a str) -> Plan<'a>;
+
+    /// The hold a grant of `contender` gives: when the winning request was sent (the lease's
+    /// start), and the detail.
+    fn held(&self, contender: &Self::Contender<'_>, grant: Self::Grant) -> (Instant, Self::Detail);
 
     /// Whether the blocking API may run this primitive's one-round-trip steps on the caller's
-    /// thread (see `direct.rs`), the first acquire attempt included (`try_direct`).
+    /// thread (see `direct.rs`), the first acquire attempt included (`Contender::first_step`).
     fn direct(&self) -> bool {
         false
-    }
-
-    /// A first acquire attempt on the caller's thread, never taking a place in a queue.
-    fn try_direct(&self, _shared: &Arc<Shared>, _token: &str) -> Result<DirectTry<Self::Detail>> {
-        Err(no_direct())
-    }
-
-    /// Finishes an acquire whose direct first attempt found it busy (`retry_ms`: the server's
-    /// hint of when to look again).
-    fn acquire_after(
-        &self,
-        shared: &Arc<Shared>,
-        token: &str,
-        wait: Wait,
-        args: &Self::Args,
-        _retry_ms: i64,
-    ) -> impl Future<Output = Result<Option<(Instant, Self::Detail)>>> + Send {
-        self.acquire(shared, token, wait, args)
     }
 
     // Redlock (several independent masters): a primitive takes part only with a quorum acquire
@@ -116,10 +114,6 @@ pub trait Leased: Send + Sync + 'static {
     }
 }
 
-fn no_direct() -> Error {
-    Error::Usage("no direct call for this primitive".into())
-}
-
 /// The error of a primitive used on a Redlock client without a quorum protocol of its own.
 pub fn no_quorum(naming: Naming) -> Error {
     Error::Unsupported(format!(
@@ -127,15 +121,6 @@ pub fn no_quorum(naming: Naming) -> Error {
          quorum protocol; use one Redis, Sentinel or Redis Cluster",
         naming.object
     ))
-}
-
-/// What a direct first attempt found.
-pub enum DirectTry<D> {
-    /// Granted: when the request was sent (the lease's start), and the hold's detail.
-    Granted(Instant, D),
-    Busy {
-        retry_ms: i64,
-    },
 }
 
 /// One acquire's link to whoever awaits it (an asyncio task). Once they stop waiting
@@ -414,7 +399,12 @@ impl<P: Leased> Holder<P> {
 
     /// The blocking API's first step, on the caller's thread: one direct attempt when the
     /// primitive offers it. `Done` when that settles it; otherwise finish with `acquire_pending`.
-    fn acquire_direct(&self, wait: Wait, listener: Option<OnLost>) -> Result<Direct<'_, P>> {
+    fn acquire_direct(
+        &self,
+        wait: Wait,
+        listener: Option<OnLost>,
+        args: &P::Args,
+    ) -> Result<Direct<'_, P>> {
         let mut pending = self.begin_acquire()?;
         if !self.has_direct() {
             return Ok(Direct::Wait(pending));
@@ -422,25 +412,26 @@ impl<P: Leased> Holder<P> {
         let shared = self.client.shared()?;
         let backend = Backend::Single(shared.clone());
         let token = new_token()?;
-        match self.primitive.try_direct(&shared, &token)? {
-            DirectTry::Granted(sent_at, detail) => {
-                let granted = Ok(Some((sent_at, detail)));
-                Ok(Direct::Done(
-                    pending.settle(&backend, token, granted, listener)?,
-                ))
+        let outcome = {
+            let contender = self.primitive.contender(&shared, &token, args)?;
+            let step = contender.first_step();
+            let (reply, sent_at) =
+                attempt_direct(&shared, executor::script_of(&step)?, || contender.undo())?;
+            match contender.read(step.parse(reply)?, sent_at)? {
+                Outcome::Granted(grant) => Some(self.primitive.held(&contender, grant)),
+                Outcome::Busy { retry_ms } if wait != Wait::Once => {
+                    pending.busy_retry_ms = Some(retry_ms);
+                    None
+                }
+                Outcome::Busy { .. } | Outcome::Refused => None,
             }
-            DirectTry::Busy { .. } if wait == Wait::Once => Ok(Direct::Done(pending.settle(
-                &backend,
-                token,
-                Ok(None),
-                listener,
-            )?)),
-            DirectTry::Busy { retry_ms } => {
-                pending.token = Some(token);
-                pending.busy_retry_ms = Some(retry_ms);
-                Ok(Direct::Wait(pending))
-            }
+        };
+        if pending.busy_retry_ms.is_some() {
+            pending.token = Some(token);
+            return Ok(Direct::Wait(pending));
         }
+        let acquired = pending.settle(&backend, token, Ok(outcome), listener)?;
+        Ok(Direct::Done(acquired))
     }
 
     /// The blocking API's `acquire`: a first attempt on the caller's thread when the direct
@@ -452,7 +443,7 @@ impl<P: Leased> Holder<P> {
         listener: Option<OnLost>,
         args: &'a P::Args,
     ) -> Now<Result<bool>, impl Future<Output = Result<bool>> + Send + 'a> {
-        let pending = match self.acquire_direct(wait, listener.clone()) {
+        let pending = match self.acquire_direct(wait, listener.clone(), args) {
             Ok(Direct::Wait(pending)) => pending,
             Ok(Direct::Done(acquired)) => return Now::Done(Ok(acquired)),
             Err(err) => return Now::Done(Err(err)),
@@ -473,22 +464,36 @@ impl<P: Leased> Holder<P> {
             Some(token) => token,
             None => new_token()?,
         };
-        let granted = match (&backend, pending.busy_retry_ms.take()) {
-            (Backend::Single(shared), Some(retry_ms)) => {
-                self.primitive
-                    .acquire_after(shared, &token, wait, args, retry_ms)
+        let granted = match &backend {
+            Backend::Single(shared) => {
+                let first = pending.busy_retry_ms.take();
+                self.acquire_on_node(shared, &token, wait, args, first)
                     .await
             }
-            (Backend::Single(shared), None) => {
-                self.primitive.acquire(shared, &token, wait, args).await
-            }
-            (Backend::Redlock(redlock), _) => {
+            Backend::Redlock(redlock) => {
                 self.primitive
                     .acquire_quorum(redlock, &token, wait, args)
                     .await
             }
         };
         pending.settle(&backend, token, granted, listener)
+    }
+
+    /// Waits on one node for the primitive's hold (see `waiting`); `busy_retry_ms`: a first
+    /// attempt (made directly) found it busy.
+    async fn acquire_on_node(
+        &self,
+        shared: &Arc<Shared>,
+        token: &str,
+        wait: Wait,
+        args: &P::Args,
+        busy_retry_ms: Option<i64>,
+    ) -> Result<Option<(Instant, P::Detail)>> {
+        let contender = self.primitive.contender(shared, token, args)?;
+        let plan = self.primitive.plan(shared, token);
+        let first = busy_retry_ms.map(|retry_ms| Outcome::Busy { retry_ms });
+        let grant = waiting::acquire_from(&contender, &plan, wait, first).await?;
+        Ok(grant.map(|grant| self.primitive.held(&contender, grant)))
     }
 
     fn begin_acquire(&self) -> Result<Pending<'_, P>> {

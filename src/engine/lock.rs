@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 use super::client::{Backend, Client};
 use super::error::{Error, Result};
 use super::executor::{self, Now};
-use super::hold::{DirectTry, Holder, Leased, Naming};
+use super::hold::{Holder, Leased, Naming};
 use super::redlock::{self, Redlock};
 use super::replicas::attempt_with_replicas;
 use super::shared::Shared;
-use super::waiting::{self, attempt_direct, Contender, Outcome, Plan, Undo, UndoStep};
+use super::waiting::{self, Contender, Outcome, Plan, Undo, UndoStep};
 use crate::protocol::keys::Keys;
 use crate::protocol::lease;
 use crate::protocol::lock as steps;
@@ -46,7 +46,7 @@ impl From<Granted> for (Instant, Fenced) {
 }
 
 /// One waiter's attempts on a lock.
-struct LockContender<'a> {
+pub struct LockContender<'a> {
     shared: &'a Arc<Shared>,
     spec: &'a LockSpec,
     token: &'a str,
@@ -73,16 +73,27 @@ impl<'a> LockContender<'a> {
 
 impl Contender for LockContender<'_> {
     type Grant = Granted;
+    type Reply = Attempt;
+
+    fn first_step(&self) -> Step<Attempt> {
+        let fair = self.spec.fair.then_some(Queueing::TryOnly);
+        // A first try never queues, so it names no inbox.
+        steps::attempt(self.spec, self.token, fair, "")
+    }
+
+    fn read(&self, attempt: Attempt, sent_at: Instant) -> Result<Outcome<Granted>> {
+        Ok(match attempt {
+            Attempt::Granted { fence } => Outcome::Granted(Granted {
+                fence,
+                sent_at,
+                lease: self.spec.lease,
+            }),
+            Attempt::Busy { retry_ms, .. } => Outcome::Busy { retry_ms },
+        })
+    }
 
     async fn attempt(&self, join: bool) -> Result<Outcome<Granted>> {
-        let queueing = if join {
-            Queueing::Join {
-                place_ms: lease::lease_ms(QUEUE_PLACE),
-            }
-        } else {
-            Queueing::TryOnly
-        };
-        let fair = self.spec.fair.then_some(queueing);
+        let fair = self.spec.fair.then_some(waiting::queueing(join));
         let sent_at = Instant::now();
         let attempt = if self.spec.replicas > 0 {
             match attempt_with_replicas(self.shared, self.spec, fair, self.token).await? {
@@ -100,20 +111,13 @@ impl Contender for LockContender<'_> {
                 executor::run(self.shared, &step).await?
             }
         };
-        match attempt {
-            Attempt::Granted { fence } => Ok(Outcome::Granted(Granted {
-                fence,
-                sent_at,
-                lease: self.spec.lease,
-            })),
-            Attempt::Busy { retry_ms, fence } => {
-                if let Some(seen) = fence {
-                    *self.last_busy.lock().unwrap_or_else(|p| p.into_inner()) =
-                        Some((sent_at, seen));
-                }
-                Ok(Outcome::Busy { retry_ms })
-            }
+        if let Attempt::Busy {
+            fence: Some(seen), ..
+        } = attempt
+        {
+            *self.last_busy.lock().unwrap_or_else(|p| p.into_inner()) = Some((sent_at, seen));
         }
+        self.read(attempt, sent_at)
     }
 
     fn granted(&self, note: GrantNote) -> Option<Granted> {
@@ -187,18 +191,7 @@ async fn acquire_from(
         shared_token,
         ..LockContender::new(shared, spec, token)
     };
-    // Unfair: one competitor per lock in this process; the others queue here, in FIFO order.
-    // Fair: every waiter takes its own place in the Redis queue, which orders them all.
-    let gate = spec.keys.lock();
-    let plan = Plan {
-        shared,
-        channel: spec.keys.wake_channel(),
-        inbox: (spec.fair && !shared.hub.inbox().is_empty())
-            .then(|| spec.keys.wake_inbox(shared.hub.inbox())),
-        wake_token: spec.fair.then_some(token),
-        gate: (!spec.fair).then_some(gate.as_slice()),
-        queued: spec.fair,
-    };
+    let plan = spec.plan(shared, token);
     waiting::acquire_from(&contender, &plan, wait, first).await
 }
 
@@ -255,15 +248,34 @@ impl Leased for LockSpec {
         detail.lease
     }
 
-    async fn acquire(
-        &self,
-        shared: &Arc<Shared>,
-        token: &str,
-        wait: Wait,
+    type Grant = Granted;
+    type Contender<'a> = LockContender<'a>;
+
+    fn contender<'a>(
+        &'a self,
+        shared: &'a Arc<Shared>,
+        token: &'a str,
         _args: &(),
-    ) -> Result<Option<(Instant, Fenced)>> {
-        let granted = acquire(shared, self, token, wait).await?;
-        Ok(granted.map(Into::into))
+    ) -> Result<LockContender<'a>> {
+        Ok(LockContender::new(shared, self, token))
+    }
+
+    fn plan<'a>(&self, shared: &'a Arc<Shared>, token: &'a str) -> Plan<'a> {
+        // Unfair: one competitor per lock in this process; the others queue here, in FIFO order.
+        // Fair: every waiter takes its own place in the Redis queue, which orders them all.
+        Plan {
+            shared,
+            channel: self.keys.wake_channel(),
+            inbox: (self.fair && !shared.hub.inbox().is_empty())
+                .then(|| self.keys.wake_inbox(shared.hub.inbox())),
+            wake_token: self.fair.then_some(token),
+            gate: (!self.fair).then(|| self.keys.lock()),
+            queued: self.fair,
+        }
+    }
+
+    fn held(&self, _contender: &LockContender<'_>, grant: Granted) -> (Instant, Fenced) {
+        grant.into()
     }
 
     fn release(&self, token: &str) -> Step<bool> {
@@ -281,38 +293,6 @@ impl Leased for LockSpec {
     /// WAIT must follow the write on the same connection, so `replicas` locks use the runtime.
     fn direct(&self) -> bool {
         self.replicas == 0
-    }
-
-    fn try_direct(&self, shared: &Arc<Shared>, token: &str) -> Result<DirectTry<Fenced>> {
-        let fair = self.fair.then_some(Queueing::TryOnly);
-        // A first try never queues, so it names no inbox.
-        let step = steps::attempt(self, token, fair, "");
-        let (reply, sent_at) = attempt_direct(shared, executor::script_of(&step)?, || {
-            LockContender::new(shared, self, token).undo()
-        })?;
-        Ok(match step.parse(reply)? {
-            Attempt::Granted { fence } => DirectTry::Granted(
-                sent_at,
-                Fenced {
-                    fence,
-                    lease: self.lease,
-                },
-            ),
-            Attempt::Busy { retry_ms, .. } => DirectTry::Busy { retry_ms },
-        })
-    }
-
-    async fn acquire_after(
-        &self,
-        shared: &Arc<Shared>,
-        token: &str,
-        wait: Wait,
-        _args: &(),
-        retry_ms: i64,
-    ) -> Result<Option<(Instant, Fenced)>> {
-        let first = Some(Outcome::Busy { retry_ms });
-        let granted = acquire_from(shared, self, token, wait, first, false).await?;
-        Ok(granted.map(Into::into))
     }
 
     fn quorum(&self) -> bool {

@@ -19,9 +19,8 @@ use super::executor;
 use super::hold::{Holder, Leased, Naming};
 use super::runtime::pid;
 use super::shared::Shared;
-use super::waiting::{self, Contender, Outcome, Plan, Undo, UndoStep, Wait, QUEUE_PLACE};
+use super::waiting::{self, Contender, Outcome, Plan, Undo, UndoStep, QUEUE_PLACE};
 use crate::protocol::keys::Keys;
-use crate::protocol::lease;
 use crate::protocol::replies::{Admission, RwState};
 use crate::protocol::rwlock as steps;
 pub use crate::protocol::rwlock::{Mode, RwSpec};
@@ -91,32 +90,38 @@ pub struct RwSide {
     registry: Arc<Registry>,
 }
 
-struct RwContender<'a> {
+pub struct RwContender<'a> {
     shared: &'a Arc<Shared>,
     spec: &'a RwSpec,
     mode: Mode,
     token: &'a str,
+    /// The acquiring context, and whether it holds a read lock already (a read re-enters).
+    context: Context,
     reentrant: bool,
+}
+
+impl RwContender<'_> {
+    fn step(&self, queueing: Queueing) -> Step<Admission> {
+        steps::attempt(self.spec, self.mode, self.token, self.reentrant, queueing)
+    }
 }
 
 impl Contender for RwContender<'_> {
     /// When the winning request was sent: the lease's start.
     type Grant = Instant;
+    type Reply = Admission;
+
+    fn first_step(&self) -> Step<Admission> {
+        self.step(Queueing::TryOnly)
+    }
+
+    fn read(&self, admission: Admission, sent_at: Instant) -> Result<Outcome<Instant>> {
+        Ok(waiting::admission(admission, sent_at))
+    }
 
     async fn attempt(&self, join: bool) -> Result<Outcome<Instant>> {
-        let queueing = if join {
-            Queueing::Join {
-                place_ms: lease::lease_ms(QUEUE_PLACE),
-            }
-        } else {
-            Queueing::TryOnly
-        };
-        let step = steps::attempt(self.spec, self.mode, self.token, self.reentrant, queueing);
-        let sent_at = Instant::now();
-        Ok(match executor::run(self.shared, &step).await? {
-            Admission::Admitted { .. } => Outcome::Granted(sent_at),
-            Admission::Busy { retry_ms } => Outcome::Busy { retry_ms },
-        })
+        let step = self.step(waiting::queueing(join));
+        waiting::attempt_step(self, self.shared, &step).await
     }
 
     async fn leave(&self) -> Result<()> {
@@ -198,35 +203,43 @@ impl Leased for RwSide {
         self.spec.lease
     }
 
-    async fn acquire(
-        &self,
-        shared: &Arc<Shared>,
-        token: &str,
-        wait: Wait,
+    type Grant = Instant;
+    type Contender<'a> = RwContender<'a>;
+
+    fn contender<'a>(
+        &'a self,
+        shared: &'a Arc<Shared>,
+        token: &'a str,
         context: &u64,
-    ) -> Result<Option<(Instant, Arc<HeldMark>)>> {
+    ) -> Result<RwContender<'a>> {
         let context = (pid(), *context);
         let reentrant = self.check(context)?;
-        let contender = RwContender {
+        Ok(RwContender {
             shared,
             spec: &self.spec,
             mode: self.mode,
             token,
+            context,
             reentrant,
-        };
+        })
+    }
+
+    fn plan<'a>(&self, shared: &'a Arc<Shared>, token: &'a str) -> Plan<'a> {
         // Readers do not compete with each other: each waits for the writer on its own.
         // Writers: one competitor per lock in this process, its waiting mark refreshed.
-        let gate = self.spec.keys.rw_writer();
-        let plan = Plan {
+        let writer = self.mode == Mode::Write;
+        Plan {
             shared,
             channel: self.spec.keys.wake_channel(),
             inbox: None,
             wake_token: Some(token),
-            gate: (self.mode == Mode::Write).then_some(gate.as_slice()),
-            queued: self.mode == Mode::Write,
-        };
-        let granted = waiting::acquire(&contender, &plan, wait).await?;
-        Ok(granted.map(|sent_at| (sent_at, self.registry.add(context, self.mode))))
+            gate: writer.then(|| self.spec.keys.rw_writer()),
+            queued: writer,
+        }
+    }
+
+    fn held(&self, contender: &RwContender<'_>, sent_at: Instant) -> (Instant, Arc<HeldMark>) {
+        (sent_at, self.registry.add(contender.context, self.mode))
     }
 
     fn release(&self, token: &str) -> Step<bool> {

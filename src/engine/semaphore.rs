@@ -10,44 +10,45 @@ use std::time::{Duration, Instant};
 use super::client::Client;
 use super::error::{Error, Result};
 use super::executor::{self, Now};
-use super::hold::{DirectTry, Holder, Leased, Naming};
+use super::hold::{Holder, Leased, Naming};
 use super::shared::Shared;
-use super::waiting::{
-    self, attempt_direct, Contender, Outcome, Plan, Undo, UndoStep, Wait, QUEUE_PLACE,
-};
+use super::waiting::{self, Contender, Outcome, Plan, Undo, UndoStep, Wait, QUEUE_PLACE};
 use crate::protocol::keys::Keys;
-use crate::protocol::lease;
 use crate::protocol::replies::Admission;
 use crate::protocol::scripts::Queueing;
 pub use crate::protocol::semaphore::SemaphoreSpec;
 use crate::protocol::semaphore::{self as steps, Admit};
 use crate::protocol::step::Step;
 
-struct SemaphoreContender<'a> {
+pub struct SemaphoreContender<'a> {
     shared: &'a Arc<Shared>,
     spec: &'a SemaphoreSpec,
     token: &'a str,
 }
 
+impl SemaphoreContender<'_> {
+    fn step(&self, queueing: Queueing) -> Step<Admit> {
+        steps::attempt(self.spec, self.token, queueing)
+    }
+}
+
 impl Contender for SemaphoreContender<'_> {
     /// When the winning request was sent: the lease's start.
     type Grant = Instant;
+    type Reply = Admit;
+
+    /// Never queues: a fair waiter takes its place in the wait that follows a refusal.
+    fn first_step(&self) -> Step<Admit> {
+        self.step(Queueing::TryOnly)
+    }
+
+    fn read(&self, admit: Admit, sent_at: Instant) -> Result<Outcome<Instant>> {
+        Ok(waiting::admission(admitted(self.spec, admit)?, sent_at))
+    }
 
     async fn attempt(&self, join: bool) -> Result<Outcome<Instant>> {
-        let queueing = if join {
-            Queueing::Join {
-                place_ms: lease::lease_ms(QUEUE_PLACE),
-            }
-        } else {
-            Queueing::TryOnly
-        };
-        let step = steps::attempt(self.spec, self.token, queueing);
-        let sent_at = Instant::now();
-        let admit = executor::run(self.shared, &step).await?;
-        Ok(match admitted(self.spec, admit)? {
-            Admission::Admitted { .. } => Outcome::Granted(sent_at),
-            Admission::Busy { retry_ms } => Outcome::Busy { retry_ms },
-        })
+        let step = self.step(waiting::queueing(join));
+        waiting::attempt_step(self, self.shared, &step).await
     }
 
     async fn leave(&self) -> Result<()> {
@@ -97,34 +98,8 @@ pub async fn acquire(
     token: &str,
     wait: Wait,
 ) -> Result<Option<Instant>> {
-    acquire_from(shared, spec, token, wait, None).await
-}
-
-/// `acquire`, after a first attempt (made directly) found no permit free.
-async fn acquire_from(
-    shared: &Arc<Shared>,
-    spec: &SemaphoreSpec,
-    token: &str,
-    wait: Wait,
-    first: Option<Outcome<Instant>>,
-) -> Result<Option<Instant>> {
-    let contender = SemaphoreContender {
-        shared,
-        spec,
-        token,
-    };
-    // Fair: every waiter keeps its place in the Redis queue and is woken by name.
-    // Unfair: one competitor per semaphore in this process, woken by any release.
-    let gate = spec.keys.semaphore_holders();
-    let plan = Plan {
-        shared,
-        channel: spec.keys.wake_channel(),
-        inbox: None,
-        wake_token: spec.fair.then_some(token),
-        gate: (!spec.fair).then_some(gate.as_slice()),
-        queued: spec.fair,
-    };
-    waiting::acquire_from(&contender, &plan, wait, first).await
+    let contender = spec.contender(shared, token, &())?;
+    waiting::acquire(&contender, &spec.plan(shared, token), wait).await
 }
 
 /// Gives a permit back; `Ok(false)` when `token` held none (any more).
@@ -152,16 +127,37 @@ impl Leased for SemaphoreSpec {
         self.lease
     }
 
-    async fn acquire(
-        &self,
-        shared: &Arc<Shared>,
-        token: &str,
-        wait: Wait,
+    type Grant = Instant;
+    type Contender<'a> = SemaphoreContender<'a>;
+
+    fn contender<'a>(
+        &'a self,
+        shared: &'a Arc<Shared>,
+        token: &'a str,
         _args: &(),
-    ) -> Result<Option<(Instant, ())>> {
-        Ok(acquire(shared, self, token, wait)
-            .await?
-            .map(|sent_at| (sent_at, ())))
+    ) -> Result<SemaphoreContender<'a>> {
+        Ok(SemaphoreContender {
+            shared,
+            spec: self,
+            token,
+        })
+    }
+
+    fn plan<'a>(&self, shared: &'a Arc<Shared>, token: &'a str) -> Plan<'a> {
+        // Fair: every waiter keeps its place in the Redis queue and is woken by name.
+        // Unfair: one competitor per semaphore in this process, woken by any release.
+        Plan {
+            shared,
+            channel: self.keys.wake_channel(),
+            inbox: None,
+            wake_token: self.fair.then_some(token),
+            gate: (!self.fair).then(|| self.keys.semaphore_holders()),
+            queued: self.fair,
+        }
+    }
+
+    fn held(&self, _contender: &SemaphoreContender<'_>, sent_at: Instant) -> (Instant, ()) {
+        (sent_at, ())
     }
 
     fn release(&self, token: &str) -> Step<bool> {
@@ -178,36 +174,6 @@ impl Leased for SemaphoreSpec {
 
     fn direct(&self) -> bool {
         true
-    }
-
-    fn try_direct(&self, shared: &Arc<Shared>, token: &str) -> Result<DirectTry<()>> {
-        // Never queues: a fair waiter takes its place in the wait that follows a refusal.
-        let step = steps::attempt(self, token, Queueing::TryOnly);
-        let (reply, sent_at) = attempt_direct(shared, executor::script_of(&step)?, || {
-            let contender = SemaphoreContender {
-                shared,
-                spec: self,
-                token,
-            };
-            contender.undo()
-        })?;
-        Ok(match admitted(self, step.parse(reply)?)? {
-            Admission::Admitted { .. } => DirectTry::Granted(sent_at, ()),
-            Admission::Busy { retry_ms } => DirectTry::Busy { retry_ms },
-        })
-    }
-
-    async fn acquire_after(
-        &self,
-        shared: &Arc<Shared>,
-        token: &str,
-        wait: Wait,
-        _args: &(),
-        retry_ms: i64,
-    ) -> Result<Option<(Instant, ())>> {
-        let first = Some(Outcome::Busy { retry_ms });
-        let granted = acquire_from(shared, self, token, wait, first).await?;
-        Ok(granted.map(|sent_at| (sent_at, ())))
     }
 }
 

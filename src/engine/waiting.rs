@@ -14,11 +14,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::error::Result;
+use super::executor;
 use super::node::Retry;
 use super::runtime;
 use super::shared::Shared;
 use super::wake::Registration;
 use crate::protocol::lease;
+use crate::protocol::replies::Admission;
+use crate::protocol::scripts::Queueing;
+use crate::protocol::step::Step;
 use crate::protocol::wake::GrantNote;
 
 /// How long a silent waiter keeps its place in a Redis queue (fair lock, fair semaphore,
@@ -137,6 +141,15 @@ pub fn spawn_undo(mut undo: Undo) {
 /// One waiter's attempts on one primitive, for one token.
 pub trait Contender: Sync {
     type Grant: Send;
+    /// What the first attempt's step replies.
+    type Reply;
+
+    /// The step of a first attempt (it never takes a place in a queue): the direct path sends
+    /// it on the caller's thread, then reads its reply with `read`.
+    fn first_step(&self) -> Step<Self::Reply>;
+
+    /// What an attempt's reply means; `sent_at`: when the attempt was sent.
+    fn read(&self, reply: Self::Reply, sent_at: Instant) -> Result<Outcome<Self::Grant>>;
 
     /// One attempt. `join` is false for the first try (never take a place in a queue) and true
     /// while waiting (take or refresh the waiter's place, if the primitive keeps one).
@@ -157,6 +170,38 @@ pub trait Contender: Sync {
     fn undo(&self) -> Undo;
 }
 
+/// How an attempt treats the primitive's queue, if it keeps one: a first try (`join` false)
+/// never takes a place; an attempt while waiting takes or refreshes it.
+pub fn queueing(join: bool) -> Queueing {
+    if join {
+        Queueing::Join {
+            place_ms: lease::lease_ms(QUEUE_PLACE),
+        }
+    } else {
+        Queueing::TryOnly
+    }
+}
+
+/// The outcome of an attempt that a primitive answers with an `Admission` (a semaphore, a
+/// read-write lock): granted, the lease started when the attempt was sent.
+pub fn admission(admission: Admission, sent_at: Instant) -> Outcome<Instant> {
+    match admission {
+        Admission::Admitted { .. } => Outcome::Granted(sent_at),
+        Admission::Busy { retry_ms } => Outcome::Busy { retry_ms },
+    }
+}
+
+/// One attempt from the runtime: sends `step` and reads its reply with `Contender::read`.
+pub async fn attempt_step<C: Contender>(
+    contender: &C,
+    shared: &Shared,
+    step: &Step<C::Reply>,
+) -> Result<Outcome<C::Grant>> {
+    let sent_at = Instant::now();
+    let reply = executor::run(shared, step).await?;
+    contender.read(reply, sent_at)
+}
+
 /// How a primitive's waiters wait.
 pub struct Plan<'a> {
     pub shared: &'a Arc<Shared>,
@@ -171,7 +216,7 @@ pub struct Plan<'a> {
     /// The id is the full Redis key the competitors contend for (`protocol::keys`), never a bare
     /// name: keys of different primitives differ by their suffix, so no two primitives share a
     /// gate, even when one's name spells out the other's key.
-    pub gate: Option<&'a [u8]>,
+    pub gate: Option<Vec<u8>>,
     /// The waiter keeps a place in Redis (a queue entry or a waiting-writer mark) that it must
     /// refresh while it waits and give back when it gives up.
     pub queued: bool,
@@ -286,7 +331,10 @@ async fn wait_for_turn<C: Contender>(
     plan: &Plan<'_>,
     wait: Wait,
 ) -> Result<Option<C::Grant>> {
-    let gate = plan.gate.map(|id| plan.shared.locals.get::<Gate>(id));
+    let gate = plan
+        .gate
+        .as_deref()
+        .map(|id| plan.shared.locals.get::<Gate>(id));
     let mut turn = match &gate {
         Some(gate) => match wait.deadline() {
             None => Some(gate.lock().await),

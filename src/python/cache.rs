@@ -16,7 +16,7 @@ use super::awaitable::{self, OnCancel};
 use super::blocking;
 use super::client::{coerce_client, PyClient};
 use super::errors::value_error;
-use crate::engine::cache::{self, CacheSpec, Claim, Fetched, First};
+use crate::engine::cache::{self, CacheSpec, Claim, Fetched};
 use crate::engine::waiting::Wait;
 use crate::engine::{Client, Error};
 
@@ -78,20 +78,8 @@ impl PyCacheStore {
         let spec = self.spec(key)?;
         let shared = self.inner.shared()?;
         let skip = skip.as_deref();
-        let fetched = if self.inner.supports_direct() {
-            // The first look on a direct connection of this thread (the hot path: one round
-            // trip, no hand-off to the runtime); only a wait for another's fill runs there.
-            match py.detach(|| cache::first_look_direct(&shared, &spec, wait, skip))? {
-                First::Done(fetched) => fetched,
-                First::Wait(pending) => {
-                    blocking::wait(py, pending.wait(&shared, &spec, wait, skip))??
-                }
-            }
-        } else {
-            // A cluster routes by slot and a Sentinel master moves: through the runtime.
-            blocking::wait(py, cache::fetch(&shared, &spec, wait, skip))??
-        };
-        found(py, fetched, self.ttl, self.inner.supports_direct())
+        let fetched = blocking::run(py, || cache::fetch_blocking(&shared, &spec, wait, skip))??;
+        found(py, fetched, self.ttl)
     }
 
     fn invalidation(
@@ -117,7 +105,7 @@ impl PyCacheStore {
     ) -> PyResult<Bound<'py, PyAny>> {
         let spec = self.spec(key)?;
         let client = self.inner.clone();
-        let (ttl, direct) = (self.ttl, self.inner.supports_direct());
+        let ttl = self.ttl;
         awaitable::spawn(
             py,
             OnCancel::Abort,
@@ -125,7 +113,7 @@ impl PyCacheStore {
                 let shared = client.shared()?;
                 cache::fetch(&shared, &spec, wait, skip.as_deref()).await
             },
-            move |py, fetched| found(py, fetched, ttl, direct),
+            move |py, fetched| found(py, fetched, ttl),
         )
     }
 
@@ -139,14 +127,9 @@ impl PyCacheStore {
 }
 
 /// What a lookup found, as Python sees it: a `CacheHit`; the `FillClaim` (which stores for
-/// `ttl`, settled directly on the caller's thread when `direct`); or None when another caller
+/// `ttl`); or None when another caller
 /// fills and the wait allowed ended first.
-fn found(
-    py: Python<'_>,
-    fetched: Fetched,
-    ttl: Duration,
-    direct: bool,
-) -> PyResult<Bound<'_, PyAny>> {
+fn found(py: Python<'_>, fetched: Fetched, ttl: Duration) -> PyResult<Bound<'_, PyAny>> {
     match fetched {
         Fetched::Hit(hit) => PyCacheHit {
             payload: PyBytes::new(py, &hit.payload).unbind(),
@@ -157,7 +140,6 @@ fn found(
             token: claim.token().to_string(),
             claim: Mutex::new(Some(claim)),
             ttl,
-            direct,
         }
         .into_bound_py_any(py),
         Fetched::Busy => Ok(py.None().into_bound(py)),
@@ -326,9 +308,6 @@ pub struct PyFillClaim {
     claim: Mutex<Option<Claim>>,
     token: String,
     ttl: Duration,
-    /// Settled on a direct connection of the caller's thread (a single server), else through
-    /// the runtime.
-    direct: bool,
 }
 
 impl PyFillClaim {
@@ -350,10 +329,9 @@ impl PyFillClaim {
     fn store(&self, py: Python<'_>, payload: &[u8]) -> PyResult<bool> {
         let claim = self.take()?;
         let ttl = self.ttl;
-        if self.direct {
-            return Ok(py.detach(|| claim.store_direct(payload, ttl))?);
-        }
-        Ok(blocking::wait(py, claim.store(payload, ttl))??)
+        Ok(blocking::run(py, move || {
+            claim.store_blocking(payload, ttl)
+        })??)
     }
 
     /// `store` as an awaitable; it runs to its end even if the awaiting task is cancelled.
@@ -380,10 +358,7 @@ impl PyFillClaim {
     /// Gives the claim back without a value; one waiter takes the fill over. False: not ours.
     fn abandon(&self, py: Python<'_>) -> PyResult<bool> {
         let claim = self.take()?;
-        if self.direct {
-            return Ok(py.detach(|| claim.abandon_direct())?);
-        }
-        Ok(blocking::wait(py, claim.abandon())??)
+        Ok(blocking::run(py, move || claim.abandon_blocking())??)
     }
 
     /// True until stored or given back.
