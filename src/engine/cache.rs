@@ -53,6 +53,8 @@ pub struct CacheSpec {
     pub name: Vec<u8>,
     pub keys: Keys,
     pub claim_lease: Duration,
+    /// How long a stored value lives.
+    pub value_ttl: Duration,
     /// The blocking API may run a one-round-trip step on a direct connection of the caller's
     /// thread (the client is one server, reached directly).
     pub direct: bool,
@@ -60,11 +62,17 @@ pub struct CacheSpec {
 
 impl CacheSpec {
     /// Fails for a name the deployment cannot hold (on a cluster, one starting with '}').
-    pub fn new(client: &Client, name: &[u8], claim_lease: Duration) -> Result<Self> {
+    pub fn new(
+        client: &Client,
+        name: &[u8],
+        claim_lease: Duration,
+        value_ttl: Duration,
+    ) -> Result<Self> {
         Ok(CacheSpec {
             name: name.to_vec(),
             keys: client.keys(name)?,
             claim_lease,
+            value_ttl,
             direct: client.supports_direct(),
         })
     }
@@ -144,6 +152,8 @@ pub struct Claim {
     flight: Option<Arc<Flight>>,
     token: String,
     lease: Duration,
+    /// How long the value it stores lives.
+    value_ttl: Duration,
     pid: u32,
     settled: bool,
     renewal: Option<tokio::task::AbortHandle>,
@@ -161,6 +171,7 @@ impl Claim {
             flight: None,
             token,
             lease: spec.claim_lease,
+            value_ttl: spec.value_ttl,
             pid: pid(),
             settled: false,
             renewal: None,
@@ -193,11 +204,11 @@ impl Claim {
         &self.token
     }
 
-    /// Stores `payload` for `ttl` and wakes the waiters. `Ok(false)`: not stored, because the
+    /// Stores `payload` for the entry's value ttl and wakes the waiters. `Ok(false)`: not stored, because the
     /// claim is not ours any more (its lease ended, or the entry was invalidated meanwhile).
-    pub async fn store(mut self, payload: &[u8], ttl: Duration) -> Result<bool> {
+    pub async fn store(mut self, payload: &[u8]) -> Result<bool> {
         self.check_process()?;
-        let ttl_ms = lease::lease_ms(ttl);
+        let ttl_ms = lease::lease_ms(self.value_ttl);
         let step = steps::store(&self.keys, &self.token, payload, ttl_ms);
         let sent_at = Instant::now();
         let stored = executor::run(&self.shared, &step).await?;
@@ -205,9 +216,9 @@ impl Claim {
     }
 
     /// `store` on a direct connection, blocking the calling thread for one round trip.
-    pub fn store_direct(mut self, payload: &[u8], ttl: Duration) -> Result<bool> {
+    pub fn store_direct(mut self, payload: &[u8]) -> Result<bool> {
         self.check_process()?;
-        let ttl_ms = lease::lease_ms(ttl);
+        let ttl_ms = lease::lease_ms(self.value_ttl);
         let step = steps::store(&self.keys, &self.token, payload, ttl_ms);
         let sent_at = Instant::now();
         let stored = executor::run_direct(&self.shared, &step)?;
@@ -219,12 +230,11 @@ impl Claim {
     pub fn store_blocking(
         self,
         payload: &[u8],
-        ttl: Duration,
     ) -> Now<Result<bool>, impl Future<Output = Result<bool>> + Send + '_> {
         if self.direct {
-            return Now::Done(self.store_direct(payload, ttl));
+            return Now::Done(self.store_direct(payload));
         }
-        Now::Later(self.store(payload, ttl))
+        Now::Later(self.store(payload))
     }
 
     /// A claim inherited by a forked child is the parent's: the child neither uses the parent's
@@ -622,7 +632,14 @@ mod server_tests {
     use crate::engine::tests::{block_on, Server};
 
     fn spec(client: &Client, name: &str, lease_ms: u64) -> CacheSpec {
-        CacheSpec::new(client, name.as_bytes(), Duration::from_millis(lease_ms)).unwrap()
+        let value_ttl = Duration::from_secs(30);
+        CacheSpec::new(
+            client,
+            name.as_bytes(),
+            Duration::from_millis(lease_ms),
+            value_ttl,
+        )
+        .unwrap()
     }
 
     async fn query<T: redis::FromRedisValue + Send>(shared: &Shared, cmd: &redis::Cmd) -> T {
@@ -664,10 +681,7 @@ mod server_tests {
                 fetch(&shared, &s, Wait::Once, None).await.unwrap(),
                 Fetched::Busy
             ));
-            assert!(claim
-                .store(b"payload", Duration::from_secs(30))
-                .await
-                .unwrap());
+            assert!(claim.store(b"payload").await.unwrap());
             let (payload, pttl) = payload_of(fetch(&shared, &s, Wait::Once, None).await.unwrap());
             assert_eq!(payload, b"payload");
             assert!((29_000..=30_000).contains(&pttl), "{pttl}");
@@ -697,7 +711,7 @@ mod server_tests {
                 async move { fetch(&waiter_shared, &s, until_ms(20_000), None).await }
             });
             tokio::time::sleep(Duration::from_millis(200)).await;
-            assert!(claim.store(b"v", Duration::from_secs(30)).await.unwrap());
+            assert!(claim.store(b"v").await.unwrap());
             let (payload, _) = payload_of(waiting.await.unwrap().unwrap());
             assert_eq!(payload, b"v");
             assert!(
@@ -782,10 +796,7 @@ mod server_tests {
             let (payload, pttl) = payload_of(fetch(&shared, &s, Wait::Once, None).await.unwrap());
             assert_eq!((payload.as_slice(), pttl), (&b"junk"[..], -1));
             let claim = claimed(fetch(&shared, &s, Wait::Once, Some(&digest)).await.unwrap());
-            assert!(claim
-                .store(b"clean", Duration::from_secs(30))
-                .await
-                .unwrap());
+            assert!(claim.store(b"clean").await.unwrap());
             // Another payload than the skipped one is a hit again.
             let (payload, _) =
                 payload_of(fetch(&shared, &s, Wait::Once, Some(&digest)).await.unwrap());
@@ -802,15 +813,9 @@ mod server_tests {
             let s = spec(&client, "e", 10_000);
             let claim = claimed(fetch(&shared, &s, Wait::Once, None).await.unwrap());
             assert!(!invalidate(&shared, &s.keys).await.unwrap());
-            assert!(!claim
-                .store(b"stale", Duration::from_secs(30))
-                .await
-                .unwrap());
+            assert!(!claim.store(b"stale").await.unwrap());
             let claim = claimed(fetch(&shared, &s, Wait::Once, None).await.unwrap());
-            assert!(claim
-                .store(b"fresh", Duration::from_secs(30))
-                .await
-                .unwrap());
+            assert!(claim.store(b"fresh").await.unwrap());
             assert!(invalidate(&shared, &s.keys).await.unwrap());
             let keys: Vec<Vec<u8>> = query(&shared, redis::cmd("KEYS").arg("c6:*")).await;
             assert!(keys.is_empty(), "{keys:?}");
@@ -830,7 +835,7 @@ mod server_tests {
                 fetch(&shared, &s, Wait::Once, None).await.unwrap(),
                 Fetched::Busy
             ));
-            assert!(claim.store(b"late", Duration::from_secs(30)).await.unwrap());
+            assert!(claim.store(b"late").await.unwrap());
         });
     }
 
@@ -856,7 +861,7 @@ mod server_tests {
                 })
                 .collect();
             tokio::time::sleep(Duration::from_millis(300)).await;
-            assert!(claim.store(b"v", Duration::from_secs(30)).await.unwrap());
+            assert!(claim.store(b"v").await.unwrap());
             for task in tasks {
                 assert_eq!(payload_of(task.await.unwrap().unwrap()).0, b"v");
             }

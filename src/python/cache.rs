@@ -65,7 +65,7 @@ pub struct PyCacheStore {
 impl PyCacheStore {
     fn spec(&self, key: &Bound<'_, PyAny>) -> PyResult<CacheSpec> {
         let name = args::name("key", key)?;
-        Ok(CacheSpec::new(&self.inner, &name, self.lock_ttl)?)
+        Ok(CacheSpec::new(&self.inner, &name, self.lock_ttl, self.ttl)?)
     }
 
     fn run_fetch<'py>(
@@ -79,7 +79,7 @@ impl PyCacheStore {
         let shared = self.inner.shared()?;
         let skip = skip.as_deref();
         let fetched = blocking::run(py, || cache::fetch_blocking(&shared, &spec, wait, skip))??;
-        found(py, fetched, self.ttl)
+        found(py, fetched)
     }
 
     fn invalidation(
@@ -105,7 +105,6 @@ impl PyCacheStore {
     ) -> PyResult<Bound<'py, PyAny>> {
         let spec = self.spec(key)?;
         let client = self.inner.clone();
-        let ttl = self.ttl;
         awaitable::spawn(
             py,
             OnCancel::Abort,
@@ -113,7 +112,7 @@ impl PyCacheStore {
                 let shared = client.shared()?;
                 cache::fetch(&shared, &spec, wait, skip.as_deref()).await
             },
-            move |py, fetched| found(py, fetched, ttl),
+            found,
         )
     }
 
@@ -126,10 +125,10 @@ impl PyCacheStore {
     }
 }
 
-/// What a lookup found, as Python sees it: a `CacheHit`; the `FillClaim` (which stores for
-/// `ttl`); or None when another caller
+/// What a lookup found, as Python sees it: a `CacheHit`; the `FillClaim` (whose store keeps the
+/// value for the entry's ttl, which the engine's claim carries); or None when another caller
 /// fills and the wait allowed ended first.
-fn found(py: Python<'_>, fetched: Fetched, ttl: Duration) -> PyResult<Bound<'_, PyAny>> {
+fn found(py: Python<'_>, fetched: Fetched) -> PyResult<Bound<'_, PyAny>> {
     match fetched {
         Fetched::Hit(hit) => PyCacheHit {
             payload: PyBytes::new(py, &hit.payload).unbind(),
@@ -139,7 +138,6 @@ fn found(py: Python<'_>, fetched: Fetched, ttl: Duration) -> PyResult<Bound<'_, 
         Fetched::Claimed(claim) => PyFillClaim {
             token: claim.token().to_string(),
             claim: Mutex::new(Some(claim)),
-            ttl,
         }
         .into_bound_py_any(py),
         Fetched::Busy => Ok(py.None().into_bound(py)),
@@ -307,7 +305,6 @@ impl PyCacheStore {
 pub struct PyFillClaim {
     claim: Mutex<Option<Claim>>,
     token: String,
-    ttl: Duration,
 }
 
 impl PyFillClaim {
@@ -328,21 +325,17 @@ impl PyFillClaim {
     /// the claim is not ours any more (its lease ended, or the entry was invalidated meanwhile).
     fn store(&self, py: Python<'_>, payload: &[u8]) -> PyResult<bool> {
         let claim = self.take()?;
-        let ttl = self.ttl;
-        Ok(blocking::run(py, move || {
-            claim.store_blocking(payload, ttl)
-        })??)
+        Ok(blocking::run(py, move || claim.store_blocking(payload))??)
     }
 
     /// `store` as an awaitable; it runs to its end even if the awaiting task is cancelled.
     fn _store_async<'py>(&self, py: Python<'py>, payload: &[u8]) -> PyResult<Bound<'py, PyAny>> {
         let claim = self.take()?;
         let payload = payload.to_vec();
-        let ttl = self.ttl;
         awaitable::spawn(
             py,
             OnCancel::Finish,
-            async move { claim.store(&payload, ttl).await },
+            async move { claim.store(&payload).await },
             |py, stored| stored.into_bound_py_any(py),
         )
     }
