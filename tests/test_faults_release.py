@@ -44,6 +44,18 @@ def _hold(kind: str, c: redmutex.Client, name: str, **kw: Any) -> Any:
     return rw.read() if kind == "read" else rw.write()
 
 
+def _another_gets_it(kind: str, other_client: redmutex.Client, name: str, after: str) -> None:
+    """Another holder of `kind` gets `name` at once: no orphan of an undone attempt holds it."""
+    looked_at = time.monotonic()
+    other = _hold(kind, other_client, name, ttl=5)
+    got = other.acquire(timeout=6)
+    waited = time.monotonic() - looked_at
+    print(f"\nanother holder got it {waited:.3f} s after {after}")
+    assert got, "an orphan of the undone attempt held it for its whole ttl"
+    assert waited < 2 * LATE
+    other.release()
+
+
 # ------------------------------------------------------- item 4: a failed release stops renewal
 
 
@@ -254,14 +266,7 @@ def test_undo_of_timed_out_attempt_follows_the_attempt(
             reset.join()
             # The attempt reaches Redis about 1 s after it was sent; look after that.
             time.sleep(max(0.0, started + 1.5 - time.monotonic()))
-            looked_at = time.monotonic()
-            other = _hold(kind, other_client, name, ttl=5)
-            got = other.acquire(timeout=6)
-            waited = time.monotonic() - looked_at
-            print(f"\nanother holder got it {waited:.3f} s after the late attempt ran")
-            assert got, "an orphan of the undone attempt held it for its whole ttl"
-            assert waited < 2 * LATE
-            other.release()
+            _another_gets_it(kind, other_client, name, "the late attempt ran")
         finally:
             c.close()
             other_client.close()
@@ -331,14 +336,7 @@ def test_undo_of_timed_out_runtime_attempt_follows_the_attempt(
             reset.join()
             # The attempt reaches Redis about 1 s after it was sent; look after that.
             time.sleep(max(0.0, started + 1.5 - time.monotonic()))
-            looked_at = time.monotonic()
-            other = _hold(_other_kind(kind), other_client, name, ttl=5)
-            got = other.acquire(timeout=6)
-            waited = time.monotonic() - looked_at
-            print(f"\nanother holder got it {waited:.3f} s after the late attempt ran")
-            assert got, "an orphan of the undone attempt held it for its whole ttl"
-            assert waited < 2 * LATE
-            other.release()
+            _another_gets_it(_other_kind(kind), other_client, name, "the late attempt ran")
         finally:
             c.close()
             other_client.close()
@@ -370,14 +368,7 @@ def test_undo_of_attempt_behind_client_pause_follows_it(
         with pytest.raises(redmutex.ConnectionError):
             _acquire_now(hold)
         time.sleep(max(0.0, ended - time.monotonic()))
-        looked_at = time.monotonic()
-        other = redmutex.Lock(other_client, name, ttl=5)
-        got = other.acquire(timeout=6)
-        waited = time.monotonic() - looked_at
-        print(f"\nanother holder got it {waited:.3f} s after the pause ended")
-        assert got, "an orphan of the undone attempt held it for its whole ttl"
-        assert waited < 2 * LATE
-        other.release()
+        _another_gets_it("lock", other_client, name, "the pause ended")
     finally:
         admin.close()
         c.close()
@@ -421,14 +412,7 @@ def test_undo_of_timed_out_replicated_attempt_follows_the_attempt(
             reset.join()
             # The attempt reaches Redis about 2.5 s after it was sent; look after that.
             time.sleep(max(0.0, started + 3.0 - time.monotonic()))
-            looked_at = time.monotonic()
-            other = redmutex.Lock(other_client, name, ttl=5)
-            got = other.acquire(timeout=6)
-            waited = time.monotonic() - looked_at
-            print(f"\nanother holder got it {waited:.3f} s after the late attempt ran")
-            assert got, "an orphan of the undone attempt held it for its whole ttl"
-            assert waited < 2 * LATE
-            other.release()
+            _another_gets_it("lock", other_client, name, "the late attempt ran")
         finally:
             c.close()
             other_client.close()
