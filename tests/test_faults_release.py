@@ -108,6 +108,7 @@ def test_clean_release_never_reported_lost_by_renewal(
     threads, cycles, seconds, ttl = 4, 1500, 12.0, 0.012
     lost_calls: list[object] = []
     lock_lost: list[int] = [0]
+    contradictions: list[int] = [0]
     done = [0]
     guard = threading.Lock()
     stop_at = time.monotonic() + seconds
@@ -129,6 +130,11 @@ def test_clean_release_never_reported_lost_by_renewal(
             except redmutex.LockLostError:
                 with guard:
                     lock_lost[0] += 1
+            else:
+                # A hold that renewal reported lost must not then release as if it was ours.
+                if lock.lost:
+                    with guard:
+                        contradictions[0] += 1
             with guard:
                 done[0] += 1
 
@@ -139,8 +145,15 @@ def test_clean_release_never_reported_lost_by_renewal(
         for th in workers:
             th.outcome(seconds + 30)
         time.sleep(0.2)  # on_lost runs on a thread of its own
-        print(f"\n{done[0]} releases, {lock_lost[0]} found lost, {len(lost_calls)} on_lost calls")
+        print(
+            f"\n{done[0]} releases, {lock_lost[0]} found lost, {len(lost_calls)} on_lost calls, "
+            f"{contradictions[0]} clean releases of holds reported lost"
+        )
         assert done[0] >= 200
+        assert contradictions[0] == 0, (
+            f"{contradictions[0]} releases returned normally after renewal had reported the "
+            "hold lost: the loss must be reported once and the release must agree"
+        )
         assert len(lost_calls) <= lock_lost[0], (
             f"on_lost called {len(lost_calls)} times, but only {lock_lost[0]} releases found "
             "their hold lost: renewal reported clean releases as losses"

@@ -583,11 +583,13 @@ impl<P: Leased> Holder<P> {
                 *state = State::Idle { lost };
             }
         }
-        if released {
-            Ok(())
-        } else {
+        if lost {
+            // Also when the delete went through: renewal already told the holder its lease
+            // ended (an extend unanswered at the local deadline), and the release agrees.
             hold.status.mark_lost();
             Err(lost_error())
+        } else {
+            Ok(())
         }
     }
 
