@@ -126,6 +126,7 @@ fn spec(client: &Client, name: &str, lease_ms: u64, fair: bool) -> LockSpec {
         lease: Duration::from_millis(lease_ms),
         fair,
         replicas: 0,
+        reentrant: false,
     }
 }
 
