@@ -426,3 +426,25 @@ def test_cli_shows_the_hold_count(redis_url: str, prefix: str, client: redmutex.
         with pytest.raises(redmutex.LockLostError):
             lock.release()
     plain.release()
+
+
+def test_reentry_on_redlock() -> None:
+    # On independent masters the re-entry and the nested release run on every master and count
+    # by majority, like extend and release.
+    from _scale_servers import Masters
+
+    with Masters(3) as masters:
+        client = redmutex.Client(masters.urls, prefix="t:", command_timeout=2.0)
+        try:
+            lock = redmutex.Lock(client, "rl-reentrant", ttl=10, reentrant=True)
+            other = redmutex.Lock(client, "rl-reentrant", ttl=10)
+            with lock:
+                fence = lock.fence
+                with lock:
+                    assert lock.fence == fence and lock._depth == 2 and lock.owned()
+                    assert not other.acquire(blocking=False)
+                assert not other.acquire(blocking=False)
+            assert other.acquire(blocking=False)
+            other.release()
+        finally:
+            client.close()
