@@ -448,3 +448,38 @@ def test_reentry_on_redlock() -> None:
             other.release()
         finally:
             client.close()
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.timeout is 3.11+")
+def test_cancelled_reentries_keep_the_count(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
+    # A re-entry cancelled at any point either counts (acquire returned True) or leaves the
+    # count as it was: the hold then ends with exactly as many releases as acquires that
+    # returned True. (asyncio.timeout cancels in the same task; wait_for before Python 3.12
+    # runs the acquire in a task of its own, which is another owner and waits.)
+    async def main() -> tuple[int, int]:
+        lock = redmutex.aio.Lock(client, "cancelled", ttl=10, reentrant=True)
+        assert await lock.acquire()
+        depth, cancelled = 1, 0
+        deadline = time.monotonic() + 5
+        for i in range(300):
+            if time.monotonic() > deadline:
+                break
+            try:
+                async with asyncio.timeout((i % 20) * 0.0001):
+                    assert await lock.acquire()
+                depth += 1
+            except TimeoutError:
+                cancelled += 1
+            assert lock._core._depth == depth
+        await asyncio.sleep(0.3)  # counts given back in the background have landed
+        value = r.get(holds_key(prefix, "cancelled"))
+        assert value == (None if depth == 1 else f"{lock.token} {depth}".encode())
+        for _ in range(depth):
+            await lock.release()
+        assert not await lock.locked()
+        return depth, cancelled
+
+    depth, cancelled = asyncio.run(main())
+    assert depth > 1 and cancelled > 0, (depth, cancelled)

@@ -149,6 +149,8 @@ class Lock(_Hold):
     Same arguments and defaults as `redmutex.Lock` (`ttl=10.0`; `timeout=None` waits forever).
     With `reentrant=True` the owner is the asyncio task: the task that holds may acquire again
     (one release per acquire); another task of the same object waits like any other waiter.
+    Before Python 3.12 `asyncio.wait_for` runs its awaitable in a task of its own (another
+    owner): bound a re-entry with `acquire(timeout=...)` or `asyncio.timeout` instead.
     """
 
     def __init__(
