@@ -10,6 +10,7 @@ named N starts with `prefix{N}`, followed by
 
     :lock, :fence                                        Lock (the fence counter expires
                                                          fence_ttl after the last acquisition)
+    :lock:holds                                          a re-entered Lock's hold count
     :queue, :queue:deadlines, :queue:leases              its fair queue: list of tokens, zset of
                                                          places, hash of the lease each one asks
     :sem:holders, :sem:limit, :sem:queue,                Semaphore (the limit in use)
@@ -380,6 +381,7 @@ class Status:
     prefix: str
     held: bool = False
     lock: Hold | None = None
+    holds: int | None = None  # acquires the lock's hold stands for (more than 1: re-entered)
     fence: int | None = None
     waiters: int = 0
     semaphore: dict[str, Any] | None = None
@@ -408,6 +410,7 @@ def read_status(target: Target, node: Node, name: str) -> Status:
     pipe.pttl(k["cache_value"])
     pipe.get(k["cache_fill"])
     pipe.pttl(k["cache_fill"])
+    pipe.get(k["lock_holds"])
     (
         (seconds, micros),
         lock_token,
@@ -424,11 +427,14 @@ def read_status(target: Target, node: Node, name: str) -> Status:
         value_pttl,
         fill_token,
         fill_pttl,
+        lock_holds,
     ) = _run(node, _with_time, node, k["lock"], pipe)
     now_ms = seconds * 1000 + micros // 1000
 
     status = Status(name=name, prefix=target.prefix)
     status.lock = _hold_of_string(lock_token, lock_pttl)
+    if lock_token is not None:
+        status.holds = _core._hold_count(lock_holds, lock_token)
     status.fence = int(fence) if fence is not None else None
     status.waiters = len(_live(queue_places, now_ms))
     if sem_keys:
@@ -478,7 +484,8 @@ def status_lines(status: Status) -> Iterator[str]:
     yield f"name:      {shown_name(status.name)}   (prefix {status.prefix!r})"
     yield f"state:     {'held' if status.held else 'free'}"
     if status.lock is not None:
-        yield f"lock:      held by {_lease(status.lock)}"
+        nested = f", hold count {status.holds}" if (status.holds or 1) > 1 else ""
+        yield f"lock:      held by {_lease(status.lock)}{nested}"
     elif status.fence is not None or status.waiters:
         yield "lock:      free"
     if status.fence is not None:
@@ -539,7 +546,27 @@ def scan_entries(target: Target, node: Node) -> list[Entry]:
     kinds = _core._kinds()
     entries = sorted(found.values(), key=lambda e: (e.name, kinds.index(e.kind)))
     _describe(node, entries)
+    _count_holds(node, entries)
     return entries
+
+
+def _count_holds(node: Node, entries: list[Entry]) -> None:
+    """The hold count of each held lock whose hold count key SCAN found (a re-entered lock)."""
+    nested = [e for e in entries if e.kind == "lock" and "lock_holds" in e.roles]
+    nested = [e for e in nested if e.detail.get("held")]
+    if not nested:
+        return
+    pipe = _pipeline(node, transaction=False)
+    for entry in nested:
+        pipe.get(entry.keys["lock"])
+        pipe.get(entry.keys["lock_holds"])
+    replies = _run(node, _with_time, node, None, pipe)
+    for i, entry in enumerate(nested):
+        token, value = replies[1 + 2 * i], replies[2 + 2 * i]
+        count = _core._hold_count(value, token) if token is not None else 1
+        if count > 1:
+            entry.detail["holds"] = count
+            entry.state += f", hold count {count}"
 
 
 def _describe(node: Node, entries: list[Entry]) -> None:
@@ -580,6 +607,7 @@ def _state(entry: Entry, a: Any, b: Any, c: Any, now_ms: float) -> None:
         waiting = len(_live(c, now_ms))
         entry.detail = {
             "held": held,
+            "holds": 1 if held else 0,
             "remaining": _seconds(a) if a >= 0 else None,
             "fence": int(b) if b is not None else None,
             "waiters": waiting,

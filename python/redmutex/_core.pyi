@@ -25,6 +25,7 @@ __all__ = [
     "Semaphore",
     "__version__",
     "_force_release",
+    "_hold_count",
     "_interpreter_exiting",
     "_keys",
     "_kinds",
@@ -103,7 +104,10 @@ class Lock:
     `fair=False`: True serves waiters in arrival order (FIFO). `replicas=0`: k > 0 requires k
     replicas to acknowledge the lock write (Redis WAIT). `on_lost=None`: called once with the
     lock, from a background thread, when renewal finds the lease lost.
-    Not re-entrant; ownership belongs to this object. Waiters are woken, never poll.
+    `reentrant=False`: ownership belongs to this object, and a second acquire raises LockError.
+    With True the owner is the calling thread: the thread that holds may acquire again (each
+    acquire needs its release; the lock is free after the last), another thread waits like any
+    other waiter; the hold count lives in Redis with the hold. Waiters are woken, never poll.
     """
 
     def __new__(
@@ -117,17 +121,20 @@ class Lock:
         fair: bool | None = None,
         replicas: int | None = None,
         on_lost: Callable[[Lock], object] | None = None,
+        reentrant: bool | None = None,
     ) -> Self: ...
     def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
         """Takes the lock; True when acquired, False when the wait ended first.
 
         `blocking`: None or True waits, False tries once. `timeout`: None means the
         constructor's timeout (whose default None waits forever), `math.inf` forever, 0 once.
-        Raises LockError if this object already holds it.
+        Raises LockError if this object already holds it, unless re-entrant: then the owning
+        thread's acquire succeeds at once (LockLostError if its hold was found lost).
         """
     def release(self) -> None:
-        """Releases the hold. LockNotOwnedError when this object holds nothing, LockLostError
-        when the lease expired or another owner has the lock."""
+        """Releases the hold (re-entrant: one acquire of the calling thread's). LockNotOwnedError
+        when this object holds nothing, LockLostError when the lease expired or another owner
+        has the lock."""
     def extend(self, ttl: float | None = None) -> None:
         """The lease now ends `ttl` seconds from now (None: the lock's own ttl). Raises like
         release()."""
@@ -145,6 +152,12 @@ class Lock:
     def fence(self) -> int | None:
         """The fencing token of the current hold: strictly increasing across acquisitions of
         this name; None when not held."""
+    @property
+    def reentrant(self) -> bool:
+        """Whether the owning thread may acquire again while it holds."""
+    @property
+    def _depth(self) -> int:
+        """How many acquires the calling thread's hold stands for (0: none)."""
     @property
     def lost(self) -> bool:
         """True once this hold was found lost (by renewal, extend or release)."""
@@ -445,6 +458,9 @@ def _keys(prefix: str, name: str | bytes) -> dict[str, bytes]:
 
 def _split_key(prefix: str, key: bytes) -> tuple[bytes, str, str] | None:
     """(name, kind, role) of a key of redmutex under `prefix`, or None."""
+
+def _hold_count(value: bytes | None, owner: bytes) -> int:
+    """The hold count of a re-entrant lock held by `owner`, from its `lock_holds` key's value."""
 
 def _kinds() -> list[str]:
     """The kinds of primitive, in the order the command line lists them."""

@@ -147,6 +147,10 @@ class Lock(_Hold):
     """`redmutex.Lock` for asyncio: `await lock.acquire()`, `async with lock: ...`.
 
     Same arguments and defaults as `redmutex.Lock` (`ttl=10.0`; `timeout=None` waits forever).
+    With `reentrant=True` the owner is the asyncio task: the task that holds may acquire again
+    (one release per acquire); another task of the same object waits like any other waiter.
+    Before Python 3.12 `asyncio.wait_for` runs its awaitable in a task of its own (another
+    owner): bound a re-entry with `acquire(timeout=...)` or `asyncio.timeout` instead.
     """
 
     def __init__(
@@ -160,27 +164,93 @@ class Lock(_Hold):
         fair: bool = False,
         replicas: int = 0,
         on_lost: Callable[[Lock], None] | None = None,
+        reentrant: bool = False,
     ) -> None:
-        self._core = _core.Lock(
-            client,
-            name,
-            ttl=ttl,
-            timeout=timeout,
-            auto_renew=auto_renew,
-            fair=fair,
-            replicas=replicas,
-            on_lost=_relay_on_lost(on_lost, self),
+        def make() -> Any:
+            return _core.Lock(
+                client,
+                name,
+                ttl=ttl,
+                timeout=timeout,
+                auto_renew=auto_renew,
+                fair=fair,
+                replicas=replicas,
+                on_lost=_relay_on_lost(on_lost, self),
+                reentrant=reentrant,
+            )
+
+        self._own = make()
+        # Re-entrant: one core object per task (each re-entrant for the event loop's thread),
+        # dropped with its task; `_own` serves calls made outside any task.
+        self._make = make
+        self._by_task: weakref.WeakKeyDictionary[asyncio.Task[Any], Any] | None = (
+            weakref.WeakKeyDictionary() if self._own.reentrant else None
         )
+
+    @property
+    def _core(self) -> Any:
+        """The core object the calling task acts on (see `reentrant`)."""
+        if self._by_task is None:
+            return self._own
+        task = asyncio.current_task()
+        if task is None:
+            return self._own
+        core = self._by_task.get(task)
+        if core is None:
+            core = self._by_task[task] = self._make()
+        return core
+
+    def _shown(self) -> Any:
+        """What `token`, `fence`, `lost` and `remaining()` describe: the calling task's hold (or
+        the loss of its last one), else the hold another task has, else a lost one."""
+        if self._by_task is None:
+            return self._own
+        task = asyncio.current_task()
+        mine = self._by_task.get(task) if task is not None else self._own
+        if mine is not None and (mine.token is not None or mine.lost):
+            return mine
+        cores = [self._own, *self._by_task.values()]
+        for core in cores:
+            if core.token is not None:
+                return core
+        for core in cores:
+            if core.lost:
+                return core
+        return self._own
+
+    def remaining(self) -> float | None:
+        """Seconds left on the lease; None when not held (see `_shown`)."""
+        value: float | None = self._shown().remaining()
+        return value
+
+    @property
+    def token(self) -> str | None:
+        """The owner identifier of the current hold, None when not held (see `_shown`)."""
+        value: str | None = self._shown().token
+        return value
+
+    @property
+    def lost(self) -> bool:
+        """True once this hold was found lost (see `_shown`)."""
+        return bool(self._shown().lost)
+
+    @property
+    def reentrant(self) -> bool:
+        """Whether the owning task may acquire again while it holds."""
+        return bool(self._own.reentrant)
 
     async def locked(self) -> bool:
         """True when anybody holds the lock."""
-        return bool(await self._core._locked_async())
+        return bool(await self._own._locked_async())
 
     @property
     def fence(self) -> int | None:
         """The fencing token of the current hold (strictly increasing), None when not held."""
-        value: int | None = self._core.fence
+        value: int | None = self._shown().fence
         return value
+
+    def __repr__(self) -> str:
+        return f"aio.{self._shown()!r}"
 
 
 class Semaphore(_Hold):

@@ -1,6 +1,7 @@
 //! The state of one object's hold on a leased primitive (a lock, a semaphore permit, a read or
 //! write lock), shared by the blocking and the asyncio bindings: at most one hold at a time,
-//! owned by the object (not by a thread), forgotten in a forked child, renewed in the background
+//! owned by the object (not by a thread; a re-entrant primitive's holder may take it again while
+//! it holds, counting its acquires), forgotten in a forked child, renewed in the background
 //! when asked, and marked lost once renewal, extend or release finds the lease gone.
 
 use std::future::Future;
@@ -62,6 +63,20 @@ pub trait Leased: Send + Sync + 'static {
 
     /// Whether `token` holds it.
     fn owned(&self, token: &str) -> Step<bool>;
+
+    /// Whether the holder may take its hold again while it holds (`Lock(reentrant=True)`): each
+    /// acquire then needs a release of its own, and the hold ends with the last. Otherwise a
+    /// second acquire is refused.
+    fn reentrant(&self) -> bool {
+        false
+    }
+
+    /// The step that sets the hold count of `token`'s hold to `depth`: a re-entry (`lease`: the
+    /// lease then lasts at least that long from now) or the release of a nested acquire (None);
+    /// false when the hold is not `token`'s. Asked only of a `reentrant` primitive.
+    fn nest(&self, token: &str, _depth: u32, _lease: Option<Duration>) -> Step<bool> {
+        self.owned(token)
+    }
 
     /// What one of its attempts grants (see `waiting::Contender`).
     type Grant: Send;
@@ -204,6 +219,7 @@ impl<P: Leased> Pending<'_, P> {
                     detail,
                     status,
                     renewal,
+                    depth: 1,
                 });
                 Ok(true)
             }
@@ -237,12 +253,28 @@ enum Direct<'a, P: Leased> {
     Wait(Pending<'a, P>),
 }
 
+/// What a blocking acquire leaves to the runtime: the wait of a new hold, or a re-entry.
+enum Later<'a, P: Leased> {
+    Wait(Pending<'a, P>),
+    Reenter(Nesting),
+}
+
+/// A re-entry or a nested release under way (a re-entrant primitive): the hold, and the hold
+/// count it will have.
+struct Nesting {
+    hold: HoldRef,
+    depth: u32,
+}
+
 struct Hold<D> {
     pid: u32,
     token: String,
     detail: D,
     status: Arc<HoldStatus>,
     renewal: Option<Renewal>,
+    /// How many acquires this hold stands for (1 unless the primitive is re-entrant); a release
+    /// of a nested one (depth > 1) only counts down.
+    depth: u32,
 }
 
 impl<D> Drop for Hold<D> {
@@ -327,6 +359,9 @@ impl<P: Leased> Holder<P> {
         listener: Option<OnLost>,
         args: &P::Args,
     ) -> Result<bool> {
+        if let Some(nesting) = self.begin_reentry()? {
+            return self.reenter(nesting, None).await;
+        }
         let pending = self.begin_acquire()?;
         self.acquire_pending(pending, wait, listener, args).await
     }
@@ -340,6 +375,9 @@ impl<P: Leased> Holder<P> {
         args: &P::Args,
         ticket: Ticket,
     ) -> Result<bool> {
+        if let Some(nesting) = self.begin_reentry()? {
+            return self.reenter(nesting, Some(&ticket)).await;
+        }
         let mut pending = self.begin_acquire()?;
         pending.ticket = Some(ticket);
         self.acquire_pending(pending, wait, listener, args).await
@@ -369,6 +407,18 @@ impl<P: Leased> Holder<P> {
         if !matches!(&*state, State::Held(h) if h.token == token) {
             return false;
         }
+        // A re-entry given back: one count less, the hold itself stays.
+        if let State::Held(hold) = &mut *state {
+            if hold.depth > 1 {
+                hold.depth -= 1;
+                let depth = hold.depth;
+                drop(state);
+                if let Ok(backend) = self.client.backend() {
+                    self.nest_in_background(&backend, token.to_string(), depth);
+                }
+                return true;
+            }
+        }
         let taken = std::mem::replace(&mut *state, State::Idle { lost: false });
         drop(state);
         // Dropping the hold stops its renewal or top-up.
@@ -395,6 +445,167 @@ impl<P: Leased> Holder<P> {
             step: Box::new(step),
             horizon: self.primitive.lease(),
         });
+    }
+
+    /// Sets the hold count of `token`'s hold to `depth` in Redis from the runtime (a re-entry
+    /// given back), retrying while Redis cannot be reached (until the lease would have ended).
+    fn nest_in_background(&self, backend: &Backend, token: String, depth: u32) {
+        let primitive = self.primitive.clone();
+        let backend = backend.clone();
+        let step = move || -> UndoStep {
+            let (primitive, backend, token) = (primitive.clone(), backend.clone(), token.clone());
+            Box::pin(async move {
+                let step = primitive.nest(&token, depth, None);
+                nest_on(&*primitive, &backend, &step).await?;
+                Ok(())
+            })
+        };
+        spawn_undo(Undo {
+            step: Box::new(step),
+            horizon: self.primitive.lease(),
+        });
+    }
+
+    /// A re-entry, when the primitive is re-entrant and this holder holds: the hold and its
+    /// count after it. A hold already found lost is not re-entered (LockLostError).
+    fn begin_reentry(&self) -> Result<Option<Nesting>> {
+        if !self.primitive.reentrant() {
+            return Ok(None);
+        }
+        let state = self.state();
+        let State::Held(hold) = &*state else {
+            return Ok(None);
+        };
+        if hold.status.is_lost() {
+            return Err(lost_error());
+        }
+        Ok(Some(Nesting {
+            hold: HoldRef {
+                token: hold.token.clone(),
+                status: hold.status.clone(),
+            },
+            depth: hold.depth.saturating_add(1),
+        }))
+    }
+
+    /// Takes the hold once more (one step: the count in Redis, the lease at least the
+    /// primitive's from now). `ticket`: the caller may stop waiting (see `Ticket`).
+    async fn reenter(&self, nesting: Nesting, ticket: Option<&Ticket>) -> Result<bool> {
+        let lease = self.primitive.lease();
+        let step = self
+            .primitive
+            .nest(&nesting.hold.token, nesting.depth, Some(lease));
+        let outcome = match self.client.backend() {
+            Ok(backend) => reenter_on(&*self.primitive, &backend, &step, lease).await,
+            Err(err) => Err(err),
+        };
+        self.finish_reentry(nesting, lease, outcome, ticket)
+    }
+
+    /// `reenter` on the caller's thread (only when `has_direct`).
+    fn reenter_direct(&self, nesting: Nesting) -> Result<bool> {
+        let lease = self.primitive.lease();
+        let outcome = self.client.shared().and_then(|shared| {
+            let step = self
+                .primitive
+                .nest(&nesting.hold.token, nesting.depth, Some(lease));
+            let sent_at = Instant::now();
+            Ok(executor::run_direct(&shared, &step)?.then_some(sent_at))
+        });
+        self.finish_reentry(nesting, lease, outcome, None)
+    }
+
+    fn finish_reentry(
+        &self,
+        nesting: Nesting,
+        lease: Duration,
+        outcome: Result<Option<Instant>>,
+        ticket: Option<&Ticket>,
+    ) -> Result<bool> {
+        let Some(sent_at) = outcome? else {
+            nesting.hold.status.mark_lost();
+            return Err(lost_error());
+        };
+        let mut state = self.state();
+        let State::Held(hold) = &mut *state else {
+            return Err(self.not_owned());
+        };
+        if hold.token != nesting.hold.token {
+            return Err(self.not_owned());
+        }
+        if let Some(ticket) = ticket {
+            let mut ticket = ticket.lock();
+            if ticket.abandoned {
+                // Nobody waits for this re-entry any more: the count goes back.
+                let (token, depth) = (hold.token.clone(), hold.depth);
+                drop(ticket);
+                drop(state);
+                if let Ok(backend) = self.client.backend() {
+                    self.nest_in_background(&backend, token, depth);
+                }
+                return Ok(false);
+            }
+            ticket.held = Some(hold.token.clone());
+        }
+        hold.depth = nesting.depth;
+        let deadline = lease::deadline(sent_at, lease);
+        if deadline > hold.status.deadline() {
+            hold.status.set_deadline(deadline);
+        }
+        Ok(true)
+    }
+
+    /// The release of a nested acquire, when this holder holds more than one: the count goes
+    /// down at once (whatever Redis then says, that acquire is released); a hold already found
+    /// lost says so (LockLostError) without asking Redis.
+    fn begin_leave(&self) -> Result<Option<Nesting>> {
+        let mut state = self.state();
+        let State::Held(hold) = &mut *state else {
+            return Ok(None);
+        };
+        if hold.depth <= 1 {
+            return Ok(None);
+        }
+        hold.depth -= 1;
+        if hold.status.is_lost() {
+            return Err(lost_error());
+        }
+        Ok(Some(Nesting {
+            hold: HoldRef {
+                token: hold.token.clone(),
+                status: hold.status.clone(),
+            },
+            depth: hold.depth,
+        }))
+    }
+
+    fn finish_leave(&self, nesting: &Nesting, outcome: Result<bool>) -> Result<()> {
+        if outcome? {
+            return Ok(());
+        }
+        nesting.hold.status.mark_lost();
+        Err(lost_error())
+    }
+
+    async fn leave(&self, nesting: Nesting) -> Result<()> {
+        let step = self
+            .primitive
+            .nest(&nesting.hold.token, nesting.depth, None);
+        let outcome = match self.client.backend() {
+            Ok(backend) => nest_on(&*self.primitive, &backend, &step).await,
+            Err(err) => Err(err),
+        };
+        self.finish_leave(&nesting, outcome)
+    }
+
+    fn leave_direct(&self, nesting: Nesting) -> Result<()> {
+        let outcome = self.client.shared().and_then(|shared| {
+            let step = self
+                .primitive
+                .nest(&nesting.hold.token, nesting.depth, None);
+            executor::run_direct(&shared, &step)
+        });
+        self.finish_leave(&nesting, outcome)
     }
 
     /// The blocking API's first step, on the caller's thread: one direct attempt when the
@@ -443,12 +654,24 @@ impl<P: Leased> Holder<P> {
         listener: Option<OnLost>,
         args: &'a P::Args,
     ) -> Now<Result<bool>, impl Future<Output = Result<bool>> + Send + 'a> {
-        let pending = match self.acquire_direct(wait, listener.clone(), args) {
-            Ok(Direct::Wait(pending)) => pending,
-            Ok(Direct::Done(acquired)) => return Now::Done(Ok(acquired)),
+        let later = match self.begin_reentry() {
+            Ok(Some(nesting)) if self.has_direct() => {
+                return Now::Done(self.reenter_direct(nesting));
+            }
+            Ok(Some(nesting)) => Later::Reenter(nesting),
+            Ok(None) => match self.acquire_direct(wait, listener.clone(), args) {
+                Ok(Direct::Wait(pending)) => Later::Wait(pending),
+                Ok(Direct::Done(acquired)) => return Now::Done(Ok(acquired)),
+                Err(err) => return Now::Done(Err(err)),
+            },
             Err(err) => return Now::Done(Err(err)),
         };
-        Now::Later(self.acquire_pending(pending, wait, listener, args))
+        Now::Later(async move {
+            match later {
+                Later::Wait(pending) => self.acquire_pending(pending, wait, listener, args).await,
+                Later::Reenter(nesting) => self.reenter(nesting, None).await,
+            }
+        })
     }
 
     /// Finishes an acquire begun by `acquire_direct` (or `acquire`), waiting as `wait` allows.
@@ -594,6 +817,9 @@ impl<P: Leased> Holder<P> {
     }
 
     pub async fn release(&self) -> Result<()> {
+        if let Some(nesting) = self.begin_leave()? {
+            return self.leave(nesting).await;
+        }
         let hold = self.begin_release()?;
         let backend = match self.client.backend() {
             Ok(backend) => backend,
@@ -612,6 +838,9 @@ impl<P: Leased> Holder<P> {
 
     /// `release` on the caller's thread (only when `has_direct`).
     fn release_direct(&self) -> Result<()> {
+        if let Some(nesting) = self.begin_leave()? {
+            return self.leave_direct(nesting);
+        }
         let hold = self.begin_release()?;
         let shared = match self.client.shared() {
             Ok(shared) => shared,
@@ -719,6 +948,15 @@ impl<P: Leased> Holder<P> {
         self.current().map(|h| h.token)
     }
 
+    /// How many acquires the current hold stands for (0 when none; more than 1 only for a
+    /// re-entrant primitive).
+    pub fn depth(&self) -> u32 {
+        match &*self.state() {
+            State::Held(h) => h.depth,
+            _ => 0,
+        }
+    }
+
     pub fn detail(&self) -> Option<P::Detail> {
         match &*self.state() {
             State::Held(h) => Some(h.detail.clone()),
@@ -772,6 +1010,33 @@ async fn extend_on<P: Leased>(
             Ok(executor::run(shared, &step).await?.then_some(sent_at))
         }
         Backend::Redlock(redlock) if primitive.quorum() => redlock.extend_by(&step, lease).await,
+        Backend::Redlock(_) => Err(no_quorum(primitive.naming())),
+    }
+}
+
+/// Runs a re-entry step (`Leased::nest` with a lease); Some(when the lease counts from) when it
+/// was done (on Redlock: by majority, with the drift allowance taken off).
+async fn reenter_on<P: Leased>(
+    primitive: &P,
+    backend: &Backend,
+    step: &Step<bool>,
+    lease: Duration,
+) -> Result<Option<Instant>> {
+    match backend {
+        Backend::Single(shared) => {
+            let sent_at = Instant::now();
+            Ok(executor::run(shared, step).await?.then_some(sent_at))
+        }
+        Backend::Redlock(redlock) if primitive.quorum() => redlock.extend_by(step, lease).await,
+        Backend::Redlock(_) => Err(no_quorum(primitive.naming())),
+    }
+}
+
+/// Runs the step of a nested release (`Leased::nest` without a lease); true when done.
+async fn nest_on<P: Leased>(primitive: &P, backend: &Backend, step: &Step<bool>) -> Result<bool> {
+    match backend {
+        Backend::Single(shared) => executor::run(shared, step).await,
+        Backend::Redlock(redlock) if primitive.quorum() => redlock.owned_by(step).await,
         Backend::Redlock(_) => Err(no_quorum(primitive.naming())),
     }
 }

@@ -283,7 +283,19 @@ impl Leased for LockSpec {
     }
 
     fn extend(&self, token: &str, lease: Duration) -> Step<bool> {
-        steps::extend(&self.keys, token, lease)
+        if self.reentrant {
+            steps::extend_reentrant(&self.keys, token, lease)
+        } else {
+            steps::extend(&self.keys, token, lease)
+        }
+    }
+
+    fn reentrant(&self) -> bool {
+        self.reentrant
+    }
+
+    fn nest(&self, token: &str, depth: u32, lease: Option<Duration>) -> Step<bool> {
+        steps::reenter(&self.keys, token, depth, lease)
     }
 
     fn owned(&self, token: &str) -> Step<bool> {
@@ -325,6 +337,20 @@ impl LockHandle {
         replicas: u32,
         auto_renew: bool,
     ) -> Result<Self> {
+        Self::with_reentry(client, name, lease, fair, replicas, auto_renew, false)
+    }
+
+    /// `new`, re-entrant when `reentrant`: its holder may take the lock again while it holds
+    /// (each acquire then needs a release of its own; see `Holder`).
+    pub fn with_reentry(
+        client: Arc<Client>,
+        name: &[u8],
+        lease: Duration,
+        fair: bool,
+        replicas: u32,
+        auto_renew: bool,
+        reentrant: bool,
+    ) -> Result<Self> {
         if fair && client.is_redlock() {
             return Err(Error::Unsupported(
                 "fair: a fair (FIFO) lock is not available on a Redlock client (several \
@@ -339,6 +365,7 @@ impl LockHandle {
             lease,
             fair,
             replicas,
+            reentrant,
         };
         Ok(LockHandle {
             holder: Holder::new(client, spec, auto_renew),

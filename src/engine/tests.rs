@@ -126,6 +126,7 @@ fn spec(client: &Client, name: &str, lease_ms: u64, fair: bool) -> LockSpec {
         lease: Duration::from_millis(lease_ms),
         fair,
         replicas: 0,
+        reentrant: false,
     }
 }
 
@@ -1017,4 +1018,44 @@ fn a_semaphore_refuses_another_limit_while_holders_or_waiters_of_the_live_one_re
         block_on(semaphore::acquire(&shared, &spec(2, true), "b", Wait::Once)),
         Err(Error::Limit(_))
     ));
+}
+
+#[test]
+fn a_reentrant_holder_counts_its_acquires_in_redis() {
+    let server = Server::start();
+    let client = server.client("t20:");
+    let lease = Duration::from_secs(10);
+    let handle =
+        LockHandle::with_reentry(client.clone(), b"r", lease, false, 0, false, true).unwrap();
+    let holder = handle.holder();
+    let holds = |client: &Arc<Client>| -> Option<Vec<u8>> {
+        let shared = client.shared().unwrap();
+        block_on(async {
+            shared
+                .node
+                .query(redis::cmd("GET").arg("t20:{r}:lock:holds"), Retry::Never)
+                .await
+                .unwrap()
+        })
+    };
+    assert!(block_on(holder.acquire(Wait::Once, None, &())).unwrap());
+    let (token, fence) = (holder.token().unwrap(), handle.fence());
+    assert!(block_on(holder.acquire(Wait::Once, None, &())).unwrap());
+    assert!(block_on(holder.acquire(Wait::Once, None, &())).unwrap());
+    assert_eq!(holder.depth(), 3);
+    assert_eq!(holder.token().unwrap(), token);
+    assert_eq!(handle.fence(), fence);
+    assert_eq!(holds(&client), Some(format!("{token} 3").into_bytes()));
+    let other = LockHandle::new(client.clone(), b"r", lease, false, 0, false).unwrap();
+    for depth in [2, 1] {
+        block_on(holder.release()).unwrap();
+        assert_eq!(holder.depth(), depth);
+        assert!(!block_on(other.holder().acquire(Wait::Once, None, &())).unwrap());
+    }
+    assert_eq!(holds(&client), None);
+    block_on(holder.release()).unwrap();
+    assert!(block_on(holder.release()).is_err());
+    assert!(block_on(other.holder().acquire(Wait::Once, None, &())).unwrap());
+    // Not re-entrant by default.
+    assert!(block_on(other.holder().acquire(Wait::Once, None, &())).is_err());
 }

@@ -36,7 +36,7 @@ impl Role {
 pub const KINDS: [&str; 4] = ["lock", "semaphore", "rwlock", "cache"];
 
 /// Every key of a named primitive (not the wake-up channels, which are no keys).
-pub const ROLES: [Role; 14] = [
+pub const ROLES: [Role; 15] = [
     Role {
         kind: "lock",
         role: "lock",
@@ -106,6 +106,11 @@ pub const ROLES: [Role; 14] = [
         kind: "cache",
         role: "cache_fill",
         build: Keys::cache_fill,
+    },
+    Role {
+        kind: "lock",
+        role: "lock_holds",
+        build: Keys::lock_holds,
     },
 ];
 

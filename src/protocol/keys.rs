@@ -56,6 +56,12 @@ impl Keys {
         self.with_suffix(b":lock")
     }
 
+    /// Re-entrant lock: the hold count of its owner while it is 2 or more, as
+    /// `'<token> <count>'`, expiring with the lock's lease (`lock_reenter.lua`).
+    pub fn lock_holds(&self) -> Vec<u8> {
+        self.with_suffix(b":lock:holds")
+    }
+
     /// Fencing counter: the only key that outlives a release. It expires `fence_ttl_ms` after
     /// the last acquisition; a counter created afresh starts from the server's clock in µs
     /// (`fence_next.lua`), so fences of a name keep increasing across its expiry.
@@ -194,6 +200,7 @@ mod tests {
         let keys = Keys::new(b"redmutex:", b"acct:1");
         for key in [
             keys.lock(),
+            keys.lock_holds(),
             keys.fence(),
             keys.queue(),
             keys.queue_deadlines(),
@@ -213,6 +220,7 @@ mod tests {
         }
         assert_eq!(keys.lock(), b"redmutex:{acct:1}:lock");
         assert_eq!(keys.fence(), b"redmutex:{acct:1}:fence");
+        assert_eq!(keys.lock_holds(), b"redmutex:{acct:1}:lock:holds");
         assert_eq!(keys.queue_leases(), b"redmutex:{acct:1}:queue:leases");
         assert_eq!(keys.cache_value(), b"redmutex:{acct:1}:value");
         assert_eq!(keys.cache_fill(), b"redmutex:{acct:1}:fill");
@@ -231,6 +239,7 @@ mod tests {
         let keys = Keys::new(b"p:", b"n");
         let all = [
             keys.lock(),
+            keys.lock_holds(),
             keys.fence(),
             keys.queue(),
             keys.queue_deadlines(),

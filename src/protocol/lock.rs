@@ -20,6 +20,9 @@ pub struct LockSpec {
     pub fair: bool,
     /// Replicas that must acknowledge the lock write (Redis WAIT) before a grant counts.
     pub replicas: u32,
+    /// The owner may take it again while it holds (`Lock(reentrant=True)`): the hold count then
+    /// lives beside the lock (`Keys::lock_holds`), and extend keeps both alive.
+    pub reentrant: bool,
 }
 
 /// A successful acquire: the fence, when the lease started at the latest as far as this side
@@ -51,6 +54,43 @@ pub fn extend(keys: &Keys, token: &str, lease: Duration) -> Step<bool> {
     Step::script(scripts::extend(keys, token, lease::lease_ms(lease)), |v| {
         parse_flag(&v)
     })
+}
+
+/// `extend` of a re-entrant lock: its hold count expires with it.
+pub fn extend_reentrant(keys: &Keys, token: &str, lease: Duration) -> Step<bool> {
+    let lease_ms = lease::lease_ms(lease);
+    Step::script(scripts::extend_reentrant(keys, token, lease_ms), |v| {
+        parse_flag(&v)
+    })
+}
+
+/// A re-entrant lock's owner `token` takes it once more (`lease`: the lease then lasts at least
+/// that long from now) or gives back a nested acquire (`lease` None); the hold count becomes
+/// `depth`. False when not `token`'s (nothing changed).
+pub fn reenter(keys: &Keys, token: &str, depth: u32, lease: Option<Duration>) -> Step<bool> {
+    let lease_ms = lease.map_or(0, lease::lease_ms);
+    Step::script(scripts::reenter(keys, token, depth, lease_ms), |v| {
+        parse_flag(&v)
+    })
+}
+
+/// The hold count of a re-entrant lock held by `owner`, read from its count key's value
+/// (`'<token> <count>'`, or nil): 1 when the value is missing or names another token (a stale
+/// count of a lost hold).
+pub fn hold_count(value: Option<&[u8]>, owner: &[u8]) -> u64 {
+    let Some(value) = value else {
+        return 1;
+    };
+    let Some(space) = value.iter().rposition(|&b| b == b' ') else {
+        return 1;
+    };
+    if &value[..space] != owner {
+        return 1;
+    }
+    std::str::from_utf8(&value[space + 1..])
+        .ok()
+        .and_then(|n| n.parse::<u64>().ok())
+        .map_or(1, |n| n.max(1))
 }
 
 /// The current owner token, if anybody holds the lock.
@@ -106,6 +146,30 @@ mod tests {
     }
 
     #[test]
+    fn reentry_sends_the_new_count_and_reads_the_flag() {
+        let step = reenter(&keys(), "t", 3, Some(Duration::from_secs(2)));
+        assert!(step.invocation().is_some());
+        assert_eq!(step.parse(Value::Int(1)), Ok(true));
+        assert_eq!(step.parse(Value::Int(0)), Ok(false));
+        assert!(step.parse(Value::Nil).is_err());
+        let leave = reenter(&keys(), "t", 1, None);
+        assert_eq!(leave.parse(Value::Int(1)), Ok(true));
+        let extend = extend_reentrant(&keys(), "t", Duration::from_secs(1));
+        assert_eq!(extend.parse(Value::Int(0)), Ok(false));
+    }
+
+    #[test]
+    fn the_hold_count_counts_only_for_its_owner() {
+        assert_eq!(hold_count(Some(b"abc 3"), b"abc"), 3);
+        assert_eq!(hold_count(Some(b"abc 3"), b"abd"), 1);
+        assert_eq!(hold_count(None, b"abc"), 1);
+        assert_eq!(hold_count(Some(b"abc x"), b"abc"), 1);
+        assert_eq!(hold_count(Some(b"abc"), b"abc"), 1);
+        assert_eq!(hold_count(Some(b"a b 0"), b"a b"), 1);
+        assert_eq!(hold_count(Some(b"a b 12"), b"a b"), 12);
+    }
+
+    #[test]
     fn owned_compares_the_token() {
         let owned = owned(&keys(), "mine");
         assert!(owned.invocation().is_none());
@@ -123,6 +187,7 @@ mod tests {
             lease: Duration::from_secs(1),
             fair: false,
             replicas: 0,
+            reentrant: false,
         };
         let step = attempt(&spec, "t", None, "");
         let granted = Value::Array(vec![Value::Int(1), Value::Int(7)]);

@@ -58,6 +58,10 @@ pub static LOCK_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(grant_script!("lua/lock_release.lua")));
 pub static LOCK_EXTEND: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/lock_extend.lua")));
+pub static LOCK_REENTER: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/lock_reenter.lua")));
+pub static LOCK_EXTEND_REENTRANT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/lock_extend_reentrant.lua")));
 pub static QUEUE_LEAVE: LazyLock<Script> =
     LazyLock::new(|| Script::new(grant_script!("lua/queue_leave.lua")));
 pub static FENCE_RAISE: LazyLock<Script> =
@@ -245,6 +249,28 @@ fn queue_hand_off(inv: &mut ScriptInvocation<'_>, keys: &Keys, token: &str) {
 pub fn extend<'a>(keys: &Keys, token: &str, lease_ms: u64) -> ScriptInvocation<'a> {
     let mut inv = LOCK_EXTEND.prepare_invoke();
     inv.key(keys.lock()).arg(token).arg(lease_ms);
+    inv
+}
+
+/// A re-entrant lock's owner takes it again or gives back a nested acquire: the hold count
+/// becomes `depth`; `lease_ms` > 0 (a re-entry) makes the lease last at least that long from now.
+pub fn reenter<'a>(keys: &Keys, token: &str, depth: u32, lease_ms: u64) -> ScriptInvocation<'a> {
+    let mut inv = LOCK_REENTER.prepare_invoke();
+    inv.key(keys.lock())
+        .key(keys.lock_holds())
+        .arg(token)
+        .arg(depth)
+        .arg(lease_ms);
+    inv
+}
+
+/// Compare-and-pexpire of a re-entrant lock and its hold count: both end `lease_ms` from now.
+pub fn extend_reentrant<'a>(keys: &Keys, token: &str, lease_ms: u64) -> ScriptInvocation<'a> {
+    let mut inv = LOCK_EXTEND_REENTRANT.prepare_invoke();
+    inv.key(keys.lock())
+        .key(keys.lock_holds())
+        .arg(token)
+        .arg(lease_ms);
     inv
 }
 
@@ -650,6 +676,8 @@ mod tests {
             semaphore_extend(&keys, "t", 10),
             semaphore_owned(&keys, "t"),
             semaphore_holders(&keys),
+            reenter(&keys, "t", 2, 10),
+            extend_reentrant(&keys, "t", 10),
             rw_read_acquire(&keys, "t", 10, false),
             rw_write_acquire(&keys, "t", 10, join),
             rw_read_release(&keys, "t"),

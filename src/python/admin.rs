@@ -51,6 +51,13 @@ pub fn _split_key<'py>(
         .map(|(name, role)| (PyBytes::new(py, name), role.kind, role.role))
 }
 
+/// The hold count of a re-entrant lock held by `owner` (its token), from the value of its
+/// `lock_holds` key (None when missing): 1 unless that value counts nested acquires of `owner`.
+#[pyfunction]
+pub fn _hold_count(value: Option<&[u8]>, owner: &[u8]) -> u64 {
+    crate::protocol::lock::hold_count(value, owner)
+}
+
 /// The kinds of primitive, in the order the command line lists them.
 #[pyfunction]
 pub fn _kinds() -> Vec<&'static str> {
@@ -154,6 +161,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_keys, m)?)?;
     m.add_function(wrap_pyfunction!(_split_key, m)?)?;
     m.add_function(wrap_pyfunction!(_kinds, m)?)?;
+    m.add_function(wrap_pyfunction!(_hold_count, m)?)?;
     m.add_function(wrap_pyfunction!(_scan_pattern, m)?)?;
     m.add_function(wrap_pyfunction!(_redact_url, m)?)?;
     m.add_function(wrap_pyfunction!(_redact_text, m)?)?;

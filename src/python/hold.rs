@@ -360,11 +360,37 @@ impl<H: Held> HoldCore<H> {
     }
 }
 
+/// The core a call of a lock-like object acts on: the object's own, or, for a re-entrant Lock,
+/// the calling owner's (see `LockLike::owner_core`).
+pub enum CoreRef<'a, H: Held> {
+    Own(&'a HoldCore<H>),
+    Owner(Arc<HoldCore<H>>),
+}
+
+impl<H: Held> std::ops::Deref for CoreRef<'_, H> {
+    type Target = HoldCore<H>;
+    fn deref(&self) -> &HoldCore<H> {
+        match self {
+            CoreRef::Own(core) => core,
+            CoreRef::Owner(core) => core,
+        }
+    }
+}
+
 /// A Python class whose objects hold like a lock (Lock, Semaphore, the read and write locks):
 /// `lock_like_methods!` gives it the methods they share.
 pub trait LockLike: PyClass<Frozen = True> + Sync {
     type Handle: Held;
     fn core(&self) -> &HoldCore<Self::Handle>;
+    /// The core that acquire, release, extend and `owned` act on: the object's own, unless the
+    /// object keeps one hold per owner (a re-entrant Lock: the calling thread's).
+    fn owner_core(&self) -> CoreRef<'_, Self::Handle> {
+        CoreRef::Own(self.core())
+    }
+    /// The core that `token`, `lost` and `remaining()` describe (see `owner_core`).
+    fn view(&self) -> CoreRef<'_, Self::Handle> {
+        self.owner_core()
+    }
     /// What a blocking acquire tells the primitive of its caller (the read and write locks: the
     /// calling thread).
     fn blocking_context() -> Context<Self::Handle>;
@@ -372,7 +398,7 @@ pub trait LockLike: PyClass<Frozen = True> + Sync {
 
 /// Renewal's listener for the object (see `listener`).
 fn listener_for<C: LockLike>(slf: &Bound<'_, C>) -> PyResult<Option<OnLost>> {
-    let core = slf.get().core();
+    let core = slf.get().owner_core();
     listener(
         slf.as_any(),
         core.handle.renews(),
@@ -385,7 +411,7 @@ fn listener_for<C: LockLike>(slf: &Bound<'_, C>) -> PyResult<Option<OnLost>> {
 /// offers it; the runtime (interruptible by signals) only to wait.
 fn acquire_with<C: LockLike>(slf: &Bound<'_, C>, wait: Wait) -> PyResult<bool> {
     let listener = listener_for(slf)?;
-    let core = slf.get().core();
+    let core = slf.get().owner_core();
     let holder = core.holder();
     let context = C::blocking_context();
     core.call(slf.py(), || {
@@ -405,7 +431,7 @@ pub fn acquire<C: LockLike>(
 
 /// `__enter__`: acquires within the object's timeout, else LockTimeoutError.
 pub fn enter<'py, C: LockLike>(slf: &Bound<'py, C>) -> PyResult<Bound<'py, C>> {
-    let core = slf.get().core();
+    let core = slf.get().owner_core();
     if acquire_with(slf, Wait::from_timeout(core.default_timeout))? {
         return Ok(slf.clone());
     }
@@ -453,7 +479,7 @@ fn spawn_acquire<'py, C: LockLike>(
     settle: impl for<'a> FnOnce(Python<'a>, bool) -> PyResult<Bound<'a, PyAny>> + Send + 'static,
 ) -> PyResult<Bound<'py, PyAny>> {
     let listener = listener_for(slf)?;
-    let core = slf.get().core();
+    let core = slf.get().owner_core();
     let ticket = Ticket::default();
     let abandon: awaitable::Abandon = {
         let (handle, ticket) = (core.handle.clone(), ticket.clone());
@@ -491,7 +517,7 @@ pub fn enter_async<'py, C: LockLike>(
     slf: &Bound<'py, C>,
     context: Context<C::Handle>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let core = slf.get().core();
+    let core = slf.get().owner_core();
     let wait = Wait::from_timeout(core.default_timeout);
     let timeout_error = enter_timeout(slf.py(), &core.about, core.default_timeout);
     spawn_acquire(slf, wait, context, move |py, acquired| {
@@ -550,38 +576,38 @@ macro_rules! lock_like_methods {
 
             $(#[$release_doc])*
             fn release(&self, py: Python<'_>) -> PyResult<()> {
-                self.core().release(py)
+                self.owner_core().release(py)
             }
 
             $(#[$extend_doc])*
             #[pyo3(signature = (ttl=None))]
             fn extend(&self, py: Python<'_>, ttl: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-                self.core().extend(py, ttl)
+                self.owner_core().extend(py, ttl)
             }
 
             $(#[$owned_doc])*
             fn owned(&self, py: Python<'_>) -> PyResult<bool> {
-                self.core().owned(py)
+                self.owner_core().owned(py)
             }
 
             /// Seconds left on this object's lease; None if not held, 0.0 once the local deadline passed.
             fn remaining(&self) -> Option<f64> {
-                self.core().remaining()
+                self.view().remaining()
             }
 
             #[getter]
             fn token(&self) -> Option<String> {
-                self.core().token()
+                self.view().token()
             }
 
             #[getter]
             fn lost(&self) -> bool {
-                self.core().lost()
+                self.view().lost()
             }
 
             #[getter]
-            fn name(&self) -> &str {
-                &self.core().name
+            fn name(&self) -> String {
+                self.core().name.clone()
             }
 
             #[getter]
@@ -595,7 +621,7 @@ macro_rules! lock_like_methods {
 
             #[pyo3(signature = (*exc))]
             fn __exit__(&self, py: Python<'_>, exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
-                self.core().exit(py, exc)
+                self.owner_core().exit(py, exc)
             }
 
             // The asyncio side (`redmutex.aio`) awaits these; same semantics as the blocking ones.
@@ -621,13 +647,13 @@ macro_rules! lock_like_methods {
             }
 
             fn _release_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-                self.core().release_async(py)
+                self.owner_core().release_async(py)
             }
 
             /// Gives back the hold with `token` at once (released in Redis in the background), if this
             /// object still has it: an acquire that succeeded after its task was cancelled.
             fn _give_back(&self, token: &str) -> bool {
-                self.core().give_back(token)
+                self.owner_core().give_back(token)
             }
 
             #[pyo3(signature = (ttl=None))]
@@ -636,15 +662,15 @@ macro_rules! lock_like_methods {
                 py: Python<'py>,
                 ttl: Option<&Bound<'py, PyAny>>,
             ) -> PyResult<Bound<'py, PyAny>> {
-                self.core().extend_async(py, ttl)
+                self.owner_core().extend_async(py, ttl)
             }
 
             fn _owned_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-                self.core().owned_async(py)
+                self.owner_core().owned_async(py)
             }
 
             fn _exit_async<'py>(&self, py: Python<'py>, body_raised: bool) -> PyResult<Bound<'py, PyAny>> {
-                self.core().exit_async(py, body_raised)
+                self.owner_core().exit_async(py, body_raised)
             }
 
             $($own)*

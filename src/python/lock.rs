@@ -1,5 +1,10 @@
 //! `redmutex.Lock`: a lease on a name, held by this object, used as `with` or acquire/release.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
@@ -7,25 +12,123 @@ use super::args;
 use super::blocking;
 use super::client::{coerce_client, PyClient};
 use super::errors::Named;
-use super::hold::{self, lock_like_methods, HoldCore, LockLike};
+use super::hold::{self, lock_like_methods, CoreRef, HoldCore, LockLike};
 use crate::engine::lock::LockHandle;
+use crate::engine::Client;
 
 /// A distributed mutex on Redis: `with Lock(client, "name", ttl=5): ...`.
 ///
 /// `ttl: float = 10.0` is the lease in seconds (never None; use `auto_renew=True` for long
 /// holds). `timeout: float | None = None` is the default wait of `acquire()` and `with`: None
 /// waits forever, 0 tries once. Options: `auto_renew=False`, `fair=False`, `replicas=0`,
-/// `on_lost=None`. Not re-entrant; ownership belongs to this object.
+/// `on_lost=None`, `reentrant=False`. Ownership belongs to this object; with `reentrant=True`
+/// to the calling thread, which may acquire again while it holds (one release per acquire).
 #[pyclass(frozen, weakref, module = "redmutex", name = "Lock")]
 pub struct PyLock {
     client: Py<PyClient>,
     core: HoldCore<LockHandle>,
+    /// Re-entrant: the hold of each owning thread (`core` then never holds).
+    owners: Option<Owners>,
+}
+
+/// The holds of a re-entrant Lock object, one per owning thread, made as threads first use it:
+/// another thread of the same object is another owner and waits like any other waiter.
+struct Owners {
+    client: Arc<Client>,
+    name: Vec<u8>,
+    ttl: Duration,
+    fair: bool,
+    replicas: u32,
+    auto_renew: bool,
+    by_thread: Mutex<HashMap<u64, Arc<HoldCore<LockHandle>>>>,
+}
+
+static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// This thread as an owner: never reused within the process (Python's idents can be).
+    static THREAD: u64 = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Whether nobody uses `core` now (no call under way) and it holds nothing.
+fn unused(core: &Arc<HoldCore<LockHandle>>) -> bool {
+    Arc::strong_count(core) == 1
+        && Arc::strong_count(&core.handle) == 1
+        && core.holder().token().is_none()
+}
+
+impl Owners {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<HoldCore<LockHandle>>>> {
+        self.by_thread.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The calling thread's core, made (and unused ones of other threads dropped) on first use.
+    fn mine(&self, template: &HoldCore<LockHandle>) -> PyResult<Arc<HoldCore<LockHandle>>> {
+        let me = THREAD.with(|t| *t);
+        let mut map = self.map();
+        if let Some(core) = map.get(&me) {
+            return Ok(core.clone());
+        }
+        map.retain(|_, core| !unused(core));
+        let handle = LockHandle::with_reentry(
+            self.client.clone(),
+            &self.name,
+            self.ttl,
+            self.fair,
+            self.replicas,
+            self.auto_renew,
+            true,
+        )?;
+        let core = Arc::new(HoldCore {
+            handle: Arc::new(handle),
+            name: template.name.clone(),
+            about: template.about.clone(),
+            ttl: template.ttl,
+            default_timeout: template.default_timeout,
+            on_lost: template.on_lost.clone(),
+        });
+        map.insert(me, core.clone());
+        Ok(core)
+    }
+
+    /// What the object's state shows to the calling thread: its own hold (or the loss of its
+    /// last one); else the hold another thread has (at most one holds at a time), else a lost
+    /// one; None when there is nothing to show.
+    fn shown(&self) -> Option<Arc<HoldCore<LockHandle>>> {
+        let me = THREAD.with(|t| *t);
+        let map = self.map();
+        let shows = |core: &Arc<HoldCore<LockHandle>>| {
+            core.holder().token().is_some() || core.holder().lost()
+        };
+        if let Some(core) = map.get(&me).filter(|c| shows(c)) {
+            return Some(core.clone());
+        }
+        let mut cores: Vec<_> = map.values().collect();
+        cores.sort_by_key(|c| c.holder().token().is_none());
+        cores.into_iter().find(|c| shows(c)).cloned()
+    }
 }
 
 impl LockLike for PyLock {
     type Handle = LockHandle;
     fn core(&self) -> &HoldCore<LockHandle> {
         &self.core
+    }
+    fn owner_core(&self) -> CoreRef<'_, LockHandle> {
+        match &self.owners {
+            // Making a core fails only when the client cannot name the lock, which it did
+            // already for the object's own core: that one is then as good as any.
+            Some(owners) => owners
+                .mine(&self.core)
+                .map_or(CoreRef::Own(&self.core), CoreRef::Owner),
+            None => CoreRef::Own(&self.core),
+        }
+    }
+    fn view(&self) -> CoreRef<'_, LockHandle> {
+        match self.owners.as_ref().and_then(Owners::shown) {
+            Some(core) => CoreRef::Owner(core),
+            None => CoreRef::Own(&self.core),
+        }
     }
     fn blocking_context() {}
 }
@@ -43,7 +146,7 @@ lock_like_methods! {
     fn _acquire_async();
 
     #[new]
-    #[pyo3(signature = (client, name, *, ttl=10.0, timeout=None, auto_renew=None, fair=None, replicas=None, on_lost=None))]
+    #[pyo3(signature = (client, name, *, ttl=10.0, timeout=None, auto_renew=None, fair=None, replicas=None, on_lost=None, reentrant=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         client: &Bound<'_, PyAny>,
@@ -54,6 +157,7 @@ lock_like_methods! {
         fair: Option<&Bound<'_, PyAny>>,
         replicas: Option<&Bound<'_, PyAny>>,
         on_lost: Option<&Bound<'_, PyAny>>,
+        reentrant: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let name_bytes = args::name("name", name)?;
         let ttl = args::seconds("ttl", ttl)?;
@@ -62,19 +166,31 @@ lock_like_methods! {
         let fair = fair.map_or(Ok(false), |v| args::flag("fair", v))?;
         let replicas = replicas.map_or(Ok(0), |v| args::count("replicas", v, 0, 1_000_000))?;
         let on_lost = hold::on_lost_arg(on_lost)?;
+        let reentrant = reentrant.map_or(Ok(false), |v| args::flag("reentrant", v))?;
         let client = coerce_client(client)?;
         let engine_client = client.get().inner.clone();
-        let handle = LockHandle::new(
-            engine_client,
+        let handle = LockHandle::with_reentry(
+            engine_client.clone(),
             &name_bytes,
             ttl,
             fair,
             replicas as u32,
             auto_renew,
+            reentrant,
         )?;
+        let owners = reentrant.then(|| Owners {
+            client: engine_client,
+            name: name_bytes.clone(),
+            ttl,
+            fair,
+            replicas: replicas as u32,
+            auto_renew,
+            by_thread: Mutex::new(HashMap::new()),
+        });
         Ok(PyLock {
             core: HoldCore::new(handle, "lock", &name_bytes, ttl, default_timeout, on_lost),
             client,
+            owners,
         })
     }
 
@@ -86,7 +202,20 @@ lock_like_methods! {
 
     #[getter]
     fn fence(&self) -> Option<i64> {
-        self.core.handle.fence()
+        self.view().handle.fence()
+    }
+
+    /// Whether the lock is re-entrant (`reentrant=True`).
+    #[getter]
+    fn reentrant(&self) -> bool {
+        self.owners.is_some()
+    }
+
+    /// How many acquires the calling thread's hold stands for (0 when it holds none; more than
+    /// 1 only on a re-entrant lock).
+    #[getter]
+    fn _depth(&self) -> u32 {
+        self.owner_core().holder().depth()
     }
 
     #[getter]
@@ -104,7 +233,7 @@ lock_like_methods! {
             "Lock('{}', ttl={}, held={})",
             self.core.name,
             self.core.ttl(),
-            self.core.held_repr()
+            self.view().held_repr()
         )
     }
 }

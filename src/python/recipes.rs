@@ -25,6 +25,7 @@ fn spec_for(
             lease,
             fair: false,
             replicas: 0,
+            reentrant: false,
         },
     ))
 }
