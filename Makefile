@@ -53,12 +53,14 @@ bench: deps build
 	$(PY) benchmarks/bench_cache.py
 	$(PY) benchmarks/bench_scale.py
 	$(PY) benchmarks/bench_aio.py --json benchmarks/results/aio-latest.json
+	$(PY) benchmarks/bench_multilock.py
 
 bench-quick: deps build
 	$(PY) benchmarks/run.py --quick
 	$(PY) benchmarks/bench_cache.py --quick
 	$(PY) benchmarks/bench_scale.py --quick
 	$(PY) benchmarks/bench_aio.py --quick
+	$(PY) benchmarks/bench_multilock.py --quick
 
 lint: venv
 	cargo fmt --check

@@ -20,7 +20,7 @@ PAGE = ROOT / "docs" / "api.md"
 SECTIONS: list[tuple[str, str, str, list[str]]] = [
     ("Clients", "redmutex", "_core.pyi", ["Client", "__version__"]),
     ("Clients", "redmutex", "_types.py", ["ClientLike", "RedisLike"]),
-    ("Locks", "redmutex", "_core.pyi", ["Lock", "Semaphore", "RWLock", "RWLockSide"]),
+    ("Locks", "redmutex", "_core.pyi", ["Lock", "MultiLock", "Semaphore", "RWLock", "RWLockSide"]),
     ("Locks", "redmutex", "_recipes.py", ["locked"]),
     ("Cache", "redmutex", "_cache.py", ["get_or_fill", "cached"]),
     (
@@ -44,7 +44,12 @@ SECTIONS: list[tuple[str, str, str, list[str]]] = [
             "ConnectionError",
         ],
     ),
-    ("asyncio", "redmutex.aio", "aio.py", ["Lock", "Semaphore", "RWLock", "RWLockSide"]),
+    (
+        "asyncio",
+        "redmutex.aio",
+        "aio.py",
+        ["Lock", "MultiLock", "Semaphore", "RWLock", "RWLockSide"],
+    ),
     ("asyncio", "redmutex.aio", "aio.py", ["locked"]),
     (
         "asyncio",

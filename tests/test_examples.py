@@ -14,6 +14,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 # script -> a line its output must contain (besides the closing "OK: ...")
 EXPECTED = {
     "transfer_funds.py": "balances (70, 130)",
+    "transfer_funds_multi.py": "money conserved: True",
     "with_lock.py": "another worker tries meanwhile: acquired=False",
     "game_turns.py": "moves recorded per game: [20, 20]",
     "fair_semaphore.py": "served in arrival order",

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _core, metrics
 from ._cache import cached, get_or_fill
-from ._core import Client, Lock, RWLock, RWLockSide, Semaphore, __version__
+from ._core import Client, Lock, MultiLock, RWLock, RWLockSide, Semaphore, __version__
 from ._recipes import acquire_lock, locked, redis_lock, release_lock
 from ._types import ClientLike, RedisLike
 from .errors import (
@@ -35,6 +35,7 @@ __all__ = [
     "LockLostError",
     "LockNotOwnedError",
     "LockTimeoutError",
+    "MultiLock",
     "QuorumError",
     "RWLock",
     "RWLockSide",

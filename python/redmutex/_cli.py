@@ -26,6 +26,10 @@ On a Redlock `status` reads every master (held when a quorum is), `list` lists e
 `release` frees on every master; a master that cannot be reached is reported, not fatal, while
 another one answers.
 
+A MultiLock holds each of its names as a Lock, all with one token: `list` marks the lock names
+that one token holds together ("multi-hold of N names"), and `status` of a held name lists the
+other names its holder holds with the same token (found with SCAN).
+
 Leases stored as zset scores (semaphore holders, readers, places in a queue) are in milliseconds
 of the Redis server's clock, so "live" is decided against the server's `TIME`, never ours.
 
@@ -387,6 +391,8 @@ class Status:
     semaphore: dict[str, Any] | None = None
     rwlock: dict[str, Any] | None = None
     cache: dict[str, Any] | None = None
+    # The other names the lock's holder holds with the same token (a MultiLock), if any.
+    multi: list[str] | None = None
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -435,6 +441,8 @@ def read_status(target: Target, node: Node, name: str) -> Status:
     status.lock = _hold_of_string(lock_token, lock_pttl)
     if lock_token is not None:
         status.holds = _core._hold_count(lock_holds, lock_token)
+        others = _held_with(target, node, lock_token)
+        status.multi = sorted(n for n in others if n != name) or None
     status.fence = int(fence) if fence is not None else None
     status.waiters = len(_live(queue_places, now_ms))
     if sem_keys:
@@ -488,6 +496,14 @@ def status_lines(status: Status) -> Iterator[str]:
         yield f"lock:      held by {_lease(status.lock)}{nested}"
     elif status.fence is not None or status.waiters:
         yield "lock:      free"
+    if status.multi:
+        others = ", ".join(shown_name(n, 40) for n in status.multi[:HOLDERS_SHOWN])
+        more = (
+            f", and {len(status.multi) - HOLDERS_SHOWN} more"
+            if len(status.multi) > HOLDERS_SHOWN
+            else ""
+        )
+        yield f"multi:     held together with {len(status.multi)} other name(s): {others}{more}"
     if status.fence is not None:
         yield f"fence:     {status.fence}"
     if status.waiters:
@@ -547,6 +563,7 @@ def scan_entries(target: Target, node: Node) -> list[Entry]:
     entries = sorted(found.values(), key=lambda e: (e.name, kinds.index(e.kind)))
     _describe(node, entries)
     _count_holds(node, entries)
+    _mark_multi_holds(node, entries)
     return entries
 
 
@@ -567,6 +584,49 @@ def _count_holds(node: Node, entries: list[Entry]) -> None:
         if count > 1:
             entry.detail["holds"] = count
             entry.state += f", hold count {count}"
+
+
+def _lock_tokens(node: Node, keys: list[bytes]) -> list[bytes | None]:
+    """The token in each lock key (None: free, or not a plain token)."""
+    tokens: list[bytes | None] = []
+    batch = 200
+    for start in range(0, len(keys), batch):
+        pipe = node.conn.pipeline(transaction=False)
+        for key in keys[start : start + batch]:
+            pipe.get(key)
+        replies = _run(node, pipe.execute, raise_on_error=False)
+        tokens += [r if isinstance(r, bytes) else None for r in replies]
+    return tokens
+
+
+def _mark_multi_holds(node: Node, entries: list[Entry]) -> None:
+    """Lock names that one token holds together (a MultiLock) say so, each naming the others."""
+    held = [e for e in entries if e.kind == "lock" and e.detail.get("held")]
+    groups: dict[bytes, list[Entry]] = {}
+    for entry, token in zip(held, _lock_tokens(node, [e.keys["lock"] for e in held])):
+        if token is not None:
+            groups.setdefault(token, []).append(entry)
+    for token, group in groups.items():
+        if len(group) < 2:
+            continue
+        for entry in group:
+            entry.detail["multi"] = [e.name for e in group if e is not entry]
+            entry.state += f", multi-hold of {len(group)} names by {_short(token)}..."
+
+
+def _held_with(target: Target, node: Node, token: bytes) -> list[str]:
+    """Every lock name under the prefix that `token` holds (found with SCAN, never KEYS)."""
+    pattern = _core._scan_pattern(target.prefix)
+    keys = _run(
+        node, lambda: list(node.conn.scan_iter(match=pattern + b"}:lock", count=SCAN_COUNT))
+    )
+    locks: list[tuple[str, bytes]] = []
+    for key in keys:
+        parsed = _core._split_key(target.prefix, key)
+        if parsed is not None and parsed[1] == "lock" and parsed[2] == "lock":
+            locks.append((parsed[0].decode("utf-8", "replace"), key))
+    tokens = _lock_tokens(node, [key for _, key in locks])
+    return [name for (name, _), found in zip(locks, tokens) if found == token]
 
 
 def _describe(node: Node, entries: list[Entry]) -> None:

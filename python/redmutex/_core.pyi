@@ -20,6 +20,7 @@ __all__ = [
     "FillClaim",
     "Lock",
     "LoopWaker",
+    "MultiLock",
     "RWLock",
     "RWLockSide",
     "Semaphore",
@@ -185,6 +186,81 @@ class Lock:
     def _extend_async(self, ttl: float | None = None) -> asyncio.Future[None]: ...
     def _owned_async(self) -> asyncio.Future[bool]: ...
     def _locked_async(self) -> asyncio.Future[bool]: ...
+    def _exit_async(self, body_raised: bool) -> asyncio.Future[bool]: ...
+
+@final
+class MultiLock:
+    """Several lock names held together, all or none: `with MultiLock(client, ["a", "b"]): ...`.
+
+    The names are `Lock` names (the same keys): a MultiLock and single Locks on the same names
+    exclude each other, and a name with waiters in its fair queue counts as busy. A name given
+    twice counts once; `names` must be a non-empty sequence of str. `ttl: float = 10.0`: the
+    lease of every name. `timeout: float | None = None`: the default wait of `acquire()` and
+    `with`. `auto_renew=False`: renew every name every ttl/3 while held. `on_lost=None`: called
+    once with the object when renewal finds a lease lost. On one server every attempt takes all
+    names in one atomic step; on a Redis Cluster they are taken in one global order (sorted by
+    name), and whatever was taken is given back when the rest cannot be had in time, so two
+    MultiLocks over overlapping names never deadlock. Waiters are woken, never poll.
+    """
+
+    def __new__(
+        cls,
+        client: ClientLike,
+        names: Sequence[str],
+        *,
+        ttl: float = 10.0,
+        timeout: float | None = None,
+        auto_renew: bool | None = None,
+        on_lost: Callable[[MultiLock], object] | None = None,
+    ) -> Self: ...
+    def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
+        """Takes every name, or none; True when acquired, False when the wait ended first
+        (nothing is held then). Raises LockError if this object already holds them."""
+    def release(self) -> None:
+        """Releases every name still held. LockNotOwnedError when this object holds nothing,
+        LockLostError when the lease of any name was lost (the others are released)."""
+    def extend(self, ttl: float | None = None) -> None:
+        """The lease of every name now ends `ttl` seconds from now (None: the own ttl). Raises
+        like release()."""
+    def owned(self) -> bool:
+        """True when this object holds every name, checked against Redis."""
+    def remaining(self) -> float | None:
+        """Seconds left on this object's lease (local clock); None when not held."""
+    @property
+    def token(self) -> str | None:
+        """The owner identifier of the current hold (the same on every name), None when not
+        held."""
+    @property
+    def fences(self) -> dict[str, int] | None:
+        """The fencing token of each name of the current hold; None when not held."""
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The names, each once, in the order given."""
+    @property
+    def lost(self) -> bool:
+        """True once this hold was found lost (by renewal, extend or release)."""
+    @property
+    def name(self) -> str:
+        """The names joined with ", " (for messages)."""
+    @property
+    def ttl(self) -> float:
+        """The lease in seconds."""
+    @property
+    def client(self) -> Client:
+        """The Client this MultiLock talks through."""
+    def __enter__(self) -> Self:
+        """Acquires with the constructor's timeout; LockTimeoutError when not acquired."""
+    def __exit__(self, *exc: object) -> Literal[False]:
+        """Releases; LockLostError if a lease was lost while the block ran."""
+    # Awaited by redmutex.aio.MultiLock; same semantics as the blocking methods.
+    def _acquire_async(
+        self, blocking: bool | None = None, timeout: float | None = None
+    ) -> asyncio.Future[bool]: ...
+    def _enter_async(self) -> asyncio.Future[None]: ...
+    def _release_async(self) -> asyncio.Future[None]: ...
+    def _give_back(self, token: str) -> bool: ...
+    def _extend_async(self, ttl: float | None = None) -> asyncio.Future[None]: ...
+    def _owned_async(self) -> asyncio.Future[bool]: ...
     def _exit_async(self, body_raised: bool) -> asyncio.Future[bool]: ...
 
 @final

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, cast
 
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AsyncCachedFunction",
     "Lock",
+    "MultiLock",
     "RWLock",
     "RWLockSide",
     "Semaphore",
@@ -251,6 +252,45 @@ class Lock(_Hold):
 
     def __repr__(self) -> str:
         return f"aio.{self._shown()!r}"
+
+
+class MultiLock(_Hold):
+    """`redmutex.MultiLock` for asyncio: `async with multi: ...` holds every name, or none.
+
+    Same arguments and defaults as `redmutex.MultiLock` (`ttl=10.0`; `timeout=None` waits
+    forever).
+    """
+
+    def __init__(
+        self,
+        client: ClientLike,
+        names: Sequence[str],
+        *,
+        ttl: float = 10.0,
+        timeout: float | None = None,
+        auto_renew: bool = False,
+        on_lost: Callable[[MultiLock], None] | None = None,
+    ) -> None:
+        self._core = _core.MultiLock(
+            client,
+            names,
+            ttl=ttl,
+            timeout=timeout,
+            auto_renew=auto_renew,
+            on_lost=_relay_on_lost(on_lost, self),
+        )
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The names, each once, in the order given."""
+        names: tuple[str, ...] = self._core.names
+        return names
+
+    @property
+    def fences(self) -> dict[str, int] | None:
+        """The fence of each name of the current hold, None when not held."""
+        fences: dict[str, int] | None = self._core.fences
+        return fences
 
 
 class Semaphore(_Hold):

@@ -78,6 +78,38 @@ pub trait Leased: Send + Sync + 'static {
         self.owned(token)
     }
 
+    // How those steps run on one node (a server, a Sentinel-managed master, a Redis Cluster):
+    // the step, by default. A primitive whose keys may span cluster slots (a MultiLock) runs
+    // one step per slot instead; the direct path (one server) still sends the single step.
+
+    /// Runs `release(token)` on `shared`.
+    fn release_on_node<'a>(
+        &'a self,
+        shared: &'a Shared,
+        token: &'a str,
+    ) -> impl Future<Output = Result<bool>> + Send + 'a {
+        async move { executor::run(shared, &self.release(token)).await }
+    }
+
+    /// Runs `extend(token, lease)` on `shared`.
+    fn extend_on_node<'a>(
+        &'a self,
+        shared: &'a Shared,
+        token: &'a str,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool>> + Send + 'a {
+        async move { executor::run(shared, &self.extend(token, lease)).await }
+    }
+
+    /// Runs `owned(token)` on `shared`.
+    fn owned_on_node<'a>(
+        &'a self,
+        shared: &'a Shared,
+        token: &'a str,
+    ) -> impl Future<Output = Result<bool>> + Send + 'a {
+        async move { executor::run(shared, &self.owned(token)).await }
+    }
+
     /// What one of its attempts grants (see `waiting::Contender`).
     type Grant: Send;
     /// One waiter's attempts for a token: the attempt step and how to read its outcome.
@@ -829,9 +861,8 @@ impl<P: Leased> Holder<P> {
             let outcome = release_on(&*self.primitive, &backend, &hold.token).await;
             return self.finish_release(hold, outcome, false);
         };
-        let step = self.primitive.release(&hold.token);
         let (epoch, sent_at) = (shared.fault_epoch(), Instant::now());
-        let outcome = executor::run(shared, &step).await;
+        let outcome = self.primitive.release_on_node(shared, &hold.token).await;
         let retried = resent_own(shared, &hold, epoch, sent_at);
         self.finish_release(hold, outcome, retried)
     }
@@ -988,10 +1019,11 @@ impl<P: Leased> Holder<P> {
 
 /// Runs `token`'s release step on the deployment (on Redlock, on every master by majority).
 async fn release_on<P: Leased>(primitive: &P, backend: &Backend, token: &str) -> Result<bool> {
-    let step = primitive.release(token);
     match backend {
-        Backend::Single(shared) => executor::run(shared, &step).await,
-        Backend::Redlock(redlock) if primitive.quorum() => redlock.release_by(token, &step).await,
+        Backend::Single(shared) => primitive.release_on_node(shared, token).await,
+        Backend::Redlock(redlock) if primitive.quorum() => {
+            redlock.release_by(token, &primitive.release(token)).await
+        }
         Backend::Redlock(_) => Err(no_quorum(primitive.naming())),
     }
 }
@@ -1003,13 +1035,17 @@ async fn extend_on<P: Leased>(
     token: &str,
     lease: Duration,
 ) -> Result<Option<Instant>> {
-    let step = primitive.extend(token, lease);
     match backend {
         Backend::Single(shared) => {
             let sent_at = Instant::now();
-            Ok(executor::run(shared, &step).await?.then_some(sent_at))
+            let extended = primitive.extend_on_node(shared, token, lease).await?;
+            Ok(extended.then_some(sent_at))
         }
-        Backend::Redlock(redlock) if primitive.quorum() => redlock.extend_by(&step, lease).await,
+        Backend::Redlock(redlock) if primitive.quorum() => {
+            redlock
+                .extend_by(&primitive.extend(token, lease), lease)
+                .await
+        }
         Backend::Redlock(_) => Err(no_quorum(primitive.naming())),
     }
 }
@@ -1043,10 +1079,11 @@ async fn nest_on<P: Leased>(primitive: &P, backend: &Backend, step: &Step<bool>)
 
 /// Runs `token`'s ownership step.
 async fn owned_on<P: Leased>(primitive: &P, backend: &Backend, token: &str) -> Result<bool> {
-    let step = primitive.owned(token);
     match backend {
-        Backend::Single(shared) => executor::run(shared, &step).await,
-        Backend::Redlock(redlock) if primitive.quorum() => redlock.owned_by(&step).await,
+        Backend::Single(shared) => primitive.owned_on_node(shared, token).await,
+        Backend::Redlock(redlock) if primitive.quorum() => {
+            redlock.owned_by(&primitive.owned(token)).await
+        }
         Backend::Redlock(_) => Err(no_quorum(primitive.naming())),
     }
 }

@@ -168,6 +168,12 @@ pub trait Contender: Sync {
     /// Best-effort undo of an attempt whose outcome is unknown: give back whatever the token may
     /// hold or occupy. Runs detached, after the caller is gone.
     fn undo(&self) -> Undo;
+
+    /// Channels beside the plan's on which releases wake this waiter too (a MultiLock listens
+    /// on the channel of each of its names); none by default.
+    fn other_channels(&self) -> Vec<Vec<u8>> {
+        Vec::new()
+    }
 }
 
 /// How an attempt treats the primitive's queue, if it keeps one: a first try (`join` false)
@@ -368,9 +374,15 @@ async fn wait_for_turn<C: Contender>(
         .inbox
         .as_ref()
         .map(|channel| plan.shared.hub.register(channel.clone(), plan.wake_token));
+    let others: Vec<Registration> = contender
+        .other_channels()
+        .into_iter()
+        .map(|channel| plan.shared.hub.register(channel, plan.wake_token))
+        .collect();
     let registrations = Registrations {
         wake: &registration,
         inbox: inbox.as_ref(),
+        others: &others,
     };
     let outcome = compete(contender, plan, wait, &registrations, &mut busy_until).await;
     if let (Some(state), None) = (&mut turn, plan.wake_token) {
@@ -383,10 +395,12 @@ async fn wait_for_turn<C: Contender>(
     outcome
 }
 
-/// A waiter's places on the wake channel and, for grants, on its inbox.
+/// A waiter's places on the wake channel and, for grants, on its inbox (and on the contender's
+/// other channels, if any).
 struct Registrations<'a> {
     wake: &'a Registration,
     inbox: Option<&'a Registration>,
+    others: &'a [Registration],
 }
 
 impl Registrations<'_> {
@@ -395,10 +409,21 @@ impl Registrations<'_> {
         if let Some(inbox) = self.inbox {
             inbox.ready().await?;
         }
+        for other in self.others {
+            other.ready().await?;
+        }
         Ok(())
     }
 
     async fn notified(&self) {
+        if !self.others.is_empty() {
+            let all = std::iter::once(self.wake)
+                .chain(self.inbox)
+                .chain(self.others)
+                .map(|r| Box::pin(r.notified()));
+            futures_util::future::select_all(all).await;
+            return;
+        }
         match self.inbox {
             None => self.wake.notified().await,
             Some(inbox) => tokio::select! {

@@ -6,6 +6,7 @@ pub mod cache;
 pub mod keys;
 pub mod lease;
 pub mod lock;
+pub mod multilock;
 pub mod quorum;
 pub mod replies;
 pub mod rwlock;

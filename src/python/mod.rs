@@ -11,6 +11,7 @@ mod errors;
 mod hold;
 mod lock;
 mod log;
+mod multilock;
 mod recipes;
 mod rwlock;
 mod semaphore;
@@ -96,6 +97,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::PyClient>()?;
     m.add_class::<awaitable::LoopWaker>()?;
     m.add_class::<lock::PyLock>()?;
+    m.add_class::<multilock::PyMultiLock>()?;
     m.add_class::<semaphore::PySemaphore>()?;
     m.add_class::<rwlock::PyRwLock>()?;
     m.add_class::<rwlock::PyRwSide>()?;

@@ -1,0 +1,29 @@
+-- Release the names of a MultiLock that ARGV[1] still holds, and hand each on (after
+-- queue_prune.lua, fence_next.lua and lock_grant.lua), exactly as lock_release.lua does for one.
+-- KEYS: five per name i (1-based): KEYS[5i-4] lock key   KEYS[5i-3] fence counter
+--       KEYS[5i-2] fair queue   KEYS[5i-1] place deadlines   KEYS[5i] queue leases
+-- ARGV[1] token   ARGV[2] grant slack in ms (see lock_grant.lua)
+-- ARGV[3] fence counter's ttl in ms (see fence_next.lua)   ARGV[3 + i] wake-up channel of name i
+-- Reply: how many of the names ARGV[1] held and released (fewer than the names: the others'
+-- leases ended, and they were left alone). A released name with live waiters in its fair queue
+-- is granted to the first; otherwise '' is published on its channel (wakes all its waiters).
+local n = #KEYS / 5
+local released = 0
+local now = nil
+for i = 1, n do
+  local k = 5 * (i - 1)
+  if redis.call('GET', KEYS[k + 1]) == ARGV[1] then
+    redis.call('DEL', KEYS[k + 1])
+    released = released + 1
+    local handed = false
+    if redis.call('EXISTS', KEYS[k + 3]) == 1 then
+      now = now or server_now_ms()
+      handed = grant_head(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5],
+                          ARGV[3 + i], tonumber(ARGV[2]), now, ARGV[3])
+    end
+    if not handed then
+      redis.call('PUBLISH', ARGV[3 + i], '')
+    end
+  end
+end
+return released
