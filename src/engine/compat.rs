@@ -128,22 +128,118 @@ impl CompatLock {
         poll: Option<Duration>,
         renew: Option<Option<OnLost>>,
     ) -> Result<Option<CompatHold>> {
+        let req = Request {
+            lease,
+            wait,
+            chosen,
+            poll,
+        };
+        self.acquire_from(token, req, renew, None).await
+    }
+
+    /// The blocking API's `acquire`: the first attempt on the caller's thread when the client
+    /// allows it (and the token is the shim's own: a chosen token's first send needs the
+    /// resend-aware path), the wait (if any) through the runtime.
+    #[allow(clippy::too_many_arguments)]
+    pub fn acquire_blocking<'a>(
+        &'a self,
+        token: &'a str,
+        lease: Duration,
+        wait: Wait,
+        chosen: bool,
+        poll: Option<Duration>,
+        renew: Option<Option<OnLost>>,
+    ) -> Now<
+        Result<Option<CompatHold>>,
+        impl std::future::Future<Output = Result<Option<CompatHold>>> + Send + 'a,
+    > {
+        let req = Request {
+            lease,
+            wait,
+            chosen,
+            poll,
+        };
+        if chosen || !self.client.supports_direct() {
+            return Now::Later(self.acquire_from(token, req, renew, None));
+        }
+        let first = match self.first_direct(token, &req) {
+            Ok(first) => first,
+            Err(err) => return Now::Done(Err(err)),
+        };
+        match first {
+            (Outcome::Granted(granted), shared) => {
+                Now::Done(Ok(Some(self.hold(&shared, token, lease, granted, renew))))
+            }
+            (Outcome::Busy { retry_ms }, _) if wait != Wait::Once => {
+                Now::Later(self.acquire_from(token, req, renew, Some(Outcome::Busy { retry_ms })))
+            }
+            _ => Now::Done(Ok(None)),
+        }
+    }
+
+    /// One attempt on the caller's thread (an unknown outcome is undone in the background).
+    fn first_direct(&self, token: &str, req: &Request) -> Result<(Outcome<Granted>, Arc<Shared>)> {
         let shared = self.shared()?;
-        let spec = LockSpec {
+        let spec = self.spec_for(req.lease);
+        let contender = self.contender(&shared, &spec, token, req);
+        let step = contender.first_step();
+        let (reply, sent_at) =
+            waiting::attempt_direct(&shared, executor::script_of(&step)?, || contender.undo())?;
+        let outcome = contender.read(step.parse(reply)?, sent_at)?;
+        Ok((outcome, shared))
+    }
+
+    fn spec_for(&self, lease: Duration) -> LockSpec {
+        LockSpec {
             lease,
             ..self.spec.clone()
-        };
-        let contender = Polled {
-            inner: LockContender::for_token(&shared, &spec, token, chosen),
-            poll_ms: poll.map(|p| i64::try_from(p.as_millis()).unwrap_or(i64::MAX).max(1)),
-        };
+        }
+    }
+
+    fn contender<'a>(
+        &self,
+        shared: &'a Arc<Shared>,
+        spec: &'a LockSpec,
+        token: &'a str,
+        req: &Request,
+    ) -> Polled<'a> {
+        Polled {
+            inner: LockContender::for_token(shared, spec, token, req.chosen),
+            poll_ms: req
+                .poll
+                .map(|p| i64::try_from(p.as_millis()).unwrap_or(i64::MAX).max(1)),
+        }
+    }
+
+    async fn acquire_from(
+        &self,
+        token: &str,
+        req: Request,
+        renew: Option<Option<OnLost>>,
+        first: Option<Outcome<Granted>>,
+    ) -> Result<Option<CompatHold>> {
+        let shared = self.shared()?;
+        let spec = self.spec_for(req.lease);
+        let contender = self.contender(&shared, &spec, token, &req);
         let plan = spec.plan(&shared, token);
-        let Some(granted) = waiting::acquire_from(&contender, &plan, wait, None).await? else {
+        let Some(granted) = waiting::acquire_from(&contender, &plan, req.wait, first).await? else {
             return Ok(None);
         };
+        Ok(Some(self.hold(&shared, token, req.lease, granted, renew)))
+    }
+
+    /// The hold a grant gives, renewed in the background when asked.
+    fn hold(
+        &self,
+        shared: &Arc<Shared>,
+        token: &str,
+        lease: Duration,
+        granted: Granted,
+        renew: Option<Option<OnLost>>,
+    ) -> CompatHold {
         let status = Arc::new(HoldStatus::new(granted.sent_at + lease));
         let renewal = renew.map(|listener| {
-            let (shared, keys, token) = (shared.clone(), spec.keys.clone(), token.to_string());
+            let (shared, keys, token) = (shared.clone(), self.spec.keys.clone(), token.to_string());
             let extend = move |lease: Duration| {
                 let (shared, keys, token) = (shared.clone(), keys.clone(), token.clone());
                 async move {
@@ -155,11 +251,11 @@ impl CompatLock {
             let schedule = Schedule::renewing(lease, lease);
             renew::start(extend, lease, schedule, status.clone(), listener)
         });
-        Ok(Some(CompatHold {
+        CompatHold {
             fence: granted.fence,
             status,
             renewal: std::sync::Mutex::new(renewal),
-        }))
+        }
     }
 
     /// Runs `step` on the caller's thread when the client allows it, else through the runtime.
@@ -222,6 +318,14 @@ impl CompatLock {
     ) -> Now<Result<i64>, impl std::future::Future<Output = Result<i64>> + Send + '_> {
         self.now(steps::reset(&self.spec.keys))
     }
+}
+
+/// One acquire's terms.
+struct Request {
+    lease: Duration,
+    wait: Wait,
+    chosen: bool,
+    poll: Option<Duration>,
 }
 
 /// The lock's attempts, looking again at least every `poll_ms` while busy.

@@ -163,11 +163,9 @@ impl PyCompatLock {
         let wait = wait_of(timeout)?;
         let poll = poll_of(poll)?;
         let renewal = self.renewal(renew);
-        let engine = self.engine.clone();
-        let hold = blocking::wait(py, async move {
-            engine
-                .acquire(&token, lease, wait, chosen, poll, renewal)
-                .await
+        let engine = &self.engine;
+        let hold = blocking::run(py, || {
+            engine.acquire_blocking(&token, lease, wait, chosen, poll, renewal)
         })?
         .about(py, &self.about)?;
         Ok(hold.map(|hold| PyCompatHold { hold }))
