@@ -249,7 +249,8 @@ def test_mixed_mutual_exclusion_both_directions(r: redis.Redis, r2: redis.Redis,
 def test_shim_waiter_notices_an_original_release_within_sleep(
     r: redis.Redis, r2: redis.Redis, name: str
 ) -> None:
-    original = redis.lock.Lock(r2, name)  # no expiry: only its release frees it
+    # A 30 s lease: without looking again every `sleep`, the waiter would sleep until it ends.
+    original = redis.lock.Lock(r2, name, timeout=30)
     assert original.acquire()
     done: list[float] = []
 
