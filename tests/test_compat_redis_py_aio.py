@@ -123,3 +123,21 @@ def test_waiters_are_woken_and_mixed_with_redis_py(redis_url: str, name: str) ->
         await ar2.aclose()
 
     run(main())
+
+
+def test_a_cancelled_waiter_takes_nothing(redis_url: str, r: redis.Redis, name: str) -> None:
+    async def main() -> None:
+        ar = redis.asyncio.Redis.from_url(redis_url)
+        holder = Lock(ar, name, timeout=10)
+        assert await holder.acquire()
+        waiter = asyncio.create_task(Lock(ar, name, timeout=10).acquire())
+        await asyncio.sleep(0.2)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        await holder.release()
+        await asyncio.sleep(0.3)
+        assert r.get(name) is None  # the cancelled waiter did not take it after all
+        await ar.aclose()
+
+    run(main())
