@@ -234,6 +234,73 @@ register(
 )
 
 
+# --- redmutex.compat: the drop-in shims, through the originals' own call sites ----------------
+
+
+class _CompatRedisPySession:
+    """`redmutex.compat.redis_py.lock(r, ...)`: redis-py's call, redmutex's engine."""
+
+    def __init__(self, url: str) -> None:
+        import redis
+        from redmutex.compat import redis_py
+
+        self._lock = redis_py.lock
+        self.client = redis.Redis.from_url(url)
+
+    def lock(self, name: str, ttl: float, wait: float = WAIT) -> LockHandle:
+        return self._lock(self.client, name, timeout=ttl, blocking_timeout=wait)  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class _CompatRedisLockSession(_PythonRedisLockSession):
+    """`redmutex.compat.redis_lock.Lock(r, ...)`: python-redis-lock's call, redmutex's engine."""
+
+    def lock(self, name: str, ttl: float, wait: float = WAIT) -> LockHandle:
+        from redmutex.compat import redis_lock
+
+        expire = max(1, round(ttl))
+        return _PythonRedisLockHandle(
+            redis_lock.Lock(self.client, name, expire=expire), max(1, min(expire, round(wait)))
+        )
+
+
+def _probe_compat(module: str) -> Callable[[], str | None]:
+    def probe() -> str | None:
+        reason = _probe_redmutex()
+        if reason is not None:
+            return reason
+        return _probe_import(module, "redis python-redis-lock")()
+
+    return probe
+
+
+register(
+    Peer(
+        name="compat-redis-py",
+        label="redmutex.compat.redis_py `lock(Redis(), name, timeout=10)` (shim)",
+        capabilities=frozenset({"lock"}),
+        open=_CompatRedisPySession,
+        probe=_probe_compat("redmutex.compat.redis_py"),
+        info=lambda: {"version": _version("redmutex")},
+        required=False,
+    )
+)
+
+register(
+    Peer(
+        name="compat-redis-lock",
+        label="redmutex.compat.redis_lock `Lock(Redis(), name, expire=10)` (shim)",
+        capabilities=frozenset({"lock"}),
+        open=_CompatRedisLockSession,
+        probe=_probe_compat("redmutex.compat.redis_lock"),
+        info=lambda: {"version": _version("redmutex")},
+        required=False,
+    )
+)
+
+
 # --- pottery -------------------------------------------------------------------------------
 
 

@@ -6,7 +6,7 @@ except a lease (`ttl`, `lock_ttl`): None there is a TypeError (a lease is never 
 """
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal, TypeAlias, final
 
 from typing_extensions import Self
@@ -24,6 +24,8 @@ __all__ = [
     "RWLock",
     "RWLockSide",
     "Semaphore",
+    "_CompatHold",
+    "_CompatLock",
     "__version__",
     "_force_release",
     "_hold_count",
@@ -519,6 +521,53 @@ def release_token(conn: ClientLike, lockname: str, identifier: str) -> bool:
     """Compare-and-delete for `identifier`; False when it did not hold the lock."""
 
 def _interpreter_exiting() -> None: ...
+
+# -- for the drop-in shims (redmutex.compat): a lock on another library's key, caller's token
+
+@final
+class _CompatHold:
+    @property
+    def fence(self) -> int: ...
+    @property
+    def lost(self) -> bool: ...
+    def stop(self) -> None: ...
+
+@final
+class _CompatLock:
+    def __new__(
+        cls,
+        client: ClientLike,
+        name: str,
+        lock_key: bytes,
+        *,
+        signal: bytes | None = None,
+        signal_expire_ms: int = 1000,
+    ) -> _CompatLock: ...
+    def acquire(
+        self,
+        token: str,
+        lease: float,
+        timeout: float | None,
+        chosen: bool,
+        renew: bool,
+        poll: float | None = None,
+    ) -> _CompatHold | None: ...
+    def _acquire_async(
+        self,
+        token: str,
+        lease: float,
+        timeout: float | None,
+        chosen: bool,
+        renew: bool,
+        poll: float | None = None,
+    ) -> Awaitable[_CompatHold | None]: ...
+    def release(self, token: str) -> bool: ...
+    def _release_async(self, token: str) -> Awaitable[bool]: ...
+    def extend(self, token: str, ms: int, replace: bool) -> int: ...
+    def _extend_async(self, token: str, ms: int, replace: bool) -> Awaitable[int]: ...
+    def owner(self) -> bytes | None: ...
+    def _owner_async(self) -> Awaitable[bytes | None]: ...
+    def reset(self) -> int: ...
 
 # -- for the command line (redmutex._cli): the core's key layout, URLs, redaction, force release
 

@@ -71,6 +71,22 @@ impl<'a> LockContender<'a> {
     }
 }
 
+impl<'a> LockContender<'a> {
+    /// The attempts of a drop-in shim (`engine::compat`) for `token`; `chosen`: the caller chose
+    /// the token and another call may use it too (see `shared_token`).
+    pub(crate) fn for_token(
+        shared: &'a Arc<Shared>,
+        spec: &'a LockSpec,
+        token: &'a str,
+        chosen: bool,
+    ) -> Self {
+        LockContender {
+            shared_token: chosen,
+            ..LockContender::new(shared, spec, token)
+        }
+    }
+}
+
 impl Contender for LockContender<'_> {
     type Grant = Granted;
     type Reply = Attempt;

@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod cache;
 pub mod client;
+pub mod compat;
 pub mod connect;
 pub mod direct;
 pub mod error;

@@ -11,6 +11,10 @@ pub const DEFAULT_FENCE_TTL_MS: u64 = 86_400_000;
 pub struct Keys {
     base: Vec<u8>,
     fence_ttl_ms: u64,
+    /// The drop-in shims (`redmutex.compat`): the lock key of another library, used as it is.
+    lock_key: Option<Vec<u8>>,
+    /// python-redis-lock's signal list and its expiry in ms, pushed by every release.
+    signal: Option<(Vec<u8>, u64)>,
 }
 
 impl Keys {
@@ -24,7 +28,28 @@ impl Keys {
         Keys {
             base,
             fence_ttl_ms: DEFAULT_FENCE_TTL_MS,
+            lock_key: None,
+            signal: None,
         }
+    }
+
+    /// The same keys, whose lock key is exactly `key` (another library's, for the drop-in shims
+    /// of `redmutex.compat`): the other keys and channels keep the `prefix{name}` layout.
+    pub fn with_lock_key(mut self, key: &[u8]) -> Self {
+        self.lock_key = Some(key.to_vec());
+        self
+    }
+
+    /// The same keys, whose releases also push python-redis-lock's signal list `key` (which
+    /// then expires after `expire_ms`), so that library's waiters (BLPOP) wake on them.
+    pub fn with_signal(mut self, key: &[u8], expire_ms: u64) -> Self {
+        self.signal = Some((key.to_vec(), expire_ms.max(1)));
+        self
+    }
+
+    /// The signal list releases push, and its expiry in ms (`with_signal`).
+    pub fn signal(&self) -> Option<(&[u8], u64)> {
+        self.signal.as_ref().map(|(key, ms)| (key.as_slice(), *ms))
     }
 
     /// The same keys, whose fencing counter expires `ms` after the last acquisition (at least 1).
@@ -53,7 +78,10 @@ impl Keys {
 
     /// String holding the current owner's token, with the lease as its expiry.
     pub fn lock(&self) -> Vec<u8> {
-        self.with_suffix(b":lock")
+        match &self.lock_key {
+            Some(key) => key.clone(),
+            None => self.with_suffix(b":lock"),
+        }
     }
 
     /// Re-entrant lock: the hold count of its owner while it is 2 or more, as
@@ -303,6 +331,17 @@ mod tests {
     fn inboxes_extend_the_wake_channel() {
         let keys = Keys::new(b"p:", b"n");
         assert_eq!(keys.wake_inbox("00ff"), b"p:{n}:wake:00ff");
+    }
+
+    #[test]
+    fn an_exact_lock_key_leaves_the_other_keys_alone() {
+        let keys = Keys::new(b"p:", b"job").with_lock_key(b"lock:job");
+        assert_eq!(keys.lock(), b"lock:job");
+        assert_eq!(keys.fence(), b"p:{job}:fence");
+        assert_eq!(keys.wake_channel(), b"p:{job}:wake");
+        assert_eq!(keys.signal(), None);
+        let keys = keys.with_signal(b"lock-signal:job", 0);
+        assert_eq!(keys.signal(), Some((&b"lock-signal:job"[..], 1)));
     }
 
     #[test]

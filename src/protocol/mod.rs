@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod cache;
+pub mod compat;
 pub mod keys;
 pub mod lease;
 pub mod lock;

@@ -227,6 +227,11 @@ pub const GRANT_SLACK_MS: u64 = 3000;
 /// Compare-and-delete of the lock, then the hand-off: a grant to the fair queue's first live
 /// waiter, or a wake-up for all on its channel.
 pub fn release<'a>(keys: &Keys, token: &str) -> ScriptInvocation<'a> {
+    // A drop-in shim's lock (`redmutex.compat.redis_lock`): python-redis-lock's waiters wait on
+    // its signal list, so every release (an undo's too) pushes it.
+    if let Some((signal, expire_ms)) = keys.signal() {
+        return super::compat::signal_release(keys, token, signal, expire_ms);
+    }
     let mut inv = LOCK_RELEASE.prepare_invoke();
     queue_hand_off(&mut inv, keys, token);
     inv

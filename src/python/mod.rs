@@ -7,6 +7,7 @@ mod awaitable;
 mod blocking;
 mod cache;
 mod client;
+mod compat;
 mod errors;
 mod hold;
 mod lock;
@@ -98,6 +99,8 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<awaitable::LoopWaker>()?;
     m.add_class::<lock::PyLock>()?;
     m.add_class::<multilock::PyMultiLock>()?;
+    m.add_class::<compat::PyCompatLock>()?;
+    m.add_class::<compat::PyCompatHold>()?;
     m.add_class::<semaphore::PySemaphore>()?;
     m.add_class::<rwlock::PyRwLock>()?;
     m.add_class::<rwlock::PyRwSide>()?;

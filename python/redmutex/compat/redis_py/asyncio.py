@@ -1,0 +1,268 @@
+"""redis-py's `redis.asyncio.lock.Lock` on redmutex's engine (see `redmutex.compat.redis_py`).
+
+    from redis.asyncio.lock import Lock   ->  from redmutex.compat.redis_py.asyncio import Lock
+    lock = r.lock("name", timeout=5)      ->  lock = redmutex.compat.redis_py.asyncio.lock(r, "name", timeout=5)
+
+One fix over redis-py: with ``thread_local=True`` (the default) the token belongs to the asyncio
+task that acquired, not to the thread, so another task using the same Lock object neither sees
+nor releases it (in redis-py every task of the loop's thread shares one token).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+import weakref
+from collections.abc import Awaitable
+from types import SimpleNamespace, TracebackType
+from typing import TYPE_CHECKING, Any, Literal
+
+from redis.exceptions import LockError, LockNotOwnedError
+
+from ..._core import _CompatHold, _CompatLock
+from .._common import NO_EXPIRY_LEASE, client_of, encode, key_name, token_text
+from . import _poll
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["Lock", "LockError", "LockNotOwnedError", "lock"]
+
+logger = logging.getLogger("redmutex.compat.redis_py")
+
+Number = int | float
+
+
+class TaskLocal:
+    """Attributes kept per asyncio task (per thread outside any task), like threading.local."""
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_by_task", weakref.WeakKeyDictionary())
+        object.__setattr__(self, "_outside", {})
+
+    def _slots(self) -> dict[str, Any]:
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:
+            task = None
+        if task is None:
+            outside: dict[str, Any] = object.__getattribute__(self, "_outside")
+            return outside
+        by_task: weakref.WeakKeyDictionary[Any, dict[str, Any]] = object.__getattribute__(
+            self, "_by_task"
+        )
+        return by_task.setdefault(task, {})
+
+    def __getattr__(self, name: str) -> Any:
+        slots = self._slots()
+        if name in slots:
+            return slots[name]
+        if name == "token":
+            return None
+        raise AttributeError(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self._slots()[name] = value
+
+
+class Lock:
+    """A distributed lock with redis-py's `redis.asyncio.lock.Lock` interface (see its docs)."""
+
+    def __init__(
+        self,
+        redis: Any,
+        name: str | bytes,
+        timeout: Number | None = None,
+        sleep: Number = 0.1,
+        blocking: bool = True,
+        blocking_timeout: Number | None = None,
+        thread_local: bool = True,
+        raise_on_release_error: bool = True,
+    ) -> None:
+        self.redis = redis
+        self.name: Any = name
+        self.timeout = timeout
+        self.sleep = sleep
+        self.blocking = blocking
+        self.blocking_timeout = blocking_timeout
+        self.thread_local = bool(thread_local)
+        self.raise_on_release_error = raise_on_release_error
+        self.local: Any = TaskLocal() if self.thread_local else SimpleNamespace()
+        self.local.token = None
+        self._key = encode(redis, name)
+        self._core = _CompatLock(client_of(redis), key_name(self._key), self._key)
+
+    def _lease(self) -> tuple[float, bool]:
+        if self.timeout:
+            return float(self.timeout), False
+        return NO_EXPIRY_LEASE, True
+
+    def _hold(self) -> _CompatHold | None:
+        return getattr(self.local, "hold", None)
+
+    def _set(self, token: bytes | None, hold: _CompatHold | None) -> None:
+        previous = self._hold()
+        if previous is not None and previous is not hold:
+            previous.stop()
+        self.local.token = token
+        self.local.hold = hold
+
+    async def __aenter__(self) -> Self:
+        if await self.acquire():
+            return self
+        raise LockError("Unable to acquire lock within the time specified")
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        try:
+            await self.release()
+        except LockError:
+            if self.raise_on_release_error:
+                raise
+            logger.warning("Lock was unlocked or no longer owned when exiting context manager.")
+
+    async def acquire(
+        self,
+        blocking: bool | None = None,
+        blocking_timeout: Number | None = None,
+        token: str | bytes | None = None,
+    ) -> bool:
+        """Takes the lock; True once acquired, False when not (non-blocking or timed out)."""
+        if token is None:
+            raw, chosen = uuid.uuid1().hex.encode(), False
+        else:
+            raw, chosen = encode(self.redis, token), True
+        if blocking is None:
+            blocking = self.blocking
+        if blocking_timeout is None:
+            blocking_timeout = self.blocking_timeout
+        wait: float | None
+        if not blocking:
+            wait = 0.0
+        elif blocking_timeout is None:
+            wait = None
+        else:
+            wait = max(float(blocking_timeout), 0.0)
+        lease, renew = self._lease()
+        hold = await self._core._acquire_async(
+            token_text(raw), lease, wait, chosen, renew, poll=_poll(self.sleep)
+        )
+        if hold is None:
+            return False
+        self._set(raw, hold)
+        return True
+
+    async def do_acquire(self, token: str | bytes) -> bool:
+        """One attempt for ``token`` (redis-py's hook; `acquire` waits in the engine instead)."""
+        raw = encode(self.redis, token)
+        lease, renew = self._lease()
+        hold = await self._core._acquire_async(token_text(raw), lease, 0.0, True, renew)
+        if hold is None:
+            return False
+        self._set(raw, hold)
+        return True
+
+    async def locked(self) -> bool:
+        """Whether anybody holds the lock."""
+        return await self._core._owner_async() is not None
+
+    async def owned(self) -> bool:
+        """Whether this object (in this task, when thread_local) holds the lock."""
+        token = self.local.token
+        return token is not None and await self._core._owner_async() == token
+
+    @property
+    def fence(self) -> int | None:
+        """The fencing token of the current hold (redmutex's addition), None when not held."""
+        hold = self._hold()
+        return None if hold is None or self.local.token is None else hold.fence
+
+    async def release(self) -> None:
+        """Releases the lock (LockError when not held, LockNotOwnedError when no longer ours)."""
+        expected_token = self.local.token
+        if expected_token is None:
+            raise LockError(
+                "Cannot release a lock that's not owned or is already unlocked.",
+                lock_name=self.name,
+            )
+        hold = self._hold()
+        if hold is not None:
+            hold.stop()
+        try:
+            await self.do_release(expected_token)
+        except LockNotOwnedError:
+            self._set(None, None)
+            raise
+        self._set(None, None)
+
+    async def do_release(self, expected_token: bytes) -> None:
+        raw = encode(self.redis, expected_token)
+        if not await self._core._release_async(token_text(raw)):
+            raise LockNotOwnedError("Cannot release a lock that's no longer owned")
+
+    def extend(
+        self, additional_time: Number, replace_ttl: bool = False
+    ) -> Awaitable[Literal[True]]:
+        """Adds ``additional_time`` seconds to the lease (or, ``replace_ttl``, sets it)."""
+        if self.local.token is None:
+            raise LockError("Cannot extend an unlocked lock")
+        if self.timeout is None:
+            raise LockError("Cannot extend a lock with no timeout")
+        return self.do_extend(additional_time, replace_ttl)
+
+    async def do_extend(self, additional_time: Number, replace_ttl: bool) -> Literal[True]:
+        ms = int(additional_time * 1000)
+        code = await self._core._extend_async(token_text(self.local.token), ms, bool(replace_ttl))
+        if code < 0:
+            raise LockNotOwnedError("Cannot extend a lock that's no longer owned")
+        return True
+
+    def reacquire(self) -> Awaitable[Literal[True]]:
+        """Resets the lease to ``timeout`` seconds from now."""
+        if self.local.token is None:
+            raise LockError("Cannot reacquire an unlocked lock")
+        if self.timeout is None:
+            raise LockError("Cannot reacquire a lock with no timeout")
+        return self.do_reacquire()
+
+    async def do_reacquire(self) -> Literal[True]:
+        ms = int(float(self.timeout or 0) * 1000)
+        if await self._core._extend_async(token_text(self.local.token), ms, True) < 0:
+            raise LockNotOwnedError("Cannot reacquire a lock that's no longer owned")
+        return True
+
+    def __repr__(self) -> str:
+        return (
+            f"<redmutex.compat.redis_py.asyncio.Lock name={self.name!r} timeout={self.timeout!r}>"
+        )
+
+
+def lock(
+    redis: Any,
+    name: str | bytes,
+    timeout: Number | None = None,
+    sleep: Number = 0.1,
+    blocking: bool = True,
+    blocking_timeout: Number | None = None,
+    lock_class: Any = None,
+    thread_local: bool = True,
+    raise_on_release_error: bool = True,
+) -> Any:
+    """`redis.asyncio.Redis.lock` as a function: ``lock(redis, name, ...)``."""
+    if lock_class is None:
+        lock_class = Lock
+    return lock_class(
+        redis,
+        name,
+        timeout=timeout,
+        sleep=sleep,
+        blocking=blocking,
+        blocking_timeout=blocking_timeout,
+        thread_local=thread_local,
+        raise_on_release_error=raise_on_release_error,
+    )

@@ -1,0 +1,14 @@
+-- Release a lock if ARGV[1] owns it, the way python-redis-lock releases (for the drop-in shim
+-- `redmutex.compat.redis_lock`): its waiters BLPOP the signal list, redmutex's hear the channel.
+-- KEYS[1] lock key (`lock:NAME`)   KEYS[2] signal list (`lock-signal:NAME`)
+-- ARGV[1] token   ARGV[2] wake-up channel   ARGV[3] signal list's expiry in ms
+-- Reply: 1 released; 0 not ours (the lease ended, or another owner holds it): nothing touched.
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[2])
+redis.call('LPUSH', KEYS[2], 1)
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+redis.call('PUBLISH', ARGV[2], '')
+return 1

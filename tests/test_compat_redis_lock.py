@@ -1,0 +1,288 @@
+"""redmutex.compat.redis_lock: python-redis-lock's Lock on redmutex's engine, against a real
+redis-server, alone and mixed with python-redis-lock itself (both directions)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+import redis_lock as original_redis_lock
+from redmutex.compat import redis_lock
+from redmutex.compat.redis_lock import (
+    AlreadyAcquired,
+    AlreadyStarted,
+    InvalidTimeout,
+    Lock,
+    NotAcquired,
+    NotExpirable,
+    TimeoutNotUsable,
+    TimeoutTooLarge,
+    reset_all,
+)
+
+
+@pytest.fixture
+def name() -> str:
+    return f"rl-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def r2(redis_url: str) -> Iterator[redis.StrictRedis]:
+    conn = redis.StrictRedis.from_url(redis_url)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def test_keys_values_and_signal(r: redis.Redis, name: str) -> None:
+    lk = Lock(r, name, expire=5, id="my-id")
+    assert lk.id == "my-id"
+    assert lk.acquire()
+    assert r.get(f"lock:{name}") == b"my-id"
+    assert 4000 < r.pttl(f"lock:{name}") <= 5000
+    assert lk.locked() and lk.get_owner_id() == "my-id"
+    assert isinstance(lk.fence, int)
+    lk.release()
+    assert r.get(f"lock:{name}") is None
+    # The release pushed python-redis-lock's signal, which then expires (signal_expire ms).
+    assert r.lrange(f"lock-signal:{name}", 0, -1) == [b"1"]
+    assert 0 < r.pttl(f"lock-signal:{name}") <= 1000
+    assert not lk.locked() and lk.get_owner_id() is None
+
+
+def test_default_ids_like_the_original(r: redis.Redis, name: str) -> None:
+    a, b = Lock(r, name), Lock(r, name)
+    assert a.id != b.id and len(a.id) == 24  # base64 of 18 random bytes
+    assert Lock(r, name, id=b"\xff\xfe").id == "//4="
+    assert Lock(r, name, id=b"abc").id == "abc"
+    with pytest.raises(TypeError, match="Incorrect type for `id`"):
+        Lock(r, name, id=5)  # type: ignore[arg-type]
+
+
+def test_constructor_checks(r: redis.Redis, name: str) -> None:
+    with pytest.raises(ValueError, match="StrictRedis"):
+        Lock(object(), name)
+    with pytest.raises(ValueError, match="auto_renewal"):
+        Lock(r, name, auto_renewal=True)
+    with pytest.raises(ValueError, match="negative expire"):
+        Lock(r, name, expire=-1)
+
+
+def test_acquire_errors(r: redis.Redis, name: str) -> None:
+    lk = Lock(r, name, expire=5)
+    with pytest.raises(TimeoutNotUsable):
+        lk.acquire(blocking=False, timeout=1)
+    with pytest.raises(InvalidTimeout):
+        lk.acquire(timeout=-1)
+    with pytest.raises(TimeoutTooLarge):
+        lk.acquire(timeout=6)
+    assert lk.acquire()
+    with pytest.raises(AlreadyAcquired):
+        lk.acquire()
+    lk.release()
+    with pytest.raises(NotAcquired):
+        lk.release()
+
+
+def test_blocking_and_timeout(r: redis.Redis, name: str) -> None:
+    holder = Lock(r, name, expire=10)
+    assert holder.acquire()
+    other = Lock(r, name, expire=10)
+    assert not other.acquire(blocking=False)
+    start = time.monotonic()
+    assert not other.acquire(timeout=1)
+    assert 0.9 < time.monotonic() - start < 3.0
+    with pytest.raises(NotAcquired), Lock(r, name, expire=10, blocking=False):
+        pass
+    holder.release()
+
+
+def test_lease_expiry_is_noticed(r: redis.Redis, name: str) -> None:
+    holder = Lock(r, name, expire=1)
+    assert holder.acquire()
+    start = time.monotonic()
+    waiter = Lock(r, name, expire=5)
+    assert waiter.acquire(timeout=5)
+    assert time.monotonic() - start < 2.5
+    with pytest.raises(NotAcquired):
+        holder.release()
+    waiter.release()
+
+
+def test_extend(r: redis.Redis, name: str) -> None:
+    lk = Lock(r, name, expire=2)
+    with pytest.raises(NotAcquired):
+        lk.extend()
+    assert lk.acquire()
+    lk.extend(30)
+    assert 29000 < r.pttl(f"lock:{name}") <= 30000
+    lk.extend()
+    assert 1000 < r.pttl(f"lock:{name}") <= 2000
+    with pytest.raises(ValueError, match="negative"):
+        lk.extend(-3)
+    lk.release()
+    forever = Lock(r, name)
+    with pytest.raises(TypeError, match="must be provided"):
+        forever.extend()
+    assert forever.acquire()
+    with pytest.raises(NotExpirable):
+        forever.extend(5)
+    forever.release()
+
+
+def test_no_expiry_is_a_renewed_lease(r: redis.Redis, name: str) -> None:
+    lk = Lock(r, name)
+    assert lk.acquire()
+    assert 0 < r.pttl(f"lock:{name}") <= 10_000
+    lk.release()
+
+
+def test_auto_renewal_keeps_the_lease_and_a_loss_is_seen(
+    r: redis.Redis, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    lk = Lock(r, name, expire=1, auto_renewal=True)
+    assert lk.acquire()
+    time.sleep(1.6)
+    assert lk.locked() and lk.get_owner_id() == lk.id  # renewed past its expire
+    # Another party takes the key over: renewal finds it lost, says so, and the flag shows it
+    # (python-redis-lock's renewal thread would die with an exception nobody sees).
+    with caplog.at_level(logging.WARNING, logger="redmutex"):
+        r.set(f"lock:{name}", b"intruder", px=5000)
+        deadline = time.monotonic() + 3
+        while not lk.lost and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert lk.lost
+        deadline = time.monotonic() + 2
+        while "was lost" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert "was lost" in caplog.text
+    with pytest.raises(NotAcquired):
+        lk.release()
+    r.delete(f"lock:{name}")
+
+
+def test_already_started(r: redis.Redis, name: str) -> None:
+    lk = Lock(r, name, expire=5, auto_renewal=True)
+    assert lk.acquire()
+    r.delete(f"lock:{name}")  # lost without a release: the renewal is still on
+    with pytest.raises(AlreadyStarted):
+        lk.acquire()
+    r.delete(f"lock:{name}")
+
+
+def test_waiter_is_woken_by_a_release(r: redis.Redis, r2: redis.StrictRedis, name: str) -> None:
+    holder = Lock(r, name)  # no expiry: nothing but the release frees it
+    assert holder.acquire()
+    done: list[float] = []
+
+    def wait() -> None:
+        lk = Lock(r2, name)
+        assert lk.acquire(timeout=20)
+        done.append(time.monotonic())
+        lk.release()
+
+    t = threading.Thread(target=wait)
+    t.start()
+    time.sleep(0.5)
+    released = time.monotonic()
+    holder.release()
+    t.join(10)
+    assert done and done[0] - released < 0.5
+
+
+def test_reset_and_reset_all(r: redis.Redis, name: str) -> None:
+    a = Lock(r, name + "a", expire=10)
+    b = Lock(r, name + "b", expire=10)
+    assert a.acquire() and b.acquire()
+    a.reset()
+    assert not a.locked() and b.locked()
+    assert r.lrange(f"lock-signal:{name}a", 0, -1) == [b"1"]
+    reset_all(r)
+    assert not b.locked()
+    assert r.keys("lock:*") == []
+
+
+def test_module_mirrors_the_originals_names() -> None:
+    for attr in (
+        "Lock",
+        "reset_all",
+        "NotAcquired",
+        "AlreadyAcquired",
+        "AlreadyStarted",
+        "TimeoutNotUsable",
+        "InvalidTimeout",
+        "TimeoutTooLarge",
+        "NotExpirable",
+    ):
+        assert hasattr(original_redis_lock, attr)
+        assert hasattr(redis_lock, attr)
+    assert issubclass(redis_lock.NotAcquired, RuntimeError)
+
+
+# -- mixed fleet: python-redis-lock and the shim on one lock ----------------------------------
+
+
+def test_mixed_mutual_exclusion_both_directions(
+    r: redis.Redis, r2: redis.StrictRedis, name: str
+) -> None:
+    original = original_redis_lock.Lock(r2, name, expire=10)
+    shim = Lock(r, name, expire=10)
+    assert original.acquire(blocking=False)
+    assert not shim.acquire(blocking=False)
+    assert shim.locked() and shim.get_owner_id() == original.id
+    original.release()
+    assert shim.acquire(blocking=False)
+    assert not original.acquire(blocking=False)
+    assert original.get_owner_id() == shim.id
+    shim.release()
+
+
+def test_original_waiter_is_woken_by_a_shim_release(
+    r: redis.Redis, r2: redis.StrictRedis, name: str
+) -> None:
+    shim = Lock(r, name)
+    assert shim.acquire()
+    done: list[float] = []
+
+    def wait() -> None:
+        lk = original_redis_lock.Lock(r2, name)  # no expire: BLPOP without timeout
+        assert lk.acquire()
+        done.append(time.monotonic())
+        lk.release()
+
+    t = threading.Thread(target=wait, daemon=True)
+    t.start()
+    time.sleep(0.5)
+    released = time.monotonic()
+    shim.release()
+    t.join(10)
+    assert done, "python-redis-lock's waiter was not woken by the shim's release"
+    assert done[0] - released < 0.5
+
+
+def test_shim_waiter_is_woken_by_an_original_release(
+    r: redis.Redis, r2: redis.StrictRedis, name: str
+) -> None:
+    original = original_redis_lock.Lock(r2, name)  # no expiry
+    assert original.acquire()
+    done: list[float] = []
+
+    def wait() -> None:
+        lk = Lock(r, name)
+        assert lk.acquire(timeout=20)
+        done.append(time.monotonic())
+        lk.release()
+
+    t = threading.Thread(target=wait)
+    t.start()
+    time.sleep(0.5)
+    released = time.monotonic()
+    original.release()
+    t.join(10)
+    assert done and done[0] - released < 0.5

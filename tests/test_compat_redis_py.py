@@ -1,0 +1,322 @@
+"""redmutex.compat.redis_py: redis-py's Lock on redmutex's engine, against a real redis-server,
+alone and mixed with plain redis-py processes (both directions)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+import redis.lock
+from redis.exceptions import LockError, LockNotOwnedError
+from redmutex.compat import redis_py
+from redmutex.compat.redis_py import Lock, lock
+
+
+@pytest.fixture
+def name() -> str:
+    return f"rp-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def r2(redis_url: str) -> Iterator[redis.Redis]:
+    """A second redis-py client (another pool): stands for another process."""
+    conn = redis.Redis.from_url(redis_url)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def test_key_and_value_are_redis_pys(r: redis.Redis, name: str) -> None:
+    lk = Lock(r, name, timeout=5)
+    assert lk.acquire(blocking=False)
+    token = lk.local.token
+    assert isinstance(token, bytes) and len(token) == 32
+    assert r.get(name) == token
+    assert 4000 < r.pttl(name) <= 5000
+    assert lk.locked() and lk.owned()
+    assert isinstance(lk.fence, int)
+    lk.release()
+    assert r.get(name) is None
+    assert not lk.locked() and not lk.owned() and lk.fence is None
+
+
+def test_custom_token_and_str_name(r: redis.Redis, name: str) -> None:
+    lk = Lock(r, name, timeout=5)
+    assert lk.acquire(token="my-token")
+    assert r.get(name) == b"my-token"
+    assert lk.local.token == b"my-token"
+    # A token already in place is not ours: SET NX semantics, as in redis-py.
+    other = Lock(r, name, timeout=5)
+    assert not other.acquire(blocking=False, token="my-token")
+    lk.release()
+
+
+def test_errors_are_redis_pys(r: redis.Redis, name: str) -> None:
+    lk = Lock(r, name, timeout=5)
+    with pytest.raises(LockError, match="not owned or is already unlocked") as info:
+        lk.release()
+    assert not isinstance(info.value, LockNotOwnedError)
+    assert info.value.lock_name == name
+    with pytest.raises(LockError, match="Cannot extend an unlocked lock"):
+        lk.extend(1)
+    with pytest.raises(LockError, match="Cannot reacquire an unlocked lock"):
+        lk.reacquire()
+    assert lk.acquire()
+    r.delete(name)  # the lease is gone (expired, or deleted by an admin)
+    with pytest.raises(LockNotOwnedError, match="extend a lock that's no longer owned"):
+        lk.extend(1)
+    with pytest.raises(LockNotOwnedError, match="reacquire a lock that's no longer owned"):
+        lk.reacquire()
+    with pytest.raises(LockNotOwnedError, match="release a lock that's no longer owned"):
+        lk.release()
+    # The token is cleared by the failed release, as in redis-py.
+    assert lk.local.token is None
+    no_timeout = Lock(r, name)
+    assert no_timeout.acquire()
+    with pytest.raises(LockError, match="extend a lock with no timeout"):
+        no_timeout.extend(1)
+    with pytest.raises(LockError, match="reacquire a lock with no timeout"):
+        no_timeout.reacquire()
+    no_timeout.release()
+
+
+def test_extend_adds_unless_replace_and_reacquire_resets(r: redis.Redis, name: str) -> None:
+    lk = Lock(r, name, timeout=2)
+    assert lk.acquire()
+    assert lk.extend(10) is True
+    assert 11000 < r.pttl(name) <= 12000  # added to what was left
+    assert lk.extend(3, replace_ttl=True) is True
+    assert 2000 < r.pttl(name) <= 3000  # replaced
+    assert lk.reacquire() is True
+    assert 1000 < r.pttl(name) <= 2000  # back to timeout
+    lk.release()
+
+
+def test_lease_expires(r: redis.Redis, name: str) -> None:
+    holder = Lock(r, name, timeout=0.3)
+    assert holder.acquire()
+    waiter = Lock(r, name, timeout=5, sleep=5)
+    start = time.monotonic()
+    assert waiter.acquire(blocking_timeout=5)
+    took = time.monotonic() - start
+    assert took < 2.0  # noticed at the lease's end, not after sleep=5
+    with pytest.raises(LockNotOwnedError):
+        holder.release()
+    waiter.release()
+
+
+def test_blocking_false_and_blocking_timeout(r: redis.Redis, name: str) -> None:
+    holder = Lock(r, name, timeout=10)
+    assert holder.acquire()
+    assert not Lock(r, name, blocking=False).acquire()
+    assert not Lock(r, name).acquire(blocking=False)
+    start = time.monotonic()
+    assert not Lock(r, name, blocking_timeout=0.3).acquire()
+    assert 0.25 < time.monotonic() - start < 2.0
+    with (
+        pytest.raises(LockError, match="Unable to acquire lock"),
+        Lock(r, name, blocking_timeout=0.1),
+    ):
+        pass
+    holder.release()
+
+
+def test_waiter_is_woken_by_a_shim_release_not_by_polling(
+    r: redis.Redis, r2: redis.Redis, name: str
+) -> None:
+    holder = Lock(r, name, timeout=10)
+    assert holder.acquire()
+    got = threading.Event()
+    woken_after: list[float] = []
+    released_at: list[float] = []
+
+    def wait() -> None:
+        # sleep=5: a polling waiter would take up to 5 s after the release.
+        assert Lock(r2, name, timeout=10, sleep=5).acquire(blocking_timeout=20)
+        woken_after.append(time.monotonic())
+        got.set()
+
+    t = threading.Thread(target=wait)
+    t.start()
+    time.sleep(0.5)
+    released_at.append(time.monotonic())
+    holder.release()
+    assert got.wait(10)
+    t.join()
+    assert woken_after[0] - released_at[0] < 1.0
+
+
+def test_no_timeout_is_a_renewed_lease(r: redis.Redis, name: str) -> None:
+    lk = Lock(r, name)  # redis-py: no expiry
+    assert lk.acquire()
+    assert 0 < r.pttl(name) <= 10_000
+    lk.release()
+    assert r.get(name) is None
+
+
+def test_thread_local_tokens(r: redis.Redis, name: str) -> None:
+    lk = Lock(r, name, timeout=5)
+    assert lk.acquire()
+    seen: list[object] = []
+    t = threading.Thread(target=lambda: seen.append(lk.local.token))
+    t.start()
+    t.join()
+    assert seen == [None]  # another thread does not see this thread's token
+    lk.release()
+    shared = Lock(r, name, timeout=5, thread_local=False)
+    assert shared.acquire()
+    t = threading.Thread(target=shared.release)  # released by a worker thread
+    t.start()
+    t.join()
+    assert r.get(name) is None
+
+
+def test_with_and_raise_on_release_error(
+    r: redis.Redis, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with Lock(r, name, timeout=5) as lk:
+        assert lk.owned()
+    assert r.get(name) is None
+    with pytest.raises(LockNotOwnedError), Lock(r, name, timeout=5):
+        r.delete(name)
+    with Lock(r, name, timeout=5, raise_on_release_error=False):
+        r.delete(name)
+    assert "no longer owned when exiting" in caplog.text
+
+
+def test_lock_function_mirrors_redis_lock(r: redis.Redis, name: str) -> None:
+    lk = lock(
+        r,
+        name,
+        timeout=3,
+        sleep=0.2,
+        blocking=False,
+        blocking_timeout=1,
+        thread_local=False,
+        raise_on_release_error=False,
+    )
+    assert isinstance(lk, Lock)
+    assert (
+        lk.timeout,
+        lk.sleep,
+        lk.blocking,
+        lk.blocking_timeout,
+        lk.thread_local,
+        lk.raise_on_release_error,
+    ) == (3, 0.2, False, 1, False, False)
+
+    class Mine(Lock):
+        pass
+
+    assert type(lock(r, name, lock_class=Mine)) is Mine
+    assert redis_py.LockError is LockError
+
+
+def test_do_hooks(r: redis.Redis, name: str) -> None:
+    lk = Lock(r, name, timeout=5)
+    assert lk.do_acquire(b"tok")
+    assert not Lock(r, name).do_acquire(b"other")
+    assert lk.do_extend(1, True) is True
+    assert 0 < r.pttl(name) <= 1000
+    assert lk.do_reacquire() is True
+    lk.do_release(b"tok")
+    with pytest.raises(LockNotOwnedError):
+        lk.do_release(b"tok")
+
+
+# -- mixed fleet: plain redis-py and the shim on one lock -------------------------------------
+
+
+def test_mixed_mutual_exclusion_both_directions(r: redis.Redis, r2: redis.Redis, name: str) -> None:
+    original = redis.lock.Lock(r2, name, timeout=5)
+    shim = Lock(r, name, timeout=5)
+    assert original.acquire(blocking=False)
+    assert not shim.acquire(blocking=False)
+    original.release()
+    assert shim.acquire(blocking=False)
+    assert not original.acquire(blocking=False)
+    assert not original.owned() and shim.owned()
+    shim.release()
+    assert original.acquire(blocking=False)
+    original.release()
+
+
+def test_shim_waiter_notices_an_original_release_within_sleep(
+    r: redis.Redis, r2: redis.Redis, name: str
+) -> None:
+    # A 30 s lease: without looking again every `sleep`, the waiter would sleep until it ends.
+    original = redis.lock.Lock(r2, name, timeout=30)
+    assert original.acquire()
+    done: list[float] = []
+
+    def wait() -> None:
+        assert Lock(r, name, timeout=5, sleep=0.1).acquire(blocking_timeout=20)
+        done.append(time.monotonic())
+
+    t = threading.Thread(target=wait)
+    t.start()
+    time.sleep(0.5)
+    released = time.monotonic()
+    original.release()
+    t.join(10)
+    assert done, "the shim waiter never got the lock"
+    assert done[0] - released < 0.1 + 0.5  # within its sleep (plus scheduling slack)
+
+
+def test_original_waiter_gets_a_shim_release(r: redis.Redis, r2: redis.Redis, name: str) -> None:
+    shim = Lock(r, name, timeout=5)
+    assert shim.acquire()
+    done: list[float] = []
+
+    def wait() -> None:
+        assert redis.lock.Lock(r2, name, timeout=5, sleep=0.05).acquire(blocking_timeout=20)
+        done.append(time.monotonic())
+
+    t = threading.Thread(target=wait)
+    t.start()
+    time.sleep(0.3)
+    released = time.monotonic()
+    shim.release()
+    t.join(10)
+    assert done and done[0] - released < 0.05 + 0.5
+    r.delete(name)
+
+
+def test_mixed_counter_is_never_raced(r: redis.Redis, r2: redis.Redis, name: str) -> None:
+    """Threads on plain redis-py and on the shim increment a counter under the lock."""
+    counter = f"{name}:n"
+    inside = [0]
+    overlaps = [0]
+    stop_at = time.monotonic() + 4.0
+
+    def work(make: object, rounds: int) -> None:
+        for _ in range(rounds):
+            if time.monotonic() > stop_at:
+                return
+            lk = make()  # type: ignore[operator]
+            assert lk.acquire(blocking_timeout=10)
+            inside[0] += 1
+            if inside[0] > 1:
+                overlaps[0] += 1
+            r.incr(counter)
+            inside[0] -= 1
+            lk.release()
+
+    threads = [
+        threading.Thread(
+            target=work, args=(lambda: redis.lock.Lock(r2, name, timeout=5, sleep=0.01), 30)
+        ),
+        threading.Thread(target=work, args=(lambda: Lock(r, name, timeout=5, sleep=0.01), 30)),
+        threading.Thread(target=work, args=(lambda: Lock(r, name, timeout=5, sleep=0.01), 30)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert overlaps[0] == 0
+    assert int(r.get(counter) or 0) > 10

@@ -1,0 +1,143 @@
+"""redmutex.compat.redis_py.asyncio: redis-py's asyncio Lock on redmutex's engine."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import pytest
+import redis
+import redis.asyncio
+import redis.asyncio.lock
+from redis.exceptions import LockError, LockNotOwnedError
+from redmutex.compat.redis_py.asyncio import Lock, lock
+
+T = TypeVar("T")
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+@pytest.fixture
+def name() -> str:
+    return f"rpa-{uuid.uuid4().hex[:10]}"
+
+
+def test_every_call(redis_url: str, r: redis.Redis, name: str) -> None:
+    async def main() -> None:
+        ar = redis.asyncio.Redis.from_url(redis_url)
+        lk = lock(ar, name, timeout=2)
+        assert isinstance(lk, Lock)
+        with pytest.raises(LockError, match="not owned or is already unlocked"):
+            await lk.release()
+        with pytest.raises(LockError, match="Cannot extend an unlocked lock"):
+            lk.extend(1)
+        assert await lk.acquire(blocking=False)
+        assert r.get(name) == lk.local.token
+        assert await lk.locked() and await lk.owned()
+        assert await lk.extend(10) is True
+        assert 11000 < r.pttl(name) <= 12000
+        assert await lk.extend(3, replace_ttl=True) is True
+        assert 2000 < r.pttl(name) <= 3000
+        assert await lk.reacquire() is True
+        assert 1000 < r.pttl(name) <= 2000
+        assert not await Lock(ar, name).acquire(blocking=False)
+        assert not await Lock(ar, name, blocking_timeout=0.2).acquire()
+        await lk.release()
+        assert not await lk.locked()
+        async with Lock(ar, name, timeout=5) as held:
+            assert await held.owned()
+        with pytest.raises(LockNotOwnedError):
+            async with Lock(ar, name, timeout=5):
+                r.delete(name)
+        assert await lk.do_acquire(b"tok")
+        lk.local.token = b"tok"
+        await lk.do_release(b"tok")
+        await ar.aclose()
+
+    run(main())
+
+
+def test_token_belongs_to_the_task_not_the_thread(redis_url: str, name: str) -> None:
+    """redis-py's asyncio Lock keeps one token per thread, so another task of the loop could
+    release the first task's lock. Here the token is the task's."""
+
+    async def main() -> None:
+        ar = redis.asyncio.Redis.from_url(redis_url)
+        shared = Lock(ar, name, timeout=5)
+        assert await shared.acquire()
+
+        async def other() -> None:
+            assert shared.local.token is None
+            with pytest.raises(LockError, match="not owned"):
+                await shared.release()
+            assert not await shared.owned()
+
+        await asyncio.create_task(other())
+        assert await shared.owned()
+        await shared.release()
+        await ar.aclose()
+
+    run(main())
+
+
+def test_waiters_are_woken_and_mixed_with_redis_py(redis_url: str, name: str) -> None:
+    async def main() -> None:
+        ar = redis.asyncio.Redis.from_url(redis_url)
+        ar2 = redis.asyncio.Redis.from_url(redis_url)
+        holder = Lock(ar, name, timeout=10)
+        assert await holder.acquire()
+
+        async def wait() -> float:
+            assert await Lock(ar2, name, timeout=10, sleep=5).acquire(blocking_timeout=20)
+            return time.monotonic()
+
+        task = asyncio.create_task(wait())
+        await asyncio.sleep(0.3)
+        released = time.monotonic()
+        await holder.release()
+        assert await task - released < 1.0  # woken, not after sleep=5
+        # An original redis-py asyncio Lock and the shim exclude each other.
+        original = redis.asyncio.lock.Lock(ar2, name, timeout=5)
+        assert not await original.acquire(blocking=False)
+        r = redis.Redis.from_url(redis_url)
+        r.delete(name)
+        r.close()
+        assert await original.acquire(blocking=False)
+        assert not await Lock(ar, name, timeout=5).acquire(blocking=False)
+
+        async def shim_wait() -> float:
+            assert await Lock(ar, name, timeout=5, sleep=0.1).acquire(blocking_timeout=20)
+            return time.monotonic()
+
+        task = asyncio.create_task(shim_wait())
+        await asyncio.sleep(0.3)
+        released = time.monotonic()
+        await original.release()
+        assert await task - released < 0.6  # within sleep of the original's release
+        await ar.aclose()
+        await ar2.aclose()
+
+    run(main())
+
+
+def test_a_cancelled_waiter_takes_nothing(redis_url: str, r: redis.Redis, name: str) -> None:
+    async def main() -> None:
+        ar = redis.asyncio.Redis.from_url(redis_url)
+        holder = Lock(ar, name, timeout=10)
+        assert await holder.acquire()
+        waiter = asyncio.create_task(Lock(ar, name, timeout=10).acquire())
+        await asyncio.sleep(0.2)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        await holder.release()
+        await asyncio.sleep(0.3)
+        assert r.get(name) is None  # the cancelled waiter did not take it after all
+        await ar.aclose()
+
+    run(main())
