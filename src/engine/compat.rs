@@ -106,6 +106,7 @@ impl CompatLock {
                 lease: Duration::from_secs(10),
                 fair: false,
                 replicas: 0,
+                reentrant: false,
             },
         })
     }
