@@ -231,6 +231,47 @@ def test_one_waiter_sends_constant_commands(quiet_server: tuple[str, redis.Redis
         waiter_client.close()
 
 
+@pytest.mark.timeout(60)
+def test_a_waiter_already_listening_looks_once_per_release(
+    quiet_server: tuple[str, redis.Redis],
+) -> None:
+    """Issue 18: a blocking waiter on a channel its process is subscribed to already registers
+    before its first (direct) attempt, so it trusts that attempt's answer: one look before the
+    release (the first attempt) and one after it, not a second look once subscribed."""
+    url, conn = quiet_server
+    holder_client = redmutex.Client(url, prefix="q:")
+    waiter_client = redmutex.Client(url, prefix="q:")
+    try:
+        holder = redmutex.Lock(holder_client, "once", ttl=60)
+        waiter = redmutex.Lock(waiter_client, "once", ttl=10)
+        # Scripts loaded; a first wait subscribes the waiter's process to the lock's channel.
+        assert holder.acquire(timeout=5)
+        holder.release()
+        assert holder.acquire(timeout=5)
+        assert waiter.acquire(timeout=0.2) is False
+        for _ in range(3):
+            before = _calls(conn)
+            thread = _Thread(target=lambda: waiter.acquire(timeout=20))
+            thread.start()
+            # The waiter's first attempt has been answered: it is waiting.
+            _wait_until(
+                lambda b=before: _delta(b, _calls(conn)).get("evalsha", 0) >= 1, 10, "a first look"
+            )
+            time.sleep(0.2)
+            holder.release()
+            assert thread.outcome(timeout=20) is True
+            delta = _delta(before, _calls(conn))
+            # first attempt + release + the look after the wake-up (PTTL: busy attempts)
+            assert delta.get("evalsha", 0) == 3, delta
+            assert delta.get("pttl", 0) == 1, delta
+            waiter.release()
+            assert holder.acquire(timeout=5)
+        holder.release()
+    finally:
+        holder_client.close()
+        waiter_client.close()
+
+
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("n_threads", [1, 16])
 def test_steady_waiting_sends_no_commands(

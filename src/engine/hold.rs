@@ -19,6 +19,7 @@ use super::token::new_token;
 use super::waiting::{
     self, attempt_direct, spawn_undo, Contender, Outcome, Plan, Undo, UndoStep, Wait,
 };
+use super::wake::Registration;
 use crate::protocol::lease;
 use crate::protocol::step::Step;
 
@@ -152,6 +153,9 @@ struct Pending<'a, P: Leased> {
     holder: &'a Holder<P>,
     token: Option<String>,
     busy_retry_ms: Option<i64>,
+    /// The waiter's registration, subscribed before the direct first attempt went out
+    /// (`waiting::listen_early`).
+    early: Option<Registration>,
     settled: bool,
     ticket: Option<Ticket>,
 }
@@ -415,12 +419,17 @@ impl<P: Leased> Holder<P> {
         let outcome = {
             let contender = self.primitive.contender(&shared, &token, args)?;
             let step = contender.first_step();
+            // Listening before the attempt spares the wait a second look (an unfair lock).
+            let early = (wait != Wait::Once)
+                .then(|| waiting::listen_early(&self.primitive.plan(&shared, &token)))
+                .flatten();
             let (reply, sent_at) =
                 attempt_direct(&shared, executor::script_of(&step)?, || contender.undo())?;
             match contender.read(step.parse(reply)?, sent_at)? {
                 Outcome::Granted(grant) => Some(self.primitive.held(&contender, grant)),
                 Outcome::Busy { retry_ms } if wait != Wait::Once => {
                     pending.busy_retry_ms = Some(retry_ms);
+                    pending.early = early;
                     None
                 }
                 Outcome::Busy { .. } | Outcome::Refused => None,
@@ -467,7 +476,8 @@ impl<P: Leased> Holder<P> {
         let granted = match &backend {
             Backend::Single(shared) => {
                 let first = pending.busy_retry_ms.take();
-                self.acquire_on_node(shared, &token, wait, args, first)
+                let early = pending.early.take();
+                self.acquire_on_node(shared, &token, wait, args, first, early)
                     .await
             }
             Backend::Redlock(redlock) => {
@@ -488,11 +498,12 @@ impl<P: Leased> Holder<P> {
         wait: Wait,
         args: &P::Args,
         busy_retry_ms: Option<i64>,
+        early: Option<Registration>,
     ) -> Result<Option<(Instant, P::Detail)>> {
         let contender = self.primitive.contender(shared, token, args)?;
         let plan = self.primitive.plan(shared, token);
         let first = busy_retry_ms.map(|retry_ms| Outcome::Busy { retry_ms });
-        let grant = waiting::acquire_from(&contender, &plan, wait, first).await?;
+        let grant = waiting::acquire_from(&contender, &plan, wait, first, early).await?;
         Ok(grant.map(|grant| self.primitive.held(&contender, grant)))
     }
 
@@ -514,6 +525,7 @@ impl<P: Leased> Holder<P> {
                     holder: self,
                     token: None,
                     busy_retry_ms: None,
+                    early: None,
                     settled: false,
                     ticket: None,
                 })

@@ -192,7 +192,7 @@ async fn acquire_from(
         ..LockContender::new(shared, spec, token)
     };
     let plan = spec.plan(shared, token);
-    waiting::acquire_from(&contender, &plan, wait, first).await
+    waiting::acquire_from(&contender, &plan, wait, first, None).await
 }
 
 /// Compare-and-delete; `Ok(false)` when the lock was not ours (any more).

@@ -222,6 +222,19 @@ pub struct Plan<'a> {
     pub queued: bool,
 }
 
+/// Registers a waiter that wakes on every message of its channel (no token filter, no inbox,
+/// no place in a queue: the unfair lock) before its first attempt is sent. Some when the channel
+/// is subscribed on the live connection already: every release after that attempt then
+/// notifies this registration, so the wait may trust the attempt's answer instead of looking
+/// again once subscribed (`acquire_from`'s `early`). None when there is nothing to gain.
+pub fn listen_early(plan: &Plan<'_>) -> Option<Registration> {
+    if plan.wake_token.is_some() || plan.inbox.is_some() || plan.queued {
+        return None;
+    }
+    let registration = plan.shared.hub.register(plan.channel.clone(), None);
+    registration.is_ready().then_some(registration)
+}
+
 /// Sends `undo` if dropped while armed.
 struct Cleanup<'a, C: Contender> {
     contender: &'a C,
@@ -261,26 +274,28 @@ pub async fn acquire<C: Contender>(
     plan: &Plan<'_>,
     wait: Wait,
 ) -> Result<Option<C::Grant>> {
-    acquire_from(contender, plan, wait, None).await
+    acquire_from(contender, plan, wait, None, None).await
 }
 
 /// `acquire`, given the outcome of a first attempt already made for this contender (on the
-/// caller's thread, see `direct.rs`); None makes that first attempt here.
+/// caller's thread, see `direct.rs`); None makes that first attempt here. `early`: the waiter's
+/// registration, subscribed before that first attempt was sent (`listen_early`).
 pub async fn acquire_from<C: Contender>(
     contender: &C,
     plan: &Plan<'_>,
     wait: Wait,
     first: Option<Outcome<C::Grant>>,
+    early: Option<Registration>,
 ) -> Result<Option<C::Grant>> {
     let cleanup = Cleanup {
         contender,
         shared: plan.shared,
         armed: true,
     };
-    let first = match first {
-        Some(outcome) => outcome,
+    let (first, early) = match first {
+        Some(outcome) => (outcome, early),
         // An error leaves `cleanup` armed: the script may have run.
-        None => contender.attempt(false).await?,
+        None => (contender.attempt(false).await?, None),
     };
     match first {
         Outcome::Granted(grant) => {
@@ -297,7 +312,17 @@ pub async fn acquire_from<C: Contender>(
         cleanup.disarm();
         return Ok(None);
     }
-    let waited = wait_for_turn(contender, plan, wait).await;
+    // What the first attempt found holds until a release notifies the early registration.
+    let early = match (first, early) {
+        (Outcome::Busy { retry_ms }, Some(registration)) => {
+            let now = Instant::now();
+            let until =
+                (retry_ms >= 0).then(|| now + lease::next_look(retry_ms, NO_HINT_LOOK, None, now));
+            Some((registration, until))
+        }
+        _ => None,
+    };
+    let waited = wait_for_turn(contender, plan, wait, early).await;
     match &waited {
         Ok(Some(_)) => cleanup.disarm(),
         Ok(None) if !plan.queued => cleanup.disarm(),
@@ -330,6 +355,7 @@ async fn wait_for_turn<C: Contender>(
     contender: &C,
     plan: &Plan<'_>,
     wait: Wait,
+    early: Option<(Registration, Option<Instant>)>,
 ) -> Result<Option<C::Grant>> {
     let gate = plan
         .gate
@@ -355,9 +381,11 @@ async fn wait_for_turn<C: Contender>(
         },
         _ => None,
     };
-    let (registration, mut busy_until) = match inherited {
-        Some(found) => found,
-        None => (
+    // A registration handed on through the gate has heard everything since the competitor
+    // before looked; an early one, everything since this waiter's first attempt.
+    let (registration, mut busy_until) = match (inherited, early) {
+        (Some(found), _) | (None, Some(found)) => found,
+        (None, None) => (
             plan.shared
                 .hub
                 .register(plan.channel.clone(), plan.wake_token),
