@@ -11,8 +11,9 @@ end
 redis.call('ZREM', KEYS[1], ARGV[1])
 -- Lapsed leases and places are skipped, not dropped (acquires and leaving writers drop them;
 -- the keys expire with their last entry).
-if redis.call('ZCOUNT', KEYS[1], '(' .. int(now), '+inf') == 0 then
-  for _, writer in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. int(now), '+inf')) do
+local writers = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. int(now), '+inf')
+if #writers > 0 and redis.call('ZCOUNT', KEYS[1], '(' .. int(now), '+inf') == 0 then
+  for _, writer in ipairs(writers) do
     redis.call('PUBLISH', ARGV[2], writer)
   end
 end
