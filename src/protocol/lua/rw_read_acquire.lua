@@ -29,5 +29,11 @@ if ARGV[3] ~= '1' then
   end
 end
 local readers = prune_leases(KEYS[1], now)
-grant_lease(KEYS[1], ARGV[1], tonumber(ARGV[2]), now)
+if readers == 0 then
+  -- The only lease: the key lives exactly as long (what grant_lease would find out).
+  redis.call('ZADD', KEYS[1], int(now + tonumber(ARGV[2])), ARGV[1])
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+else
+  grant_lease(KEYS[1], ARGV[1], tonumber(ARGV[2]), now)
+end
 return {1, readers + 1}
