@@ -139,21 +139,22 @@ def _targets(
             for peer in (SUBJECT, FAIR_PEER, PRL, BASELINE, REDIS_PY_1MS)
         }
         title = (by_key.get((scenario, SUBJECT)) or {}).get("title", scenario)
-        if cpu[FAIR_PEER] is not None and cpu[PRL] is not None:
+        fair, prl = cpu[FAIR_PEER], cpu[PRL]
+        if fair is not None and prl is not None:
             add(
                 "server CPU per section, fair ≤ python-redis-lock's",
                 f"{FAIR_PEER}, {title}",
-                f"{cpu[FAIR_PEER]:.1f} vs {cpu[PRL]:.1f} µs",
-                cpu[FAIR_PEER] <= cpu[PRL],
+                f"{fair:.1f} vs {prl:.1f} µs",
+                fair <= prl,
             )
         reference = REDIS_PY_1MS if cpu[REDIS_PY_1MS] is not None else BASELINE
-        if cpu[SUBJECT] is not None and cpu[reference]:
+        unfair, ref_cpu = cpu[SUBJECT], cpu[reference]
+        if unfair is not None and ref_cpu:
             add(
                 f"server CPU per section, unfair ≤ {CPU_UNFAIR_VS_REDIS_PY:g}× {reference}'s",
                 f"{SUBJECT}, {title}",
-                f"{cpu[SUBJECT]:.1f} vs {cpu[reference]:.1f} µs"
-                f" = {cpu[SUBJECT] / cpu[reference]:.2f}×",
-                cpu[SUBJECT] <= CPU_UNFAIR_VS_REDIS_PY * cpu[reference],
+                f"{unfair:.1f} vs {ref_cpu:.1f} µs = {unfair / ref_cpu:.2f}×",
+                unfair <= CPU_UNFAIR_VS_REDIS_PY * ref_cpu,
             )
     lock_rate = (by_key.get(("uncontended", SUBJECT)) or {}).get("per_second")
     for scenario in ("rwlock-read", "rwlock-write"):
