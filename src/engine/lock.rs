@@ -81,7 +81,30 @@ impl Contender for LockContender<'_> {
         steps::attempt(self.spec, self.token, fair, "")
     }
 
+    fn joins_first(&self) -> bool {
+        self.spec.fair
+    }
+
+    fn first_step_joining(&self) -> Step<Attempt> {
+        let fair = self.spec.fair.then_some(waiting::queueing(true));
+        steps::attempt(self.spec, self.token, fair, self.shared.hub.inbox())
+    }
+
+    fn memo(&self) -> Option<(Instant, i64)> {
+        *self.last_busy.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn resume(&self, memo: Option<(Instant, i64)>) {
+        *self.last_busy.lock().unwrap_or_else(|p| p.into_inner()) = memo;
+    }
+
     fn read(&self, attempt: Attempt, sent_at: Instant) -> Result<Outcome<Granted>> {
+        if let Attempt::Busy {
+            fence: Some(seen), ..
+        } = attempt
+        {
+            *self.last_busy.lock().unwrap_or_else(|p| p.into_inner()) = Some((sent_at, seen));
+        }
         Ok(match attempt {
             Attempt::Granted { fence } => Outcome::Granted(Granted {
                 fence,
@@ -111,12 +134,6 @@ impl Contender for LockContender<'_> {
                 executor::run(self.shared, &step).await?
             }
         };
-        if let Attempt::Busy {
-            fence: Some(seen), ..
-        } = attempt
-        {
-            *self.last_busy.lock().unwrap_or_else(|p| p.into_inner()) = Some((sent_at, seen));
-        }
         self.read(attempt, sent_at)
     }
 
