@@ -91,6 +91,9 @@ class _RedmutexSession:
     def rwlock_read(self, name: str, ttl: float, wait: float = WAIT) -> LockHandle:
         return self._redmutex.RWLock(self.client, name, ttl=ttl, timeout=wait).read()
 
+    def rwlock_write(self, name: str, ttl: float, wait: float = WAIT) -> LockHandle:
+        return self._redmutex.RWLock(self.client, name, ttl=ttl, timeout=wait).write()
+
     def close(self) -> None:
         self.client.close()
 

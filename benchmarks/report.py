@@ -22,6 +22,11 @@ FAIR_SWITCH_PCT = 95.0
 FAIR_VS_PRL = 1.3
 COMMANDS_SPREAD = 1.25  # "independent of waiting threads": largest/smallest over the axis
 
+# issue 18's "done when"
+REDIS_PY_1MS = "redis-py-1ms"
+CPU_UNFAIR_VS_REDIS_PY = 1.5  # server CPU per section, redmutex ≤ 1.5× redis-py's (1 ms polling)
+RW_VS_LOCK = 0.9  # RWLock read and write pairs/s ≥ 0.9× Lock's
+
 
 def _num(value: float | None, digits: int = 0) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -128,6 +133,40 @@ def _targets(
             ),
             None if ratio is None else ratio >= FAIR_VS_PRL,
         )
+    for scenario in ("handoff2", "handoff4", "contended4", "contended8"):
+        cpu = {
+            peer: (by_key.get((scenario, peer)) or {}).get("server_cpu_us_per_section")
+            for peer in (SUBJECT, FAIR_PEER, PRL, BASELINE, REDIS_PY_1MS)
+        }
+        title = (by_key.get((scenario, SUBJECT)) or {}).get("title", scenario)
+        fair, prl = cpu[FAIR_PEER], cpu[PRL]
+        if fair is not None and prl is not None:
+            add(
+                "server CPU per section, fair ≤ python-redis-lock's",
+                f"{FAIR_PEER}, {title}",
+                f"{fair:.1f} vs {prl:.1f} µs",
+                fair <= prl,
+            )
+        reference = REDIS_PY_1MS if cpu[REDIS_PY_1MS] is not None else BASELINE
+        unfair, ref_cpu = cpu[SUBJECT], cpu[reference]
+        if unfair is not None and ref_cpu:
+            add(
+                f"server CPU per section, unfair ≤ {CPU_UNFAIR_VS_REDIS_PY:g}× {reference}'s",
+                f"{SUBJECT}, {title}",
+                f"{unfair:.1f} vs {ref_cpu:.1f} µs = {unfair / ref_cpu:.2f}×",
+                unfair <= CPU_UNFAIR_VS_REDIS_PY * ref_cpu,
+            )
+    lock_rate = (by_key.get(("uncontended", SUBJECT)) or {}).get("per_second")
+    for scenario in ("rwlock-read", "rwlock-write"):
+        rate = (by_key.get((scenario, SUBJECT)) or {}).get("per_second")
+        ratio = _ratio(rate, lock_rate)
+        if ratio is not None:
+            add(
+                f"RWLock pairs/s ≥ {RW_VS_LOCK:g}× Lock's (uncontended)",
+                f"{SUBJECT}, {scenario}",
+                f"{_num(rate)} vs {_num(lock_rate)} pairs/s = {ratio:.2f}×",
+                ratio >= RW_VS_LOCK,
+            )
     for peer in (SUBJECT, FAIR_PEER):
         points = sorted(
             (r["point"], r["commands_per_handoff"])
@@ -291,20 +330,22 @@ def _handoff_table(rows: list[dict[str, Any]]) -> list[str]:
         "",
         (
             "| scenario | peer | hand-offs | p50 µs | p90 µs | p99 µs | max µs"
-            f" | {BASELINE} p50 ÷ p50 |"
+            f" | {BASELINE} p50 ÷ p50 | server CPU µs/section | commands/section |"
         ),
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         if row["status"] != "ok":
-            lines.append(_failed(row, 8))
+            lines.append(_failed(row, 10))
             continue
         lat = row.get("latency_us") or {}
         lines.append(
             f"| {row['title']} | {row['peer']} | {_num(lat.get('count'))}"
             f" | {_num(lat.get('p50'), 1)} | {_num(lat.get('p90'), 1)}"
             f" | {_num(lat.get('p99'), 1)} | {_num(lat.get('max'), 1)}"
-            f" | {_num(row['vs_baseline'], 1)} |"
+            f" | {_num(row['vs_baseline'], 1)}"
+            f" | {_num(row.get('server_cpu_us_per_section'), 1)}"
+            f" | {_num(row.get('commands_per_section'), 1)} |"
         )
     return lines
 
@@ -325,13 +366,14 @@ def _contended_table(rows: list[dict[str, Any]]) -> list[str]:
         "",
         (
             "| scenario | peer | sections/s | owner switches % | longest wait ms | wait p50 ms"
-            f" | wait p99 ms | sections per process min–max | holders | ×{BASELINE} |"
+            f" | wait p99 ms | sections per process min–max | holders | ×{BASELINE}"
+            " | server CPU µs/section | commands/section |"
         ),
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         if row["status"] != "ok":
-            lines.append(_failed(row, 10))
+            lines.append(_failed(row, 12))
             continue
         lat = row.get("latency_us") or {}
         capacity = row.get("capacity")
@@ -346,7 +388,9 @@ def _contended_table(rows: list[dict[str, Any]]) -> list[str]:
             f" | {row.get('sections_per_contender_min', '?')}–"
             f"{row.get('sections_per_contender_max', '?')}"
             f" | {row.get('max_holders_max', '?')} ({'any' if capacity is None else capacity})"
-            f" | {_num(row['vs_baseline'], 2)} |"
+            f" | {_num(row['vs_baseline'], 2)}"
+            f" | {_num(row.get('server_cpu_us_per_section'), 1)}"
+            f" | {_num(row.get('commands_per_section'), 1)} |"
         )
     return lines
 

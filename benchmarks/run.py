@@ -225,6 +225,7 @@ def _run_scenario(
     namespace: str,
     pool: WorkerPool | None = None,
     commandstats: Any = None,
+    server_cpu: Any = None,
 ) -> list[dict[str, Any]]:
     eligible = [p for p in peer_order if scenario.needs in PEERS[p].capabilities]
     runs: dict[str, list[Measurement]] = {p: [] for p in eligible}
@@ -241,6 +242,7 @@ def _run_scenario(
                 peer=name,
                 pool=pool,
                 commandstats=commandstats,
+                server_cpu=server_cpu,
             )
             try:
                 measurement = scenario.run(sessions[name], ctx)
@@ -305,6 +307,17 @@ def _commandstats(client: Any) -> Any:
             for name, v in stats.items()
             if name != "cmdstat_info"  # the reader's own
         }
+
+    return read
+
+
+def _server_cpu(client: Any) -> Any:
+    """A reader of the server's CPU time so far in µs (INFO cpu: used_cpu_user + used_cpu_sys,
+    the main thread and every other)."""
+
+    def read() -> float:
+        cpu = client.info("cpu")
+        return (float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])) * 1e6
 
     return read
 
@@ -390,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
                     namespace,
                     pools[0] if pools else None,
                     _commandstats(stats_client),
+                    _server_cpu(stats_client),
                 )
                 log(f"  ({key}: {time.monotonic() - scenario_started:.1f} s)")
             for pool in pools:

@@ -78,6 +78,7 @@ class Context:
     peer: str
     pool: WorkerPool | None = None  # the worker processes (multi-process scenarios)
     commandstats: Callable[[], dict[str, int]] | None = None  # calls per command, INFO excluded
+    server_cpu: Callable[[], float] | None = None  # the server's CPU time so far, µs (INFO cpu)
 
     def name(self, *parts: object) -> str:
         return ":".join([self.namespace, self.peer, *map(str, parts)])
@@ -222,6 +223,33 @@ def _run_job(ctx: Context, job: Job, processes: int, **hooks: Any) -> JobResult:
     return result
 
 
+def _server_work(ctx: Context) -> tuple[dict[str, Any], dict[str, Callable[[], None]]]:
+    """Hooks that read the server's CPU time and command counts before and after a job's
+    window, and where they put them (see `_per_section`)."""
+    seen: dict[str, Any] = {}
+    if ctx.server_cpu is None or ctx.commandstats is None:
+        return seen, {}
+    cpu, calls = ctx.server_cpu, ctx.commandstats
+
+    def read(when: str) -> None:
+        seen[when] = (cpu(), sum(calls().values()))
+
+    return seen, {"before": lambda: read("before"), "after": lambda: read("after")}
+
+
+def _per_section(seen: dict[str, Any], sections: int) -> dict[str, Any]:
+    """Server CPU µs (user + sys) and commands (a script's inner calls included) per critical
+    section, over everything the job's workers did between the two reads: the window and the
+    drain after it, whose sections are all counted (`sections`)."""
+    if "before" not in seen or "after" not in seen or sections < 1:
+        return {}
+    (cpu0, calls0), (cpu1, calls1) = seen["before"], seen["after"]
+    return {
+        "server_cpu_us_per_section": (cpu1 - cpu0) / sections,
+        "commands_per_section": (calls1 - calls0) / sections,
+    }
+
+
 def _check_exclusion(summary: dict[str, Any]) -> None:
     if summary["exclusion_violated"]:
         raise RuntimeError(
@@ -247,7 +275,8 @@ def handoff(processes: int) -> Callable[[Session, Context], Measurement]:
             ring=True,
             hold_s=HOLD_S,
         )
-        result = _run_job(ctx, job, processes)
+        seen, hooks = _server_work(ctx)
+        result = _run_job(ctx, job, processes, **hooks)
         summary = contention.contended_summary(result.sections, result.start_ns, result.end_ns, 1)
         _check_exclusion(summary)
         latencies = contention.handoff_latencies(result.sections, result.start_ns, result.end_ns)
@@ -257,7 +286,11 @@ def handoff(processes: int) -> Callable[[Session, Context], Measurement]:
             len(latencies),
             result.end_ns - result.start_ns,
             latencies,
-            {"processes": processes, "handoffs": len(latencies)},
+            {
+                "processes": processes,
+                "handoffs": len(latencies),
+                **_per_section(seen, len(result.sections)),
+            },
         )
 
     return run
@@ -281,7 +314,8 @@ def contended(
             limit=capacity or 1,
             fair=fair,
         )
-        result = _run_job(ctx, job, processes)
+        seen, hooks = _server_work(ctx)
+        result = _run_job(ctx, job, processes, **hooks)
         summary = contention.contended_summary(
             result.sections, result.start_ns, result.end_ns, capacity
         )
@@ -294,7 +328,7 @@ def contended(
             summary["sections"],
             result.end_ns - result.start_ns,
             waits,
-            {"processes": processes, **extra},
+            {"processes": processes, **extra, **_per_section(seen, len(result.sections))},
         )
 
     return run
@@ -479,6 +513,17 @@ register(
         needs="rwlock",
         unit="pair",
         run=_single_thread(lambda s, ctx: s.rwlock_read(ctx.name("rwlock-read"), TTL)),  # type: ignore[attr-defined]
+        single_connection=True,
+    )
+)
+
+register(
+    Scenario(
+        key="rwlock-write",
+        title="RWLock write, uncontended",
+        needs="rwlock",
+        unit="pair",
+        run=_single_thread(lambda s, ctx: s.rwlock_write(ctx.name("rwlock-write"), TTL)),  # type: ignore[attr-defined]
         single_connection=True,
     )
 )

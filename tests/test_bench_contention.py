@@ -60,3 +60,16 @@ def test_overlapping_sections_break_exclusion() -> None:
     assert (
         contention.contended_summary(sections, 0, 100, capacity=None)["exclusion_violated"] is False
     )
+
+
+def test_server_work_per_section() -> None:
+    import scenarios
+
+    seen = {"before": (1_000.0, 40), "after": (3_500.0, 140)}
+    assert scenarios._per_section(seen, 25) == {
+        "server_cpu_us_per_section": 100.0,
+        "commands_per_section": 4.0,
+    }
+    # No reads (a peer run without the hooks) or no sections: nothing to report.
+    assert scenarios._per_section({}, 25) == {}
+    assert scenarios._per_section(seen, 0) == {}

@@ -231,6 +231,88 @@ def test_one_waiter_sends_constant_commands(quiet_server: tuple[str, redis.Redis
         waiter_client.close()
 
 
+@pytest.mark.timeout(60)
+def test_a_waiter_already_listening_looks_once_per_release(
+    quiet_server: tuple[str, redis.Redis],
+) -> None:
+    """Issue 18: a blocking waiter on a channel its process is subscribed to already registers
+    before its first (direct) attempt, so it trusts that attempt's answer: one look before the
+    release (the first attempt) and one after it, not a second look once subscribed."""
+    url, conn = quiet_server
+    holder_client = redmutex.Client(url, prefix="q:")
+    waiter_client = redmutex.Client(url, prefix="q:")
+    try:
+        holder = redmutex.Lock(holder_client, "once", ttl=60)
+        waiter = redmutex.Lock(waiter_client, "once", ttl=10)
+        # Scripts loaded; a first wait subscribes the waiter's process to the lock's channel.
+        assert holder.acquire(timeout=5)
+        holder.release()
+        assert holder.acquire(timeout=5)
+        assert waiter.acquire(timeout=0.2) is False
+        for _ in range(3):
+            before = _calls(conn)
+            thread = _Thread(target=lambda: waiter.acquire(timeout=20))
+            thread.start()
+            # The waiter's first attempt has been answered: it is waiting.
+            _wait_until(
+                lambda b=before: _delta(b, _calls(conn)).get("evalsha", 0) >= 1, 10, "a first look"
+            )
+            time.sleep(0.2)
+            holder.release()
+            assert thread.outcome(timeout=20) is True
+            delta = _delta(before, _calls(conn))
+            # first attempt + release + the look after the wake-up (PTTL: busy attempts)
+            assert delta.get("evalsha", 0) == 3, delta
+            assert delta.get("pttl", 0) == 1, delta
+            waiter.release()
+            assert holder.acquire(timeout=5)
+        holder.release()
+    finally:
+        holder_client.close()
+        waiter_client.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_fair_waiter_already_listening_joins_with_its_first_attempt(
+    quiet_server: tuple[str, redis.Redis],
+) -> None:
+    """Issue 18: a blocking fair waiter whose process listens already takes its place in the
+    queue with its first (direct) attempt and then only waits for its grant: two EVALSHAs per
+    waited hand-off (that attempt and the release that grants), not a try and then a join."""
+    url, conn = quiet_server
+    holder_client = redmutex.Client(url, prefix="q:")
+    waiter_client = redmutex.Client(url, prefix="q:")
+    try:
+        holder = redmutex.Lock(holder_client, "fair", ttl=60, fair=True)
+        waiter = redmutex.Lock(waiter_client, "fair", ttl=10, fair=True)
+        # Scripts loaded; a first wait subscribes the waiter's process to the lock's channels.
+        assert holder.acquire(timeout=5)
+        holder.release()
+        assert holder.acquire(timeout=5)
+        assert waiter.acquire(timeout=0.2) is False
+        assert conn.llen("q:{fair}:queue") == 0
+        for _ in range(3):
+            before = _calls(conn)
+            thread = _Thread(target=lambda: waiter.acquire(timeout=20))
+            thread.start()
+            _wait_until(lambda: conn.llen("q:{fair}:queue") == 1, 10, "the waiter to queue")
+            time.sleep(0.2)
+            holder.release()
+            assert thread.outcome(timeout=20) is True
+            delta = _delta(before, _calls(conn))
+            assert delta.get("evalsha", 0) == 2, delta
+            assert conn.llen("q:{fair}:queue") == 0
+            waiter.release()
+            assert holder.acquire(timeout=5)
+        # A waiter that gives up leaves the place its first attempt took.
+        assert waiter.acquire(timeout=0.3) is False
+        assert conn.llen("q:{fair}:queue") == 0
+        holder.release()
+    finally:
+        holder_client.close()
+        waiter_client.close()
+
+
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("n_threads", [1, 16])
 def test_steady_waiting_sends_no_commands(

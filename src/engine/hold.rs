@@ -199,6 +199,9 @@ struct Pending<'a, P: Leased> {
     holder: &'a Holder<P>,
     token: Option<String>,
     busy_retry_ms: Option<i64>,
+    /// The waiter's registrations, subscribed before the direct first attempt went out
+    /// (`waiting::listen_early`).
+    early: Option<Box<EarlyWait>>,
     settled: bool,
     ticket: Option<Ticket>,
 }
@@ -267,8 +270,21 @@ impl<P: Leased> Pending<'_, P> {
     }
 }
 
+/// What a direct first attempt that found the primitive busy leaves to the wait, when the
+/// waiter listened before it (`waiting::listen_early`).
+struct EarlyWait {
+    early: waiting::Early,
+    /// What the attempt taught its contender (`Contender::memo`).
+    memo: Option<(Instant, i64)>,
+    /// Gives back the place the attempt took, should the wait never start.
+    undo: Option<Undo>,
+}
+
 impl<P: Leased> Drop for Pending<'_, P> {
     fn drop(&mut self) {
+        if let Some(undo) = self.early.take().and_then(|e| e.undo) {
+            spawn_undo(undo);
+        }
         if !self.settled {
             let mut state = self.holder.state();
             if matches!(*state, State::Acquiring) {
@@ -657,13 +673,28 @@ impl<P: Leased> Holder<P> {
         let token = new_token()?;
         let outcome = {
             let contender = self.primitive.contender(&shared, &token, args)?;
-            let step = contender.first_step();
+            // Listening before the attempt spares the wait a second look.
+            let early = (wait != Wait::Once)
+                .then(|| waiting::listen_early(&contender, &self.primitive.plan(&shared, &token)))
+                .flatten();
+            let step = if early.is_some() {
+                contender.first_step_joining()
+            } else {
+                contender.first_step()
+            };
             let (reply, sent_at) =
                 attempt_direct(&shared, executor::script_of(&step)?, || contender.undo())?;
             match contender.read(step.parse(reply)?, sent_at)? {
                 Outcome::Granted(grant) => Some(self.primitive.held(&contender, grant)),
                 Outcome::Busy { retry_ms } if wait != Wait::Once => {
                     pending.busy_retry_ms = Some(retry_ms);
+                    pending.early = early.map(|early| {
+                        Box::new(EarlyWait {
+                            early,
+                            memo: contender.memo(),
+                            undo: contender.joins_first().then(|| contender.undo()),
+                        })
+                    });
                     None
                 }
                 Outcome::Busy { .. } | Outcome::Refused => None,
@@ -722,7 +753,8 @@ impl<P: Leased> Holder<P> {
         let granted = match &backend {
             Backend::Single(shared) => {
                 let first = pending.busy_retry_ms.take();
-                self.acquire_on_node(shared, &token, wait, args, first)
+                let early = pending.early.take();
+                self.acquire_on_node(shared, &token, wait, args, first, early)
                     .await
             }
             Backend::Redlock(redlock) => {
@@ -743,11 +775,24 @@ impl<P: Leased> Holder<P> {
         wait: Wait,
         args: &P::Args,
         busy_retry_ms: Option<i64>,
+        early: Option<Box<EarlyWait>>,
     ) -> Result<Option<(Instant, P::Detail)>> {
-        let contender = self.primitive.contender(shared, token, args)?;
+        let contender = match self.primitive.contender(shared, token, args) {
+            Ok(contender) => contender,
+            Err(err) => {
+                if let Some(undo) = early.and_then(|e| e.undo) {
+                    spawn_undo(undo);
+                }
+                return Err(err);
+            }
+        };
         let plan = self.primitive.plan(shared, token);
+        let early = early.map(|wait| {
+            contender.resume(wait.memo);
+            wait.early
+        });
         let first = busy_retry_ms.map(|retry_ms| Outcome::Busy { retry_ms });
-        let grant = waiting::acquire_from(&contender, &plan, wait, first).await?;
+        let grant = waiting::acquire_from(&contender, &plan, wait, first, early).await?;
         Ok(grant.map(|grant| self.primitive.held(&contender, grant)))
     }
 
@@ -769,6 +814,7 @@ impl<P: Leased> Holder<P> {
                     holder: self,
                     token: None,
                     busy_retry_ms: None,
+                    early: None,
                     settled: false,
                     ticket: None,
                 })

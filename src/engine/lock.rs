@@ -97,7 +97,30 @@ impl Contender for LockContender<'_> {
         steps::attempt(self.spec, self.token, fair, "")
     }
 
+    fn joins_first(&self) -> bool {
+        self.spec.fair
+    }
+
+    fn first_step_joining(&self) -> Step<Attempt> {
+        let fair = self.spec.fair.then_some(waiting::queueing(true));
+        steps::attempt(self.spec, self.token, fair, self.shared.hub.inbox())
+    }
+
+    fn memo(&self) -> Option<(Instant, i64)> {
+        *self.last_busy.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn resume(&self, memo: Option<(Instant, i64)>) {
+        *self.last_busy.lock().unwrap_or_else(|p| p.into_inner()) = memo;
+    }
+
     fn read(&self, attempt: Attempt, sent_at: Instant) -> Result<Outcome<Granted>> {
+        if let Attempt::Busy {
+            fence: Some(seen), ..
+        } = attempt
+        {
+            *self.last_busy.lock().unwrap_or_else(|p| p.into_inner()) = Some((sent_at, seen));
+        }
         Ok(match attempt {
             Attempt::Granted { fence } => Outcome::Granted(Granted {
                 fence,
@@ -127,12 +150,6 @@ impl Contender for LockContender<'_> {
                 executor::run(self.shared, &step).await?
             }
         };
-        if let Attempt::Busy {
-            fence: Some(seen), ..
-        } = attempt
-        {
-            *self.last_busy.lock().unwrap_or_else(|p| p.into_inner()) = Some((sent_at, seen));
-        }
         self.read(attempt, sent_at)
     }
 
@@ -208,7 +225,7 @@ async fn acquire_from(
         ..LockContender::new(shared, spec, token)
     };
     let plan = spec.plan(shared, token);
-    waiting::acquire_from(&contender, &plan, wait, first).await
+    waiting::acquire_from(&contender, &plan, wait, first, None).await
 }
 
 /// Compare-and-delete; `Ok(false)` when the lock was not ours (any more).

@@ -253,6 +253,12 @@ impl Leased for RwSide {
     fn owned(&self, token: &str) -> Step<bool> {
         steps::owned(&self.spec.keys, self.mode, token)
     }
+
+    /// Both sides' steps are one script each: the blocking API runs the first attempt,
+    /// release, extend and `owned` on the caller's thread, like the lock's.
+    fn direct(&self) -> bool {
+        true
+    }
 }
 
 /// Who holds a read-write lock now.

@@ -162,6 +162,27 @@ pub trait Contender: Sync {
         None
     }
 
+    /// Whether `first_step_joining` takes the waiter's place in the queue (a primitive whose
+    /// waiters keep one), so that a wait may trust that first attempt without looking again.
+    fn joins_first(&self) -> bool {
+        false
+    }
+
+    /// The step of a first attempt by a waiter that listens already and will wait when refused
+    /// (`listen_early`): it takes the waiter's place if `joins_first`.
+    fn first_step_joining(&self) -> Step<Self::Reply> {
+        self.first_step()
+    }
+
+    /// What this waiter's attempts taught it that a later contender for the same token must
+    /// know to take a grant (the fair lock: when its last refused attempt was sent, and the
+    /// fence it saw); `resume` hands it on.
+    fn memo(&self) -> Option<(Instant, i64)> {
+        None
+    }
+
+    fn resume(&self, _memo: Option<(Instant, i64)>) {}
+
     /// Gives up a waiter's place at once (called only when the plan says `queued`).
     fn leave(&self) -> impl Future<Output = Result<()>> + Send;
 
@@ -228,6 +249,33 @@ pub struct Plan<'a> {
     pub queued: bool,
 }
 
+/// A waiter's registrations (its wake channel and, for grants, its inbox), made and found
+/// subscribed before its first attempt was sent (`listen_early`).
+pub struct Early {
+    wake: Registration,
+    inbox: Option<Registration>,
+}
+
+/// Registers a waiter before its first attempt is sent. Some when its channels are subscribed
+/// on the live connection already: every release after that attempt then notifies these
+/// registrations, so the wait may trust the attempt's answer instead of looking again once
+/// subscribed (`acquire_from`'s `early`). A waiter that keeps a place in a queue must take it
+/// with that attempt (`Contender::joins_first`, `first_step_joining`); None when it cannot, or
+/// when the channels are not subscribed yet (nothing to gain).
+pub fn listen_early<C: Contender>(contender: &C, plan: &Plan<'_>) -> Option<Early> {
+    if plan.queued && !contender.joins_first() {
+        return None;
+    }
+    let hub = &plan.shared.hub;
+    let wake = hub.register(plan.channel.clone(), plan.wake_token);
+    let inbox = plan
+        .inbox
+        .as_ref()
+        .map(|channel| hub.register(channel.clone(), plan.wake_token));
+    let ready = wake.is_ready() && inbox.as_ref().map_or(true, Registration::is_ready);
+    ready.then_some(Early { wake, inbox })
+}
+
 /// Sends `undo` if dropped while armed.
 struct Cleanup<'a, C: Contender> {
     contender: &'a C,
@@ -267,26 +315,29 @@ pub async fn acquire<C: Contender>(
     plan: &Plan<'_>,
     wait: Wait,
 ) -> Result<Option<C::Grant>> {
-    acquire_from(contender, plan, wait, None).await
+    acquire_from(contender, plan, wait, None, None).await
 }
 
 /// `acquire`, given the outcome of a first attempt already made for this contender (on the
-/// caller's thread, see `direct.rs`); None makes that first attempt here.
+/// caller's thread, see `direct.rs`); None makes that first attempt here. `early`: the waiter's
+/// registrations, subscribed before that first attempt was sent (`listen_early`; the attempt
+/// took the waiter's place if it keeps one).
 pub async fn acquire_from<C: Contender>(
     contender: &C,
     plan: &Plan<'_>,
     wait: Wait,
     first: Option<Outcome<C::Grant>>,
+    early: Option<Early>,
 ) -> Result<Option<C::Grant>> {
     let cleanup = Cleanup {
         contender,
         shared: plan.shared,
         armed: true,
     };
-    let first = match first {
-        Some(outcome) => outcome,
+    let (first, early) = match first {
+        Some(outcome) => (outcome, early),
         // An error leaves `cleanup` armed: the script may have run.
-        None => contender.attempt(false).await?,
+        None => (contender.attempt(false).await?, None),
     };
     match first {
         Outcome::Granted(grant) => {
@@ -299,11 +350,22 @@ pub async fn acquire_from<C: Contender>(
         }
         Outcome::Busy { .. } => {}
     }
-    if wait.expired(Instant::now()) {
+    // What the first attempt found holds until a release notifies the early registrations.
+    let early = match (first, early) {
+        (Outcome::Busy { retry_ms }, Some(early)) => {
+            let now = Instant::now();
+            let until =
+                (retry_ms >= 0).then(|| now + lease::next_look(retry_ms, NO_HINT_LOOK, None, now));
+            Some((early, until))
+        }
+        _ => None,
+    };
+    // (With early registrations the wait gives up by itself, leaving a place it took.)
+    if early.is_none() && wait.expired(Instant::now()) {
         cleanup.disarm();
         return Ok(None);
     }
-    let waited = wait_for_turn(contender, plan, wait).await;
+    let waited = wait_for_turn(contender, plan, wait, early).await;
     match &waited {
         Ok(Some(_)) => cleanup.disarm(),
         Ok(None) if !plan.queued => cleanup.disarm(),
@@ -336,6 +398,7 @@ async fn wait_for_turn<C: Contender>(
     contender: &C,
     plan: &Plan<'_>,
     wait: Wait,
+    early: Option<(Early, Option<Instant>)>,
 ) -> Result<Option<C::Grant>> {
     let gate = plan
         .gate
@@ -361,19 +424,24 @@ async fn wait_for_turn<C: Contender>(
         },
         _ => None,
     };
-    let (registration, mut busy_until) = match inherited {
-        Some(found) => found,
-        None => (
+    // A registration handed on through the gate has heard everything since the competitor
+    // before looked; an early one, everything since this waiter's first attempt.
+    let (registration, inbox, mut busy_until) = match (inherited, early) {
+        (Some((registration, until)), _) => (registration, None, until),
+        (None, Some((early, until))) => (early.wake, early.inbox, until),
+        (None, None) => (
             plan.shared
                 .hub
                 .register(plan.channel.clone(), plan.wake_token),
             None,
+            None,
         ),
     };
-    let inbox = plan
-        .inbox
-        .as_ref()
-        .map(|channel| plan.shared.hub.register(channel.clone(), plan.wake_token));
+    let inbox = inbox.or_else(|| {
+        plan.inbox
+            .as_ref()
+            .map(|channel| plan.shared.hub.register(channel.clone(), plan.wake_token))
+    });
     let others: Vec<Registration> = contender
         .other_channels()
         .into_iter()

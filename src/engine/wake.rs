@@ -308,6 +308,12 @@ impl Registration {
             .map_err(|err| err.at(&self.core.target.endpoint()))
     }
 
+    /// Whether the channel is subscribed on the live connection now (no I/O): a message
+    /// published from now on reaches this waiter (or, if the connection breaks, it is woken).
+    pub fn is_ready(&self) -> bool {
+        self.core.is_subscribed(&self.channel)
+    }
+
     /// Resolves on the next wake-up meant for this waiter (or at once if one came since the last).
     pub async fn notified(&self) {
         self.notify.notified().await

@@ -50,12 +50,20 @@ macro_rules! leases_script {
 }
 
 const LOCK_ACQUIRE_SOURCE: &str = fence_script!("lua/lock_acquire.lua");
+/// The release: its compare-and-delete, and for a name without a fair queue the wake-up, come
+/// before the grant preludes, so the common release returns before defining what it never uses.
+const LOCK_RELEASE_SOURCE: &str = concat!(
+    include_str!("lua/lock_release.lua"),
+    include_str!("lua/queue_prune.lua"),
+    include_str!("lua/fence_next.lua"),
+    include_str!("lua/lock_grant.lua"),
+    include_str!("lua/lock_release_grant.lua")
+);
 const LOCK_ACQUIRE_FAIR_SOURCE: &str = fair_script!("lua/lock_acquire_fair.lua");
 pub static LOCK_ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(LOCK_ACQUIRE_SOURCE));
 pub static LOCK_ACQUIRE_FAIR: LazyLock<Script> =
     LazyLock::new(|| Script::new(LOCK_ACQUIRE_FAIR_SOURCE));
-pub static LOCK_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(grant_script!("lua/lock_release.lua")));
+pub static LOCK_RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(LOCK_RELEASE_SOURCE));
 pub static LOCK_EXTEND: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/lock_extend.lua")));
 pub static LOCK_REENTER: LazyLock<Script> =
@@ -809,7 +817,7 @@ mod tests {
         for source in [
             LOCK_ACQUIRE_SOURCE,
             LOCK_ACQUIRE_FAIR_SOURCE,
-            grant_script!("lua/lock_release.lua"),
+            LOCK_RELEASE_SOURCE,
             grant_script!("lua/queue_leave.lua"),
         ] {
             let prelude = source.find("local function next_fence").unwrap();
@@ -817,10 +825,7 @@ mod tests {
             // A bare INCR would leave a counter without an expiry.
             assert!(!source.contains("'INCR'"), "{source}");
         }
-        for source in [
-            grant_script!("lua/lock_release.lua"),
-            grant_script!("lua/queue_leave.lua"),
-        ] {
+        for source in [LOCK_RELEASE_SOURCE, grant_script!("lua/queue_leave.lua")] {
             let fence = source.find("local function next_fence").unwrap();
             let grant = source.find("local function grant_head").unwrap();
             assert!(fence < grant);
@@ -829,15 +834,28 @@ mod tests {
 
     #[test]
     fn grant_scripts_carry_both_preludes_in_order() {
-        for source in [
-            grant_script!("lua/lock_release.lua"),
-            grant_script!("lua/queue_leave.lua"),
-        ] {
-            let prune = source.find("local function prune_queue").unwrap();
-            let grant = source.find("local function grant_head").unwrap();
-            let body = source.find("ARGV[3] grant slack").unwrap();
-            assert!(prune < grant && grant < body);
-        }
+        let source = grant_script!("lua/queue_leave.lua");
+        let prune = source.find("local function prune_queue").unwrap();
+        let grant = source.find("local function grant_head").unwrap();
+        let body = source.find("ARGV[3] grant slack").unwrap();
+        assert!(prune < grant && grant < body);
+    }
+
+    /// The release without a fair queue returns before the preludes; with one, the grant runs
+    /// after them (a call before its `local function` would find no function).
+    #[test]
+    fn the_release_returns_before_the_grant_preludes_without_a_queue() {
+        let source = LOCK_RELEASE_SOURCE;
+        let delete = source.find("redis.call('DEL', KEYS[1])").unwrap();
+        let early = source.find("return 1").unwrap();
+        let prune = source.find("local function prune_queue").unwrap();
+        let fence = source.find("local function next_fence").unwrap();
+        let grant = source.find("local function grant_head").unwrap();
+        let call = source.find("if not grant_head(").unwrap();
+        assert!(delete < early && early < prune && prune < fence && fence < grant);
+        assert!(grant < call);
+        assert!(source[..prune].contains("'EXISTS', KEYS[3]) == 0"));
+        assert!(!source[..prune].contains("grant_head("));
     }
 
     #[test]

@@ -1,4 +1,6 @@
--- Release a lock if ARGV[1] owns it, and hand it on (after queue_prune.lua, fence_next.lua, lock_grant.lua).
+-- Release a lock if ARGV[1] owns it, and hand it on. Without a fair queue it ends here (the
+-- common case: the grant preludes that follow, queue_prune.lua, fence_next.lua and
+-- lock_grant.lua, are then not run at all); with one, lock_release_grant.lua goes on.
 -- KEYS[1] lock key   KEYS[2] fence counter   KEYS[3] queue   KEYS[4] place deadlines
 -- KEYS[5] queue leases (hash token -> lease ms)
 -- ARGV[1] token   ARGV[2] wake-up channel   ARGV[3] grant slack in ms (see lock_grant.lua)
@@ -10,11 +12,7 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', KEYS[1])
-if redis.call('EXISTS', KEYS[3]) == 1 then
-  if grant_head(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[2], tonumber(ARGV[3]),
-                server_now_ms(), ARGV[4]) then
-    return 1
-  end
+if redis.call('EXISTS', KEYS[3]) == 0 then
+  redis.call('PUBLISH', ARGV[2], '')
+  return 1
 end
-redis.call('PUBLISH', ARGV[2], '')
-return 1

@@ -10,9 +10,9 @@
 --        has no lease), or, when a waiting writer holds new readers back, the soonest lapse of a
 --        waiting writer's place.
 local now = server_now_ms()
-local readers = prune_leases(KEYS[1], now)
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-  return {1, readers}
+local own = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
+if own and own > now then
+  return {1, redis.call('ZCOUNT', KEYS[1], '(' .. int(now), '+inf')}
 end
 local writer_ttl = redis.call('PTTL', KEYS[2])
 if writer_ttl ~= -2 then
@@ -20,12 +20,20 @@ if writer_ttl ~= -2 then
 end
 if ARGV[3] ~= '1' then
   -- Writer preference: while a writer waits, no new reader gets in, so readers arriving
-  -- continuously cannot starve it.
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', int(now))
-  local wait_ms = soonest_end(KEYS[3], now)
-  if wait_ms > 0 then
-    return {0, wait_ms}
+  -- continuously cannot starve it. (Lapsed places are skipped, not dropped: a leaving writer
+  -- drops them, and the key expires with its last place.)
+  local first = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. int(now), '+inf', 'WITHSCORES',
+                           'LIMIT', 0, 1)
+  if #first == 2 then
+    return {0, math.max(tonumber(first[2]) - now, 1)}
   end
 end
-grant_lease(KEYS[1], ARGV[1], tonumber(ARGV[2]), now)
+local readers = prune_leases(KEYS[1], now)
+if readers == 0 then
+  -- The only lease: the key lives exactly as long (what grant_lease would find out).
+  redis.call('ZADD', KEYS[1], int(now + tonumber(ARGV[2])), ARGV[1])
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+else
+  grant_lease(KEYS[1], ARGV[1], tonumber(ARGV[2]), now)
+end
 return {1, readers + 1}

@@ -9,9 +9,11 @@ if not lease_end then
   return 0
 end
 redis.call('ZREM', KEYS[1], ARGV[1])
-if prune_leases(KEYS[1], now) == 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', int(now))
-  for _, writer in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+-- Lapsed leases and places are skipped, not dropped (acquires and leaving writers drop them;
+-- the keys expire with their last entry).
+local writers = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. int(now), '+inf')
+if #writers > 0 and redis.call('ZCOUNT', KEYS[1], '(' .. int(now), '+inf') == 0 then
+  for _, writer in ipairs(writers) do
     redis.call('PUBLISH', ARGV[2], writer)
   end
 end
