@@ -1,0 +1,278 @@
+"""Semaphore, RWLock and the cache on Redlock (`Client([url, ...])`): 5 masters, each behind a
+loopback proxy that the tests cut (`FaultProxy.stop`: connections reset, reconnects refused)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+import redmutex
+import redmutex.aio
+from _proxy import FaultProxy
+from _scale_servers import Masters
+
+pytestmark = pytest.mark.timeout(120)
+
+FAST = {"connect_timeout": 1.0, "command_timeout": 1.0}
+
+
+class Proxied:
+    """5 masters, each reached through a proxy of its own."""
+
+    def __init__(self, masters: Masters) -> None:
+        self.masters = masters
+        self.proxies = [FaultProxy(s.port).start() for s in masters.servers]
+
+    @property
+    def urls(self) -> list[str]:
+        return [p.url for p in self.proxies]
+
+    def cut(self, *indices: int) -> None:
+        for i in indices:
+            self.proxies[i].stop()
+
+    def direct(self, index: int) -> redis.Redis:
+        return self.masters.conn(index)
+
+    def stop(self) -> None:
+        for p in self.proxies:
+            p.stop()
+
+
+@pytest.fixture
+def rl() -> Iterator[Proxied]:
+    with Masters(5) as m:
+        proxied = Proxied(m)
+        try:
+            yield proxied
+        finally:
+            proxied.stop()
+
+
+def name() -> str:
+    return "rlp-" + uuid.uuid4().hex[:12]
+
+
+def client(rl: Proxied) -> redmutex.Client:
+    return redmutex.Client(rl.urls, prefix="t:", **FAST)
+
+
+def keys_left(rl: Proxied, indices: range | tuple[int, ...], n: str) -> list[bytes]:
+    found: list[bytes] = []
+    for i in indices:
+        with rl.direct(i) as r:
+            found += list(r.scan_iter(f"t:{{{n}}}*"))
+    return found
+
+
+def wait_empty(rl: Proxied, indices: range | tuple[int, ...], n: str) -> list[bytes]:
+    """The keys of `n` on those masters, once none is left or 3 s have passed."""
+    deadline = time.monotonic() + 3
+    while keys_left(rl, indices, n) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return keys_left(rl, indices, n)
+
+
+# ----------------------------------------------------------------------------- semaphore
+
+
+def test_semaphore_basics(rl: Proxied) -> None:
+    c, n = client(rl), name()
+    a, b, x = (redmutex.Semaphore(c, n, 2, ttl=5) for _ in range(3))
+    assert a.acquire(blocking=False) and b.acquire(blocking=False)
+    assert not x.acquire(blocking=False)
+    t0 = time.monotonic()
+    assert not x.acquire(timeout=0.3)
+    assert time.monotonic() - t0 < 2
+    assert a.owned() and b.owned() and not x.owned()
+    a.extend(10)
+    assert 9 < (a.remaining() or 0) <= 10
+    # A waiter is woken by a release (not by the 5 s lease end).
+    threading.Timer(0.3, b.release).start()
+    t0 = time.monotonic()
+    assert x.acquire(timeout=4)
+    assert time.monotonic() - t0 < 2
+    a.release()
+    x.release()
+    with pytest.raises(redmutex.LockNotOwnedError):
+        x.release()
+    # Released everywhere: nothing left behind on any master.
+    assert wait_empty(rl, range(5), n) == []
+    # A fair semaphore keeps no queue order by majority.
+    with pytest.raises(NotImplementedError, match="fair.*Redlock"):
+        redmutex.Semaphore(c, name(), 2, fair=True)
+
+
+def test_semaphore_another_limit_is_refused(rl: Proxied) -> None:
+    c, n = client(rl), name()
+    a = redmutex.Semaphore(c, n, 2, ttl=5)
+    assert a.acquire(blocking=False)
+    with pytest.raises(redmutex.LockError, match="limit"):
+        redmutex.Semaphore(c, n, 3, ttl=5).acquire(blocking=False)
+    a.release()
+
+
+WORKER = r"""
+import random, sys, time
+import redis, redmutex
+
+urls, tally_port, name, kind = sys.argv[1].split(","), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+rounds, seconds, limit = int(sys.argv[5]), float(sys.argv[6]), int(sys.argv[7])
+client = redmutex.Client(urls, prefix="t:", connect_timeout=1, command_timeout=1)
+tally = redis.Redis(port=tally_port)  # the test's counters, on a master reached directly
+deadline = time.monotonic() + seconds
+done = 0
+if kind == "rw":
+    rw = redmutex.RWLock(client, name, ttl=10)
+for _ in range(rounds):
+    if time.monotonic() > deadline:
+        break
+    if kind == "sem":
+        held = redmutex.Semaphore(client, name, limit, ttl=10)
+        if not held.acquire(timeout=5):
+            continue
+        if tally.incr("inside") > limit:
+            tally.incr("overlaps")
+        tally.incr("held")
+        time.sleep(random.random() * 0.01)
+        tally.decr("inside")
+        held.release()
+    else:
+        writing = random.random() < 0.3
+        held = rw.write() if writing else rw.read()
+        if not held.acquire(timeout=5):
+            continue
+        if writing:
+            if tally.incr("writers") > 1 or int(tally.get("readers") or 0) > 0:
+                tally.incr("overlaps")
+        else:
+            tally.incr("readers")
+            if int(tally.get("writers") or 0) > 0:
+                tally.incr("overlaps")
+        tally.incr("writes" if writing else "reads")
+        time.sleep(random.random() * 0.005)
+        tally.decr("writers" if writing else "readers")
+        held.release()
+    done += 1
+print("done", done)
+"""
+
+
+def run_workers(rl: Proxied, kind: str, n: str, limit: int = 1) -> redis.Redis:
+    """6 processes (bounded: 40 rounds or 12 s each); 2 masters cut 1 s into the run."""
+    tally_port = rl.masters.servers[4].port
+    args = [",".join(rl.urls), str(tally_port), n, kind, "40", "12", str(limit)]
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, *args]) for _ in range(6)]
+    try:
+        time.sleep(1.0)
+        rl.cut(0, 1)
+        for p in procs:
+            assert p.wait(timeout=60) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return redis.Redis(port=tally_port)
+
+
+def test_semaphore_never_more_than_limit_across_6_processes_with_2_masters_cut(
+    rl: Proxied,
+) -> None:
+    n = name()
+    with run_workers(rl, "sem", n, limit=2) as tally:
+        assert int(tally.get("overlaps") or 0) == 0
+        assert int(tally.get("held") or 0) >= 30  # it did run, also after the cut
+
+
+# -------------------------------------------------------------------------------- RWLock
+
+
+def test_rwlock_basics(rl: Proxied) -> None:
+    c, n = client(rl), name()
+    rw = redmutex.RWLock(c, n, ttl=5)
+    r1, r2 = rw.read(), rw.read()
+    w = redmutex.RWLock(c, n, ttl=5).write()  # another RWLock: the deadlock guard is per object
+    assert r1.acquire(blocking=False) and r2.acquire(blocking=False)
+    assert not w.acquire(blocking=False)
+    r1.release()
+    threading.Timer(0.3, r2.release).start()
+    t0 = time.monotonic()
+    assert w.acquire(timeout=4)  # woken by the last reader's release
+    assert time.monotonic() - t0 < 2
+    assert w.owned()
+    other = redmutex.RWLock(client(rl), n, ttl=5)
+    assert not other.read().acquire(blocking=False)
+    assert not other.write().acquire(blocking=False)
+    w.extend(8)
+    w.release()
+    assert other.read().acquire(blocking=False)
+    assert keys_left(rl, range(5), n) != []  # the reader still holds
+    # The deadlock guard holds on Redlock too.
+    with pytest.raises(redmutex.LockError, match="upgrade"):
+        rw2 = redmutex.RWLock(c, name())
+        with rw2.read():
+            rw2.write().acquire(timeout=1)
+
+
+def test_readers_and_writers_never_overlap_across_6_processes_with_2_masters_cut(
+    rl: Proxied,
+) -> None:
+    n = name()
+    with run_workers(rl, "rw", n) as tally:
+        assert int(tally.get("overlaps") or 0) == 0
+        assert int(tally.get("writes") or 0) >= 5
+        assert int(tally.get("reads") or 0) >= 10
+
+
+# ------------------------------------------------------------------------- quorum errors
+
+
+def test_three_masters_cut_is_a_quorum_error_in_bound_and_leaves_nothing(rl: Proxied) -> None:
+    c, n = client(rl), name()
+    assert c.ping()
+    rl.cut(0, 2, 4)
+    rw = redmutex.RWLock(c, n)
+    for acquire in (
+        lambda: redmutex.Semaphore(c, n, 3).acquire(),
+        lambda: redmutex.Semaphore(c, n, 3).acquire(blocking=False),
+        lambda: rw.read().acquire(),
+        lambda: rw.write().acquire(timeout=5),
+    ):
+        t0 = time.monotonic()
+        with pytest.raises(redmutex.QuorumError, match="majority"):
+            acquire()
+        assert time.monotonic() - t0 < 1.0 + 0.8  # the connect timeout, never a hang
+    # The grants on the two reachable masters were given back; a writer's mark taken back.
+    assert wait_empty(rl, (1, 3), n) == []
+
+
+# ---------------------------------------------------------------------------------- aio
+
+
+def test_asyncio_semaphore_and_rwlock(rl: Proxied) -> None:
+    async def main() -> None:
+        c, n = client(rl), name()
+        sem = redmutex.aio.Semaphore(c, n, 1, ttl=5)
+        other = redmutex.aio.Semaphore(c, n, 1, ttl=5)
+        assert await sem.acquire()
+        waiter = asyncio.ensure_future(other.acquire(timeout=4))
+        await asyncio.sleep(0.2)
+        await sem.release()
+        assert await waiter
+        await other.release()
+        rw = redmutex.aio.RWLock(c, n + "rw", ttl=5)
+        async with rw.read():
+            other = redmutex.aio.RWLock(c, n + "rw", ttl=5)
+            assert not await other.write().acquire(blocking=False)
+        async with rw.write():
+            pass
+        assert wait_empty(rl, range(5), n) == []
+
+    asyncio.run(main())
