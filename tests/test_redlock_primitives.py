@@ -253,10 +253,105 @@ def test_three_masters_cut_is_a_quorum_error_in_bound_and_leaves_nothing(rl: Pro
     assert wait_empty(rl, (1, 3), n) == []
 
 
+# --------------------------------------------------------------------------------- cache
+
+STAMPEDE = r"""
+import sys, time, uuid, threading
+import redis, redmutex
+
+urls, tally_port, key = sys.argv[1].split(","), int(sys.argv[2]), sys.argv[3]
+client = redmutex.Client(urls, prefix="t:", connect_timeout=1, command_timeout=1)
+tally = redis.Redis(port=tally_port)
+client.ping()
+results = []
+
+def fill():
+    tally.incr(key + ":fills")
+    time.sleep(0.3)
+    return "value-" + uuid.uuid4().hex
+
+def call():
+    results.append(redmutex.get_or_fill(client, key, fill, ttl=60, timeout=20))
+
+start_at = float(sys.argv[4])
+time.sleep(max(0.0, start_at - time.time()))
+threads = [threading.Thread(target=call) for _ in range(4)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(len(set(results)), results[0])
+"""
+
+
+def test_cache_one_fill_per_stampede_across_6_processes_with_2_masters_cut(
+    rl: Proxied,
+) -> None:
+    tally_port = rl.masters.servers[4].port
+    rl.cut(0, 1)
+    values = set()
+    for stampede in range(3):  # bounded: 3 stampedes of 6 processes x 4 threads
+        key = f"{name()}-{stampede}"
+        start_at = f"{time.time() + 1.5:.3f}"
+        args = [",".join(rl.urls), str(tally_port), key, start_at]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", STAMPEDE, *args], stdout=subprocess.PIPE, text=True
+            )
+            for _ in range(6)
+        ]
+        try:
+            outs = [p.communicate(timeout=60)[0].split() for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        assert all(p.returncode == 0 for p in procs)
+        assert {o[0] for o in outs} == {"1"} and len({o[1] for o in outs}) == 1, outs
+        values.add(outs[0][1])
+        with redis.Redis(port=tally_port) as tally:
+            assert int(tally.get(key + ":fills") or 0) == 1
+    assert len(values) == 3
+
+
+def test_cache_basics_invalidate_and_quorum_error(rl: Proxied) -> None:
+    c, n = client(rl), name()
+    fills: list[int] = []
+
+    def fill() -> int:
+        fills.append(1)
+        return len(fills)
+
+    assert redmutex.get_or_fill(c, n, fill, ttl=30) == 1
+    assert redmutex.get_or_fill(c, n, fill, ttl=30) == 1
+    assert len(fills) == 1
+    # Stored on every master; a value on a minority only is never served.
+    rl.cut(0)
+    assert redmutex.get_or_fill(client(rl), n, fill, ttl=30) == 1
+    with rl.direct(2) as r2, rl.direct(3) as r3:
+        for r in (r2, r3):
+            r.delete(f"t:{{{n}}}:value")
+    assert redmutex.get_or_fill(c, n, fill, ttl=30) == 2  # 2 of 4 reachable copies: refilled
+    cached = redmutex.cached(c, ttl=30)(lambda x: fill() * 0 + x)
+    assert cached(5) == 5 and cached(5) == 5
+    cached.invalidate(5)
+    before = len(fills)
+    assert cached(5) == 5 and len(fills) == before + 1
+    # 3 masters cut: QuorumError within the connect timeout, no fill, nothing left behind.
+    rl.cut(2, 4)
+    other = name()
+    t0 = time.monotonic()
+    with pytest.raises(redmutex.QuorumError, match="majority"):
+        redmutex.get_or_fill(c, other, fill, ttl=30)
+    assert time.monotonic() - t0 < 1.8
+    assert len(fills) == before + 1
+    assert wait_empty(rl, (1, 3), other) == []
+
+
 # ---------------------------------------------------------------------------------- aio
 
 
-def test_asyncio_semaphore_and_rwlock(rl: Proxied) -> None:
+def test_asyncio_semaphore_rwlock_and_cache(rl: Proxied) -> None:
     async def main() -> None:
         c, n = client(rl), name()
         sem = redmutex.aio.Semaphore(c, n, 1, ttl=5)
@@ -274,5 +369,17 @@ def test_asyncio_semaphore_and_rwlock(rl: Proxied) -> None:
         async with rw.write():
             pass
         assert wait_empty(rl, range(5), n) == []
+        fills: list[int] = []
+
+        async def fill() -> int:
+            fills.append(1)
+            await asyncio.sleep(0.2)
+            return len(fills)
+
+        key = n + "cache"
+        got = await asyncio.gather(
+            *(redmutex.aio.get_or_fill(c, key, fill, ttl=30) for _ in range(8))
+        )
+        assert got == [1] * 8 and fills == [1]
 
     asyncio.run(main())

@@ -14,6 +14,7 @@ pub mod lock;
 pub mod name_map;
 pub mod node;
 pub mod redlock;
+pub mod redlock_cache;
 mod redlock_lease;
 pub mod redlock_rwlock;
 pub mod redlock_semaphore;

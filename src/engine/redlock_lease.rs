@@ -60,6 +60,16 @@ pub(super) trait QuorumContender: Send + Sync {
     fn retry_now(&self, _n: usize, _replies: &[Self::Reply]) -> bool {
         false
     }
+    /// While a round that cannot be won any more still has `out` answers to come: true to wait
+    /// for them too (the cache waits while a value may yet be confirmed by a majority).
+    fn more(&self, _n: usize, _replies: &[Self::Reply], _out: usize) -> bool {
+        false
+    }
+    /// After a round not won: true when the replies settle the acquire without a hold (the
+    /// cache: a majority holds one value), which then returns None at once.
+    fn done(&self, _n: usize, _replies: &[Self::Reply]) -> bool {
+        false
+    }
     fn lease(&self) -> Duration;
     fn channel(&self) -> Vec<u8>;
     /// The name under which contenders of this process take turns (None: each waits on its own,
@@ -165,13 +175,18 @@ async fn round<C: QuorumContender>(
     let mut replies = Vec::new();
     let mut errors = Vec::new();
     let mut refused = None;
-    while !tally.settled() {
+    // Settled when a majority granted or cannot; a primitive may want the rest of the answers
+    // that can still change its outcome (the cache: a value that a majority may yet confirm).
+    let mut out = n;
+    while !tally.settled() || (tally.outcome() != Outcome::Won && contender.more(n, &replies, out))
+    {
         let Some((i, reply, discounted, error)) = votes.next().await else {
             break;
         };
         if let Some(seen) = reported.get_mut(i) {
             *seen = true;
         }
+        out = out.saturating_sub(1);
         let vote = match reply.as_ref().map(|r| contender.ballot(r)) {
             Some(Ballot::Granted) => match discounted {
                 None => Vote::Granted { fence: 0 },
@@ -357,6 +372,9 @@ async fn rounds<C: QuorumContender>(
         match round(redlock, contender, token, false, give_back, give_backs).await? {
             RoundEnd::Won(start) => return Ok(Some(start)),
             RoundEnd::Busy { replies, .. } => {
+                if contender.done(redlock.len(), &replies) {
+                    return Ok(None);
+                }
                 if !contender.retry_now(redlock.len(), &replies) {
                     break;
                 }
@@ -396,6 +414,9 @@ async fn rounds<C: QuorumContender>(
                     split,
                     replies,
                 } => {
+                    if contender.done(redlock.len(), &replies) {
+                        return Ok(None);
+                    }
                     again = contender.retry_now(redlock.len(), &replies);
                     (retry_ms, split)
                 }

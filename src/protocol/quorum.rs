@@ -274,6 +274,15 @@ pub fn next_slot(n: usize, named: &[Vec<u64>], pick: u64) -> Option<(u64, bool)>
     Some((slot, best >= quorum(n)))
 }
 
+/// Cache on Redlock: the value a majority of `n` masters hold, byte for byte (the index of one
+/// of its copies in `values`); None when no payload is held by a majority.
+pub fn majority_value(n: usize, values: &[&[u8]]) -> Option<usize> {
+    values.iter().enumerate().find_map(|(i, v)| {
+        let copies = values.iter().filter(|w| *w == v).count();
+        (copies >= quorum(n)).then_some(i)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -546,5 +555,14 @@ mod tests {
         assert_eq!(next_slot(3, &tied, 0), Some((1, true)));
         assert_eq!(next_slot(3, &tied, 1), Some((2, true)));
         assert_eq!(next_slot(3, &[vec![], vec![]], 5), None);
+    }
+    #[test]
+    fn a_cached_value_counts_when_a_majority_holds_it_byte_for_byte() {
+        let (a, b): (&[u8], &[u8]) = (b"new", b"old");
+        assert_eq!(majority_value(5, &[a, b, a, a]), Some(0));
+        assert_eq!(majority_value(5, &[b, a, a, b]), None);
+        assert_eq!(majority_value(5, &[b, a, b, b]), Some(0));
+        assert_eq!(majority_value(3, &[a, a]), Some(0));
+        assert_eq!(majority_value(3, &[]), None);
     }
 }
