@@ -110,6 +110,41 @@ def test_semaphore_basics(rl: Proxied) -> None:
         redmutex.Semaphore(c, name(), 2, fair=True)
 
 
+def test_semaphore_holders_of_overlapping_majorities_leave_no_room_for_a_third(
+    rl: Proxied,
+) -> None:
+    # limit 2 on 5 masters: A holds on {0,1,2}, B on {2,3,4}. Per-master counting would let C
+    # in on {0,1,3,4} (no master above 2 holders: 3 holders of a majority each); with slots A
+    # and B hold different slots, each on a majority, and no slot is free on a majority.
+    c, n = client(rl), name()
+    a, b, x = (redmutex.Semaphore(c, n, 2, ttl=20) for _ in range(3))
+    rl.proxies[3].blackhole()
+    rl.proxies[4].blackhole()
+    assert a.acquire(timeout=5)
+    time.sleep(1.5)  # its votes into the black hole time out (1 s) before the heal
+    rl.proxies[3].heal()
+    rl.proxies[4].heal()
+    rl.proxies[0].blackhole()
+    rl.proxies[1].blackhole()
+    assert b.acquire(timeout=10)
+    time.sleep(1.5)
+    rl.proxies[0].heal()
+    rl.proxies[1].heal()
+    time.sleep(0.3)
+    on: list[set[str]] = []
+    for i in range(5):
+        with rl.direct(i) as r:
+            on.append({t.decode() for t in r.zrange(f"t:{{{n}}}:sem:holders", 0, -1)})
+    ta, tb = a.token, b.token
+    assert on == [{ta}, {ta}, {ta, tb}, {tb}, {tb}], on  # counting would admit C on 0, 1, 3, 4
+    assert not x.acquire(timeout=1)
+    assert a.owned() and b.owned()
+    a.release()
+    assert x.acquire(timeout=5)
+    b.release()
+    x.release()
+
+
 def test_semaphore_another_limit_is_refused(rl: Proxied) -> None:
     c, n = client(rl), name()
     a = redmutex.Semaphore(c, n, 2, ttl=5)
