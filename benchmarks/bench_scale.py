@@ -68,6 +68,62 @@ def pottery_pair(masters: list[redis.Redis], name: str) -> Callable[[], None] | 
     return pair
 
 
+def primitive_pairs(client: redmutex.Client, name: str) -> dict[str, Callable[[], None]]:
+    """Uncontended acquire+release pairs of every leased primitive besides the Lock, and cache
+    calls (a miss that fills, and a hit)."""
+    sem = redmutex.Semaphore(client, name + ":sem", 5, ttl=10, fair=False)
+    rw = redmutex.RWLock(client, name + ":rw", ttl=10)
+    reader, writer = rw.read(), rw.write()
+
+    def pair_of(hold: Any) -> Callable[[], None]:
+        def pair() -> None:
+            if not hold.acquire(blocking=False):
+                raise RuntimeError("an uncontended acquire failed")
+            hold.release()
+
+        return pair
+
+    counter = iter(range(10**12))
+
+    def fill() -> None:
+        # A miss each time: a fresh key is claimed, filled and stored.
+        key = f"{name}:fill:{next(counter)}"
+        redmutex.get_or_fill(client, key, lambda: b"x" * 100, ttl=60, serializer="pickle")
+
+    redmutex.get_or_fill(client, name + ":hot", lambda: b"x" * 100, ttl=600)
+
+    def hit() -> None:
+        redmutex.get_or_fill(client, name + ":hot", lambda: b"never", ttl=600)
+
+    return {
+        "Semaphore(5)": pair_of(sem),
+        "RWLock read": pair_of(reader),
+        "RWLock write": pair_of(writer),
+        "cache fill (miss, claim, store; calls/s)": fill,
+        "cache hit (calls/s)": hit,
+    }
+
+
+def redlock_primitive_rows(
+    single: RedisServer, masters: list[RedisServer], seconds: float
+) -> list[dict[str, Any]]:
+    """Semaphore, RWLock and cache rows on a single server and on 3- and 5-master Redlock.
+    pottery 3.0 has no counterpart on Redlock (its `Redlock` is a mutex; it has no semaphore
+    or read-write lock, and its `redis_cache` is a plain single-server cache without stampede
+    protection), so it has no row here."""
+    rows: list[dict[str, Any]] = []
+    setups = {
+        "single server (reference)": redmutex.Client(single.url),
+        "Redlock, 3 masters": redmutex.Client([m.url for m in masters[:3]]),
+        "Redlock, 5 masters": redmutex.Client([m.url for m in masters]),
+    }
+    for label, client in setups.items():
+        for primitive, pair in primitive_pairs(client, "bench:prim:" + label).items():
+            rate = pairs_per_second(pair, seconds)
+            rows.append({"setup": label, "library": f"redmutex {primitive}", "pairs_per_s": rate})
+    return rows
+
+
 def round_trips_per_second(port: int, requests: int) -> float | None:
     """`redis-benchmark -c 1` PING rate: the single-connection round-trip limit."""
     binary = shutil.which("redis-benchmark")
@@ -164,6 +220,7 @@ def main() -> None:
             )
             for c in conns:
                 c.close()
+        rows += redlock_primitive_rows(single, masters, seconds)
     finally:
         for server in [single, *masters, *cluster]:
             server.stop()

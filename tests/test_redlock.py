@@ -337,13 +337,15 @@ def test_asyncio_and_recipes(masters: Masters) -> None:
         assert len(ident) == 32
 
 
-def test_other_primitives_name_the_limitation(masters: Masters) -> None:
-    # Semaphore and RWLock have no quorum protocol: a clear error at construction.
+def test_what_has_no_quorum_protocol_names_the_limitation(masters: Masters) -> None:
+    # Semaphore and RWLock work by majority (tests/test_redlock_primitives.py); a fair
+    # semaphore's queue order cannot be kept by majority: a clear error at construction.
     c = client(masters)
-    with pytest.raises(NotImplementedError, match="Semaphore.*Redlock"):
-        redmutex.Semaphore(c, name(), 2)
-    with pytest.raises(NotImplementedError, match="RWLock.*Redlock"):
-        redmutex.RWLock(c, name())
+    with pytest.raises(NotImplementedError, match="fair.*Redlock"):
+        redmutex.Semaphore(c, name(), 2, fair=True)
+    assert not redmutex.Semaphore(c, name(), 2).fair
+    with pytest.raises(NotImplementedError, match="Redlock"):
+        redmutex.Semaphore(c, name(), 2).holders()
 
 
 SAME_IDENTIFIER_WORKER = r"""

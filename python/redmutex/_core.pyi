@@ -271,7 +271,8 @@ class Semaphore:
 
     `ttl: float = 10.0`: each holder's lease in seconds (a dead holder stops counting when it
     ends). `timeout: float | None = None`: the default wait of `acquire()` and `with`; None
-    waits forever, 0 tries once. `fair=True`: waiters in arrival order. `auto_renew=False`,
+    waits forever, 0 tries once. `fair`: waiters in arrival order (the default; on a Redlock
+    client unfair by default, and `fair=True` raises NotImplementedError). `auto_renew=False`,
     `on_lost=None`: as for Lock. An acquire with a `limit` different from the live one raises
     SemaphoreLimitError naming both.
     """

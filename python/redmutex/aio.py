@@ -297,7 +297,7 @@ class Semaphore(_Hold):
     """`redmutex.Semaphore` for asyncio: `async with sem: ...`.
 
     Same arguments and defaults as `redmutex.Semaphore` (`ttl=10.0`; `timeout=None` waits
-    forever; `fair=True`).
+    forever; fair, except on a Redlock client, which refuses `fair=True`).
     """
 
     def __init__(
@@ -308,7 +308,7 @@ class Semaphore(_Hold):
         *,
         ttl: float = 10.0,
         timeout: float | None = None,
-        fair: bool = True,
+        fair: bool | None = None,
         auto_renew: bool = False,
         on_lost: Callable[[Semaphore], None] | None = None,
     ) -> None:

@@ -231,9 +231,10 @@ impl Client {
         match self.backend()? {
             Backend::Single(shared) => Ok(shared),
             Backend::Redlock(_) => Err(Error::Unsupported(
-                "this primitive is not available on a Redlock client (several independent \
-                 masters): only Lock and the lock recipes have a quorum protocol; use one Redis, \
-                 Sentinel or Redis Cluster for Semaphore, RWLock and the cache"
+                "this is not available on a Redlock client (several independent masters): it \
+                 reads one keyspace (the cache, Semaphore.holders(), the RWLock's state); Lock, \
+                 Semaphore and RWLock acquire, release, extend and owned() work by majority; use \
+                 one Redis, Sentinel or Redis Cluster for the rest"
                     .into(),
             )),
         }

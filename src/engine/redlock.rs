@@ -51,17 +51,17 @@ use crate::protocol::scripts;
 use crate::protocol::step::Step;
 
 /// How long a waiter sleeps when no master gives a lease to wait for.
-const NO_HINT_LOOK: Duration = Duration::from_millis(500);
+pub(super) const NO_HINT_LOOK: Duration = Duration::from_millis(500);
 /// After a split vote (we won some votes, not a majority), a contender retries after a random
 /// pause, so that contenders do not split again in lockstep: up to this long at first...
-const SPLIT_PAUSE: Duration = Duration::from_millis(25);
+pub(super) const SPLIT_PAUSE: Duration = Duration::from_millis(25);
 /// ...doubling while the vote keeps splitting (a stale holder, a restarted master), up to this,
 /// and sooner when a release is heard.
-const SPLIT_PAUSE_MAX: Duration = Duration::from_secs(1);
+pub(super) const SPLIT_PAUSE_MAX: Duration = Duration::from_secs(1);
 
-struct Master {
-    index: usize,
-    shared: Arc<Shared>,
+pub(super) struct Master {
+    pub(super) index: usize,
+    pub(super) shared: Arc<Shared>,
     /// The URL, redacted, for messages.
     label: String,
     incarnation: Mutex<Incarnation>,
@@ -69,15 +69,15 @@ struct Master {
 
 /// One master's vote in an acquire round: `(master index, vote, error text)`. Shared, so that
 /// what runs later on that master for the same token can wait for it to settle.
-type VoteResult = (usize, Vote, Option<String>);
-type PendingVote = SharedFuture<BoxFuture<'static, VoteResult>>;
+pub(super) type VoteResult = (usize, Vote, Option<String>);
+pub(super) type PendingVote = SharedFuture<BoxFuture<'static, VoteResult>>;
 
 /// Votes of won rounds still out, per token: `(round id, master index, vote)`.
 type PendingVotes = HashMap<String, Vec<(u64, usize, PendingVote)>>;
 
 pub struct Redlock {
-    masters: Vec<Master>,
-    gates: NameMap<Gate>,
+    pub(super) masters: Vec<Master>,
+    pub(super) gates: NameMap<Gate>,
     /// The longest lease used through this client, in ms: how long the votes of a restarted
     /// master are discounted.
     max_lease_ms: AtomicU64,
@@ -158,7 +158,7 @@ impl Redlock {
     }
 
     /// `Error::Invalid` once two masters turned out to be one server.
-    fn check_distinct(&self) -> Result<()> {
+    pub(super) fn check_distinct(&self) -> Result<()> {
         match self.refused.get() {
             Some(message) => Err(Error::Invalid(message.clone())),
             None => Ok(()),
@@ -193,7 +193,7 @@ impl Redlock {
     }
 
     /// Votes of earlier won rounds of `token` still out on master `index`.
-    fn pending_on(&self, token: &str, index: usize) -> Vec<PendingVote> {
+    pub(super) fn pending_on(&self, token: &str, index: usize) -> Vec<PendingVote> {
         let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         pending
             .get(token)
@@ -209,7 +209,7 @@ impl Redlock {
 
     /// Keeps the votes of a won round that are still out, until they settle (driven in the
     /// background): a release or give-back of `token` on their master waits for them first.
-    fn keep_pending(self: &Arc<Self>, token: &str, votes: Vec<(usize, PendingVote)>) {
+    pub(super) fn keep_pending(self: &Arc<Self>, token: &str, votes: Vec<(usize, PendingVote)>) {
         if votes.is_empty() {
             return;
         }
@@ -243,11 +243,11 @@ impl Redlock {
         self.masters.is_empty()
     }
 
-    fn quorum(&self) -> usize {
+    pub(super) fn quorum(&self) -> usize {
         quorum::quorum(self.masters.len())
     }
 
-    fn note_lease(&self, lease: Duration) {
+    pub(super) fn note_lease(&self, lease: Duration) {
         self.max_lease_ms
             .fetch_max(lease::lease_ms(lease), Ordering::Relaxed);
     }
@@ -258,7 +258,11 @@ impl Redlock {
 
     /// None when the word of `master` (answering through `identity`) counts now, else how long
     /// until it does.
-    fn discounted(&self, master: &Master, identity: Option<&Identity>) -> Option<Duration> {
+    pub(super) fn discounted(
+        &self,
+        master: &Master,
+        identity: Option<&Identity>,
+    ) -> Option<Duration> {
         let id = identity?;
         self.note_run_id(master, &id.run_id);
         let mut inc = master.incarnation.lock().unwrap_or_else(|p| p.into_inner());
@@ -266,7 +270,7 @@ impl Redlock {
         inc.discounted_for(Instant::now())
     }
 
-    fn labelled(master: &Master, err: &Error) -> String {
+    pub(super) fn labelled(master: &Master, err: &Error) -> String {
         format!("{}: {err}", master.label)
     }
 
@@ -298,7 +302,7 @@ impl Redlock {
         Ok(answers)
     }
 
-    fn quorum_error(&self, answered: usize, errors: &[String]) -> Error {
+    pub(super) fn quorum_error(&self, answered: usize, errors: &[String]) -> Error {
         let mut message = format!(
             "Redlock: only {answered} of {} masters answered; a majority ({}) is needed",
             self.masters.len(),
@@ -566,7 +570,7 @@ impl Redlock {
 
     /// Subscribes the waiter on a majority of the masters (a release publishes on every master
     /// that held the lock, a majority, so one of them is heard).
-    async fn ready(&self, registrations: &[super::wake::Registration]) -> Result<()> {
+    pub(super) async fn ready(&self, registrations: &[super::wake::Registration]) -> Result<()> {
         let mut pending: FuturesUnordered<_> = registrations.iter().map(|r| r.ready()).collect();
         let mut ready = 0;
         let mut errors = Vec::new();
@@ -836,7 +840,7 @@ impl Drop for Cleanup {
 }
 
 /// A random pause in `0..=max`.
-fn jitter(max: Duration) -> Duration {
+pub(super) fn jitter(max: Duration) -> Duration {
     let mut bytes = [0u8; 8];
     if getrandom::fill(&mut bytes).is_err() {
         return max / 2;

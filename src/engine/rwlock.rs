@@ -17,9 +17,11 @@ use super::client::Client;
 use super::error::{Error, Result};
 use super::executor;
 use super::hold::{Holder, Leased, Naming};
+use super::redlock::Redlock;
+use super::redlock_rwlock;
 use super::runtime::pid;
 use super::shared::Shared;
-use super::waiting::{self, Contender, Outcome, Plan, Undo, UndoStep, QUEUE_PLACE};
+use super::waiting::{self, Contender, Outcome, Plan, Undo, UndoStep, Wait, QUEUE_PLACE};
 use crate::protocol::keys::Keys;
 use crate::protocol::replies::{Admission, RwState};
 use crate::protocol::rwlock as steps;
@@ -259,6 +261,24 @@ impl Leased for RwSide {
     fn direct(&self) -> bool {
         true
     }
+
+    fn quorum(&self) -> bool {
+        true
+    }
+
+    async fn acquire_quorum(
+        &self,
+        redlock: &Arc<Redlock>,
+        token: &str,
+        wait: Wait,
+        context: &u64,
+    ) -> Result<Option<(Instant, Arc<HeldMark>)>> {
+        let context = (pid(), *context);
+        let reentrant = self.check(context)?;
+        let granted =
+            redlock_rwlock::acquire(redlock, &self.spec, self.mode, token, reentrant, wait).await?;
+        Ok(granted.map(|start| (start, self.registry.add(context, self.mode))))
+    }
 }
 
 /// Who holds a read-write lock now.
@@ -281,12 +301,6 @@ impl RwLock {
         lease: Duration,
         auto_renew: bool,
     ) -> Result<Self> {
-        if client.is_redlock() {
-            return Err(super::hold::no_quorum(super::hold::Naming {
-                object: "RWLock",
-                held: "the read-write lock",
-            }));
-        }
         let spec = RwSpec {
             name: name.to_vec(),
             keys: client.keys(name)?,

@@ -11,6 +11,8 @@ use super::client::Client;
 use super::error::{Error, Result};
 use super::executor::{self, Now};
 use super::hold::{Holder, Leased, Naming};
+use super::redlock::Redlock;
+use super::redlock_semaphore;
 use super::shared::Shared;
 use super::waiting::{self, Contender, Outcome, Plan, Undo, UndoStep, Wait, QUEUE_PLACE};
 use crate::protocol::keys::Keys;
@@ -161,11 +163,11 @@ impl Leased for SemaphoreSpec {
     }
 
     fn release(&self, token: &str) -> Step<bool> {
-        steps::release(self, token)
+        steps::release_any(self, token)
     }
 
     fn extend(&self, token: &str, lease: Duration) -> Step<bool> {
-        steps::extend(&self.keys, token, lease)
+        steps::extend_any(self, token, lease)
     }
 
     fn owned(&self, token: &str) -> Step<bool> {
@@ -174,6 +176,21 @@ impl Leased for SemaphoreSpec {
 
     fn direct(&self) -> bool {
         true
+    }
+
+    fn quorum(&self) -> bool {
+        self.slots
+    }
+
+    async fn acquire_quorum(
+        &self,
+        redlock: &Arc<Redlock>,
+        token: &str,
+        wait: Wait,
+        _args: &(),
+    ) -> Result<Option<(Instant, ())>> {
+        let granted = redlock_semaphore::acquire(redlock, self, token, wait).await?;
+        Ok(granted.map(|start| (start, ())))
     }
 }
 
@@ -197,9 +214,14 @@ impl SemaphoreHandle {
             limit: limit.max(1),
             lease,
             fair,
+            slots: client.is_redlock(),
         };
-        if client.is_redlock() {
-            return Err(super::hold::no_quorum(spec.naming()));
+        if fair && spec.slots {
+            return Err(Error::Unsupported(
+                "fair: a fair (FIFO) semaphore is not available on a Redlock client (several \
+                 independent masters): no queue order can be kept by majority"
+                    .into(),
+            ));
         }
         Ok(SemaphoreHandle {
             holder: Holder::new(client, spec, auto_renew),

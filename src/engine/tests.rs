@@ -947,6 +947,7 @@ fn a_semaphore_refuses_another_limit_while_holders_or_waiters_of_the_live_one_re
         limit,
         lease: Duration::from_secs(5),
         fair,
+        slots: false,
     };
     let keys = client.keys(b"s").unwrap();
     let get = |key: Vec<u8>| -> Option<String> {

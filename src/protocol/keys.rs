@@ -123,6 +123,12 @@ impl Keys {
         self.with_suffix(b":sem:limit")
     }
 
+    /// Semaphore on Redlock: hash of slot -> holder token, token -> slot, and the live limit,
+    /// living as long as the holders (see `sem_slot_acquire.lua`).
+    pub fn semaphore_slots(&self) -> Vec<u8> {
+        self.with_suffix(b":sem:slots")
+    }
+
     /// Fair semaphore: list of waiting tokens in arrival order.
     pub fn semaphore_queue(&self) -> Vec<u8> {
         self.with_suffix(b":sem:queue")

@@ -13,6 +13,7 @@ pub mod replies;
 pub mod rwlock;
 pub mod scripts;
 pub mod semaphore;
+pub mod sha1;
 pub mod step;
 pub mod url;
 pub mod wake;

@@ -237,6 +237,52 @@ impl Incarnation {
     }
 }
 
+/// Semaphore on Redlock: how many holders of a semaphore of `limit` could each hold a majority
+/// of `n` masters if every master merely admitted up to `limit` holders (no slots). Each holder
+/// occupies a place on at least `quorum(n)` masters, and the masters have `n * limit` places, so
+/// at most `n * limit / quorum(n)` — which is `limit` only for `limit == 1` (then it is 1 for
+/// every `n`); for `limit == 2` on 5 masters it is 3. Hence the slots: a permit on Redlock is
+/// one of `limit` slots, each a mutex won by majority, so two holders of one slot would need two
+/// intersecting majorities, and at most `limit` holders exist (`semaphore_slots_bound` below).
+pub fn counting_bound(n: usize, limit: usize) -> usize {
+    (n * limit) / quorum(n)
+}
+
+/// Semaphore on Redlock: the slot to ask for after a round that did not win, from the free slots
+/// that each master that answered named. The slot named by the most masters (among equals, the
+/// `pick`-th, so that contenders spread out); None when no master named any. The flag says
+/// whether a majority named it, so that the next round may win at once instead of waiting.
+pub fn next_slot(n: usize, named: &[Vec<u64>], pick: u64) -> Option<(u64, bool)> {
+    let mut counts: Vec<(u64, usize)> = Vec::new();
+    for free in named {
+        for &slot in free {
+            match counts.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, c)) => *c += 1,
+                None => counts.push((slot, 1)),
+            }
+        }
+    }
+    let best = counts.iter().map(|&(_, c)| c).max()?;
+    let mut tied: Vec<u64> = counts
+        .iter()
+        .filter(|&&(_, c)| c == best)
+        .map(|&(s, _)| s)
+        .collect();
+    tied.sort_unstable();
+    let index = usize::try_from(pick % tied.len() as u64).unwrap_or(0);
+    let slot = *tied.get(index)?;
+    Some((slot, best >= quorum(n)))
+}
+
+/// Cache on Redlock: the value a majority of `n` masters hold, byte for byte (the index of one
+/// of its copies in `values`); None when no payload is held by a majority.
+pub fn majority_value(n: usize, values: &[&[u8]]) -> Option<usize> {
+    values.iter().enumerate().find_map(|(i, v)| {
+        let copies = values.iter().filter(|w| *w == v).count();
+        (copies >= quorum(n)).then_some(i)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -445,5 +491,78 @@ mod tests {
         let later = seen + Duration::from_secs(60);
         inc.observe("c", Duration::from_secs(30), later, lease);
         assert_eq!(inc.discounted_for(later), None);
+    }
+    /// The most holders that can each hold a majority of `n` masters when every master admits
+    /// at most `capacity` of them: exhaustive over multisets of minimal majorities.
+    fn most_majority_holders(n: usize, capacity: usize) -> usize {
+        let q = quorum(n);
+        let majorities: Vec<u32> = (0u32..(1 << n))
+            .filter(|m| m.count_ones() as usize == q)
+            .collect();
+        fn grow(from: usize, load: &mut Vec<usize>, maj: &[u32], cap: usize, k: usize) -> usize {
+            let mut best = k;
+            for (i, &m) in maj.iter().enumerate().skip(from) {
+                let fits = (0..load.len()).all(|b| m & (1 << b) == 0 || load[b] < cap);
+                if !fits {
+                    continue;
+                }
+                (0..load.len())
+                    .filter(|b| m & (1 << b) != 0)
+                    .for_each(|b| load[b] += 1);
+                best = best.max(grow(i, load, maj, cap, k + 1));
+                (0..load.len())
+                    .filter(|b| m & (1 << b) != 0)
+                    .for_each(|b| load[b] -= 1);
+            }
+            best
+        }
+        grow(0, &mut vec![0; n], &majorities, capacity, 0)
+    }
+
+    #[test]
+    fn counting_admissions_bounds_majority_holders_by_n_limit_over_quorum_only() {
+        for n in [3, 4, 5] {
+            for limit in 1..=3 {
+                assert_eq!(
+                    most_majority_holders(n, limit),
+                    counting_bound(n, limit),
+                    "n={n} limit={limit}"
+                );
+            }
+            // One permit: any two majorities share a master, so one holder at most.
+            assert_eq!(counting_bound(n, 1), 1);
+        }
+        // Two permits on five masters: three holders could each hold a majority.
+        assert_eq!(counting_bound(5, 2), 3);
+    }
+
+    #[test]
+    fn semaphore_slots_bound() {
+        // A slot is a mutex per master (capacity 1): at most one majority holder per slot, so
+        // `limit` slots admit at most `limit` holders, for every n.
+        for n in 1..=6 {
+            assert_eq!(most_majority_holders(n, 1), 1, "n={n}");
+        }
+    }
+
+    #[test]
+    fn the_next_slot_is_the_one_most_masters_named() {
+        let named = vec![vec![3, 4], vec![4, 1], vec![4], vec![]];
+        assert_eq!(next_slot(5, &named, 0), Some((4, true)));
+        assert_eq!(next_slot(5, &named[..2], 7), Some((4, false)));
+        // Ties spread by `pick`.
+        let tied = vec![vec![1, 2], vec![2, 1]];
+        assert_eq!(next_slot(3, &tied, 0), Some((1, true)));
+        assert_eq!(next_slot(3, &tied, 1), Some((2, true)));
+        assert_eq!(next_slot(3, &[vec![], vec![]], 5), None);
+    }
+    #[test]
+    fn a_cached_value_counts_when_a_majority_holds_it_byte_for_byte() {
+        let (a, b): (&[u8], &[u8]) = (b"new", b"old");
+        assert_eq!(majority_value(5, &[a, b, a, a]), Some(0));
+        assert_eq!(majority_value(5, &[b, a, a, b]), None);
+        assert_eq!(majority_value(5, &[b, a, b, b]), Some(0));
+        assert_eq!(majority_value(3, &[a, a]), Some(0));
+        assert_eq!(majority_value(3, &[]), None);
     }
 }

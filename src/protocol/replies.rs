@@ -50,7 +50,7 @@ impl std::fmt::Display for UnexpectedReply {
     }
 }
 
-fn as_int(value: &Value) -> Option<i64> {
+pub fn as_int(value: &Value) -> Option<i64> {
     match value {
         Value::Int(n) => Some(*n),
         Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),

@@ -87,6 +87,10 @@ pub static LEASE_ALIVE: LazyLock<Script> =
     LazyLock::new(|| Script::new(leases_script!("lua/lease_alive.lua")));
 pub static LEASE_COUNT: LazyLock<Script> =
     LazyLock::new(|| Script::new(leases_script!("lua/lease_count.lua")));
+pub static SEM_SLOT_ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(leases_script!("lua/sem_slot_acquire.lua")));
+pub static SEM_SLOT_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(leases_script!("lua/sem_slot_release.lua")));
 pub static RW_READ_ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(leases_script!("lua/rw_read_acquire.lua")));
 pub static RW_WRITE_ACQUIRE: LazyLock<Script> =
@@ -369,6 +373,44 @@ pub fn semaphore_holders<'a>(keys: &Keys) -> ScriptInvocation<'a> {
     inv
 }
 
+/// Redlock: one attempt on one master to take `slot` of a semaphore of `limit` for `token`;
+/// a refusal names at most `free` other slots free there.
+pub fn semaphore_slot_acquire<'a>(
+    keys: &Keys,
+    token: &str,
+    lease_ms: u64,
+    limit: u64,
+    slot: u64,
+    free: u64,
+) -> ScriptInvocation<'a> {
+    let mut inv = SEM_SLOT_ACQUIRE.prepare_invoke();
+    inv.key(keys.semaphore_holders())
+        .key(keys.semaphore_slots())
+        .arg(token)
+        .arg(lease_ms)
+        .arg(limit)
+        .arg(slot)
+        .arg(free);
+    inv
+}
+
+/// Redlock: gives back `token`'s slot on one master and wakes the waiters.
+pub fn semaphore_slot_release<'a>(keys: &Keys, token: &str) -> ScriptInvocation<'a> {
+    let mut inv = SEM_SLOT_RELEASE.prepare_invoke();
+    inv.key(keys.semaphore_holders())
+        .key(keys.semaphore_slots())
+        .arg(token)
+        .arg(keys.wake_channel());
+    inv
+}
+
+/// Redlock: compare-and-extend of a slot's lease; the slots hash lives at least as long.
+pub fn semaphore_slot_extend<'a>(keys: &Keys, token: &str, lease_ms: u64) -> ScriptInvocation<'a> {
+    let mut inv = lease_extend(keys.semaphore_holders(), token, lease_ms);
+    inv.key(keys.semaphore_slots());
+    inv
+}
+
 fn lease_extend<'a>(key: Vec<u8>, token: &str, lease_ms: u64) -> ScriptInvocation<'a> {
     let mut inv = LEASE_EXTEND.prepare_invoke();
     inv.key(key).arg(token).arg(lease_ms);
@@ -586,6 +628,8 @@ mod tests {
             include_str!("lua/rw_write_release.lua"),
             include_str!("lua/rw_writer_leave.lua"),
             include_str!("lua/rw_state.lua"),
+            include_str!("lua/sem_slot_acquire.lua"),
+            include_str!("lua/sem_slot_release.lua"),
         ] {
             assert!(source.starts_with("-- "), "{source}");
             for word in ["KEYS[1]", "ARGV", "Reply"] {
@@ -617,6 +661,8 @@ mod tests {
             &*RW_WRITE_RELEASE,
             &*RW_WRITER_LEAVE,
             &*RW_STATE,
+            &*SEM_SLOT_ACQUIRE,
+            &*SEM_SLOT_RELEASE,
         ] {
             assert_eq!(script.get_hash().len(), 40);
         }

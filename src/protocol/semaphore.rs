@@ -4,7 +4,10 @@ use std::time::Duration;
 
 use super::keys::Keys;
 use super::lease;
-use super::replies::{parse_admission, parse_count, parse_flag, parse_limit_refusal, Admission};
+use super::replies::{
+    as_int, parse_admission, parse_count, parse_flag, parse_limit_refusal, Admission,
+    UnexpectedReply,
+};
 use super::scripts::{self, Queueing};
 use super::step::Step;
 
@@ -18,6 +21,8 @@ pub struct SemaphoreSpec {
     pub lease: Duration,
     /// Waiters get permits in the order in which they started waiting (FIFO queue in Redis).
     pub fair: bool,
+    /// On Redlock: a permit is a slot won on a majority of the masters (`slot_attempt`).
+    pub slots: bool,
 }
 
 /// What an admission attempt found.
@@ -77,6 +82,73 @@ pub fn holders(keys: &Keys) -> Step<i64> {
     Step::script(scripts::semaphore_holders(keys), |v| parse_count(&v))
 }
 
+/// What one Redlock master said to a slot attempt (`sem_slot_acquire.lua`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SlotReply {
+    /// The token holds this slot here.
+    Granted { slot: i64 },
+    /// The slot is taken here until `retry_ms` from now; `free`: other slots free here.
+    Busy { retry_ms: i64, free: Vec<u64> },
+    /// Live holders here use this other limit.
+    OtherLimit(i64),
+}
+
+/// How many free slots a refused slot attempt names.
+pub const FREE_SLOTS_NAMED: u64 = 8;
+
+/// Redlock: one attempt on one master to take `slot` for `token`.
+pub fn slot_attempt(spec: &SemaphoreSpec, token: &str, slot: u64) -> Step<SlotReply> {
+    let inv = scripts::semaphore_slot_acquire(
+        &spec.keys,
+        token,
+        lease::lease_ms(spec.lease),
+        spec.limit,
+        slot,
+        FREE_SLOTS_NAMED,
+    );
+    Step::script(inv, |v| parse_slot_reply(&v))
+}
+
+fn parse_slot_reply(value: &redis::Value) -> Result<SlotReply, UnexpectedReply> {
+    let bad = || UnexpectedReply(format!("{value:?}"));
+    let redis::Value::Array(items) = value else {
+        return Err(bad());
+    };
+    let ints: Option<Vec<i64>> = items.iter().map(as_int).collect();
+    match ints.ok_or_else(bad)?.as_slice() {
+        [1, slot] => Ok(SlotReply::Granted { slot: *slot }),
+        [2, live] => Ok(SlotReply::OtherLimit(*live)),
+        [0, retry_ms, free @ ..] => Ok(SlotReply::Busy {
+            retry_ms: *retry_ms,
+            free: free.iter().filter_map(|&f| u64::try_from(f).ok()).collect(),
+        }),
+        _ => Err(bad()),
+    }
+}
+
+/// The release step of a permit: the slot's own on Redlock.
+pub fn release_any(spec: &SemaphoreSpec, token: &str) -> Step<bool> {
+    if spec.slots {
+        Step::script(scripts::semaphore_slot_release(&spec.keys, token), |v| {
+            parse_flag(&v)
+        })
+    } else {
+        release(spec, token)
+    }
+}
+
+/// The extend step of a permit: on Redlock it stretches the slots hash too.
+pub fn extend_any(spec: &SemaphoreSpec, token: &str, lease: Duration) -> Step<bool> {
+    if spec.slots {
+        Step::script(
+            scripts::semaphore_slot_extend(&spec.keys, token, lease::lease_ms(lease)),
+            |v| parse_flag(&v),
+        )
+    } else {
+        extend(&spec.keys, token, lease)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,7 +161,22 @@ mod tests {
             limit: 2,
             lease: Duration::from_secs(1),
             fair: false,
+            slots: false,
         }
+    }
+
+    #[test]
+    fn a_slot_attempt_reads_grant_busy_with_free_slots_or_another_limit() {
+        let step = slot_attempt(&spec(), "t", 1);
+        let granted = Value::Array(vec![Value::Int(1), Value::Int(1)]);
+        assert_eq!(step.parse(granted), Ok(SlotReply::Granted { slot: 1 }));
+        let busy = Value::Array(vec![Value::Int(0), Value::Int(40), Value::Int(0)]);
+        let free = vec![0];
+        assert_eq!(step.parse(busy), Ok(SlotReply::Busy { retry_ms: 40, free }));
+        let other = Value::Array(vec![Value::Int(2), Value::Int(3)]);
+        assert_eq!(step.parse(other), Ok(SlotReply::OtherLimit(3)));
+        assert!(step.parse(Value::Nil).is_err());
+        assert!(step.parse(Value::Array(vec![Value::Int(1)])).is_err());
     }
 
     #[test]

@@ -17,8 +17,9 @@ use super::blocking;
 use super::client::{coerce_client, PyClient};
 use super::errors::value_error;
 use crate::engine::cache::{self, CacheSpec, Claim, Fetched};
+use crate::engine::redlock_cache;
 use crate::engine::waiting::Wait;
-use crate::engine::{Client, Error};
+use crate::engine::{Backend, Client, Error};
 
 /// A stored value, as `fetch` or `try_claim` found it.
 #[pyclass(frozen, module = "redmutex._core", name = "CacheHit")]
@@ -76,6 +77,13 @@ impl PyCacheStore {
         skip: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let spec = self.spec(key)?;
+        if let Backend::Redlock(redlock) = self.inner.backend()? {
+            let fetched = blocking::wait(
+                py,
+                redlock_cache::fetch(&redlock, &spec, wait, skip.as_deref()),
+            )??;
+            return found_quorum(py, fetched);
+        }
         let shared = self.inner.shared()?;
         let skip = skip.as_deref();
         let fetched = blocking::run(py, || cache::fetch_blocking(&shared, &spec, wait, skip))??;
@@ -89,6 +97,9 @@ impl PyCacheStore {
         let spec = self.spec(key)?;
         let client = self.inner.clone();
         Ok(async move {
+            if let Backend::Redlock(redlock) = client.backend()? {
+                return redlock_cache::invalidate(&redlock, &spec.keys).await;
+            }
             let shared = client.shared()?;
             cache::invalidate(&shared, &spec.keys).await
         })
@@ -105,6 +116,19 @@ impl PyCacheStore {
     ) -> PyResult<Bound<'py, PyAny>> {
         let spec = self.spec(key)?;
         let client = self.inner.clone();
+        if client.is_redlock() {
+            return awaitable::spawn(
+                py,
+                OnCancel::Abort,
+                async move {
+                    let Backend::Redlock(redlock) = client.backend()? else {
+                        return Err(Error::Usage("a Redlock client without masters".into()));
+                    };
+                    redlock_cache::fetch(&redlock, &spec, wait, skip.as_deref()).await
+                },
+                found_quorum,
+            );
+        }
         awaitable::spawn(
             py,
             OnCancel::Abort,
@@ -137,10 +161,45 @@ fn found(py: Python<'_>, fetched: Fetched) -> PyResult<Bound<'_, PyAny>> {
         .into_bound_py_any(py),
         Fetched::Claimed(claim) => PyFillClaim {
             token: claim.token().to_string(),
-            claim: Mutex::new(Some(claim)),
+            claim: Mutex::new(Some(AnyClaim::Single(claim))),
         }
         .into_bound_py_any(py),
         Fetched::Busy => Ok(py.None().into_bound(py)),
+    }
+}
+
+/// `found` for what a Redlock lookup found on a majority.
+fn found_quorum(py: Python<'_>, fetched: redlock_cache::Fetched) -> PyResult<Bound<'_, PyAny>> {
+    match fetched {
+        redlock_cache::Fetched::Hit(hit) => found(py, Fetched::Hit(hit)),
+        redlock_cache::Fetched::Claimed(claim) => PyFillClaim {
+            token: claim.token().to_string(),
+            claim: Mutex::new(Some(AnyClaim::Quorum(claim))),
+        }
+        .into_bound_py_any(py),
+        redlock_cache::Fetched::Busy => Ok(py.None().into_bound(py)),
+    }
+}
+
+/// A fill claim on one keyspace, or on a majority of Redlock masters.
+enum AnyClaim {
+    Single(Claim),
+    Quorum(redlock_cache::Claim),
+}
+
+impl AnyClaim {
+    async fn store(self, payload: &[u8]) -> Result<bool, Error> {
+        match self {
+            AnyClaim::Single(claim) => claim.store(payload).await,
+            AnyClaim::Quorum(claim) => claim.store(payload).await,
+        }
+    }
+
+    async fn abandon(self) -> Result<bool, Error> {
+        match self {
+            AnyClaim::Single(claim) => claim.abandon().await,
+            AnyClaim::Quorum(claim) => claim.abandon().await,
+        }
     }
 }
 
@@ -175,14 +234,6 @@ impl PyCacheStore {
         let timeout = args::timeout("timeout", timeout)?.unwrap_or(None);
         let client = coerce_client(client)?;
         let inner = client.get().inner.clone();
-        if inner.is_redlock() {
-            // Refused here, when @cached is applied, rather than at the first call.
-            return Err(Error::Unsupported(
-                "client: the cache needs one keyspace (a server, Sentinel or Redis Cluster), not                  a Redlock client of several independent masters"
-                    .into(),
-            )
-            .into());
-        }
         Ok(PyCacheStore {
             client,
             inner,
@@ -303,12 +354,12 @@ impl PyCacheStore {
 /// the deployment allows); dropped unsettled, it is given back.
 #[pyclass(frozen, module = "redmutex._core", name = "FillClaim")]
 pub struct PyFillClaim {
-    claim: Mutex<Option<Claim>>,
+    claim: Mutex<Option<AnyClaim>>,
     token: String,
 }
 
 impl PyFillClaim {
-    fn take(&self) -> PyResult<Claim> {
+    fn take(&self) -> PyResult<AnyClaim> {
         self.claim
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -325,7 +376,12 @@ impl PyFillClaim {
     /// the claim is not ours any more (its lease ended, or the entry was invalidated meanwhile).
     fn store(&self, py: Python<'_>, payload: &[u8]) -> PyResult<bool> {
         let claim = self.take()?;
-        Ok(blocking::run(py, move || claim.store_blocking(payload))??)
+        match claim {
+            AnyClaim::Single(claim) => {
+                Ok(blocking::run(py, move || claim.store_blocking(payload))??)
+            }
+            AnyClaim::Quorum(claim) => Ok(blocking::wait(py, claim.store(payload))??),
+        }
     }
 
     /// `store` as an awaitable; it runs to its end even if the awaiting task is cancelled.
@@ -351,7 +407,10 @@ impl PyFillClaim {
     /// Gives the claim back without a value; one waiter takes the fill over. False: not ours.
     fn abandon(&self, py: Python<'_>) -> PyResult<bool> {
         let claim = self.take()?;
-        Ok(blocking::run(py, move || claim.abandon_blocking())??)
+        match claim {
+            AnyClaim::Single(claim) => Ok(blocking::run(py, move || claim.abandon_blocking())??),
+            AnyClaim::Quorum(claim) => Ok(blocking::wait(py, claim.abandon())??),
+        }
     }
 
     /// True until stored or given back.

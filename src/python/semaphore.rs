@@ -63,11 +63,13 @@ lock_like_methods! {
         let limit = args::count("limit", limit, 1, MAX_MS)?;
         let ttl = args::seconds("ttl", ttl)?;
         let default_timeout = args::timeout("timeout", timeout)?.unwrap_or(None);
-        let fair = fair.map_or(Ok(true), |v| args::flag("fair", v))?;
+        let fair = fair.map(|v| args::flag("fair", v)).transpose()?;
         let auto_renew = auto_renew.map_or(Ok(false), |v| args::flag("auto_renew", v))?;
         let on_lost = hold::on_lost_arg(on_lost)?;
         let client = coerce_client(client)?;
         let engine_client = client.get().inner.clone();
+        // Fair unless told otherwise; on Redlock (no queue order by majority) unfair by default.
+        let fair = fair.unwrap_or(!engine_client.is_redlock());
         let handle =
             SemaphoreHandle::new(engine_client, &name_bytes, limit, ttl, fair, auto_renew)?;
         Ok(PySemaphore {

@@ -1,0 +1,451 @@
+//! The quorum acquire of the lease primitives on Redlock (a semaphore slot, a read or write
+//! lock): the Lock's round (`redlock.rs`) for any per-master attempt that grants or says busy.
+//!
+//! - One round sends the same attempt to every master at once and is won when a majority grants
+//!   within the lease's validity (ttl − elapsed − drift); votes still out on a won round go on in
+//!   the background and become part of the hold (their master's release waits for them).
+//! - A round not won gives its grants back on every master that did not say busy; the next vote
+//!   on a master waits for that give-back, so it can never delete a later grant of the token.
+//! - A master that restarted is discounted (`Redlock::discounted`), as for the Lock.
+//! - `QuorumError` when no majority can answer; otherwise the waiter subscribes on every master
+//!   and is woken by a release heard on any of them (or by the soonest lease end it was told).
+//! - Release, extend and `owned` are the primitive's own steps, run on every master by majority
+//!   (`hold.rs`), so they come with the hold.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::{select_all, BoxFuture, Shared as SharedFuture};
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::FutureExt;
+
+use super::error::{Error, Result};
+use super::node::Retry;
+use super::redlock::{jitter, PendingVote, Redlock, NO_HINT_LOOK, SPLIT_PAUSE, SPLIT_PAUSE_MAX};
+use super::runtime;
+use super::waiting::Wait;
+use crate::protocol::lease;
+use crate::protocol::quorum::{self, Outcome, Tally, Vote};
+use crate::protocol::step::Step;
+
+/// Rounds an acquire makes back to back, before waiting, while each names something free.
+const AT_ONCE: usize = 4;
+
+/// What one master's reply to an attempt means.
+pub(super) enum Ballot {
+    Granted,
+    /// Held by others here; look again within `retry_ms` (-1: no hint).
+    Busy {
+        retry_ms: i64,
+    },
+    /// Refused for good (a semaphore of another limit): nothing was written.
+    Refused(Error),
+}
+
+/// What one quorum acquire asks of every master, round after round.
+pub(super) trait QuorumContender: Send + Sync {
+    type Reply: Clone + Send + Sync + 'static;
+    /// This round's attempt, the same for every master; `join`: a round after the first (a
+    /// writer then marks itself waiting).
+    fn attempt(&self, join: bool) -> Step<Self::Reply>;
+    fn ballot(&self, reply: &Self::Reply) -> Ballot;
+    /// Gives a grant of the token back on one master (the primitive's release step).
+    fn give_back(&self) -> Step<bool>;
+    /// Run on every master when the acquire ends without a hold (a writer gives up its place).
+    fn leave(&self) -> Option<Step<()>> {
+        None
+    }
+    /// After a round not won, with the replies of the masters that answered: true when the next
+    /// round may win at once (a semaphore slot free on a majority), so it goes without waiting.
+    fn retry_now(&self, _n: usize, _replies: &[Self::Reply]) -> bool {
+        false
+    }
+    /// While a round that cannot be won any more still has `out` answers to come: true to wait
+    /// for them too (the cache waits while a value may yet be confirmed by a majority).
+    fn more(&self, _n: usize, _replies: &[Self::Reply], _out: usize) -> bool {
+        false
+    }
+    /// After a round not won: true when the replies settle the acquire without a hold (the
+    /// cache: a majority holds one value), which then returns None at once.
+    fn done(&self, _n: usize, _replies: &[Self::Reply]) -> bool {
+        false
+    }
+    fn lease(&self) -> Duration;
+    fn channel(&self) -> Vec<u8>;
+    /// The name under which contenders of this process take turns (None: each waits on its own,
+    /// as readers do).
+    fn gate(&self) -> Option<Vec<u8>>;
+}
+
+/// One master's vote: `(master index, its reply, how long it is still discounted, error)`.
+type LeaseVote<R> = (usize, Option<R>, Option<Duration>, Option<String>);
+type SharedVote<R> = SharedFuture<BoxFuture<'static, LeaseVote<R>>>;
+
+/// Give-backs of earlier rounds still under way, per master (see `redlock.rs`).
+type GiveBacks = Vec<Option<tokio::task::JoinHandle<()>>>;
+
+enum RoundEnd<R> {
+    Won(Instant),
+    Busy {
+        retry_ms: i64,
+        split: bool,
+        replies: Vec<R>,
+    },
+}
+
+async fn vote<R: Send + 'static>(
+    redlock: Arc<Redlock>,
+    index: usize,
+    step: Arc<Step<R>>,
+    before: Option<tokio::task::JoinHandle<()>>,
+) -> LeaseVote<R> {
+    if let Some(give_back) = before {
+        let _ = give_back.await;
+    }
+    let Some(master) = redlock.masters.get(index) else {
+        return (index, None, None, None);
+    };
+    let failed = |err: Error| (index, None, None, Some(Redlock::labelled(master, &err)));
+    let Some(inv) = step.invocation() else {
+        return failed(Error::Usage("a vote must be a script".into()));
+    };
+    // Never resent after a dropped connection: a resend could land after a give-back.
+    let (reply, identity) = match master
+        .shared
+        .node
+        .invoke_identified(inv, Retry::Never)
+        .await
+    {
+        Ok(found) => found,
+        Err(err) => return failed(err),
+    };
+    match step.parse(reply) {
+        Ok(reply) => {
+            let discounted = redlock.discounted(master, identity.as_deref());
+            (index, Some(reply), discounted, None)
+        }
+        Err(err) => failed(err.into()),
+    }
+}
+
+/// Sends `step` to master `index` in the background, after `before` (an earlier give-back).
+fn give_back_on(
+    redlock: &Arc<Redlock>,
+    index: usize,
+    step: Arc<Step<bool>>,
+    late: Option<PendingVote>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let redlock = redlock.clone();
+    runtime::handle().ok().map(|h| {
+        h.spawn(async move {
+            if let Some(vote) = late {
+                vote.await;
+            }
+            if let (Some(m), Some(inv)) = (redlock.masters.get(index), step.invocation()) {
+                let _ = m.shared.node.invoke(inv, Retry::Once).await;
+            }
+        })
+    })
+}
+
+async fn round<C: QuorumContender>(
+    redlock: &Arc<Redlock>,
+    contender: &C,
+    token: &str,
+    join: bool,
+    give_back: &Arc<Step<bool>>,
+    give_backs: &mut GiveBacks,
+) -> Result<RoundEnd<C::Reply>> {
+    redlock.check_distinct()?;
+    let n = redlock.len();
+    let step = Arc::new(contender.attempt(join));
+    let sent_at = Instant::now();
+    let all: Vec<SharedVote<C::Reply>> = (0..n)
+        .map(|i| {
+            let before = give_backs.get_mut(i).and_then(Option::take);
+            vote(redlock.clone(), i, step.clone(), before)
+                .boxed()
+                .shared()
+        })
+        .collect();
+    let mut votes: FuturesUnordered<_> = all.iter().cloned().collect();
+    let mut reported = vec![false; n];
+    let mut busy = vec![false; n];
+    let mut tally = Tally::new(n);
+    let mut replies = Vec::new();
+    let mut errors = Vec::new();
+    let mut refused = None;
+    // Settled when a majority granted or cannot; a primitive may want the rest of the answers
+    // that can still change its outcome (the cache: a value that a majority may yet confirm).
+    let mut out = n;
+    while !tally.settled() || (tally.outcome() != Outcome::Won && contender.more(n, &replies, out))
+    {
+        let Some((i, reply, discounted, error)) = votes.next().await else {
+            break;
+        };
+        if let Some(seen) = reported.get_mut(i) {
+            *seen = true;
+        }
+        out = out.saturating_sub(1);
+        let vote = match reply.as_ref().map(|r| contender.ballot(r)) {
+            Some(Ballot::Granted) => match discounted {
+                None => Vote::Granted { fence: 0 },
+                Some(left) => Vote::Discounted {
+                    fence: 0,
+                    counts_in_ms: i64::try_from(lease::lease_ms(left)).unwrap_or(i64::MAX),
+                },
+            },
+            Some(Ballot::Busy { retry_ms }) => {
+                if let Some(b) = busy.get_mut(i) {
+                    *b = true;
+                }
+                Vote::Busy { retry_ms }
+            }
+            Some(Ballot::Refused(err)) => {
+                if let Some(b) = busy.get_mut(i) {
+                    *b = true;
+                }
+                refused = Some(err);
+                Vote::Busy { retry_ms: -1 }
+            }
+            None => {
+                errors.extend(error);
+                Vote::Failed
+            }
+        };
+        replies.extend(reply);
+        tally.add(vote);
+    }
+    let outcome = tally.outcome();
+    drop(votes);
+    let distinct = redlock.check_distinct();
+    let mut still_out: Vec<Option<PendingVote>> = vec![None; n];
+    if outcome == Outcome::Won && distinct.is_ok() {
+        // Votes still out go on in the background and become part of the hold; the release on
+        // their master waits for them (`Redlock::pending_on`).
+        let late: Vec<(usize, PendingVote)> = all
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| !reported.get(*i).copied().unwrap_or(true))
+            .map(|(i, v)| (i, v.map(|(i, ..)| (i, Vote::Failed, None)).boxed().shared()))
+            .collect();
+        for (i, vote) in &late {
+            if let Some(slot) = still_out.get_mut(*i) {
+                *slot = Some(vote.clone());
+            }
+        }
+        redlock.keep_pending(token, late);
+        if quorum::validity(sent_at, contender.lease(), Instant::now()).is_some() {
+            return Ok(RoundEnd::Won(quorum::lease_start(
+                sent_at,
+                contender.lease(),
+            )));
+        }
+    } else {
+        // Dropped (every copy): a request already sent runs before the give-back below (same
+        // connection, in order); one not yet sent never will be.
+        drop(all);
+    }
+    // Not won: give back everywhere we may hold (all but the masters that said busy).
+    for (i, slot) in give_backs.iter_mut().enumerate() {
+        if busy.get(i).copied().unwrap_or(false) {
+            continue;
+        }
+        let late = still_out.get_mut(i).and_then(Option::take);
+        *slot = give_back_on(redlock, i, give_back.clone(), late);
+    }
+    distinct?;
+    if let Some(err) = refused {
+        return Err(err);
+    }
+    match outcome {
+        Outcome::NoQuorum { answered } => Err(redlock.quorum_error(answered, &errors)),
+        Outcome::Busy { retry_ms, split } => Ok(RoundEnd::Busy {
+            retry_ms,
+            split,
+            replies,
+        }),
+        // Won, but too late for the lease: try again.
+        Outcome::Won => Ok(RoundEnd::Busy {
+            retry_ms: -1,
+            split: true,
+            replies,
+        }),
+    }
+}
+
+/// Gives back (and leaves) everywhere if dropped while armed: an acquire cancelled mid-way.
+struct Cleanup {
+    redlock: Arc<Redlock>,
+    token: String,
+    give_back: Arc<Step<bool>>,
+    leave: Option<Arc<Step<()>>>,
+    armed: bool,
+}
+
+impl Cleanup {
+    /// The writer's place (if any) is given up on every master, in the background.
+    fn leave(&mut self) {
+        let Some(leave) = self.leave.take() else {
+            return;
+        };
+        let redlock = self.redlock.clone();
+        runtime::spawn(async move {
+            let Some(inv) = leave.invocation() else {
+                return;
+            };
+            let sends = redlock
+                .masters
+                .iter()
+                .map(|m| m.shared.node.invoke(inv, Retry::Once));
+            futures_util::future::join_all(sends).await;
+        });
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let redlock = self.redlock.clone();
+        let token = std::mem::take(&mut self.token);
+        let give_back = self.give_back.clone();
+        runtime::spawn(async move {
+            let _ = redlock.release_by(&token, &give_back).await;
+        });
+        self.leave();
+    }
+}
+
+/// Takes the hold for `token` on a majority of the masters, waiting as `wait` allows, woken
+/// (not polling) by releases heard on any master. Some(when the lease counts from) when taken.
+pub(super) async fn acquire<C: QuorumContender>(
+    redlock: &Arc<Redlock>,
+    contender: &C,
+    token: &str,
+    wait: Wait,
+) -> Result<Option<Instant>> {
+    redlock.note_lease(contender.lease());
+    let give_back = Arc::new(contender.give_back());
+    let mut cleanup = Cleanup {
+        redlock: redlock.clone(),
+        token: token.to_string(),
+        give_back: give_back.clone(),
+        leave: contender.leave().map(Arc::new),
+        armed: true,
+    };
+    let mut give_backs: GiveBacks = (0..redlock.len()).map(|_| None).collect();
+    let mut joined = false;
+    let outcome = rounds(
+        redlock,
+        contender,
+        token,
+        wait,
+        &give_back,
+        &mut give_backs,
+        &mut joined,
+    )
+    .await;
+    cleanup.armed = false;
+    // A writer that waited marked itself on the masters it asked: the marks go whatever the
+    // outcome (a master that did not grant would hold new readers back until its mark lapsed).
+    if joined {
+        cleanup.leave();
+    }
+    outcome
+}
+
+async fn rounds<C: QuorumContender>(
+    redlock: &Arc<Redlock>,
+    contender: &C,
+    token: &str,
+    wait: Wait,
+    give_back: &Arc<Step<bool>>,
+    give_backs: &mut GiveBacks,
+    joined: &mut bool,
+) -> Result<Option<Instant>> {
+    // A round that finds what it asked for taken while something else is free on a majority
+    // (another semaphore slot) goes again at once, a few times, also for a caller that does not
+    // wait: "free" must not depend on which slot the first round happened to ask for.
+    for _ in 0..AT_ONCE {
+        match round(redlock, contender, token, false, give_back, give_backs).await? {
+            RoundEnd::Won(start) => return Ok(Some(start)),
+            RoundEnd::Busy { replies, .. } => {
+                if contender.done(redlock.len(), &replies) {
+                    return Ok(None);
+                }
+                if !contender.retry_now(redlock.len(), &replies) {
+                    break;
+                }
+            }
+        }
+    }
+    if wait.expired(Instant::now()) {
+        return Ok(None);
+    }
+    // One competitor per name in this process when the primitive says so; the others queue.
+    let gate = contender.gate().map(|name| redlock.gates.get(&name));
+    let _turn = match (&gate, wait.deadline()) {
+        (None, _) => None,
+        (Some(gate), None) => Some(gate.lock().await),
+        (Some(gate), Some(d)) => match tokio::time::timeout_at(d.into(), gate.lock()).await {
+            Ok(turn) => Some(turn),
+            Err(_) => return Ok(None),
+        },
+    };
+    let channel = contender.channel();
+    let registrations: Vec<_> = redlock
+        .masters
+        .iter()
+        .map(|m| m.shared.hub.register(channel.clone(), None))
+        .collect();
+    let mut split_pause = SPLIT_PAUSE;
+    loop {
+        // Subscribed before looking, so a release after the look is heard.
+        redlock.ready(&registrations).await?;
+        *joined = true;
+        let again;
+        let (retry_ms, split) =
+            match round(redlock, contender, token, true, give_back, give_backs).await? {
+                RoundEnd::Won(start) => return Ok(Some(start)),
+                RoundEnd::Busy {
+                    retry_ms,
+                    split,
+                    replies,
+                } => {
+                    if contender.done(redlock.len(), &replies) {
+                        return Ok(None);
+                    }
+                    again = contender.retry_now(redlock.len(), &replies);
+                    (retry_ms, split)
+                }
+            };
+        let now = Instant::now();
+        if wait.expired(now) {
+            return Ok(None);
+        }
+        let mut nap = lease::next_look(retry_ms, NO_HINT_LOOK, wait.deadline(), now);
+        if again {
+            // Free on a majority: go again after a moment that keeps contenders out of step.
+            nap = nap.min(jitter(SPLIT_PAUSE / 5));
+        } else if split {
+            nap = nap.min(jitter(split_pause));
+            split_pause = (split_pause * 2).min(SPLIT_PAUSE_MAX);
+        } else {
+            split_pause = SPLIT_PAUSE;
+        }
+        if nap.is_zero() {
+            continue;
+        }
+        let woken = select_all(registrations.iter().map(|r| r.notified().boxed()));
+        tokio::select! {
+            _ = woken => {
+                if split {
+                    tokio::time::sleep(jitter(SPLIT_PAUSE)).await;
+                }
+            }
+            _ = tokio::time::sleep(nap) => {}
+        }
+    }
+}

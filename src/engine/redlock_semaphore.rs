@@ -1,0 +1,117 @@
+//! The semaphore on Redlock: a permit is one of `limit` slots, each a mutex won on a majority of
+//! the masters (`sem_slot_acquire.lua` on each). Two holders of one slot would need two
+//! majorities, which intersect in a master that admits one holder per slot, so at most `limit`
+//! holders exist at any time. Counting admissions per master instead would not do: holders of
+//! a majority each could then number up to `n * limit / quorum` (`quorum::counting_bound`).
+//!
+//! An acquire asks for one slot per round (a random one first); a master that finds it taken
+//! names the slots free there, and the next round asks for the slot that the most masters named
+//! (at once when a majority did, else when woken by a release).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::error::{Error, Result};
+use super::redlock::Redlock;
+use super::redlock_lease::{self, Ballot, QuorumContender};
+use super::waiting::Wait;
+use crate::protocol::quorum;
+use crate::protocol::semaphore::{self as steps, SemaphoreSpec, SlotReply};
+use crate::protocol::step::Step;
+
+struct SlotContender<'a> {
+    spec: &'a SemaphoreSpec,
+    token: &'a str,
+    /// The slot the next round asks for.
+    slot: Mutex<u64>,
+}
+
+/// A random number (0 when the system has none to give).
+fn random() -> u64 {
+    let mut bytes = [0u8; 8];
+    match getrandom::fill(&mut bytes) {
+        Ok(()) => u64::from_le_bytes(bytes),
+        Err(_) => 0,
+    }
+}
+
+impl SlotContender<'_> {
+    fn slot(&self) -> std::sync::MutexGuard<'_, u64> {
+        self.slot.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl QuorumContender for SlotContender<'_> {
+    type Reply = SlotReply;
+
+    fn attempt(&self, _join: bool) -> Step<SlotReply> {
+        steps::slot_attempt(self.spec, self.token, *self.slot())
+    }
+
+    fn ballot(&self, reply: &SlotReply) -> Ballot {
+        match reply {
+            SlotReply::Granted { .. } => Ballot::Granted,
+            SlotReply::Busy { retry_ms, .. } => Ballot::Busy {
+                retry_ms: *retry_ms,
+            },
+            SlotReply::OtherLimit(live) => Ballot::Refused(Error::Limit(format!(
+                "semaphore '{}': limit {} differs from the limit {live} its holders use (kept \
+                 in Redis); a new limit takes effect once none of them remains",
+                String::from_utf8_lossy(&self.spec.name),
+                self.spec.limit
+            ))),
+        }
+    }
+
+    fn give_back(&self) -> Step<bool> {
+        steps::release_any(self.spec, self.token)
+    }
+
+    fn retry_now(&self, n: usize, replies: &[SlotReply]) -> bool {
+        let named: Vec<Vec<u64>> = replies
+            .iter()
+            .filter_map(|r| match r {
+                SlotReply::Busy { free, .. } => Some(free.clone()),
+                _ => None,
+            })
+            .collect();
+        match quorum::next_slot(n, &named, random()) {
+            Some((slot, majority)) => {
+                *self.slot() = slot;
+                majority
+            }
+            None => {
+                // Nothing free anywhere: wait for a release, then ask for another slot.
+                *self.slot() = random() % self.spec.limit.max(1);
+                false
+            }
+        }
+    }
+
+    fn lease(&self) -> Duration {
+        self.spec.lease
+    }
+
+    fn channel(&self) -> Vec<u8> {
+        self.spec.keys.wake_channel()
+    }
+
+    fn gate(&self) -> Option<Vec<u8>> {
+        Some(self.spec.keys.semaphore_holders())
+    }
+}
+
+/// Takes a permit (a slot on a majority) for `token`; Some(when the lease counts from).
+pub async fn acquire(
+    redlock: &Arc<Redlock>,
+    spec: &SemaphoreSpec,
+    token: &str,
+    wait: Wait,
+) -> Result<Option<Instant>> {
+    let contender = SlotContender {
+        spec,
+        token,
+        slot: Mutex::new(random() % spec.limit.max(1)),
+    };
+    redlock_lease::acquire(redlock, &contender, token, wait).await
+}

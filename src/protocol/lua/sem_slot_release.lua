@@ -1,0 +1,27 @@
+-- Give back the semaphore slot of ARGV[1] on one Redlock master, and wake the waiters (appended to
+-- queue_prune.lua and leases.lua).
+-- KEYS[1] holders (zset token -> lease end, server ms)   KEYS[2] slots (see sem_slot_acquire.lua)
+-- ARGV[1] token   ARGV[2] wake-up channel
+-- Reply: 1 released; 0 not ours (its lease had ended, or it never held a slot here).
+-- With the last holder gone both keys are gone: nothing is left behind.
+local now = server_now_ms()
+local token = ARGV[1]
+local slot = redis.call('HGET', KEYS[2], 't' .. token)
+if slot then
+  redis.call('HDEL', KEYS[2], 't' .. token)
+  if redis.call('HGET', KEYS[2], 's' .. slot) == token then
+    redis.call('HDEL', KEYS[2], 's' .. slot)
+  end
+end
+local lease_end = redis.call('ZSCORE', KEYS[1], token)
+if lease_end then
+  redis.call('ZREM', KEYS[1], token)
+end
+if prune_leases(KEYS[1], now) == 0 then
+  redis.call('DEL', KEYS[2])
+end
+if not lease_end or tonumber(lease_end) <= now then
+  return 0
+end
+redis.call('PUBLISH', ARGV[2], '')
+return 1
