@@ -13,6 +13,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Cmd, FromRedisValue, RedisFuture, ScriptInvocation, Value};
 
 pub use super::connect::{address, within, Timeouts};
+use super::direct::SlotTable;
 use super::error::{timed_out, Error, Result};
 use super::sentinel::Sentinel;
 use crate::protocol::replies::parse_server_info;
@@ -40,6 +41,8 @@ pub enum Target {
         client: Box<ClusterClient>,
         seeds: Vec<redis::Client>,
         next_seed: AtomicUsize,
+        /// The primaries by slot, as the cluster client last saw them (the direct path's map).
+        slots: Arc<SlotTable>,
     },
 }
 
