@@ -88,6 +88,12 @@ impl Shared {
             } else {
                 Node::new(target.clone(), timeouts)
             };
+            // One keyspace rides out a failover; a Redlock master (`identify`) fails at once.
+            let node = if identify {
+                node
+            } else {
+                node.riding_failover()
+            };
             let direct = match &*target {
                 Target::Direct(client) => {
                     DirectPool::identified(client.clone(), timeouts, seen.clone())
@@ -108,7 +114,7 @@ impl Shared {
                 node,
                 exclusive: ExclusivePool::new(target.clone(), timeouts),
                 direct,
-                hub: WakeHub::new(target, timeouts),
+                hub: WakeHub::new(target, timeouts, !identify),
                 locals: Locals::default(),
                 seen,
                 _watcher: watcher,
