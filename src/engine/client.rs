@@ -12,13 +12,13 @@ use std::sync::{Arc, Mutex};
 
 use redis::ConnectionInfo;
 
-use super::direct::{SlotTable, SlotWatch};
 use super::error::{Error, Result};
 use super::node::{Retry, Target, Timeouts};
 use super::redlock::Redlock;
 use super::runtime::pid;
 use super::sentinel::Sentinel;
 pub use super::shared::Shared;
+use super::slots::{SlotTable, SlotWatch};
 use super::tls;
 use crate::protocol::keys::{Keys, DEFAULT_FENCE_TTL_MS};
 use crate::protocol::url::Endpoint;

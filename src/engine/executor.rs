@@ -1,7 +1,8 @@
 //! The one executor: runs any step (`protocol::step`) on the connection that fits — the node of
 //! the runtime (a server, a Sentinel-managed master, a Redis Cluster), or for a blocking caller,
 //! a direct connection on the caller's own thread (to the server, the master, or the cluster
-//! node that owns the step's slot), falling back to the runtime where that one cannot serve. It knows no primitive.
+//! node that owns the step's slot), falling back to the runtime where that one cannot serve.
+//! It knows no primitive.
 //! Redlock's quorum executor (`redlock.rs`) runs the same steps on every master.
 
 use std::future::Future;

@@ -13,9 +13,9 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Cmd, FromRedisValue, RedisFuture, ScriptInvocation, Value};
 
 pub use super::connect::{address, within, Timeouts};
-use super::direct::SlotTable;
 use super::error::{timed_out, Error, Result};
 use super::sentinel::Sentinel;
+use super::slots::SlotTable;
 use crate::protocol::replies::parse_server_info;
 
 /// Whether a call may be sent again after the connection dropped under it. Every script of
