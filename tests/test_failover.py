@@ -170,7 +170,8 @@ def name_on(cluster: Cluster, master: RedisServer, tag: str) -> str:
 
 
 def test_cluster_master_killed_under_holds_and_waiters(cluster: Cluster) -> None:
-    timeouts = {"connect_timeout": 1.0, "command_timeout": 5.0}
+    # Calls ride out a takeover for up to the command timeout: a margin over the expected one.
+    timeouts = {"connect_timeout": 1.0, "command_timeout": 10.0}
     client = redmutex.Client(cluster=cluster.urls, prefix=PREFIX, **timeouts)
     other = redmutex.Client(cluster=cluster.urls[::-1], prefix=PREFIX, **timeouts)
     victim = next(s for s in cluster.servers if cluster.role(s) == "master")
@@ -237,7 +238,8 @@ def group(
 
 def test_sentinel_master_killed_under_holds_and_waiters(group: SentinelGroup) -> None:
     assert group.url.startswith("rediss+" if group.tls else "redis+")
-    timeouts = {"connect_timeout": 1.0, "command_timeout": 5.0}
+    # Calls ride out a takeover for up to the command timeout: a margin over the expected one.
+    timeouts = {"connect_timeout": 1.0, "command_timeout": 10.0}
     client = redmutex.Client(group.url, prefix=PREFIX, **timeouts)
     other = redmutex.Client(group.url, prefix=PREFIX, **timeouts)
     assert client.ping()
