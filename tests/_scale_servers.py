@@ -1,8 +1,8 @@
 """Multi-server set-ups for the scale-out tests and benchmarks, all on loopback.
 
-- `Cluster`: N masters joined with `redis-cli --cluster create ... --cluster-yes`.
+- `Cluster`: N masters (and optionally a replica each) joined with `redis-cli --cluster create`.
 - `Masters`: N independent redis-servers (Redlock), each stoppable and restartable (empty).
-- `SentinelGroup`: one master, one replica, one sentinel.
+- `SentinelGroup`: one master, one replica, one sentinel (or several, optionally over TLS).
 
 Every process is started by us and stopped by its PID only (through `RedisServer`).
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -48,20 +49,23 @@ def redis_cli() -> str:
 
 
 class Cluster:
-    """A Redis Cluster of `size` masters (no replicas) on free loopback ports."""
+    """A Redis Cluster of `size` masters on free loopback ports; with `replicas=1`, each master
+    has a replica (`servers` then lists 2 * size nodes, masters and replicas as redis-cli paired
+    them) and `node_timeout_ms` decides how soon a dead master's replica takes over."""
 
-    def __init__(self, size: int = 3) -> None:
+    def __init__(self, size: int = 3, replicas: int = 0, node_timeout_ms: int = 5000) -> None:
+        self.replicas = replicas
         self.servers = [
             RedisServer(
                 extra_args=[
                     "--cluster-enabled", "yes",
                     "--cluster-config-file", "nodes.conf",
-                    "--cluster-node-timeout", "5000",
+                    "--cluster-node-timeout", str(node_timeout_ms),
                     # The bus port defaults to port + 10000, which may be taken or too large.
                     "--cluster-port", str(free_port()),
                 ]
             )
-            for _ in range(size)
+            for _ in range(size * (1 + replicas))
         ]  # fmt: skip
 
     @property
@@ -74,12 +78,17 @@ class Cluster:
                 server.start()
             addresses = [f"127.0.0.1:{s.port}" for s in self.servers]
             subprocess.run(
-                [redis_cli(), "--cluster", "create", *addresses, "--cluster-yes"],
+                [
+                    redis_cli(), "--cluster", "create", *addresses,
+                    "--cluster-replicas", str(self.replicas), "--cluster-yes",
+                ],
                 check=True,
                 capture_output=True,
                 timeout=60,
-            )
+            )  # fmt: skip
             wait_for("the cluster to settle", self.settled, timeout=30)
+            if self.replicas:
+                wait_for("every replica to sync", self.replicas_synced, timeout=30)
         except BaseException:
             self.stop()
             raise
@@ -88,10 +97,44 @@ class Cluster:
     def conn(self, server: RedisServer) -> redis.Redis:
         return redis.Redis(port=server.port, socket_timeout=5)
 
+    def alive(self) -> list[RedisServer]:
+        return [s for s in self.servers if s.process is not None and s.process.poll() is None]
+
+    def kill(self, server: RedisServer) -> None:
+        """SIGKILL one node (a process this cluster started, by its PID): no shutdown, no save."""
+        assert server.process is not None
+        os.kill(server.process.pid, signal.SIGKILL)
+        server.process.wait(timeout=10)
+        server.process = None
+
+    def role(self, server: RedisServer) -> str:
+        with self.conn(server) as r:
+            return str(r.info("replication")["role"])
+
+    def replica_of(self, master: RedisServer) -> RedisServer:
+        """The replica that follows `master`."""
+        for server in self.alive():
+            with self.conn(server) as r:
+                info = r.info("replication")
+                if info["role"] == "slave" and int(info["master_port"]) == master.port:
+                    return server
+        raise LookupError(master.port)
+
+    def replicas_synced(self) -> bool:
+        synced = 0
+        for server in self.alive():
+            with self.conn(server) as r:
+                info = r.info("replication")
+                if info["role"] == "slave":
+                    if info.get("master_link_status") != "up":
+                        return False
+                    synced += 1
+        return synced == len(self.servers) // 2
+
     def settled(self) -> bool:
-        """Every node says the cluster is ok and they all agree on who owns slot 0..16383."""
+        """Every live node says the cluster is ok and they all agree on who owns each slot."""
         views = []
-        for server in self.servers:
+        for server in self.alive():
             with self.conn(server) as r:
                 info = r.execute_command("CLUSTER", "INFO")
                 text = info.decode() if isinstance(info, bytes) else str(info)
@@ -107,7 +150,7 @@ class Cluster:
             return str(r.execute_command("CLUSTER", "MYID").decode())
 
     def owner(self, slot: int) -> RedisServer:
-        with self.conn(self.servers[0]) as r:
+        with self.conn(self.alive()[0]) as r:
             for start, end, master, *_ in r.execute_command("CLUSTER SLOTS"):
                 if start <= slot <= end:
                     port = int(master[1])
@@ -203,34 +246,83 @@ class Masters:
 
 
 class SentinelGroup:
-    """One master, one replica and one sentinel watching them as service `name`."""
+    """One master, one replica and `sentinels` sentinels watching them as service `name`
+    (quorum: a majority of the sentinels).
 
-    def __init__(self, name: str = "mymaster") -> None:
+    `tls=(cert, key)`: every server and sentinel also listens on a TLS port with that
+    certificate (its own CA), replication and the sentinels' links go over TLS, and `url` is a
+    `rediss+sentinel://...#insecure` URL on the sentinels' TLS ports. The plain ports stay open
+    for the tests' own checks.
+    """
+
+    def __init__(
+        self,
+        name: str = "mymaster",
+        sentinels: int = 1,
+        down_after_ms: int = 5000,
+        failover_timeout_ms: int = 20000,
+        tls: tuple[str, str] | None = None,
+    ) -> None:
         self.name = name
-        self.master = RedisServer()
-        self.replica = RedisServer(extra_args=["--replicaof", "127.0.0.1", str(self.master.port)])
+        self.tls = tls
+        self.tls_ports: dict[int, int] = {}
+
+        def server(*args: str, config_file: str | None = None) -> RedisServer:
+            extra = list(args)
+            tls_port = free_port()
+            if tls is not None:
+                cert, key = tls
+                extra += [
+                    "--tls-port", str(tls_port), "--tls-cert-file", cert,
+                    "--tls-key-file", key, "--tls-ca-cert-file", cert,
+                    "--tls-auth-clients", "no", "--tls-replication", "yes",
+                ]  # fmt: skip
+            made = RedisServer(config_file=config_file, extra_args=extra)
+            self.tls_ports[made.port] = tls_port
+            return made
+
+        self.master = server()
+        self.replica = server("--replicaof", "127.0.0.1", str(self.link_port(self.master)))
         self.dir = tempfile.mkdtemp(prefix="redmutex-sentinel-")
-        self.config = os.path.join(self.dir, "sentinel.conf")
-        with open(self.config, "w") as f:
-            f.write(
-                f"sentinel monitor {name} 127.0.0.1 {self.master.port} 1\n"
-                f"sentinel down-after-milliseconds {name} 5000\n"
-                f"sentinel failover-timeout {name} 20000\n"
-                f"sentinel parallel-syncs {name} 1\n"
-            )
-        self.sentinel = RedisServer(config_file=self.config, extra_args=["--sentinel"])
+        self.sentinels = []
+        quorum = sentinels // 2 + 1
+        for i in range(sentinels):
+            config = os.path.join(self.dir, f"sentinel-{i}.conf")
+            with open(config, "w") as f:
+                f.write(
+                    f"sentinel monitor {name} 127.0.0.1 {self.link_port(self.master)} {quorum}\n"
+                    f"sentinel down-after-milliseconds {name} {down_after_ms}\n"
+                    f"sentinel failover-timeout {name} {failover_timeout_ms}\n"
+                    f"sentinel parallel-syncs {name} 1\n"
+                )
+            self.sentinels.append(server("--sentinel", config_file=config))
+        self.sentinel = self.sentinels[0]
+        self.config = os.path.join(self.dir, "sentinel-0.conf")
+
+    def link_port(self, server: RedisServer) -> int:
+        """The port the others use to reach `server` (its TLS port on a TLS group)."""
+        return self.tls_ports[server.port] if self.tls else server.port
+
+    def server_on(self, port: int) -> RedisServer:
+        """The data server (master or replica) that others reach on `port`."""
+        return next(s for s in (self.master, self.replica) if self.link_port(s) == port)
 
     @property
     def url(self) -> str:
-        return f"redis+sentinel://127.0.0.1:{self.sentinel.port}/{self.name}"
+        if self.tls:
+            hosts = ",".join(f"127.0.0.1:{self.link_port(s)}" for s in self.sentinels)
+            return f"rediss+sentinel://{hosts}/{self.name}#insecure"
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+        return f"redis+sentinel://{hosts}/{self.name}"
 
     def start(self) -> Self:
         try:
             self.master.start()
             self.replica.start()
             wait_for("the replica to sync", self.replica_synced, timeout=30)
-            self.sentinel.start()
-            wait_for("the sentinel to see the replica", self.sentinel_sees_replica, timeout=30)
+            for sentinel in self.sentinels:
+                sentinel.start()
+            wait_for("the sentinels to see the replica", self.sentinel_sees_replica, timeout=30)
         except BaseException:
             self.stop()
             raise
@@ -244,14 +336,30 @@ class SentinelGroup:
             return bool(r.info("replication").get("master_link_status") == "up")
 
     def sentinel_sees_replica(self) -> bool:
-        with self.sentinel_conn() as s:
-            replicas = s.execute_command("SENTINEL", "REPLICAS", self.name)
-            return bool(replicas)
+        for sentinel in self.sentinels:
+            with redis.Redis(port=sentinel.port, socket_timeout=5) as s:
+                if not s.execute_command("SENTINEL", "REPLICAS", self.name):
+                    return False
+                # Each sentinel must know the others too, or no quorum can be reached.
+                known = s.execute_command("SENTINEL", "SENTINELS", self.name)
+                if len(known) < len(self.sentinels) - 1:
+                    return False
+        return True
 
     def master_port(self) -> int:
+        """The port Sentinel names for the master (the TLS port on a TLS group)."""
         with self.sentinel_conn() as s:
             _, port = s.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.name)
             return int(port)
+
+    def kill_master(self) -> RedisServer:
+        """SIGKILL the current master (a process this group started, by its PID)."""
+        master = self.server_on(self.master_port())
+        assert master.process is not None
+        os.kill(master.process.pid, signal.SIGKILL)
+        master.process.wait(timeout=10)
+        master.process = None
+        return master
 
     def failover(self) -> None:
         """SENTINEL FAILOVER, once the sentinel has the replica's own INFO (before that it
@@ -264,7 +372,7 @@ class SentinelGroup:
         wait_for("the sentinel to accept a failover", ask, timeout=30)
 
     def stop(self) -> None:
-        for server in (self.sentinel, self.replica, self.master):
+        for server in (*self.sentinels, self.replica, self.master):
             server.stop()
 
     def __enter__(self) -> Self:

@@ -286,8 +286,8 @@ def test_no_crossslot_from_redis_py_view(cluster: Cluster, client: redmutex.Clie
 
 
 def test_blocking_cache_runs_through_the_runtime(client: redmutex.Client) -> None:
-    # A cluster has no direct path: the engine leaves every cache step to the runtime, the wait
-    # for another caller's fill included.
+    # One-round-trip cache steps go to the slot's node directly; the wait for another caller's
+    # fill goes through the runtime.
     name = f"cache-{uuid.uuid4().hex}"
     store = _core.CacheStore(client, ttl=30, lock_ttl=10)
     claim = store.fetch(name)

@@ -18,6 +18,7 @@ use super::redlock::Redlock;
 use super::runtime::pid;
 use super::sentinel::Sentinel;
 pub use super::shared::Shared;
+use super::slots::{SlotTable, SlotWatch};
 use super::tls;
 use crate::protocol::keys::{Keys, DEFAULT_FENCE_TTL_MS};
 use crate::protocol::url::Endpoint;
@@ -104,7 +105,11 @@ fn endpoint_target(endpoint: &Endpoint) -> Result<Arc<Target>> {
 
 fn cluster_target(seeds: &[ConnectionInfo], timeouts: Timeouts) -> Result<Arc<Target>> {
     let invalid = |e: redis::RedisError| Error::Invalid(format!("cluster: {e}"));
+    let slots = Arc::new(SlotTable::default());
     let client = redis::cluster::ClusterClientBuilder::new(seeds.to_vec())
+        // Only to hear of every slot map the client learns (the direct path routes by it);
+        // reads still go to the primaries.
+        .read_routing_strategy(SlotWatch(slots.clone()))
         .connection_timeout(timeouts.connect)
         .response_timeout(timeouts.command)
         // Redirections and TRYAGAIN during resharding are retried quickly; the command timeout
@@ -123,6 +128,7 @@ fn cluster_target(seeds: &[ConnectionInfo], timeouts: Timeouts) -> Result<Arc<Ta
         client: Box::new(client),
         seeds,
         next_seed: AtomicUsize::new(0),
+        slots,
     }))
 }
 
@@ -176,10 +182,11 @@ impl Client {
         matches!(self.plan, Plan::Redlock(_))
     }
 
-    /// Whether the blocking API may make one-round-trip calls on the caller's thread (a single
-    /// server, reached directly).
+    /// Whether the blocking API may make one-round-trip calls on the caller's thread: on one
+    /// keyspace (a server, a Sentinel-managed master, a Redis Cluster; see `direct.rs`), not on
+    /// Redlock.
     pub fn supports_direct(&self) -> bool {
-        matches!(&self.plan, Plan::Single(target) if matches!(**target, Target::Direct(_)))
+        matches!(&self.plan, Plan::Single(_))
     }
 
     /// The keys of the primitive `name`. On a cluster every key of a primitive must share one

@@ -3,27 +3,117 @@
 //! owner look-up). A call through the runtime costs two thread hand-offs on top of the network
 //! round trip; here it costs none, which is what lets a lock + unlock pair approach the
 //! round-trip limit. Waiting and everything in the background still go through the runtime.
+//!
+//! On a single server every call is served here. Through Sentinel the calls go to the master
+//! the sentinels name (looked up again after a failover), and on a Redis Cluster to the primary
+//! that owns the slot of the call's first key, in the slot map the cluster client keeps
+//! (`SlotTable`). There, whatever the runtime handles better is left to it (`Miss::Elsewhere`):
+//! a redirect (MOVED, ASK), a slot being moved, a failover, an unreachable server or a
+//! connection that broke under the call; the executor then sends the call through the runtime
+//! (`executor::run_direct`). A call that timed out is not sent again: like on one server, it
+//! fails, keeping its connection so that an undo can wait for it (`Overdue`).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::{Cmd, ConnectionLike, FromRedisValue, ScriptInvocation, Value};
+use redis::{
+    Cmd, ConnectionAddr, ConnectionInfo, ConnectionLike, ErrorKind, FromRedisValue,
+    ScriptInvocation, ServerErrorKind, Value,
+};
 
 use super::error::{timed_out, Error, Result};
-use super::node::{Retry, ServerSeen, Timeouts};
+use super::node::{OverdueCalls, Retry, ServerSeen, Timeouts};
+use super::runtime;
+use super::sentinel::Sentinel;
+use super::slots::SlotTable;
+use crate::protocol::keys::key_slot;
 use crate::protocol::replies::parse_server_info;
 
-/// Idle connections kept for reuse; more threads than this open and close their own.
+/// Idle connections kept for reuse per server; more threads than this open and close their own.
 const KEPT: usize = 16;
 
-pub struct DirectPool {
-    /// None: no direct calls on this deployment (Cluster, Sentinel); every call is refused.
-    client: Option<redis::Client>,
+/// One server's blocking connections.
+struct Server {
+    client: redis::Client,
     /// Where the client connects, named by every connection error.
     endpoint: String,
-    timeouts: Timeouts,
     idle: Mutex<Vec<redis::Connection>>,
+}
+
+impl Server {
+    fn new(client: redis::Client) -> Self {
+        Server {
+            endpoint: super::node::address(client.get_connection_info()),
+            client,
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn give_back(&self, conn: redis::Connection) {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < KEPT && conn.is_open() {
+            idle.push(conn);
+        }
+    }
+
+    fn forget_idle(&self) {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+}
+
+/// Which server a direct call goes to.
+enum Route {
+    /// None: no direct calls (a Redlock master's pool is never used this way); every call is
+    /// refused.
+    Unavailable,
+    /// One server.
+    Server(Arc<Server>),
+    /// The master that the sentinels name, looked up on the runtime (`Sentinel::master`, which
+    /// has it confirm its role) when none is known, and forgotten on a failover announcement
+    /// (`DirectPool::reset`), a `READONLY` reply or a broken connection.
+    Sentinel {
+        sentinel: Arc<Sentinel>,
+        master: Mutex<Master>,
+    },
+    /// The primary that owns the slot of the call's first key, in the cluster client's slot map
+    /// (`SlotTable`); a connection per node, made like the seed's (credentials, TLS).
+    Cluster {
+        slots: Arc<SlotTable>,
+        template: Box<ConnectionInfo>,
+        nodes: Mutex<HashMap<(String, u16), Arc<Server>>>,
+    },
+}
+
+#[derive(Default)]
+struct Master {
+    /// Moves on every reset: a look-up that began before one is not kept.
+    generation: u64,
+    server: Option<Arc<Server>>,
+}
+
+/// Why a direct call did not settle: it failed (and how), or it belongs on the runtime path.
+pub enum Miss {
+    /// The call failed; `Some(Overdue)` when it timed out and may still run.
+    Failed(Error, Option<Overdue>),
+    /// Not served here, and safe to send through the runtime: no server known for it yet, the
+    /// server redirected or refused it before running it (MOVED, ASK, TRYAGAIN, CLUSTERDOWN,
+    /// LOADING, READONLY), could not be reached, or the connection broke under it (every step of
+    /// redmutex is token-checked, so a resend is safe, like `Retry::Once`). Only on Cluster and
+    /// Sentinel: the runtime follows redirects, slot migrations and failovers.
+    Elsewhere,
+}
+
+impl Miss {
+    fn failed(err: Error) -> Self {
+        Miss::Failed(err, None)
+    }
+}
+
+pub struct DirectPool {
+    route: Route,
+    timeouts: Timeouts,
     /// How many connections broke under a call.
     drops: AtomicU64,
     /// Some: each new connection reads the server's run_id (`INFO server`) into it.
@@ -33,10 +123,8 @@ pub struct DirectPool {
 impl DirectPool {
     pub fn new(client: redis::Client, timeouts: Timeouts) -> Self {
         DirectPool {
-            endpoint: super::node::address(client.get_connection_info()),
-            client: Some(client),
+            route: Route::Server(Arc::new(Server::new(client))),
             timeouts,
-            idle: Mutex::new(Vec::new()),
             drops: AtomicU64::new(0),
             seen: None,
         }
@@ -50,13 +138,39 @@ impl DirectPool {
         }
     }
 
-    /// A pool that refuses every call (the deployment is not one server reached directly).
+    /// A pool that refuses every call.
     pub fn unavailable(timeouts: Timeouts) -> Self {
         DirectPool {
-            endpoint: String::new(),
-            client: None,
+            route: Route::Unavailable,
             timeouts,
-            idle: Mutex::new(Vec::new()),
+            drops: AtomicU64::new(0),
+            seen: None,
+        }
+    }
+
+    /// A pool on the master that `sentinel` names; its connections record the run_id in `seen`.
+    pub fn sentinel(sentinel: Arc<Sentinel>, timeouts: Timeouts, seen: Arc<ServerSeen>) -> Self {
+        DirectPool {
+            route: Route::Sentinel {
+                sentinel,
+                master: Mutex::default(),
+            },
+            timeouts,
+            drops: AtomicU64::new(0),
+            seen: Some(seen),
+        }
+    }
+
+    /// A pool on the primaries of a cluster, routed by `slots`; `template` (a seed's settings)
+    /// gives every node connection its credentials and TLS settings.
+    pub fn cluster(template: ConnectionInfo, slots: Arc<SlotTable>, timeouts: Timeouts) -> Self {
+        DirectPool {
+            route: Route::Cluster {
+                slots,
+                template: Box::new(template),
+                nodes: Mutex::default(),
+            },
+            timeouts,
             drops: AtomicU64::new(0),
             seen: None,
         }
@@ -67,18 +181,110 @@ impl DirectPool {
         self.drops.load(Ordering::Relaxed)
     }
 
-    fn take(&self, fresh: bool) -> Result<redis::Connection> {
+    /// Forgets the master and its connections (Sentinel announced a failover): the next call
+    /// looks the master up again.
+    pub fn reset(&self) {
+        if let Route::Sentinel { master, .. } = &self.route {
+            let mut master = master.lock().unwrap_or_else(|p| p.into_inner());
+            master.generation += 1;
+            master.server = None;
+        }
+    }
+
+    /// Forgets `server` as the master, unless another one has replaced it already.
+    fn forget_master(&self, server: &Arc<Server>) {
+        if let Route::Sentinel { master, .. } = &self.route {
+            let mut master = master.lock().unwrap_or_else(|p| p.into_inner());
+            if master
+                .server
+                .as_ref()
+                .is_some_and(|s| Arc::ptr_eq(s, server))
+            {
+                master.generation += 1;
+                master.server = None;
+            }
+        }
+    }
+
+    /// The server for a call whose first key is `key`, and whether that server was routed to
+    /// (Sentinel, Cluster: its misses go to the runtime). None: no server known for it now.
+    fn server_for(&self, key: Option<&[u8]>) -> std::result::Result<(Arc<Server>, bool), Miss> {
+        match &self.route {
+            Route::Unavailable => Err(Miss::failed(Error::Usage(
+                "no direct connection to this deployment".into(),
+            ))),
+            Route::Server(server) => Ok((server.clone(), false)),
+            Route::Sentinel { sentinel, master } => self
+                .master(sentinel, master)
+                .map(|server| (server, true))
+                .ok_or(Miss::Elsewhere),
+            Route::Cluster {
+                slots,
+                template,
+                nodes,
+            } => {
+                let slot = key_slot(key.ok_or(Miss::Elsewhere)?);
+                let (host, port) = slots.primary(slot).ok_or(Miss::Elsewhere)?;
+                let mut nodes = nodes.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(server) = nodes.get(&(host.clone(), port)) {
+                    return Ok((server.clone(), true));
+                }
+                let addr = match template.addr() {
+                    ConnectionAddr::Tcp(..) => ConnectionAddr::Tcp(host.clone(), port),
+                    ConnectionAddr::TcpTls {
+                        insecure,
+                        tls_params,
+                        ..
+                    } => ConnectionAddr::TcpTls {
+                        host: host.clone(),
+                        port,
+                        insecure: *insecure,
+                        tls_params: tls_params.clone(),
+                    },
+                    _ => return Err(Miss::Elsewhere),
+                };
+                let info = (**template).clone().set_addr(addr);
+                let client = redis::Client::open(info).map_err(|_| Miss::Elsewhere)?;
+                let server = Arc::new(Server::new(client));
+                nodes.insert((host, port), server.clone());
+                Ok((server, true))
+            }
+        }
+    }
+
+    /// The current master, looked up through the runtime when none is known (not from a
+    /// runtime thread, which must not block: None there, and the call goes through the runtime).
+    fn master(&self, sentinel: &Arc<Sentinel>, master: &Mutex<Master>) -> Option<Arc<Server>> {
+        let generation = {
+            let master = master.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(server) = &master.server {
+                return Some(server.clone());
+            }
+            master.generation
+        };
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return None;
+        }
+        let handle = runtime::handle().ok()?;
+        let (client, _) = handle.block_on(sentinel.master(self.timeouts)).ok()?;
+        let mut master = master.lock().unwrap_or_else(|p| p.into_inner());
+        if master.generation != generation {
+            return None;
+        }
+        let server = master
+            .server
+            .get_or_insert_with(|| Arc::new(Server::new(client)));
+        Some(server.clone())
+    }
+
+    fn take(&self, server: &Server, fresh: bool) -> Result<redis::Connection> {
         if !fresh {
-            if let Some(conn) = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+            if let Some(conn) = server.idle.lock().unwrap_or_else(|p| p.into_inner()).pop() {
                 return Ok(conn);
             }
         }
-        let Some(client) = &self.client else {
-            return Err(Error::Usage(
-                "no direct connection to this deployment (only to a single server)".into(),
-            ));
-        };
-        let mut conn = client
+        let mut conn = server
+            .client
             .get_connection_with_timeout(self.timeouts.connect)
             .map_err(|err| {
                 if err.is_timeout() {
@@ -98,62 +304,79 @@ impl DirectPool {
         Ok(conn)
     }
 
-    fn give_back(&self, conn: redis::Connection) {
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        if idle.len() < KEPT && conn.is_open() {
-            idle.push(conn);
-        }
-    }
-
     /// Runs a script (EVALSHA, loading it on NOSCRIPT), with the same retry rule as the runtime's
-    /// calls: once more on a connection that broke under the call, never after a timeout.
-    pub fn invoke(&self, inv: &ScriptInvocation<'_>, retry: Retry) -> Result<Value> {
-        self.call(retry, |conn| inv.invoke::<Value>(conn))
-            .map_err(|(err, _)| err)
-    }
-
-    pub fn query<T: FromRedisValue>(&self, cmd: &Cmd, retry: Retry) -> Result<T> {
-        self.call(retry, |conn| cmd.query::<T>(conn))
-            .map_err(|(err, _)| err)
-    }
-
-    /// `invoke`, keeping the connection of a call that timed out: its request may still run
-    /// (it sits in the server's or the network's queue), and whatever must follow it (an
-    /// undo) can wait on that connection for its reply (`Overdue::settle`).
-    #[allow(clippy::result_large_err)] // a rare failure path: the connection travels along
-    pub fn invoke_keeping(
+    /// calls: once more on a connection that broke under the call, never after a timeout. A
+    /// call that timed out keeps its connection in `Miss::Failed` (see `Overdue`).
+    pub fn invoke(
         &self,
         inv: &ScriptInvocation<'_>,
         retry: Retry,
-    ) -> std::result::Result<Value, (Error, Option<Overdue>)> {
-        self.call(retry, |conn| inv.invoke::<Value>(conn))
+    ) -> std::result::Result<Value, Miss> {
+        let key = self.routed().then(|| script_key(inv)).flatten();
+        self.call(key.as_deref(), retry, |conn| inv.invoke::<Value>(conn))
+    }
+
+    pub fn query<T: FromRedisValue>(
+        &self,
+        cmd: &Cmd,
+        retry: Retry,
+    ) -> std::result::Result<T, Miss> {
+        let key = self.routed().then(|| command_key(cmd)).flatten();
+        self.call(key.as_deref(), retry, |conn| cmd.query::<T>(conn))
+    }
+
+    /// Whether calls are routed (by key or to a master that moves).
+    fn routed(&self) -> bool {
+        matches!(self.route, Route::Sentinel { .. } | Route::Cluster { .. })
     }
 
     /// One call (see `attempt`); its connection errors name the endpoint.
-    #[allow(clippy::result_large_err)]
     fn call<T>(
         &self,
+        key: Option<&[u8]>,
         retry: Retry,
         op: impl Fn(&mut redis::Connection) -> redis::RedisResult<T>,
-    ) -> std::result::Result<T, (Error, Option<Overdue>)> {
-        self.attempt(retry, op)
-            .map_err(|(err, overdue)| (err.at(&self.endpoint), overdue))
+    ) -> std::result::Result<T, Miss> {
+        let (server, routed) = self.server_for(key)?;
+        self.attempt(&server, routed, retry, op)
+            .map_err(|miss| match miss {
+                Miss::Failed(err, overdue) => Miss::Failed(err.at(&server.endpoint), overdue),
+                Miss::Elsewhere => Miss::Elsewhere,
+            })
     }
 
-    #[allow(clippy::result_large_err)]
     fn attempt<T>(
         &self,
+        server: &Arc<Server>,
+        routed: bool,
         retry: Retry,
         op: impl Fn(&mut redis::Connection) -> redis::RedisResult<T>,
-    ) -> std::result::Result<T, (Error, Option<Overdue>)> {
-        let mut may_retry = retry == Retry::Once;
+    ) -> std::result::Result<T, Miss> {
+        let mut may_retry = retry == Retry::Once && !routed;
         let mut fresh = false;
         loop {
-            let mut conn = self.take(fresh).map_err(|err| (err, None))?;
+            let mut conn = match self.take(server, fresh) {
+                Ok(conn) => conn,
+                // Nothing was sent: the runtime finds the server now in charge.
+                Err(err) if routed && err.is_connection() => {
+                    self.forget_master(server);
+                    return Err(Miss::Elsewhere);
+                }
+                Err(err) => return Err(Miss::failed(err)),
+            };
             match op(&mut conn) {
                 Ok(value) => {
-                    self.give_back(conn);
+                    server.give_back(conn);
                     return Ok(value);
+                }
+                Err(err) if routed && not_run_here(&err) => {
+                    // Refused before it ran: the connection is fine, the route is not.
+                    if err.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly) {
+                        self.forget_master(server);
+                    } else {
+                        server.give_back(conn);
+                    }
+                    return Err(Miss::Elsewhere);
                 }
                 Err(err) => {
                     let overdue = err.is_timeout();
@@ -166,20 +389,24 @@ impl DirectPool {
                     // A connection that failed is closed (dropped), never reused: a late reply
                     // would otherwise be read as the answer to the next call.
                     if !err.is_connection() {
-                        self.give_back(conn);
-                        return Err((err, None));
+                        server.give_back(conn);
+                        return Err(Miss::failed(err));
                     }
                     if overdue {
-                        return Err((err, Some(Overdue { conn })));
+                        return Err(Miss::Failed(err, Some(Overdue::Direct(Box::new(conn)))));
                     }
                     if dropped {
                         self.drops.fetch_add(1, Ordering::Relaxed);
                         // The server closed this one (restart, cut): the idle ones went the
                         // same way, and a socket it closed still looks open until used.
-                        self.idle.lock().unwrap_or_else(|p| p.into_inner()).clear();
+                        server.forget_idle();
+                        if routed {
+                            self.forget_master(server);
+                            return Err(Miss::Elsewhere);
+                        }
                     }
                     if !(dropped && may_retry) {
-                        return Err((err, None));
+                        return Err(Miss::failed(err));
                     }
                     may_retry = false;
                     fresh = true;
@@ -189,9 +416,102 @@ impl DirectPool {
     }
 }
 
-/// The connection of a call that timed out, its reply still due; never reused for a call.
-pub struct Overdue {
-    conn: redis::Connection,
+/// Replies of a server that did not run the command, and that the runtime handles: a cluster
+/// redirecting it or busy moving its slot, failing over or loading; a demoted master.
+fn not_run_here(err: &redis::RedisError) -> bool {
+    matches!(
+        err.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::BusyLoading
+                | ServerErrorKind::ReadOnly
+        )
+    )
+}
+
+/// The first key of a command as Redis Cluster routes it: after `numkeys` for a script, else
+/// the first argument.
+fn command_key(cmd: &Cmd) -> Option<Vec<u8>> {
+    let mut args = cmd.args_iter().map(|arg| match arg {
+        redis::Arg::Simple(bytes) => Some(bytes),
+        _ => None,
+    });
+    let name = args.next()??;
+    let script = [
+        &b"EVALSHA"[..],
+        b"EVAL",
+        b"EVALSHA_RO",
+        b"EVAL_RO",
+        b"FCALL",
+        b"FCALL_RO",
+    ]
+    .iter()
+    .any(|s| name.eq_ignore_ascii_case(s));
+    if script {
+        let _body = args.next()?;
+        let numkeys = std::str::from_utf8(args.next()??)
+            .ok()?
+            .parse::<u64>()
+            .ok()?;
+        if numkeys == 0 {
+            return None;
+        }
+    }
+    args.next()?.map(<[u8]>::to_vec)
+}
+
+/// The first key of a script invocation (its EVALSHA command, caught before it is sent).
+fn script_key(inv: &ScriptInvocation<'_>) -> Option<Vec<u8>> {
+    let mut probe = KeyProbe(None);
+    let _ = inv.invoke::<Value>(&mut probe);
+    probe.0
+}
+
+/// A connection that sends nothing: it notes the first key of the command handed to it and
+/// fails it.
+struct KeyProbe(Option<Vec<u8>>);
+
+impl ConnectionLike for KeyProbe {
+    fn req_packed_command(&mut self, _cmd: &[u8]) -> redis::RedisResult<Value> {
+        Err((ErrorKind::Client, "not sent").into())
+    }
+
+    fn req_packed_commands(
+        &mut self,
+        _cmd: &[u8],
+        _offset: usize,
+        _count: usize,
+    ) -> redis::RedisResult<Vec<Value>> {
+        Err((ErrorKind::Client, "not sent").into())
+    }
+
+    fn req_command(&mut self, cmd: &Cmd) -> redis::RedisResult<Value> {
+        self.0 = command_key(cmd);
+        Err((ErrorKind::Client, "not sent").into())
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
+
+    fn check_connection(&mut self) -> bool {
+        false
+    }
+
+    fn is_open(&self) -> bool {
+        false
+    }
+}
+
+/// A call that timed out, its reply still due: the connection it went on (never reused for a
+/// call), or the runtime's calls that timed out (a direct call that went through the runtime).
+pub enum Overdue {
+    Direct(Box<redis::Connection>),
+    Runtime(OverdueCalls),
 }
 
 impl Overdue {
@@ -200,17 +520,49 @@ impl Overdue {
     /// False when it is still unanswered after `limit`. A PING goes after it on the same
     /// connection: the connection skips the replies still due, so the PING's answer comes
     /// only once the overdue request has been answered.
-    pub fn settle(mut self, limit: Duration) -> bool {
-        if limit.is_zero() || self.conn.set_read_timeout(Some(limit)).is_err() {
+    pub fn settle(self, limit: Duration) -> bool {
+        let mut conn = match self {
+            Overdue::Direct(conn) => *conn,
+            Overdue::Runtime(calls) => {
+                return match runtime::handle() {
+                    Ok(handle) => handle.block_on(calls.settle(limit)),
+                    Err(_) => false,
+                };
+            }
+        };
+        if limit.is_zero() || conn.set_read_timeout(Some(limit)).is_err() {
             return false;
         }
         let ping = redis::cmd("PING").get_packed_command();
-        if self.conn.send_packed_command(&ping).is_err() {
+        if conn.send_packed_command(&ping).is_err() {
             return true;
         }
-        match self.conn.recv_response() {
+        match conn.recv_response() {
             Ok(_) => true,
             Err(err) => !err.is_timeout(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_key_is_found_as_the_cluster_routes_it() {
+        let mut get = redis::cmd("GET");
+        get.arg("k1");
+        assert_eq!(command_key(&get).as_deref(), Some(&b"k1"[..]));
+        let mut eval = redis::cmd("evalsha");
+        eval.arg("abc").arg(2).arg("k1").arg("k2").arg("a");
+        assert_eq!(command_key(&eval).as_deref(), Some(&b"k1"[..]));
+        let mut keyless = redis::cmd("EVALSHA");
+        keyless.arg("abc").arg(0).arg("a");
+        assert_eq!(command_key(&keyless), None);
+        assert_eq!(command_key(&redis::cmd("PING")), None);
+        let script = redis::Script::new("return 1");
+        let mut inv = script.prepare_invoke();
+        inv.key("p{n}:lock").key("p{n}:fence").arg("token");
+        assert_eq!(script_key(&inv).as_deref(), Some(&b"p{n}:lock"[..]));
     }
 }

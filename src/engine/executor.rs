@@ -1,6 +1,8 @@
 //! The one executor: runs any step (`protocol::step`) on the connection that fits — the node of
-//! the runtime (a server, a Sentinel-managed master, a Redis Cluster), or for a blocking caller
-//! on a single server, a direct connection on the caller's own thread. It knows no primitive.
+//! the runtime (a server, a Sentinel-managed master, a Redis Cluster), or for a blocking caller,
+//! a direct connection on the caller's own thread (to the server, the master, or the cluster
+//! node that owns the step's slot), falling back to the runtime where that one cannot serve.
+//! It knows no primitive.
 //! Redlock's quorum executor (`redlock.rs`) runs the same steps on every master.
 
 use std::future::Future;
@@ -8,8 +10,10 @@ use std::sync::Arc;
 
 use redis::{ScriptInvocation, Value};
 
+use super::direct::{Miss, Overdue};
 use super::error::{Error, Result};
 use super::node::{Identity, Node, Retry};
+use super::runtime;
 use super::shared::Shared;
 use crate::protocol::step::{Call, Step};
 
@@ -29,13 +33,57 @@ pub async fn send<T>(shared: &Shared, step: &Step<T>) -> Result<Value> {
     }
 }
 
-/// Runs `step` on the caller's thread (a single server only; see `direct.rs`).
+/// Runs `step` on the caller's thread (see `direct.rs`); what the direct path leaves to the
+/// runtime (Cluster and Sentinel: a redirect, a failover, a broken connection) is sent through
+/// it, this thread waiting for the answer.
 pub fn run_direct<T>(shared: &Shared, step: &Step<T>) -> Result<T> {
     let reply = match step.call() {
-        Call::Script(inv) => shared.direct.invoke(inv, Retry::Once)?,
-        Call::Command(cmd) => shared.direct.query::<Value>(cmd, Retry::Once)?,
+        Call::Script(inv) => shared.direct.invoke(inv, Retry::Once),
+        Call::Command(cmd) => shared.direct.query::<Value>(cmd, Retry::Once),
+    };
+    let reply = match reply {
+        Ok(reply) => reply,
+        Err(Miss::Failed(err, _)) => return Err(err),
+        Err(Miss::Elsewhere) => on_runtime(send(shared, step))??,
     };
     Ok(step.parse(reply)?)
+}
+
+/// A script sent on the caller's thread like `run_direct`, failing with the call that may still
+/// run when it timed out (`Overdue`: its direct connection, or the runtime's timed-out calls
+/// when it went through the runtime), so that an undo can wait for it.
+pub fn invoke_direct(
+    shared: &Shared,
+    inv: &ScriptInvocation<'_>,
+) -> std::result::Result<Value, (Error, Option<Overdue>)> {
+    match shared.direct.invoke(inv, Retry::Once) {
+        Ok(reply) => Ok(reply),
+        Err(Miss::Failed(err, overdue)) => Err((err, overdue)),
+        Err(Miss::Elsewhere) => {
+            let sent = on_runtime(shared.node.invoke(inv, Retry::Once)).and_then(|sent| sent);
+            sent.map_err(|err| {
+                let overdue = shared.node.overdue_calls();
+                let overdue = (err.is_connection() && !overdue.is_empty())
+                    .then_some(Overdue::Runtime(overdue));
+                (err, overdue)
+            })
+        }
+    }
+}
+
+/// Waits on this thread for `fut`, run on the runtime. Not from a runtime thread (which must
+/// never block): there it is an error.
+fn on_runtime<F>(fut: F) -> Result<F::Output>
+where
+    F: Future + Send,
+    F::Output: Send,
+{
+    if tokio::runtime::Handle::try_current().is_ok() {
+        return Err(Error::Usage(
+            "a blocking call was made from the runtime's own thread".into(),
+        ));
+    }
+    Ok(runtime::handle()?.block_on(fut))
 }
 
 /// Sends `step` on `node` and tells which server incarnation answered, leaving the reply to

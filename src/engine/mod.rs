@@ -27,6 +27,7 @@ pub mod rwlock;
 pub mod semaphore;
 pub mod sentinel;
 pub mod shared;
+pub mod slots;
 pub mod tls;
 pub mod token;
 pub mod waiting;

@@ -15,6 +15,7 @@ use redis::{AsyncConnectionConfig, Cmd, FromRedisValue, RedisFuture, ScriptInvoc
 pub use super::connect::{address, within, Timeouts};
 use super::error::{timed_out, Error, Result};
 use super::sentinel::Sentinel;
+use super::slots::SlotTable;
 use crate::protocol::replies::parse_server_info;
 
 /// Whether a call may be sent again after the connection dropped under it. Every script of
@@ -40,6 +41,8 @@ pub enum Target {
         client: Box<ClusterClient>,
         seeds: Vec<redis::Client>,
         next_seed: AtomicUsize,
+        /// The primaries by slot, as the cluster client last saw them (the direct path's map).
+        slots: Arc<SlotTable>,
     },
 }
 
@@ -131,6 +134,26 @@ impl Target {
                     }
                 }
                 Err(last)
+            }
+        }
+    }
+}
+
+impl Target {
+    /// `pubsub`, tried again while the server cannot be reached, until the command timeout has
+    /// passed: a master that died (Sentinel, Cluster) is replaced by its replica meanwhile.
+    pub async fn pubsub_through_failover(&self, timeouts: Timeouts) -> Result<PubSub> {
+        let until = Instant::now() + timeouts.command;
+        loop {
+            match self.pubsub(timeouts).await {
+                Err(err)
+                    if err.is_connection()
+                        && !matches!(self, Target::Direct(_))
+                        && Instant::now() + FAILOVER_PAUSE < until =>
+                {
+                    tokio::time::sleep(FAILOVER_PAUSE).await;
+                }
+                found => return found,
             }
         }
     }
@@ -230,6 +253,9 @@ pub struct Node {
     overdue: Arc<Mutex<Vec<(Kept, MultiplexedConnection)>>>,
     /// Numbers the connections handed in by `keep_overdue_conn` (see `Kept::Handed`).
     handed: std::sync::atomic::AtomicU64,
+    /// Calls to a Sentinel-managed master that cannot be reached are tried again until the
+    /// command timeout (its replica may be taking over); off for a Redlock master.
+    ride_failover: bool,
 }
 
 /// How long a connection whose call timed out is kept for `Node::overdue_calls`: the undo of a
@@ -274,6 +300,8 @@ impl OverdueCalls {
 
 /// The pause between two tries of a call that a cluster refused for the moment.
 const CLUSTER_PAUSE: Duration = Duration::from_millis(20);
+/// The pause between two tries of a call whose server could not be reached (failing over).
+const FAILOVER_PAUSE: Duration = Duration::from_millis(100);
 
 /// Errors of a cluster that is resharding or failing over: worth another try shortly.
 fn cluster_transient(err: &redis::RedisError) -> bool {
@@ -325,6 +353,15 @@ impl Node {
             seen: Arc::default(),
             overdue: Arc::default(),
             handed: std::sync::atomic::AtomicU64::new(0),
+            ride_failover: false,
+        }
+    }
+
+    /// This node's calls ride out a Sentinel failover (see `ride_failover`).
+    pub fn riding_failover(self) -> Self {
+        Node {
+            ride_failover: true,
+            ..self
         }
     }
 
@@ -565,12 +602,27 @@ impl Node {
     {
         let mut may_retry = retry == Retry::Once;
         // A cluster in the middle of a reshard or a failover answers with transient errors that
-        // the cluster client's own retries may not outlast; they are tried again (every script is
-        // token-checked, so a repeat is safe) until the command timeout has passed.
-        let cluster_until = (retry == Retry::Once && self.target.is_cluster())
-            .then(|| Instant::now() + self.timeouts.command);
+        // the cluster client's own retries may not outlast, and a master that died (on a
+        // cluster, or a Sentinel-managed one) refuses connections until its replica takes over:
+        // such calls are tried again (every script is token-checked, so a repeat is safe) until
+        // the command timeout has passed. Not on a Redlock master, whose failure counts at once.
+        let failover_until = (retry == Retry::Once
+            && (self.target.is_cluster()
+                || (self.ride_failover && matches!(*self.target, Target::Sentinel(_)))))
+        .then(|| Instant::now() + self.timeouts.command);
         loop {
-            let (generation, live) = self.connection().await?;
+            let (generation, live) = match self.connection().await {
+                Ok(found) => found,
+                Err(err)
+                    if err.is_connection()
+                        && failover_until
+                            .is_some_and(|until| Instant::now() + FAILOVER_PAUSE < until) =>
+                {
+                    tokio::time::sleep(FAILOVER_PAUSE).await;
+                    continue;
+                }
+                Err(err) => return Err(err),
+            };
             let err = match tokio::time::timeout(self.timeouts.command, op(live.conn.clone())).await
             {
                 Ok(Ok(value)) => return Ok((value, live.identity)),
@@ -583,12 +635,24 @@ impl Node {
                     return Err(timed_out(self.timeouts.command, "waiting for an answer"));
                 }
             };
-            if let Some(until) = cluster_until {
-                if cluster_transient(&err) && Instant::now() + CLUSTER_PAUSE < until {
-                    if err.kind() == redis::ErrorKind::ClusterConnectionNotFound {
+            if let Some(until) = failover_until {
+                // A server that died (refused, or dropped the connection under the call): tried
+                // again on a fresh connection, which finds the master in charge by then.
+                let gone = !err.is_timeout()
+                    && (err.is_connection_refusal()
+                        || err.is_connection_dropped()
+                        || err.is_io_error());
+                let transient = self.target.is_cluster() && cluster_transient(&err);
+                let pause = if transient {
+                    CLUSTER_PAUSE
+                } else {
+                    FAILOVER_PAUSE
+                };
+                if (transient || gone) && Instant::now() + pause < until {
+                    if err.kind() == redis::ErrorKind::ClusterConnectionNotFound || gone {
                         self.invalidate(generation);
                     }
-                    tokio::time::sleep(CLUSTER_PAUSE).await;
+                    tokio::time::sleep(pause).await;
                     continue;
                 }
             }

@@ -39,9 +39,9 @@ pub struct Shared {
     pub node: Node,
     /// Connections used one call at a time, for writes that WAIT must follow (replicas).
     pub exclusive: ExclusivePool,
-    /// Blocking connections for one-round-trip calls made from the caller's thread; only for a
-    /// single server (a cluster routes by slot and a Sentinel master moves: they go through
-    /// the runtime, and this pool refuses).
+    /// Blocking connections for one-round-trip calls made from the caller's thread: to the
+    /// server, to the master Sentinel names, or to the cluster node that owns a call's slot
+    /// (what it cannot serve goes through the runtime, see `executor::run_direct`).
     pub direct: DirectPool,
     pub hub: WakeHub,
     /// Per name, the in-process state of a primitive: the gate that lets one waiter per lock
@@ -66,6 +66,7 @@ impl Shared {
                         .watch(timeouts, move || match me.upgrade() {
                             Some(shared) => {
                                 shared.node.reset();
+                                shared.direct.reset();
                                 shared.exclusive.reset();
                                 shared.hub.reset();
                                 true
@@ -87,17 +88,33 @@ impl Shared {
             } else {
                 Node::new(target.clone(), timeouts)
             };
+            // One keyspace rides out a failover; a Redlock master (`identify`) fails at once.
+            let node = if identify {
+                node
+            } else {
+                node.riding_failover()
+            };
             let direct = match &*target {
                 Target::Direct(client) => {
                     DirectPool::identified(client.clone(), timeouts, seen.clone())
                 }
-                _ => DirectPool::unavailable(timeouts),
+                Target::Sentinel(sentinel) => {
+                    DirectPool::sentinel(sentinel.clone(), timeouts, seen.clone())
+                }
+                Target::Cluster { seeds, slots, .. } => match seeds.first() {
+                    Some(seed) => DirectPool::cluster(
+                        seed.get_connection_info().clone(),
+                        slots.clone(),
+                        timeouts,
+                    ),
+                    None => DirectPool::unavailable(timeouts),
+                },
             };
             Shared {
                 node,
                 exclusive: ExclusivePool::new(target.clone(), timeouts),
                 direct,
-                hub: WakeHub::new(target, timeouts),
+                hub: WakeHub::new(target, timeouts, !identify),
                 locals: Locals::default(),
                 seen,
                 _watcher: watcher,

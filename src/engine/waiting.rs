@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 
 use super::error::Result;
 use super::executor;
-use super::node::Retry;
 use super::runtime;
 use super::shared::Shared;
 use super::wake::Registration;
@@ -104,7 +103,7 @@ pub fn attempt_direct(
     undo: impl Fn() -> Undo,
 ) -> Result<(redis::Value, Instant)> {
     let sent_at = Instant::now();
-    match shared.direct.invoke_keeping(inv, Retry::Once) {
+    match executor::invoke_direct(shared, inv) {
         Ok(reply) => Ok((reply, sent_at)),
         Err((err, overdue)) => {
             spawn_undo(undo());

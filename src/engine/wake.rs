@@ -36,6 +36,7 @@ pub struct WakeHub {
 struct HubCore {
     target: Arc<Target>,
     timeouts: Timeouts,
+    ride_failover: bool,
     state: Mutex<HubState>,
     /// Serialises connecting, subscribing and unsubscribing, so they reach Redis in order.
     subscribing: tokio::sync::Mutex<()>,
@@ -75,7 +76,10 @@ pub struct Registration {
 }
 
 impl WakeHub {
-    pub fn new(target: Arc<Target>, timeouts: Timeouts) -> Self {
+    /// `ride_failover`: when the subscriber cannot connect (its server died), keep trying until
+    /// the command timeout has passed (a replica may be taking over), instead of failing the
+    /// waiters at once; off for a Redlock master.
+    pub fn new(target: Arc<Target>, timeouts: Timeouts, ride_failover: bool) -> Self {
         let mut id = [0u8; 8];
         let inbox = match getrandom::fill(&mut id) {
             Ok(()) => id.iter().map(|b| format!("{b:02x}")).collect(),
@@ -85,6 +89,7 @@ impl WakeHub {
             core: Arc::new(HubCore {
                 target,
                 timeouts,
+                ride_failover,
                 state: Mutex::new(HubState::default()),
                 subscribing: tokio::sync::Mutex::new(()),
             }),
@@ -193,7 +198,11 @@ impl HubCore {
                 return Ok((state.generation, sink.clone()));
             }
         }
-        let pubsub = self.target.pubsub(self.timeouts).await?;
+        let pubsub = if self.ride_failover {
+            self.target.pubsub_through_failover(self.timeouts).await?
+        } else {
+            self.target.pubsub(self.timeouts).await?
+        };
         let (sink, stream) = pubsub.split();
         let generation = {
             let mut state = self.lock_state();
