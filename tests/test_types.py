@@ -28,7 +28,7 @@ def _stub_tree() -> ast.Module:
 def _stub_classes() -> dict[str, set[str]]:
     classes: dict[str, set[str]] = {}
     for node in _stub_tree().body:
-        if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+        if isinstance(node, ast.ClassDef):
             classes[node.name] = {
                 item.name for item in node.body if isinstance(item, ast.FunctionDef)
             }
