@@ -104,16 +104,17 @@ def primitive_pairs(client: redmutex.Client, name: str) -> dict[str, Callable[[]
     }
 
 
-def redlock_primitive_rows(
-    single: RedisServer, masters: list[RedisServer], seconds: float
+def primitive_rows(
+    single: RedisServer, cluster: list[RedisServer], masters: list[RedisServer], seconds: float
 ) -> list[dict[str, Any]]:
-    """Semaphore, RWLock and cache rows on a single server and on 3- and 5-master Redlock.
-    pottery 3.0 has no counterpart on Redlock (its `Redlock` is a mutex; it has no semaphore
+    """Semaphore, RWLock and cache rows on a single server, a 3-master Cluster and 3- and
+    5-master Redlock. pottery 3.0 has no counterpart on Redlock (its `Redlock` is a mutex; it has no semaphore
     or read-write lock, and its `redis_cache` is a plain single-server cache without stampede
     protection), so it has no row here."""
     rows: list[dict[str, Any]] = []
     setups = {
         "single server (reference)": redmutex.Client(single.url),
+        "Redis Cluster, 3 masters": redmutex.Client(cluster=[s.url for s in cluster]),
         "Redlock, 3 masters": redmutex.Client([m.url for m in masters[:3]]),
         "Redlock, 5 masters": redmutex.Client([m.url for m in masters]),
     }
@@ -286,7 +287,7 @@ def main() -> None:
             )
             for c in conns:
                 c.close()
-        rows += redlock_primitive_rows(single, masters, seconds)
+        rows += primitive_rows(single, cluster, masters, seconds)
         rows.extend(fast_path_rows(single, cluster, seconds))
     finally:
         for server in [single, *masters, *cluster]:
