@@ -71,6 +71,14 @@ def test_a_draw_of_zero_is_guarded() -> None:
     assert should_refresh(EXPIRY - 1.0, EXPIRY, 1.0, 1.0, _constant(0))
 
 
+def test_a_subnormal_draw_keeps_its_own_log() -> None:
+    """Only 0.0 is replaced: 5e-324 has ln of about -744.4, more eager than the 0.0 guard's -708
+    (hypothesis found the two mixed up: delta * beta = 1.55e6 makes the gap 5.6e7 s)."""
+    assert should_refresh(-801559783.0, 352366971.0, 303.0, 5116.0, _constant(5e-324))
+    assert not should_refresh(EXPIRY - 720.0, EXPIRY, 1.0, 1.0, _constant(0.0))
+    assert should_refresh(EXPIRY - 720.0, EXPIRY, 1.0, 1.0, _constant(5e-324))
+
+
 def test_a_draw_of_one_means_no_early_refresh() -> None:
     assert not should_refresh(EXPIRY - 1e-9, EXPIRY, 100.0, 100.0, _constant(1.0))
 

@@ -55,7 +55,8 @@ def should_refresh(
     draw = rand()
     if not 0.0 <= draw <= 1.0:
         raise ValueError(f"rand() must return a number in [0, 1], not {draw!r}")
-    return now - delta * beta * math.log(max(draw, _SMALLEST_DRAW)) >= expiry
+    # Only an exact 0.0 is replaced: a subnormal draw has a finite log (about -744) of its own.
+    return now - delta * beta * math.log(draw if draw > 0.0 else _SMALLEST_DRAW) >= expiry
 
 
 def refresh_probability(gap: float, delta: float, beta: float) -> float:
