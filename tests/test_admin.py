@@ -67,3 +67,17 @@ def test_force_release_only_frees_the_expected_holder(
     assert _core._force_release(client, name) == (None, 0, None, 0, None)
     with pytest.raises(ValueError, match="client"):
         _core._force_release(redmutex.Client([redis_url, "redis://127.0.0.1:1/0"]), name)
+
+
+def test_force_release_frees_a_reentrant_locks_hold_counts(
+    client: redmutex.Client, r: redis.Redis
+) -> None:
+    name = f"adm-{uuid.uuid4().hex[:8]}"
+    lock = redmutex.Lock(client, name, ttl=30, reentrant=True)
+    assert lock.acquire(timeout=5)
+    assert lock.acquire(timeout=5)  # nested: the server now counts two holds
+    holds = list(r.scan_iter(match=f"*{{{name}}}:lock:holds"))
+    assert len(holds) == 1
+    assert _core._force_release(client, name) is not None
+    assert not r.exists(holds[0])
+    assert not lock.locked()

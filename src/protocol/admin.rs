@@ -296,6 +296,7 @@ pub fn force_release(keys: &Keys, expected: &[u8]) -> ScriptInvocation<'static> 
         .key(keys.rw_writer())
         .key(keys.rw_readers())
         .key(keys.cache_fill())
+        .key(keys.lock_holds())
         .arg(keys.wake_channel())
         .arg(expected);
     inv

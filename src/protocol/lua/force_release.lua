@@ -6,7 +6,7 @@
 -- fair or not); in a fair queue the head then takes what was freed itself. Leases in zsets
 -- count only while their end (server ms) is ahead of the server's TIME.
 -- KEYS[1] lock   KEYS[2] semaphore holders   KEYS[3] rwlock writer   KEYS[4] rwlock readers
--- KEYS[5] cache fill claim
+-- KEYS[5] cache fill claim   KEYS[6] the re-entrant lock's hold counts (freed with the lock)
 -- ARGV[1] wake-up channel   ARGV[2] expected lock holder token or ''
 -- Reply: {lock token or false, live semaphore holders, writer token or false, live readers,
 --         fill claim token or false}; -1: the lock's holder changed (nothing touched).
@@ -20,7 +20,7 @@ local holders = redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')
 local writer = redis.call('GET', KEYS[3])
 local readers = redis.call('ZCOUNT', KEYS[4], '(' .. now, '+inf')
 local fill = redis.call('GET', KEYS[5])
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
 if lock or holders > 0 or writer or readers > 0 or fill then
   redis.call('PUBLISH', ARGV[1], '')
 end
