@@ -706,6 +706,33 @@ def test_fork_before_first_use(redis_url: str, prefix: str) -> None:
 
 
 @pytest.mark.timeout(90)
+def test_fork_child_never_repeats_the_parents_next_tokens(client: redmutex.Client) -> None:
+    """Tokens come from a per-thread batch of OS randomness (and the process id is cached):
+    a forked child must draw a fresh batch, never the bytes its parent hands out next."""
+    lock = redmutex.Lock(client, "fork-tokens", ttl=10)
+
+    def tokens(count: int) -> list[str]:
+        drawn = []
+        for _ in range(count):
+            assert lock.acquire(timeout=5)
+            token = lock.token
+            assert token is not None
+            drawn.append(token)
+            lock.release()
+        return drawn
+
+    tokens(1)  # the parent's batch is drawn and partly used before the fork
+
+    def child() -> dict[str, object]:
+        return {"tokens": tokens(4)}
+
+    theirs = _fork_and_run(child)["tokens"]
+    assert isinstance(theirs, list)
+    mine = tokens(4)
+    assert len(set(mine) | set(theirs)) == 8, (mine, theirs)
+
+
+@pytest.mark.timeout(90)
 def test_fork_multiprocessing_context(client: redmutex.Client) -> None:
     import multiprocessing
 

@@ -46,7 +46,7 @@ impl Server {
     fn new(client: redis::Client) -> Self {
         Server {
             endpoint: super::node::address(client.get_connection_info()),
-            client,
+            client: without_delay(client),
             idle: Mutex::new(Vec::new()),
         }
     }
@@ -61,6 +61,14 @@ impl Server {
     fn forget_idle(&self) {
         self.idle.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
+}
+
+/// `client`, its TCP connections sending each request at once (`TCP_NODELAY`): a call is one
+/// small write followed by a wait for the answer, which Nagle's algorithm could only delay.
+fn without_delay(client: redis::Client) -> redis::Client {
+    let info = client.get_connection_info().clone();
+    let tcp = info.tcp_settings().clone().set_nodelay(true);
+    redis::Client::open(info.set_tcp_settings(tcp)).unwrap_or(client)
 }
 
 /// Which server a direct call goes to.

@@ -2,7 +2,7 @@
 //! threads do not exist there, so its runtime and everything bound to it is leaked, never used
 //! nor dropped (dropping would touch the parent's epoll set, which the child shares).
 
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 
 use tokio::runtime::{Builder, Handle, Runtime};
 
@@ -15,9 +15,58 @@ struct ProcessRuntime {
 
 static CURRENT: AtomicPtr<ProcessRuntime> = AtomicPtr::new(std::ptr::null_mut());
 
+/// This process's id as last read, 0 when not read yet or a fork has happened since (the
+/// child's `fork` handler clears it): the blocking API asks for it several times per call, and
+/// each `getpid` is a system call.
+static PID: AtomicU32 = AtomicU32::new(0);
+
 /// The id of this process, to tell a forked child from its parent.
 pub fn pid() -> u32 {
+    match PID.load(Ordering::Relaxed) {
+        0 => read_pid(),
+        pid => pid,
+    }
+}
+
+#[cfg(unix)]
+fn read_pid() -> u32 {
+    static WATCH_FORKS: std::sync::Once = std::sync::Once::new();
+    // Registered before the first read is kept: a fork after it always clears the cache.
+    WATCH_FORKS.call_once(|| {
+        // SAFETY: `forget_pid` only stores to an atomic, which is async-signal-safe as a
+        // `fork` child handler must be. Failure (ENOMEM) leaves the cache off.
+        if unsafe { pthread_atfork(None, None, Some(forget_pid)) } != 0 {
+            PID_CACHE_OFF.store(true, Ordering::Relaxed);
+        }
+    });
+    let pid = std::process::id();
+    if !PID_CACHE_OFF.load(Ordering::Relaxed) {
+        PID.store(pid, Ordering::Relaxed);
+    }
+    pid
+}
+
+#[cfg(not(unix))]
+fn read_pid() -> u32 {
     std::process::id()
+}
+
+/// Set when the fork handler could not be registered: every `pid()` then asks the system.
+#[cfg(unix)]
+static PID_CACHE_OFF: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+#[cfg(unix)]
+extern "C" fn forget_pid() {
+    PID.store(0, Ordering::Relaxed);
+}
+
+#[cfg(unix)]
+extern "C" {
+    fn pthread_atfork(
+        prepare: Option<extern "C" fn()>,
+        parent: Option<extern "C" fn()>,
+        child: Option<extern "C" fn()>,
+    ) -> std::os::raw::c_int;
 }
 
 /// The runtime of this process, built on first use (and again after a fork).

@@ -399,12 +399,11 @@ pub trait LockLike: PyClass<Frozen = True> + Sync {
 /// Renewal's listener for the object (see `listener`).
 fn listener_for<C: LockLike>(slf: &Bound<'_, C>) -> PyResult<Option<OnLost>> {
     let core = slf.get().owner_core();
-    listener(
-        slf.as_any(),
-        core.handle.renews(),
-        core.about.label(),
-        core.on_lost.clone(),
-    )
+    if !core.handle.renews() {
+        // Spares every acquire of a lock that nothing renews the label's formatting.
+        return Ok(None);
+    }
+    listener(slf.as_any(), true, core.about.label(), core.on_lost.clone())
 }
 
 /// The blocking acquire: the engine makes one direct attempt on this thread when the hold
