@@ -55,9 +55,20 @@ fn read_pid() -> u32 {
 #[cfg(unix)]
 static PID_CACHE_OFF: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+/// How many forks this process descends from since the fork handler was registered: with the
+/// pid, tells memory inherited from another process (a pid alone can be recycled).
+static FORKS: AtomicU32 = AtomicU32::new(0);
+
+/// The pid, and the forks counted since the fork handler was registered.
+pub fn lineage() -> (u32, u32) {
+    let pid = pid();
+    (pid, FORKS.load(Ordering::Relaxed))
+}
+
 #[cfg(unix)]
 extern "C" fn forget_pid() {
     PID.store(0, Ordering::Relaxed);
+    FORKS.fetch_add(1, Ordering::Relaxed);
 }
 
 #[cfg(unix)]

@@ -9,15 +9,16 @@
 use std::cell::RefCell;
 
 use super::error::{Error, Result};
-use super::runtime::pid;
+use super::runtime::lineage;
 
 const TOKEN_BYTES: usize = 16;
 /// Tokens per read from the OS.
 const BATCH: usize = 16;
 
 struct Pool {
-    /// The process that filled `bytes`; 0 before the first fill.
-    pid: u32,
+    /// The process that filled `bytes` (its pid and forks, see `runtime::lineage`); 0 before
+    /// the first fill.
+    filled_by: (u32, u32),
     bytes: [u8; TOKEN_BYTES * BATCH],
     /// Where the next unused token starts (`bytes.len()`: none left).
     next: usize,
@@ -26,7 +27,7 @@ struct Pool {
 thread_local! {
     static POOL: RefCell<Pool> = const {
         RefCell::new(Pool {
-            pid: 0,
+            filled_by: (0, 0),
             bytes: [0; TOKEN_BYTES * BATCH],
             next: TOKEN_BYTES * BATCH,
         })
@@ -35,13 +36,13 @@ thread_local! {
 
 impl Pool {
     fn take(&mut self, out: &mut [u8; TOKEN_BYTES]) -> Result<()> {
-        let me = pid();
-        if self.pid != me || self.next >= self.bytes.len() {
+        let me = lineage();
+        if self.filled_by != me || self.next >= self.bytes.len() {
             self.bytes.fill(0);
             self.next = self.bytes.len();
             getrandom::fill(&mut self.bytes)
                 .map_err(|e| Error::Usage(format!("no randomness for a lock token: {e}")))?;
-            self.pid = me;
+            self.filled_by = me;
             self.next = 0;
         }
         let used = &mut self.bytes[self.next..self.next + TOKEN_BYTES];
@@ -60,17 +61,7 @@ pub fn new_token() -> Result<String> {
             getrandom::fill(&mut bytes)
                 .map_err(|e| Error::Usage(format!("no randomness for a lock token: {e}")))
         })?;
-    Ok(hex(&bytes))
-}
-
-fn hex(bytes: &[u8; TOKEN_BYTES]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut text = String::with_capacity(2 * TOKEN_BYTES);
-    for byte in bytes {
-        text.push(DIGITS[usize::from(byte >> 4)] as char);
-        text.push(DIGITS[usize::from(byte & 0x0f)] as char);
-    }
-    text
+    Ok(uuid::Uuid::from_bytes(bytes).simple().to_string())
 }
 
 #[cfg(test)]
@@ -106,13 +97,5 @@ mod tests {
         all.dedup();
         assert_eq!(all.len(), 10 * BATCH);
         assert!(all.iter().all(|t| t.len() == 32));
-    }
-
-    #[test]
-    fn hex_is_lowercase_and_in_order() {
-        let mut bytes = [0u8; TOKEN_BYTES];
-        bytes[0] = 0xab;
-        bytes[15] = 0x0f;
-        assert_eq!(hex(&bytes), "ab00000000000000000000000000000f");
     }
 }
