@@ -188,6 +188,77 @@ register(
 )
 
 
+# --- the raw hand-off reference -------------------------------------------------------------
+
+
+class _RawPubSubHandle:
+    """A reference, not a library: plain redis-py SET NX PX to take the name, DEL + PUBLISH (one
+    pipelined round trip) to give it back, and a waiter that is SUBSCRIBEd to the name's channel
+    and blocks on its socket for the next message between tries. What a hand-off between two
+    processes costs at the least: the release's round trip, the message, one more SET NX."""
+
+    def __init__(self, client: Any, name: str, ttl: float, wait: float) -> None:
+        import secrets
+
+        self._client = client
+        self._name = name
+        self._channel = f"{name}:raw-wake"
+        self._ttl_ms = max(1, round(ttl * 1000))
+        self._wait = wait
+        self._token = secrets.token_hex(8)
+        self._pubsub = client.pubsub(ignore_subscribe_messages=True)
+        self._pubsub.subscribe(self._channel)
+        self._pubsub.get_message(timeout=1.0)  # the subscription is in place before any try
+        self._release = client.pipeline(transaction=False)
+
+    def acquire(self) -> bool:
+        import time
+
+        deadline = time.monotonic() + self._wait
+        get_message, try_set = self._pubsub.get_message, self._client.set
+        while True:
+            if try_set(self._name, self._token, nx=True, px=self._ttl_ms):
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            get_message(timeout=min(left, self._ttl_ms / 1000))
+
+    def release(self) -> None:
+        pipe = self._release
+        pipe.delete(self._name)
+        pipe.publish(self._channel, b"")
+        pipe.execute()
+
+
+class _RawPubSubSession:
+    def __init__(self, url: str) -> None:
+        import redis
+
+        self.client = redis.Redis.from_url(url)
+
+    def lock(self, name: str, ttl: float, wait: float = WAIT) -> LockHandle:
+        return _RawPubSubHandle(self.client, name, ttl, wait)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+register(
+    Peer(
+        name="raw-pubsub",
+        label="reference: redis-py SET NX PX / DEL + PUBLISH, waiter SUBSCRIBEd (no library)",
+        # Only the hand-off scenarios take it (`Scenario.reference`): a floor to measure the
+        # unfair lock's hand-off against, not a lock to rank (DEL without an owner check).
+        capabilities=frozenset({"raw-handoff"}),
+        open=_RawPubSubSession,
+        probe=_probe_import("redis", "redis hiredis"),
+        info=_redis_py_info,
+        required=False,
+    )
+)
+
+
 # --- python-redis-lock ---------------------------------------------------------------------
 
 

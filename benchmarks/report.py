@@ -26,6 +26,9 @@ COMMANDS_SPREAD = 1.25  # "independent of waiting threads": largest/smallest ove
 REDIS_PY_1MS = "redis-py-1ms"
 CPU_UNFAIR_VS_REDIS_PY = 1.5  # server CPU per section, redmutex ≤ 1.5× redis-py's (1 ms polling)
 RW_VS_LOCK = 0.9  # RWLock read and write pairs/s ≥ 0.9× Lock's
+RAW_HANDOFF = "raw-pubsub"  # the hand-off floor: SET NX / DEL + PUBLISH, waiter subscribed
+HANDOFF_VS_RAW = 1.2  # unfair hand-off p50 ≤ 1.2× the raw reference's (and ≤ HANDOFF_P50_US
+# when the raw one is within it), p99 ≤ HANDOFF_P99_US
 
 
 def _num(value: float | None, digits: int = 0) -> str:
@@ -111,6 +114,22 @@ def _targets(
                 f"p50 {_num(p50, 1)} µs, p99 {_num(p99, 1)} µs",
                 met,
             )
+    for scenario in ("handoff2", "handoff4"):
+        row, raw = by_key.get((scenario, SUBJECT)), by_key.get((scenario, RAW_HANDOFF))
+        p50, p99, raw_p50 = _p(row, "p50"), _p(row, "p99"), _p(raw, "p50")
+        if row is None or p50 is None or p99 is None or raw_p50 is None:
+            continue
+        floor = HANDOFF_VS_RAW * raw_p50
+        if raw_p50 <= HANDOFF_P50_US:
+            floor = min(floor, HANDOFF_P50_US)
+        add(
+            f"unfair hand-off p50 ≤ {HANDOFF_VS_RAW:g}× {RAW_HANDOFF}'s"
+            f" (and ≤ {HANDOFF_P50_US / 1000:g} ms when it allows), p99 ≤ {HANDOFF_P99_US / 1000:g} ms",
+            f"{SUBJECT}, {row['title']}",
+            f"p50 {_num(p50, 1)} vs {_num(raw_p50, 1)} µs = {_num(p50 / raw_p50, 2)}×,"
+            f" p99 {_num(p99, 1)} µs",
+            p50 <= floor and p99 <= HANDOFF_P99_US,
+        )
     for scenario in ("contended4", "contended8"):
         row = by_key.get((scenario, FAIR_PEER))
         if row is None:

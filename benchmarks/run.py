@@ -227,7 +227,12 @@ def _run_scenario(
     commandstats: Any = None,
     server_cpu: Any = None,
 ) -> list[dict[str, Any]]:
-    eligible = [p for p in peer_order if scenario.needs in PEERS[p].capabilities]
+    eligible = [
+        p
+        for p in peer_order
+        if scenario.needs in PEERS[p].capabilities
+        or (scenario.reference and scenario.reference in PEERS[p].capabilities)
+    ]
     runs: dict[str, list[Measurement]] = {p: [] for p in eligible}
     failures: dict[str, str] = {}
     rounds: int = getattr(sizes, scenario.rounds)

@@ -99,6 +99,7 @@ class Scenario:
     point: int = 0  # "commands": the value on that axis
     capacity: int | None = 1  # holders allowed at once (None: any number, e.g. readers)
     quick: bool = True  # part of a --quick run's default selection
+    reference: str = ""  # a capability of reference peers that run it too (beside `needs`)
 
 
 SCENARIOS: dict[str, Scenario] = {}
@@ -423,6 +424,7 @@ for _p in (2, 4):
             unit="hand-off",
             run=handoff(_p),
             kind="handoff",
+            reference="raw-handoff",
             rounds="process_rounds",
             processes=_p,
         )
