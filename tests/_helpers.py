@@ -1,5 +1,5 @@
 """Small helpers shared by the test modules (threads that keep their outcome, waiting for a
-condition, counting Redis commands)."""
+condition, how soon a release wakes a waiter, counting Redis commands)."""
 
 from __future__ import annotations
 
@@ -41,6 +41,35 @@ def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
     while not cond():
         assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
         time.sleep(0.01)
+
+
+def wake_delay(
+    release: Callable[[], object],
+    acquire: Callable[[], object],
+    then: Callable[[], object] | None = None,
+    settle: float = 0.3,
+    timeout: float = 20.0,
+) -> float:
+    """Seconds from `release()` until a waiter got what it released: `acquire` runs in a thread
+    started `settle` s before the release (so that it is waiting by then) and must return true;
+    `then` runs after it in that thread (the waiter's own release)."""
+
+    def wait() -> float:
+        got = acquire()
+        at = time.monotonic()
+        assert got, "the waiter did not get it"
+        if then is not None:
+            then()
+        return at
+
+    waiter = ResultThread(wait)
+    waiter.start()
+    time.sleep(settle)
+    released = time.monotonic()
+    release()
+    woken = waiter.outcome(timeout)
+    assert isinstance(woken, float)
+    return woken - released
 
 
 def command_calls(conn: redis.Redis) -> dict[str, int]:

@@ -64,6 +64,16 @@ def r(redis_url: str) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
+def r2(redis_url: str) -> Iterator[redis.Redis]:
+    """A second redis-py client (another pool): stands for another process."""
+    conn = redis.Redis.from_url(redis_url)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+@pytest.fixture
 def key_of(prefix: str) -> Callable[[str, str], bytes]:
     """key_of(name, "lock") -> the raw Redis key `prefix{name}:lock` as bytes."""
 

@@ -4,14 +4,13 @@ redis-server, alone and mixed with python-redis-lock itself (both directions).""
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import uuid
-from collections.abc import Iterator
 
 import pytest
 import redis
 import redis_lock as original_redis_lock
+from _helpers import wake_delay
 from redmutex.compat import redis_lock
 from redmutex.compat.redis_lock import (
     AlreadyAcquired,
@@ -29,15 +28,6 @@ from redmutex.compat.redis_lock import (
 @pytest.fixture
 def name() -> str:
     return f"rl-{uuid.uuid4().hex[:10]}"
-
-
-@pytest.fixture
-def r2(redis_url: str) -> Iterator[redis.StrictRedis]:
-    conn = redis.StrictRedis.from_url(redis_url)
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 def test_keys_values_and_signal(r: redis.Redis, name: str) -> None:
@@ -179,21 +169,11 @@ def test_already_started(r: redis.Redis, name: str) -> None:
 def test_waiter_is_woken_by_a_release(r: redis.Redis, r2: redis.StrictRedis, name: str) -> None:
     holder = Lock(r, name)  # no expiry: nothing but the release frees it
     assert holder.acquire()
-    done: list[float] = []
-
-    def wait() -> None:
-        lk = Lock(r2, name)
-        assert lk.acquire(timeout=20)
-        done.append(time.monotonic())
-        lk.release()
-
-    t = threading.Thread(target=wait)
-    t.start()
-    time.sleep(0.5)
-    released = time.monotonic()
-    holder.release()
-    t.join(10)
-    assert done and done[0] - released < 0.5
+    lk = Lock(r2, name)
+    delay = wake_delay(
+        holder.release, lambda: lk.acquire(timeout=20), lk.release, settle=0.5, timeout=10
+    )
+    assert delay < 0.5
 
 
 def test_reset_and_reset_all(r: redis.Redis, name: str) -> None:
@@ -248,22 +228,9 @@ def test_original_waiter_is_woken_by_a_shim_release(
 ) -> None:
     shim = Lock(r, name)
     assert shim.acquire()
-    done: list[float] = []
-
-    def wait() -> None:
-        lk = original_redis_lock.Lock(r2, name)  # no expire: BLPOP without timeout
-        assert lk.acquire()
-        done.append(time.monotonic())
-        lk.release()
-
-    t = threading.Thread(target=wait, daemon=True)
-    t.start()
-    time.sleep(0.5)
-    released = time.monotonic()
-    shim.release()
-    t.join(10)
-    assert done, "python-redis-lock's waiter was not woken by the shim's release"
-    assert done[0] - released < 0.5
+    lk = original_redis_lock.Lock(r2, name)  # no expire: BLPOP without timeout
+    delay = wake_delay(shim.release, lk.acquire, lk.release, settle=0.5, timeout=10)
+    assert delay < 0.5, "python-redis-lock's waiter was not woken by the shim's release"
 
 
 def test_shim_waiter_is_woken_by_an_original_release(
@@ -271,18 +238,8 @@ def test_shim_waiter_is_woken_by_an_original_release(
 ) -> None:
     original = original_redis_lock.Lock(r2, name)  # no expiry
     assert original.acquire()
-    done: list[float] = []
-
-    def wait() -> None:
-        lk = Lock(r, name)
-        assert lk.acquire(timeout=20)
-        done.append(time.monotonic())
-        lk.release()
-
-    t = threading.Thread(target=wait)
-    t.start()
-    time.sleep(0.5)
-    released = time.monotonic()
-    original.release()
-    t.join(10)
-    assert done and done[0] - released < 0.5
+    lk = Lock(r, name)
+    delay = wake_delay(
+        original.release, lambda: lk.acquire(timeout=20), lk.release, settle=0.5, timeout=10
+    )
+    assert delay < 0.5

@@ -6,11 +6,11 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 
 import pytest
 import redis
 import redis.lock
+from _helpers import wake_delay
 from redis.exceptions import LockError, LockNotOwnedError
 from redmutex.compat import redis_py
 from redmutex.compat.redis_py import Lock, lock
@@ -19,16 +19,6 @@ from redmutex.compat.redis_py import Lock, lock
 @pytest.fixture
 def name() -> str:
     return f"rp-{uuid.uuid4().hex[:10]}"
-
-
-@pytest.fixture
-def r2(redis_url: str) -> Iterator[redis.Redis]:
-    """A second redis-py client (another pool): stands for another process."""
-    conn = redis.Redis.from_url(redis_url)
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 def test_key_and_value_are_redis_pys(r: redis.Redis, name: str) -> None:
@@ -131,24 +121,12 @@ def test_waiter_is_woken_by_a_shim_release_not_by_polling(
 ) -> None:
     holder = Lock(r, name, timeout=10)
     assert holder.acquire()
-    got = threading.Event()
-    woken_after: list[float] = []
-    released_at: list[float] = []
-
-    def wait() -> None:
-        # sleep=5: a polling waiter would take up to 5 s after the release.
-        assert Lock(r2, name, timeout=10, sleep=5).acquire(blocking_timeout=20)
-        woken_after.append(time.monotonic())
-        got.set()
-
-    t = threading.Thread(target=wait)
-    t.start()
-    time.sleep(0.5)
-    released_at.append(time.monotonic())
-    holder.release()
-    assert got.wait(10)
-    t.join()
-    assert woken_after[0] - released_at[0] < 1.0
+    # sleep=5: a polling waiter would take up to 5 s after the release.
+    waiter = Lock(r2, name, timeout=10, sleep=5)
+    delay = wake_delay(
+        holder.release, lambda: waiter.acquire(blocking_timeout=20), settle=0.5, timeout=10
+    )
+    assert delay < 1.0
 
 
 def test_no_timeout_is_a_renewed_lease(r: redis.Redis, name: str) -> None:
@@ -252,38 +230,19 @@ def test_shim_waiter_notices_an_original_release_within_sleep(
     # A 30 s lease: without looking again every `sleep`, the waiter would sleep until it ends.
     original = redis.lock.Lock(r2, name, timeout=30)
     assert original.acquire()
-    done: list[float] = []
-
-    def wait() -> None:
-        assert Lock(r, name, timeout=5, sleep=0.1).acquire(blocking_timeout=20)
-        done.append(time.monotonic())
-
-    t = threading.Thread(target=wait)
-    t.start()
-    time.sleep(0.5)
-    released = time.monotonic()
-    original.release()
-    t.join(10)
-    assert done, "the shim waiter never got the lock"
-    assert done[0] - released < 0.1 + 0.5  # within its sleep (plus scheduling slack)
+    waiter = Lock(r, name, timeout=5, sleep=0.1)
+    delay = wake_delay(
+        original.release, lambda: waiter.acquire(blocking_timeout=20), settle=0.5, timeout=10
+    )
+    assert delay < 0.1 + 0.5  # within its sleep (plus scheduling slack)
 
 
 def test_original_waiter_gets_a_shim_release(r: redis.Redis, r2: redis.Redis, name: str) -> None:
     shim = Lock(r, name, timeout=5)
     assert shim.acquire()
-    done: list[float] = []
-
-    def wait() -> None:
-        assert redis.lock.Lock(r2, name, timeout=5, sleep=0.05).acquire(blocking_timeout=20)
-        done.append(time.monotonic())
-
-    t = threading.Thread(target=wait)
-    t.start()
-    time.sleep(0.3)
-    released = time.monotonic()
-    shim.release()
-    t.join(10)
-    assert done and done[0] - released < 0.05 + 0.5
+    original = redis.lock.Lock(r2, name, timeout=5, sleep=0.05)
+    delay = wake_delay(shim.release, lambda: original.acquire(blocking_timeout=20), timeout=10)
+    assert delay < 0.05 + 0.5
     r.delete(name)
 
 

@@ -641,7 +641,12 @@ def test_lone_surrogate_name(client: redmutex.Client, name: str) -> None:
     assert "name" in str(excinfo.value).lower()
 
 
-@pytest.mark.parametrize("name", [b"bytes", 1, None, 1.5, ["x"], object()], ids=repr)
+# Ids the same in every process (an object's repr has its address): pytest-xdist compares them.
+@pytest.mark.parametrize(
+    "name",
+    [b"bytes", 1, None, 1.5, ["x"], object()],
+    ids=lambda v: "object()" if type(v) is object else repr(v),
+)
 def test_non_str_name(client: redmutex.Client, name: object) -> None:
     with pytest.raises(TypeError) as excinfo:
         redmutex.Lock(client, name)  # type: ignore[arg-type]

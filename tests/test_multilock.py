@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 import redmutex
+from _helpers import wake_delay
 from _scale_servers import Cluster
 from redis.crc import key_slot
 from redmutex import aio
@@ -117,41 +118,16 @@ def test_a_waiter_is_woken_by_a_release_not_by_polling(client: redmutex.Client) 
     # The holders' leases are long: only a wake-up gets the waiter in promptly.
     holder = redmutex.Lock(client, "w2", ttl=30)
     assert holder.acquire()
-    waited: list[float] = []
-    released_at: list[float] = []
-
-    def wait() -> None:
-        multi = redmutex.MultiLock(client, ["w1", "w2", "w3"], ttl=30)
-        assert multi.acquire(timeout=20)
-        waited.append(time.monotonic())
-        multi.release()
-
-    t = threading.Thread(target=wait)
-    t.start()
-    time.sleep(0.3)
-    released_at.append(time.monotonic())
-    holder.release()
-    t.join(20)
-    assert waited and waited[0] - released_at[0] < 0.8, waited[0] - released_at[0]
+    waiter = redmutex.MultiLock(client, ["w1", "w2", "w3"], ttl=30)
+    delay = wake_delay(holder.release, lambda: waiter.acquire(timeout=20), waiter.release)
+    assert delay < 0.8, delay
 
     # And the other way: a Lock waiter is woken by the MultiLock's release.
     multi = redmutex.MultiLock(client, ["w1", "w2"], ttl=30)
     assert multi.acquire()
-    single_waited: list[float] = []
-
-    def wait_single() -> None:
-        lock = redmutex.Lock(client, "w2", ttl=30)
-        assert lock.acquire(timeout=20)
-        single_waited.append(time.monotonic())
-        lock.release()
-
-    t = threading.Thread(target=wait_single)
-    t.start()
-    time.sleep(0.3)
-    t0 = time.monotonic()
-    multi.release()
-    t.join(20)
-    assert single_waited and single_waited[0] - t0 < 0.8
+    lock = redmutex.Lock(client, "w2", ttl=30)
+    delay = wake_delay(multi.release, lambda: lock.acquire(timeout=20), lock.release)
+    assert delay < 0.8, delay
 
 
 def test_a_timeout_leaves_nothing_held(
@@ -183,21 +159,9 @@ def test_a_fair_queue_counts_as_busy_and_is_served_on_release(
     r.zadd(key_of("q1", "queue:deadlines"), {"gone": now_ms - 5000})
     assert multi.acquire(blocking=False)
     # A fair Lock waiting behind the MultiLock is granted the name on its release, at once.
-    got: list[float] = []
-
-    def wait() -> None:
-        fair = redmutex.Lock(client, "q1", ttl=10, fair=True)
-        assert fair.acquire(timeout=20)
-        got.append(time.monotonic())
-        fair.release()
-
-    t = threading.Thread(target=wait)
-    t.start()
-    time.sleep(0.4)
-    t0 = time.monotonic()
-    multi.release()
-    t.join(20)
-    assert got and got[0] - t0 < 0.8
+    fair = redmutex.Lock(client, "q1", ttl=10, fair=True)
+    delay = wake_delay(multi.release, lambda: fair.acquire(timeout=20), fair.release, settle=0.4)
+    assert delay < 0.8, delay
 
 
 def test_extend_owned_and_loss(client: redmutex.Client, r: redis.Redis, key_of: KeyOf) -> None:
@@ -399,21 +363,11 @@ def test_cluster_woken_waiting_and_timeout_gives_back(
     assert multi.acquire(timeout=0.5) is False
     # It gave back what it took while it waited.
     assert cget(cluster, first) is None
-    got: list[float] = []
-
-    def wait() -> None:
-        waiter = redmutex.MultiLock(cclient, [a, b, c], ttl=30)
-        assert waiter.acquire(timeout=20)
-        got.append(time.monotonic())
-        waiter.release()
-
-    t = threading.Thread(target=wait)
-    t.start()
-    time.sleep(0.5)
-    t0 = time.monotonic()
-    holder.release()
-    t.join(25)
-    assert got and got[0] - t0 < 1.0, got[0] - t0
+    waiter = redmutex.MultiLock(cclient, [a, b, c], ttl=30)
+    delay = wake_delay(
+        holder.release, lambda: waiter.acquire(timeout=20), waiter.release, settle=0.5, timeout=25
+    )
+    assert delay < 1.0, delay
     for n in (a, b, c):
         assert cget(cluster, n) is None
 

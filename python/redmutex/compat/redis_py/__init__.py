@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import logging
 import threading
-import uuid
-from types import SimpleNamespace, TracebackType
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 from redis.exceptions import LockError, LockNotOwnedError
 
-from ..._core import _CompatHold, _CompatLock
-from .._common import NO_EXPIRY_LEASE, client_of, encode, key_name, token_text
+from ..._core import _CompatHold
+from .._common import encode, token_text
+from ._base import LockBase, Number
+from ._base import poll as _poll
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -28,8 +29,6 @@ if TYPE_CHECKING:
 __all__ = ["Lock", "LockError", "LockNotOwnedError", "lock"]
 
 logger = logging.getLogger("redmutex.compat.redis_py")
-
-Number = int | float
 
 
 class _ThreadLocal(threading.local):
@@ -41,7 +40,7 @@ class _ThreadLocal(threading.local):
         self.hold: _CompatHold | None = None
 
 
-class Lock:
+class Lock(LockBase):
     """A distributed lock with redis-py's `redis.lock.Lock` interface (see its docs).
 
     ``timeout`` is the lease in seconds (None: held until released; here a lease renewed in the
@@ -51,47 +50,7 @@ class Lock:
     ``raise_on_release_error`` mean what they mean in redis-py.
     """
 
-    def __init__(
-        self,
-        redis: Any,
-        name: str | bytes,
-        timeout: Number | None = None,
-        sleep: Number = 0.1,
-        blocking: bool = True,
-        blocking_timeout: Number | None = None,
-        thread_local: bool = True,
-        raise_on_release_error: bool = True,
-    ) -> None:
-        self.redis = redis
-        self.name: Any = name
-        self.timeout = timeout
-        self.sleep = sleep
-        self.blocking = blocking
-        self.blocking_timeout = blocking_timeout
-        self.thread_local = bool(thread_local)
-        self.raise_on_release_error = raise_on_release_error
-        self.local: Any = _ThreadLocal() if self.thread_local else SimpleNamespace()
-        self.local.token = None
-        self._key = encode(redis, name)
-        self._core = _CompatLock(client_of(redis), key_name(self._key), self._key)
-
-    # -- the lease -------------------------------------------------------------------------
-
-    def _lease(self) -> tuple[float, bool]:
-        """The lease of an acquire and whether it is renewed (redis-py: no timeout, no expiry)."""
-        if self.timeout:
-            return float(self.timeout), False
-        return NO_EXPIRY_LEASE, True
-
-    def _hold(self) -> _CompatHold | None:
-        return getattr(self.local, "hold", None)
-
-    def _set(self, token: bytes | None, hold: _CompatHold | None) -> None:
-        previous = self._hold()
-        if previous is not None and previous is not hold:
-            previous.stop()
-        self.local.token = token
-        self.local.hold = hold
+    _local_class = _ThreadLocal
 
     # -- with ------------------------------------------------------------------------------
 
@@ -115,11 +74,6 @@ class Lock:
 
     # -- acquire ---------------------------------------------------------------------------
 
-    def _token_of(self, token: str | bytes | None) -> tuple[bytes, bool]:
-        if token is None:
-            return uuid.uuid1().hex.encode(), False
-        return encode(self.redis, token), True
-
     def acquire(
         self,
         sleep: Number | None = None,
@@ -135,17 +89,7 @@ class Lock:
         if sleep is None:
             sleep = self.sleep
         raw, chosen = self._token_of(token)
-        if blocking is None:
-            blocking = self.blocking
-        if blocking_timeout is None:
-            blocking_timeout = self.blocking_timeout
-        wait: float | None
-        if not blocking:
-            wait = 0.0
-        elif blocking_timeout is None:
-            wait = None
-        else:
-            wait = max(float(blocking_timeout), 0.0)
+        wait = self._wait(blocking, blocking_timeout)
         lease, renew = self._lease()
         hold = self._core.acquire(token_text(raw), lease, wait, chosen, renew, poll=_poll(sleep))
         if hold is None:
@@ -173,12 +117,6 @@ class Lock:
         """Whether this object (in this thread, when thread_local) holds the lock."""
         token = self.local.token
         return token is not None and self._core.owner() == token
-
-    @property
-    def fence(self) -> int | None:
-        """The fencing token of the current hold (redmutex's addition), None when not held."""
-        hold = self._hold()
-        return None if hold is None or self.local.token is None else hold.fence
 
     # -- release ---------------------------------------------------------------------------
 
@@ -236,19 +174,6 @@ class Lock:
 
     def __repr__(self) -> str:
         return f"<redmutex.compat.redis_py.Lock name={self.name!r} timeout={self.timeout!r}>"
-
-
-def _poll(sleep: Number) -> float:
-    """How often a waiter looks again while a plain redis-py process holds the lock."""
-    try:
-        seconds = float(sleep)
-    except (TypeError, ValueError):
-        raise TypeError(
-            f"sleep: expected a number of seconds, not {type(sleep).__name__}"
-        ) from None
-    if not seconds > 0:  # also NaN
-        seconds = 0.001
-    return min(seconds, 86400.0)
 
 
 def lock(

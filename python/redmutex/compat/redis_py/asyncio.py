@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 import weakref
 from collections.abc import Awaitable
-from types import SimpleNamespace, TracebackType
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 from redis.exceptions import LockError, LockNotOwnedError
 
-from ..._core import _CompatHold, _CompatLock
-from .._common import NO_EXPIRY_LEASE, client_of, encode, key_name, token_text
-from . import _poll
+from .._common import encode, token_text
+from ._base import LockBase, Number, poll
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -30,8 +28,6 @@ if TYPE_CHECKING:
 __all__ = ["Lock", "LockError", "LockNotOwnedError", "lock"]
 
 logger = logging.getLogger("redmutex.compat.redis_py")
-
-Number = int | float
 
 
 class TaskLocal:
@@ -66,47 +62,10 @@ class TaskLocal:
         self._slots()[name] = value
 
 
-class Lock:
+class Lock(LockBase):
     """A distributed lock with redis-py's `redis.asyncio.lock.Lock` interface (see its docs)."""
 
-    def __init__(
-        self,
-        redis: Any,
-        name: str | bytes,
-        timeout: Number | None = None,
-        sleep: Number = 0.1,
-        blocking: bool = True,
-        blocking_timeout: Number | None = None,
-        thread_local: bool = True,
-        raise_on_release_error: bool = True,
-    ) -> None:
-        self.redis = redis
-        self.name: Any = name
-        self.timeout = timeout
-        self.sleep = sleep
-        self.blocking = blocking
-        self.blocking_timeout = blocking_timeout
-        self.thread_local = bool(thread_local)
-        self.raise_on_release_error = raise_on_release_error
-        self.local: Any = TaskLocal() if self.thread_local else SimpleNamespace()
-        self.local.token = None
-        self._key = encode(redis, name)
-        self._core = _CompatLock(client_of(redis), key_name(self._key), self._key)
-
-    def _lease(self) -> tuple[float, bool]:
-        if self.timeout:
-            return float(self.timeout), False
-        return NO_EXPIRY_LEASE, True
-
-    def _hold(self) -> _CompatHold | None:
-        return getattr(self.local, "hold", None)
-
-    def _set(self, token: bytes | None, hold: _CompatHold | None) -> None:
-        previous = self._hold()
-        if previous is not None and previous is not hold:
-            previous.stop()
-        self.local.token = token
-        self.local.hold = hold
+    _local_class = TaskLocal
 
     async def __aenter__(self) -> Self:
         if await self.acquire():
@@ -133,24 +92,11 @@ class Lock:
         token: str | bytes | None = None,
     ) -> bool:
         """Takes the lock; True once acquired, False when not (non-blocking or timed out)."""
-        if token is None:
-            raw, chosen = uuid.uuid1().hex.encode(), False
-        else:
-            raw, chosen = encode(self.redis, token), True
-        if blocking is None:
-            blocking = self.blocking
-        if blocking_timeout is None:
-            blocking_timeout = self.blocking_timeout
-        wait: float | None
-        if not blocking:
-            wait = 0.0
-        elif blocking_timeout is None:
-            wait = None
-        else:
-            wait = max(float(blocking_timeout), 0.0)
+        raw, chosen = self._token_of(token)
+        wait = self._wait(blocking, blocking_timeout)
         lease, renew = self._lease()
         hold = await self._core._acquire_async(
-            token_text(raw), lease, wait, chosen, renew, poll=_poll(self.sleep)
+            token_text(raw), lease, wait, chosen, renew, poll=poll(self.sleep)
         )
         if hold is None:
             return False
@@ -175,12 +121,6 @@ class Lock:
         """Whether this object (in this task, when thread_local) holds the lock."""
         token = self.local.token
         return token is not None and await self._core._owner_async() == token
-
-    @property
-    def fence(self) -> int | None:
-        """The fencing token of the current hold (redmutex's addition), None when not held."""
-        hold = self._hold()
-        return None if hold is None or self.local.token is None else hold.fence
 
     async def release(self) -> None:
         """Releases the lock (LockError when not held, LockNotOwnedError when no longer ours)."""

@@ -1,0 +1,99 @@
+"""What the sync and the asyncio shim of redis-py's Lock share: the constructor, the lease an
+acquire asks for, the wait it allows, its token, and the token and hold kept per thread (per
+task in asyncio)."""
+
+from __future__ import annotations
+
+import uuid
+from types import SimpleNamespace
+from typing import Any, ClassVar
+
+from ..._core import _CompatHold, _CompatLock
+from .._common import NO_EXPIRY_LEASE, client_of, encode, key_name
+
+Number = int | float
+
+
+class LockBase:
+    """redis-py's Lock attributes and the bookkeeping of a hold; the sync and asyncio classes
+    add the calls."""
+
+    #: What keeps the token and hold per thread (per task) when ``thread_local``.
+    _local_class: ClassVar[type[Any]]
+
+    def __init__(
+        self,
+        redis: Any,
+        name: str | bytes,
+        timeout: Number | None = None,
+        sleep: Number = 0.1,
+        blocking: bool = True,
+        blocking_timeout: Number | None = None,
+        thread_local: bool = True,
+        raise_on_release_error: bool = True,
+    ) -> None:
+        self.redis = redis
+        self.name: Any = name
+        self.timeout = timeout
+        self.sleep = sleep
+        self.blocking = blocking
+        self.blocking_timeout = blocking_timeout
+        self.thread_local = bool(thread_local)
+        self.raise_on_release_error = raise_on_release_error
+        self.local: Any = self._local_class() if self.thread_local else SimpleNamespace()
+        self.local.token = None
+        self._key = encode(redis, name)
+        self._core = _CompatLock(client_of(redis), key_name(self._key), self._key)
+
+    def _lease(self) -> tuple[float, bool]:
+        """The lease of an acquire and whether it is renewed (redis-py: no timeout, no expiry)."""
+        if self.timeout:
+            return float(self.timeout), False
+        return NO_EXPIRY_LEASE, True
+
+    def _wait(self, blocking: bool | None, blocking_timeout: Number | None) -> float | None:
+        """How long an acquire waits (None: for good), from its arguments or the lock's."""
+        if blocking is None:
+            blocking = self.blocking
+        if blocking_timeout is None:
+            blocking_timeout = self.blocking_timeout
+        if not blocking:
+            return 0.0
+        if blocking_timeout is None:
+            return None
+        return max(float(blocking_timeout), 0.0)
+
+    def _token_of(self, token: str | bytes | None) -> tuple[bytes, bool]:
+        """The token of an acquire as bytes, and whether the caller chose it."""
+        if token is None:
+            return uuid.uuid1().hex.encode(), False
+        return encode(self.redis, token), True
+
+    def _hold(self) -> _CompatHold | None:
+        return getattr(self.local, "hold", None)
+
+    def _set(self, token: bytes | None, hold: _CompatHold | None) -> None:
+        previous = self._hold()
+        if previous is not None and previous is not hold:
+            previous.stop()
+        self.local.token = token
+        self.local.hold = hold
+
+    @property
+    def fence(self) -> int | None:
+        """The fencing token of the current hold (redmutex's addition), None when not held."""
+        hold = self._hold()
+        return None if hold is None or self.local.token is None else hold.fence
+
+
+def poll(sleep: Number) -> float:
+    """How often a waiter looks again while a plain redis-py process holds the lock."""
+    try:
+        seconds = float(sleep)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"sleep: expected a number of seconds, not {type(sleep).__name__}"
+        ) from None
+    if not seconds > 0:  # also NaN
+        seconds = 0.001
+    return min(seconds, 86400.0)
