@@ -8,6 +8,8 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use redis::Value;
+
 use super::client::{Backend, Client};
 use super::error::{Error, Result};
 use super::executor::{self, Now};
@@ -21,6 +23,7 @@ use super::waiting::{
     self, attempt_direct, spawn_undo, Contender, Outcome, Plan, Undo, UndoStep, Wait,
 };
 use crate::protocol::lease;
+use crate::protocol::resp::{self, Packed};
 use crate::protocol::step::Step;
 
 /// Told by renewal when a hold is lost or renewal falters.
@@ -343,6 +346,44 @@ enum State<D> {
 struct HoldRef {
     token: String,
     status: Arc<HoldStatus>,
+}
+
+/// A release under way whose step a caller sends itself (`Holder::begin_release_step`).
+pub struct Releasing {
+    hold: HoldRef,
+    shared: Arc<Shared>,
+    epoch: u64,
+    sent_at: Instant,
+}
+
+/// An extend under way whose step a caller sends itself (`Holder::begin_extend_step`).
+pub struct Extending {
+    hold: HoldRef,
+    lease: Duration,
+    sent_at: Instant,
+}
+
+/// A first acquire attempt whose step a caller sends itself (`Holder::begin_try`); the object
+/// stays Acquiring until `Holder::finish_try` (or `Holder::abort_acquire`).
+pub struct Try {
+    token: String,
+    shared: Arc<Shared>,
+    sent_at: Instant,
+}
+
+/// What a first attempt sent by the caller left.
+pub enum Tried {
+    Done(bool),
+    /// The acquire goes on through the runtime (`Holder::acquire_waiting`): it found the
+    /// primitive busy and the caller waits, or its connection broke (a fresh acquire). The
+    /// object stays Acquiring until then.
+    Wait(Waiting),
+}
+
+/// An acquire left to the runtime by `Holder::finish_try`.
+pub struct Waiting {
+    token: Option<String>,
+    busy_retry_ms: Option<i64>,
 }
 
 /// One object's hold on a primitive `P`.
@@ -684,21 +725,7 @@ impl<P: Leased> Holder<P> {
             };
             let (reply, sent_at) =
                 attempt_direct(&shared, executor::script_of(&step)?, || contender.undo())?;
-            match contender.read(step.parse(reply)?, sent_at)? {
-                Outcome::Granted(grant) => Some(self.primitive.held(&contender, grant)),
-                Outcome::Busy { retry_ms } if wait != Wait::Once => {
-                    pending.busy_retry_ms = Some(retry_ms);
-                    pending.early = early.map(|early| {
-                        Box::new(EarlyWait {
-                            early,
-                            memo: contender.memo(),
-                            undo: contender.joins_first().then(|| contender.undo()),
-                        })
-                    });
-                    None
-                }
-                Outcome::Busy { .. } | Outcome::Refused => None,
-            }
+            self.read_first(&mut pending, &contender, &step, reply, sent_at, wait, early)?
         };
         if pending.busy_retry_ms.is_some() {
             pending.token = Some(token);
@@ -706,6 +733,37 @@ impl<P: Leased> Holder<P> {
         }
         let acquired = pending.settle(&backend, token, Ok(outcome), listener)?;
         Ok(Direct::Done(acquired))
+    }
+
+    /// What the reply of a first attempt (`Contender::first_step`, or its joining twin when the
+    /// waiter listened `early`) means: the hold it grants, or None; when it found the primitive
+    /// busy and the caller will wait, `pending` keeps what the wait needs.
+    #[allow(clippy::too_many_arguments)]
+    fn read_first<'c>(
+        &self,
+        pending: &mut Pending<'_, P>,
+        contender: &P::Contender<'c>,
+        step: &Step<<P::Contender<'c> as Contender>::Reply>,
+        reply: Value,
+        sent_at: Instant,
+        wait: Wait,
+        early: Option<waiting::Early>,
+    ) -> Result<Option<(Instant, P::Detail)>> {
+        Ok(match contender.read(step.parse(reply)?, sent_at)? {
+            Outcome::Granted(grant) => Some(self.primitive.held(contender, grant)),
+            Outcome::Busy { retry_ms } if wait != Wait::Once => {
+                pending.busy_retry_ms = Some(retry_ms);
+                pending.early = early.map(|early| {
+                    Box::new(EarlyWait {
+                        early,
+                        memo: contender.memo(),
+                        undo: contender.joins_first().then(|| contender.undo()),
+                    })
+                });
+                None
+            }
+            Outcome::Busy { .. } | Outcome::Refused => None,
+        })
     }
 
     /// The blocking API's `acquire`: a first attempt on the caller's thread when the direct
@@ -918,15 +976,51 @@ impl<P: Leased> Holder<P> {
         if let Some(nesting) = self.begin_leave()? {
             return self.leave_direct(nesting);
         }
+        let (step, releasing) = self.begin_release_step()?;
+        let outcome = executor::run_direct(&releasing.shared, &step);
+        self.finish_release_step(releasing, outcome)
+    }
+
+    /// The release of a (not nested) hold as one step for a caller that sends it itself (the
+    /// direct path, the asyncio loop path): renewal stops now; finish with
+    /// `finish_release_step`, or `release_resent` when the connection broke under it.
+    pub fn begin_release_step(&self) -> Result<(Step<bool>, Releasing)> {
         let hold = self.begin_release()?;
-        let shared = match self.client.shared() {
-            Ok(shared) => shared,
-            Err(err) => return self.finish_release(hold, Err(err), false),
-        };
+        let shared = self.client.shared()?;
         let step = self.primitive.release(&hold.token);
-        let (epoch, sent_at) = (shared.fault_epoch(), Instant::now());
-        let outcome = executor::run_direct(&shared, &step);
+        let releasing = Releasing {
+            epoch: shared.fault_epoch(),
+            sent_at: Instant::now(),
+            hold,
+            shared,
+        };
+        Ok((step, releasing))
+    }
+
+    /// Settles a release begun by `begin_release_step` with what its step answered.
+    pub fn finish_release_step(&self, releasing: Releasing, outcome: Result<bool>) -> Result<()> {
+        let Releasing {
+            hold,
+            shared,
+            epoch,
+            sent_at,
+        } = releasing;
         let retried = resent_own(&shared, &hold, epoch, sent_at);
+        self.finish_release(hold, outcome, retried)
+    }
+
+    /// A release begun by `begin_release_step` whose connection broke under it: sent again
+    /// through the runtime, a "not ours" then counting as released when the first send may have
+    /// deleted our token (see `resent_own`).
+    pub async fn release_resent(&self, releasing: Releasing) -> Result<()> {
+        let Releasing {
+            hold,
+            shared,
+            sent_at,
+            ..
+        } = releasing;
+        let outcome = self.primitive.release_on_node(&shared, &hold.token).await;
+        let retried = may_have_released(&shared, &hold, sent_at);
         self.finish_release(hold, outcome, retried)
     }
 
@@ -972,13 +1066,35 @@ impl<P: Leased> Holder<P> {
 
     /// `extend` on the caller's thread (only when `has_direct`).
     fn extend_direct(&self, lease: Option<Duration>) -> Result<()> {
+        let (step, extending) = self.begin_extend_step(lease)?;
+        let outcome = self
+            .client
+            .shared()
+            .and_then(|shared| executor::run_direct(&shared, &step));
+        self.finish_extend_step(extending, outcome)
+    }
+
+    /// `extend` as one step for a caller that sends it itself; finish with `finish_extend_step`.
+    pub fn begin_extend_step(&self, lease: Option<Duration>) -> Result<(Step<bool>, Extending)> {
         let hold = self.current().ok_or_else(|| self.not_owned())?;
         let lease = lease.unwrap_or(self.primitive.lease());
-        let outcome = self.client.shared().and_then(|shared| {
-            let step = self.primitive.extend(&hold.token, lease);
-            let sent_at = Instant::now();
-            Ok(executor::run_direct(&shared, &step)?.then_some(sent_at))
-        });
+        let step = self.primitive.extend(&hold.token, lease);
+        let extending = Extending {
+            hold,
+            lease,
+            sent_at: Instant::now(),
+        };
+        Ok((step, extending))
+    }
+
+    /// Settles an extend begun by `begin_extend_step` with what its step answered.
+    pub fn finish_extend_step(&self, extending: Extending, outcome: Result<bool>) -> Result<()> {
+        let Extending {
+            hold,
+            lease,
+            sent_at,
+        } = extending;
+        let outcome = outcome.map(|extended| extended.then_some(sent_at));
         self.finish_extend(&hold, lease, outcome)
     }
 
@@ -1003,11 +1119,17 @@ impl<P: Leased> Holder<P> {
 
     /// `owned` on the caller's thread (only when `has_direct`).
     fn owned_direct(&self) -> Result<bool> {
-        let Some(hold) = self.current() else {
+        let Some(step) = self.owned_step() else {
             return Ok(false);
         };
         let shared = self.client.shared()?;
-        executor::run_direct(&shared, &self.primitive.owned(&hold.token))
+        executor::run_direct(&shared, &step)
+    }
+
+    /// The step that tells whether this object's hold is still its own; None when it holds
+    /// nothing (then it does not own it).
+    pub fn owned_step(&self) -> Option<Step<bool>> {
+        self.current().map(|hold| self.primitive.owned(&hold.token))
     }
 
     /// The blocking API's `owned` (see `release_blocking`).
@@ -1018,6 +1140,137 @@ impl<P: Leased> Holder<P> {
             Now::Done(self.owned_direct())
         } else {
             Now::Later(self.owned())
+        }
+    }
+
+    /// Whether a caller that carries the steps itself (the asyncio loop path) may use
+    /// `begin_try`, `begin_release_step`, `begin_extend_step` and `owned_step`: the primitive
+    /// has the direct path, the client is one server, and the primitive is not re-entrant (its
+    /// nested acquires and releases go through the runtime).
+    pub fn carried(&self) -> bool {
+        self.has_direct() && !self.primitive.reentrant()
+    }
+
+    /// Begins an acquire whose first attempt (`Contender::first_step`, which never queues) the
+    /// caller sends itself: the call as bytes and the attempt to finish with `finish_try`. Only
+    /// when `carried`.
+    pub fn begin_try(&self, args: &P::Args) -> Result<(Packed, Try)> {
+        let shared = self.client.shared()?;
+        let mut pending = self.begin_acquire()?;
+        let token = new_token()?;
+        let call = {
+            let contender = self.primitive.contender(&shared, &token, args)?;
+            resp::pack(contender.first_step().call())
+        };
+        // The `Try` carries the Acquiring state from here on.
+        pending.settled = true;
+        let attempt = Try {
+            token,
+            shared,
+            sent_at: Instant::now(),
+        };
+        Ok((call, attempt))
+    }
+
+    /// Settles a first attempt begun by `begin_try` with its reply. `Err((error, resend))`: the
+    /// call failed; whatever it may have taken is given back, and with `resend` (the connection
+    /// broke, as the runtime would retry) the acquire goes on through the runtime with a new
+    /// token. `ticket`: the caller may have stopped waiting (see `Ticket`).
+    pub fn finish_try(
+        &self,
+        attempt: Try,
+        reply: std::result::Result<Value, (Error, bool)>,
+        wait: Wait,
+        listener: Option<OnLost>,
+        args: &P::Args,
+        ticket: Ticket,
+    ) -> Result<Tried> {
+        let mut pending = Pending {
+            holder: self,
+            token: None,
+            busy_retry_ms: None,
+            early: None,
+            settled: false,
+            ticket: Some(ticket),
+        };
+        let Try {
+            token,
+            shared,
+            sent_at,
+        } = attempt;
+        let outcome = {
+            let contender = self.primitive.contender(&shared, &token, args)?;
+            let reply = match reply {
+                Ok(reply) => reply,
+                Err((err, resend)) => {
+                    spawn_undo(contender.undo());
+                    if !resend {
+                        return Err(err);
+                    }
+                    pending.settled = true;
+                    return Ok(Tried::Wait(Waiting {
+                        token: None,
+                        busy_retry_ms: None,
+                    }));
+                }
+            };
+            let step = contender.first_step();
+            self.read_first(&mut pending, &contender, &step, reply, sent_at, wait, None)?
+        };
+        if let Some(retry_ms) = pending.busy_retry_ms {
+            pending.settled = true;
+            return Ok(Tried::Wait(Waiting {
+                token: Some(token),
+                busy_retry_ms: Some(retry_ms),
+            }));
+        }
+        let backend = Backend::Single(shared);
+        pending
+            .settle(&backend, token, Ok(outcome), listener)
+            .map(Tried::Done)
+    }
+
+    /// Gives back what a first attempt sent by the caller may have taken, once more: its reply
+    /// came after the call had failed (timed out), or never will (the connection closed).
+    pub fn undo_try(&self, token: &str, args: &P::Args) {
+        if let Ok(shared) = self.client.shared() {
+            if let Ok(contender) = self.primitive.contender(&shared, token, args) {
+                spawn_undo(contender.undo());
+            }
+        }
+    }
+
+    /// The token of a first attempt, for `undo_try`.
+    pub fn try_token(attempt: &Try) -> &str {
+        &attempt.token
+    }
+
+    /// Finishes, through the runtime, an acquire that `finish_try` left waiting.
+    pub async fn acquire_waiting(
+        &self,
+        waiting: Waiting,
+        wait: Wait,
+        listener: Option<OnLost>,
+        args: &P::Args,
+        ticket: Ticket,
+    ) -> Result<bool> {
+        let pending = Pending {
+            holder: self,
+            token: waiting.token,
+            busy_retry_ms: waiting.busy_retry_ms,
+            early: None,
+            settled: false,
+            ticket: Some(ticket),
+        };
+        self.acquire_pending(pending, wait, listener, args).await
+    }
+
+    /// Puts an object left Acquiring by `begin_try` or `finish_try` back to idle, when its
+    /// acquire does not go on (the caller stopped waiting, or never sent the attempt).
+    pub fn abort_acquire(&self) {
+        let mut state = self.state();
+        if matches!(*state, State::Acquiring) {
+            *state = State::Idle { lost: false };
         }
     }
 
@@ -1141,7 +1394,13 @@ async fn owned_on<P: Leased>(primitive: &P, backend: &Backend, token: &str) -> R
 /// send reached a server that is gone, so a "not ours" is a loss (another holder may hold it).
 /// Without a known run_id (a cluster) the first condition alone decides.
 fn resent_own(shared: &Shared, hold: &HoldRef, epoch: u64, sent_at: Instant) -> bool {
-    if shared.fault_epoch() == epoch || sent_at >= hold.status.deadline() {
+    shared.fault_epoch() != epoch && may_have_released(shared, hold, sent_at)
+}
+
+/// Whether a release sent at `sent_at` whose connection then broke may have deleted our token
+/// (see `resent_own`).
+fn may_have_released(shared: &Shared, hold: &HoldRef, sent_at: Instant) -> bool {
+    if sent_at >= hold.status.deadline() {
         return false;
     }
     match (&hold.status.run_id, shared.run_id()) {
