@@ -16,10 +16,9 @@ from typing import Any
 import pytest
 import redis
 import redmutex
+from _proxy import FaultProxy
 from redmutex import _core, aio
 from redmutex._server import RedisServer
-
-from _proxy import FaultProxy
 
 
 def calls() -> tuple[int, int]:
@@ -283,4 +282,3 @@ def test_a_flushed_script_cache_is_reloaded(client: redmutex.Client, r: redis.Re
         assert calls()[1] == runtime0
 
     asyncio.run(main())
-

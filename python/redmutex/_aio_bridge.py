@@ -1,5 +1,8 @@
 """One `_core.LoopWaker` per event loop: the Rust runtime queues finished operations there and
-wakes the loop through a socket, so only the loop's own thread ever touches their futures."""
+wakes the loop through a socket, so only the loop's own thread ever touches their futures.
+
+The loop path (`_core.LoopConn`): each loop's own connection to a client's server, opened here
+on first use, carries the one-round-trip steps with no runtime thread in the round trip."""
 
 from __future__ import annotations
 
@@ -41,10 +44,12 @@ def open_connection(
     async def run() -> None:
         try:
             if path is not None:
-                opening = loop.create_unix_connection(lambda: protocol, path)
-            else:
+                await asyncio.wait_for(loop.create_unix_connection(lambda: protocol, path), timeout)
+            elif host is not None and port is not None:
                 opening = loop.create_connection(lambda: protocol, host, port)
-            await asyncio.wait_for(opening, timeout)
+                await asyncio.wait_for(opening, timeout)
+            else:
+                protocol._connect_failed()
         except (OSError, asyncio.TimeoutError, ValueError):
             protocol._connect_failed()
 

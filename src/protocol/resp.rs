@@ -206,7 +206,8 @@ mod tests {
 
     #[test]
     fn a_script_packs_as_evalsha_with_its_load() {
-        let script = redis::Script::new("return KEYS[1]");
+        let script: &'static redis::Script =
+            Box::leak(Box::new(redis::Script::new("return KEYS[1]")));
         let mut inv = script.prepare_invoke();
         inv.key("k").arg("a");
         let step = Step::script(inv, |_| Ok(()));

@@ -419,10 +419,17 @@ pub fn running_loop(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
     .call0()
 }
 
-/// Where the loop path connects for `client`: (host, port) or a unix socket path, and the
-/// connection's settings; None when the loop path does not serve it (TLS, Sentinel, Cluster,
-/// Redlock).
-fn target(client: &Client) -> Option<(Option<(String, u16)>, Option<String>, Vec<Vec<u8>>)> {
+/// Where the loop path connects: a TCP (host, port) or a unix socket path, and the commands of
+/// the connection's handshake.
+struct Target {
+    tcp: Option<(String, u16)>,
+    path: Option<String>,
+    handshake: Vec<Vec<u8>>,
+}
+
+/// Where the loop path connects for `client`; None when it does not serve it (TLS, Sentinel,
+/// Cluster, Redlock).
+fn target(client: &Client) -> Option<Target> {
     let Deployment::Single(endpoint) = &client.config().deployment else {
         return None;
     };
@@ -431,10 +438,16 @@ fn target(client: &Client) -> Option<(Option<(String, u16)>, Option<String>, Vec
     };
     let handshake = resp::handshake(info.redis_settings());
     match info.addr() {
-        ConnectionAddr::Tcp(host, port) => Some((Some((host.clone(), *port)), None, handshake)),
-        ConnectionAddr::Unix(path) => {
-            Some((None, Some(path.to_string_lossy().into_owned()), handshake))
-        }
+        ConnectionAddr::Tcp(host, port) => Some(Target {
+            tcp: Some((host.clone(), *port)),
+            path: None,
+            handshake,
+        }),
+        ConnectionAddr::Unix(path) => Some(Target {
+            tcp: None,
+            path: Some(path.to_string_lossy().into_owned()),
+            handshake,
+        }),
         _ => None,
     }
 }
@@ -481,7 +494,12 @@ pub fn ready_for<'py>(
             }
         }
     }
-    let Some((tcp, path, handshake)) = target(client) else {
+    let Some(Target {
+        tcp,
+        path,
+        handshake,
+    }) = target(client)
+    else {
         return Ok(None);
     };
     let timeouts = client.config().timeouts;
