@@ -3,6 +3,8 @@
 //! when the server answers NOSCRIPT), the handshake a connection's settings ask for, and where
 //! the first complete reply in a read buffer ends. No I/O.
 
+use std::sync::{Arc, Mutex};
+
 use redis::{
     Cmd, ConnectionLike, ErrorKind, ProtocolVersion, RedisConnectionInfo, ServerErrorKind, Value,
 };
@@ -14,8 +16,15 @@ use super::step::Call;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Packed {
     pub request: Vec<u8>,
-    pub load: Option<Vec<u8>>,
+    pub load: Option<Arc<[u8]>>,
 }
+
+/// The SCRIPT LOAD of each script packed so far, by its SHA1 (made once: a script's body is
+/// kilobytes).
+static LOADS: Mutex<Vec<KnownLoad>> = Mutex::new(Vec::new());
+
+/// A script's SHA1 and its SCRIPT LOAD request.
+type KnownLoad = ([u8; 40], Arc<[u8]>);
 
 /// The bytes of `call`: EVALSHA for a script (its SCRIPT LOAD beside it), else the command.
 pub fn pack(call: &Call) -> Packed {
@@ -26,21 +35,46 @@ pub fn pack(call: &Call) -> Packed {
         },
         Call::Script(inv) => {
             // The invocation builds its EVALSHA and SCRIPT LOAD commands only to send them: a
-            // connection that sends nothing collects them (the EVALSHA told NOSCRIPT, so the
-            // invocation goes on to its SCRIPT LOAD).
-            let mut capture = Capture(Vec::new());
+            // connection that sends nothing collects them (told NOSCRIPT, the invocation goes on
+            // to its SCRIPT LOAD).
+            let mut capture = Capture {
+                sent: Vec::new(),
+                noscript: false,
+            };
             let _ = inv.invoke::<Value>(&mut capture);
-            let mut sent = capture.0.into_iter();
-            Packed {
-                request: sent.next().unwrap_or_default(),
-                load: sent.next(),
-            }
+            let request = capture.sent.pop().unwrap_or_default();
+            let sha = evalsha_sha(&request);
+            let mut loads = LOADS.lock().unwrap_or_else(|p| p.into_inner());
+            let known = sha.and_then(|sha| loads.iter().find(|(s, _)| *s == sha));
+            let load = match (known, sha) {
+                (Some((_, load)), _) => Some(load.clone()),
+                (None, sha) => {
+                    capture.noscript = true;
+                    let _ = inv.invoke::<Value>(&mut capture);
+                    let load: Option<Arc<[u8]>> = capture.sent.pop().map(Into::into);
+                    if let (Some(sha), Some(load)) = (sha, &load) {
+                        loads.push((sha, load.clone()));
+                    }
+                    load
+                }
+            };
+            Packed { request, load }
         }
     }
 }
 
-/// Collects the commands handed to it; answers each with NOSCRIPT.
-struct Capture(Vec<Vec<u8>>);
+/// The SHA1 an EVALSHA request names (its second argument).
+fn evalsha_sha(request: &[u8]) -> Option<[u8; 40]> {
+    const HEAD: &[u8] = b"$7\r\nEVALSHA\r\n$40\r\n";
+    let at = request.windows(HEAD.len()).position(|w| w == HEAD)? + HEAD.len();
+    request.get(at..at + 40)?.try_into().ok()
+}
+
+/// Collects the commands handed to it; answers each with an error: NOSCRIPT when `noscript`.
+struct Capture {
+    sent: Vec<Vec<u8>>,
+    noscript: bool,
+}
 
 impl ConnectionLike for Capture {
     fn req_packed_command(&mut self, _cmd: &[u8]) -> redis::RedisResult<Value> {
@@ -57,8 +91,12 @@ impl ConnectionLike for Capture {
     }
 
     fn req_command(&mut self, cmd: &Cmd) -> redis::RedisResult<Value> {
-        self.0.push(cmd.get_packed_command());
-        Err((ErrorKind::Server(ServerErrorKind::NoScript), "not sent").into())
+        self.sent.push(cmd.get_packed_command());
+        if self.noscript {
+            Err((ErrorKind::Server(ServerErrorKind::NoScript), "not sent").into())
+        } else {
+            Err((ErrorKind::Client, "not sent").into())
+        }
     }
 
     fn get_db(&self) -> i64 {
@@ -218,6 +256,8 @@ mod tests {
         assert_eq!(packed.request, request.as_bytes());
         let load = "*3\r\n$6\r\nSCRIPT\r\n$4\r\nLOAD\r\n$14\r\nreturn KEYS[1]\r\n";
         assert_eq!(packed.load.as_deref(), Some(load.as_bytes()));
+        // Packed again, the SCRIPT LOAD comes from what the first packing kept.
+        assert_eq!(pack(step.call()), packed);
         let mut get = redis::cmd("GET");
         get.arg("k");
         let plain = pack(Step::command(get, |_| Ok(())).call());

@@ -139,11 +139,9 @@ impl LoopConn {
             return Ok(());
         };
         LOOP_CALLS.fetch_add(1, Ordering::Relaxed);
-        let Packed { request, load } = packed;
-        let again = load.map(|load| Packed {
-            request: request.clone(),
-            load: Some(load),
-        });
+        let bytes = PyBytes::new(py, &packed.request);
+        // Kept for a NOSCRIPT answer: only a script's call may be sent again.
+        let again = packed.load.is_some().then_some(packed);
         inner.line.push_back(Entry::Call(Call {
             sent_at: Instant::now(),
             again,
@@ -153,7 +151,7 @@ impl LoopConn {
         let arm = !inner.timer;
         inner.timer = true;
         drop(inner);
-        transport.call_method1(py, "write", (PyBytes::new(py, &request),))?;
+        transport.call_method1(py, "write", (bytes,))?;
         if arm {
             this.arm(slf, this.timeout)?;
         }
