@@ -7,7 +7,9 @@ on first use, carries the one-round-trip steps with no runtime thread in the rou
 from __future__ import annotations
 
 import asyncio
+import itertools
 import weakref
+from collections.abc import AsyncIterator
 from typing import Any
 
 from ._core import LoopWaker
@@ -28,6 +30,14 @@ def waker_for(loop: asyncio.AbstractEventLoop) -> LoopWaker:
 
 
 _opening: set[asyncio.Task[None]] = set()
+_closers = itertools.count()
+
+
+async def _close_with_loop(protocol: Any) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        protocol._close()
 
 
 def open_connection(
@@ -42,6 +52,11 @@ def open_connection(
     until it is ready, the runtime serves the loop's calls."""
 
     async def run() -> None:
+        # Closed with the loop: `asyncio.run` (and other runners) close every async generator
+        # that started on the loop before closing it.
+        closer = _close_with_loop(protocol)
+        await closer.__anext__()
+        getattr(loop, "_redmutex_conns", {})[("closer", next(_closers))] = closer
         try:
             if path is not None:
                 await asyncio.wait_for(loop.create_unix_connection(lambda: protocol, path), timeout)

@@ -347,6 +347,20 @@ impl LoopConn {
         run(py, then);
     }
 
+    /// Closes the connection (its event loop is closing).
+    fn _close(&self, py: Python<'_>) -> PyResult<()> {
+        let (then, transport) = {
+            let mut inner = self.inner();
+            let then = self.close_line(&mut inner, "its event loop closed");
+            (then, inner.transport.take())
+        };
+        if let Some(transport) = transport {
+            transport.call_method0(py, "close")?;
+        }
+        run(py, then);
+        Ok(())
+    }
+
     /// The command timeout's check: calls unanswered for that long fail.
     fn _on_timer(slf: &Bound<'_, LoopConn>) -> PyResult<()> {
         let this = slf.get();
