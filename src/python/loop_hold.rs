@@ -9,7 +9,8 @@
 //! before its reply comes abandons its ticket as the reply settles it, so a grant is given back
 //! at once; release and extend always settle, whoever still waits.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pyo3::prelude::*;
@@ -28,6 +29,23 @@ pub trait Convert<T>: for<'a> FnOnce(Python<'a>, Result<T>) -> PyResult<Bound<'a
 impl<T, C> Convert<T> for C where
     C: for<'a> FnOnce(Python<'a>, Result<T>) -> PyResult<Bound<'a, PyAny>>
 {
+}
+
+/// Runs its closure once when the future it is a done-callback of was cancelled.
+#[pyclass(frozen)]
+struct OnCancelled(Mutex<Option<Box<dyn FnOnce() + Send>>>);
+
+#[pymethods]
+impl OnCancelled {
+    fn __call__(&self, future: &Bound<'_, PyAny>) -> PyResult<()> {
+        if future.call_method0("cancelled")?.is_truthy()? {
+            let once = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(once) = once {
+                once();
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The loop's ready connection for `handle`'s client, when the loop path serves its calls.
@@ -114,13 +132,34 @@ where
     };
     let token = crate::engine::hold::Holder::<H::Primitive>::try_token(&attempt).to_string();
     let context = Arc::new(context);
-    let late = {
+    let undo = {
         let (handle, context) = (handle.clone(), context.clone());
-        Box::new(move || handle.holder().undo_try(&token, &context)) as loop_conn::Late
+        move || handle.holder().undo_try(&token, &context)
     };
+    let late = Box::new(undo.clone()) as loop_conn::Late;
+    // True while the first attempt is out. Cancelled meanwhile, the object is idle again at once
+    // (another acquire may begin), and the reply, when it comes, only gives back what the
+    // attempt took.
+    let out = Arc::new(AtomicBool::new(true));
+    let on_cancel = {
+        let (handle, out) = (handle.clone(), out.clone());
+        Box::new(move || {
+            if out.swap(false, Ordering::AcqRel) {
+                handle.holder().abort_acquire();
+            }
+        })
+    };
+    future.call_method1(
+        "add_done_callback",
+        (OnCancelled(Mutex::new(Some(on_cancel))),),
+    )?;
     let target = future.clone().unbind();
     let finish: Finish = Box::new(move |py: Python<'_>, reply: Reply| {
         let future = target.bind(py);
+        if !out.swap(false, Ordering::AcqRel) {
+            undo();
+            return;
+        }
         let holder = handle.holder();
         let ticket = Ticket::default();
         // Cancelled while the attempt was out: whatever it obtained is given back as it settles.
