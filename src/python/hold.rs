@@ -156,6 +156,14 @@ pub trait Held: Send + Sync + 'static {
     }
 }
 
+/// The asyncio loop path (`loop_hold`) drives every held object's holder.
+impl<H: Held> loop_hold::Held for H {
+    type Primitive = H::Primitive;
+    fn holder(&self) -> &Holder<H::Primitive> {
+        Held::holder(self)
+    }
+}
+
 /// What one acquire of `H` is told beyond the wait (the read and write locks: the caller).
 pub type Context<H> = <<H as Held>::Primitive as Leased>::Args;
 

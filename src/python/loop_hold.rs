@@ -16,12 +16,20 @@ use std::time::Duration;
 use pyo3::prelude::*;
 
 use super::awaitable::{self, Abandon, OnCancel};
-use super::hold::{Context, Held};
 use super::loop_conn::{self, Finish, LoopConn, Reply};
-use crate::engine::hold::{OnLost, Ticket, Tried};
+use crate::engine::hold::{Holder, Leased, OnLost, Ticket, Tried};
 use crate::engine::lock::Wait;
 use crate::engine::{Error, Result};
 use crate::protocol::resp;
+
+/// An object with one hold (`hold::Held` is one).
+pub trait Held: Send + Sync + 'static {
+    type Primitive: Leased<Args: Send + 'static>;
+    fn holder(&self) -> &Holder<Self::Primitive>;
+}
+
+/// What one acquire of `H` is told beyond the wait.
+type Context<H> = <<H as Held>::Primitive as Leased>::Args;
 
 /// Turns an operation's outcome into the awaitable's result, on the loop's thread.
 pub trait Convert<T>: for<'a> FnOnce(Python<'a>, Result<T>) -> PyResult<Bound<'a, PyAny>> {}
@@ -130,7 +138,7 @@ where
             return Ok(future);
         }
     };
-    let token = crate::engine::hold::Holder::<H::Primitive>::try_token(&attempt).to_string();
+    let token = Holder::<H::Primitive>::try_token(&attempt).to_string();
     let context = Arc::new(context);
     let undo = {
         let (handle, context) = (handle.clone(), context.clone());
