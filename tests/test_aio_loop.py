@@ -284,3 +284,30 @@ def test_a_flushed_script_cache_is_reloaded(client: redmutex.Client, r: redis.Re
         assert calls()[1] == runtime0
 
     asyncio.run(main())
+
+
+@pytest.mark.timeout(60)
+def test_the_loop_connection_authenticates_and_selects_the_database(
+    make_server: Callable[..., RedisServer],
+) -> None:
+    server = make_server(extra_args=["--requirepass", "s3cret"])
+    url = f"redis://:s3cret@127.0.0.1:{server.port}/3"
+
+    async def main() -> None:
+        client = redmutex.Client(url, prefix="auth:")
+        try:
+            lock = aio.Lock(client, "loop-auth", ttl=30)
+            await warm(lock)
+            runtime0 = calls()[1]
+            assert await lock.acquire()
+            r = redis.Redis(port=server.port, password="s3cret", db=3)
+            try:
+                assert r.exists("auth:{loop-auth}:lock") == 1
+            finally:
+                r.close()
+            await lock.release()
+            assert calls()[1] == runtime0
+        finally:
+            client.close()
+
+    asyncio.run(main())
