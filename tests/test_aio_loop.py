@@ -311,3 +311,31 @@ def test_the_loop_connection_authenticates_and_selects_the_database(
             client.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.timeout(60)
+def test_the_loop_connection_uses_a_unix_socket(
+    make_server: Callable[..., RedisServer], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    path = str(tmp_path_factory.mktemp("sock") / "redis.sock")
+    assert len(path) < 100, "unix socket path too long for this machine's tmp dir"
+    make_server(["--unixsocket", path, "--unixsocketperm", "700"])
+
+    async def main() -> None:
+        client = redmutex.Client(f"unix://{path}?db=2", prefix="unix:")
+        try:
+            lock = aio.Lock(client, "loop-unix", ttl=30)
+            await warm(lock)
+            runtime0 = calls()[1]
+            assert await lock.acquire()
+            r = redis.Redis(unix_socket_path=path, db=2)
+            try:
+                assert r.exists("unix:{loop-unix}:lock") == 1
+            finally:
+                r.close()
+            await lock.release()
+            assert calls()[1] == runtime0
+        finally:
+            client.close()
+
+    asyncio.run(main())
