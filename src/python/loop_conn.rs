@@ -151,7 +151,21 @@ impl LoopConn {
         let arm = !inner.timer;
         inner.timer = true;
         drop(inner);
-        transport.call_method1(py, "write", (bytes,))?;
+        if let Err(err) = transport.call_method1(py, "write", (bytes,)) {
+            // Not sent: the connection is given up, and its calls (this one too) go through
+            // the runtime; the next call opens a new one.
+            let why = err.to_string();
+            let (then, transport) = {
+                let mut inner = this.inner();
+                let then = this.close_line(&mut inner, &why);
+                (then, inner.transport.take())
+            };
+            if let Some(transport) = transport {
+                let _ = transport.call_method0(py, "abort");
+            }
+            run(py, then);
+            return Ok(());
+        }
         if arm {
             this.arm(slf, this.timeout)?;
         }
