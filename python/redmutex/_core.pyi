@@ -19,6 +19,7 @@ __all__ = [
     "Client",
     "FillClaim",
     "Lock",
+    "LoopConn",
     "LoopWaker",
     "MultiLock",
     "RWLock",
@@ -27,6 +28,7 @@ __all__ = [
     "_CompatHold",
     "_CompatLock",
     "__version__",
+    "_aio_calls",
     "_force_release",
     "_hold_count",
     "_interpreter_exiting",
@@ -52,6 +54,21 @@ class LoopWaker:
         """The file descriptor the loop watches."""
     def drain(self) -> None:
         """Empties the wake-up pipe."""
+
+@final
+class LoopConn:
+    """An event loop's own connection to a client's server (the asyncio loop path): an asyncio
+    protocol, made by redmutex._aio_bridge.open_connection."""
+
+    def connection_made(self, transport: Any) -> None: ...
+    def data_received(self, data: bytes) -> None: ...
+    def eof_received(self) -> bool: ...
+    def connection_lost(self, exc: BaseException | None = None) -> None: ...
+    def pause_writing(self) -> None: ...
+    def resume_writing(self) -> None: ...
+    def _connect_failed(self) -> None: ...
+    def _close(self) -> None: ...
+    def _on_timer(self) -> None: ...
 
 @final
 class Client:
@@ -522,6 +539,8 @@ def release_token(conn: ClientLike, lockname: str, identifier: str) -> bool:
     """Compare-and-delete for `identifier`; False when it did not hold the lock."""
 
 def _interpreter_exiting() -> None: ...
+def _aio_calls() -> tuple[int, int]:
+    """(calls served by the asyncio loop path, operations run on the runtime) so far."""
 
 # -- for the drop-in shims (redmutex.compat): a lock on another library's key, caller's token
 

@@ -1,6 +1,8 @@
 """redmutex for asyncio: the same primitives with coroutine methods and `async with`.
 
-Every wait happens in the Rust runtime, so a waiting coroutine never blocks the event loop.
+Every wait happens in the Rust runtime, so a waiting coroutine never blocks the event loop. On
+one server the one-round-trip calls (a first acquire attempt, release, extend, owned) go out on
+the event loop's own connection instead (`_core.LoopConn`), with no thread hand-off.
 Ownership belongs to the lock object (not to a thread or task). A cancelled `acquire()` neither
 keeps nor later takes the lock: the Rust side stops and cleans up, and a grant that raced the
 cancellation is given back.

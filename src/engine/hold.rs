@@ -8,6 +8,8 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use redis::Value;
+
 use super::client::{Backend, Client};
 use super::error::{Error, Result};
 use super::executor::{self, Now};
@@ -22,6 +24,9 @@ use super::waiting::{
 };
 use crate::protocol::lease;
 use crate::protocol::step::Step;
+
+mod carried;
+pub use carried::{Tried, Try, Waiting};
 
 /// Told by renewal when a hold is lost or renewal falters.
 pub type OnLost = Arc<dyn renew::Listener>;
@@ -343,6 +348,21 @@ enum State<D> {
 struct HoldRef {
     token: String,
     status: Arc<HoldStatus>,
+}
+
+/// A release under way whose step a caller sends itself (`Holder::begin_release_step`).
+pub struct Releasing {
+    hold: HoldRef,
+    shared: Arc<Shared>,
+    epoch: u64,
+    sent_at: Instant,
+}
+
+/// An extend under way whose step a caller sends itself (`Holder::begin_extend_step`).
+pub struct Extending {
+    hold: HoldRef,
+    lease: Duration,
+    sent_at: Instant,
 }
 
 /// One object's hold on a primitive `P`.
@@ -684,21 +704,7 @@ impl<P: Leased> Holder<P> {
             };
             let (reply, sent_at) =
                 attempt_direct(&shared, executor::script_of(&step)?, || contender.undo())?;
-            match contender.read(step.parse(reply)?, sent_at)? {
-                Outcome::Granted(grant) => Some(self.primitive.held(&contender, grant)),
-                Outcome::Busy { retry_ms } if wait != Wait::Once => {
-                    pending.busy_retry_ms = Some(retry_ms);
-                    pending.early = early.map(|early| {
-                        Box::new(EarlyWait {
-                            early,
-                            memo: contender.memo(),
-                            undo: contender.joins_first().then(|| contender.undo()),
-                        })
-                    });
-                    None
-                }
-                Outcome::Busy { .. } | Outcome::Refused => None,
-            }
+            self.read_first(&mut pending, &contender, &step, reply, sent_at, wait, early)?
         };
         if pending.busy_retry_ms.is_some() {
             pending.token = Some(token);
@@ -706,6 +712,37 @@ impl<P: Leased> Holder<P> {
         }
         let acquired = pending.settle(&backend, token, Ok(outcome), listener)?;
         Ok(Direct::Done(acquired))
+    }
+
+    /// What the reply of a first attempt (`Contender::first_step`, or its joining twin when the
+    /// waiter listened `early`) means: the hold it grants, or None; when it found the primitive
+    /// busy and the caller will wait, `pending` keeps what the wait needs.
+    #[allow(clippy::too_many_arguments)]
+    fn read_first<'c>(
+        &self,
+        pending: &mut Pending<'_, P>,
+        contender: &P::Contender<'c>,
+        step: &Step<<P::Contender<'c> as Contender>::Reply>,
+        reply: Value,
+        sent_at: Instant,
+        wait: Wait,
+        early: Option<waiting::Early>,
+    ) -> Result<Option<(Instant, P::Detail)>> {
+        Ok(match contender.read(step.parse(reply)?, sent_at)? {
+            Outcome::Granted(grant) => Some(self.primitive.held(contender, grant)),
+            Outcome::Busy { retry_ms } if wait != Wait::Once => {
+                pending.busy_retry_ms = Some(retry_ms);
+                pending.early = early.map(|early| {
+                    Box::new(EarlyWait {
+                        early,
+                        memo: contender.memo(),
+                        undo: contender.joins_first().then(|| contender.undo()),
+                    })
+                });
+                None
+            }
+            Outcome::Busy { .. } | Outcome::Refused => None,
+        })
     }
 
     /// The blocking API's `acquire`: a first attempt on the caller's thread when the direct
@@ -918,15 +955,51 @@ impl<P: Leased> Holder<P> {
         if let Some(nesting) = self.begin_leave()? {
             return self.leave_direct(nesting);
         }
+        let (step, releasing) = self.begin_release_step()?;
+        let outcome = executor::run_direct(&releasing.shared, &step);
+        self.finish_release_step(releasing, outcome)
+    }
+
+    /// The release of a (not nested) hold as one step for a caller that sends it itself (the
+    /// direct path, the asyncio loop path): renewal stops now; finish with
+    /// `finish_release_step`, or `release_resent` when the connection broke under it.
+    pub fn begin_release_step(&self) -> Result<(Step<bool>, Releasing)> {
         let hold = self.begin_release()?;
-        let shared = match self.client.shared() {
-            Ok(shared) => shared,
-            Err(err) => return self.finish_release(hold, Err(err), false),
-        };
+        let shared = self.client.shared()?;
         let step = self.primitive.release(&hold.token);
-        let (epoch, sent_at) = (shared.fault_epoch(), Instant::now());
-        let outcome = executor::run_direct(&shared, &step);
+        let releasing = Releasing {
+            epoch: shared.fault_epoch(),
+            sent_at: Instant::now(),
+            hold,
+            shared,
+        };
+        Ok((step, releasing))
+    }
+
+    /// Settles a release begun by `begin_release_step` with what its step answered.
+    pub fn finish_release_step(&self, releasing: Releasing, outcome: Result<bool>) -> Result<()> {
+        let Releasing {
+            hold,
+            shared,
+            epoch,
+            sent_at,
+        } = releasing;
         let retried = resent_own(&shared, &hold, epoch, sent_at);
+        self.finish_release(hold, outcome, retried)
+    }
+
+    /// A release begun by `begin_release_step` whose connection broke under it: sent again
+    /// through the runtime, a "not ours" then counting as released when the first send may have
+    /// deleted our token (see `resent_own`).
+    pub async fn release_resent(&self, releasing: Releasing) -> Result<()> {
+        let Releasing {
+            hold,
+            shared,
+            sent_at,
+            ..
+        } = releasing;
+        let outcome = self.primitive.release_on_node(&shared, &hold.token).await;
+        let retried = may_have_released(&shared, &hold, sent_at);
         self.finish_release(hold, outcome, retried)
     }
 
@@ -972,13 +1045,35 @@ impl<P: Leased> Holder<P> {
 
     /// `extend` on the caller's thread (only when `has_direct`).
     fn extend_direct(&self, lease: Option<Duration>) -> Result<()> {
+        let (step, extending) = self.begin_extend_step(lease)?;
+        let outcome = self
+            .client
+            .shared()
+            .and_then(|shared| executor::run_direct(&shared, &step));
+        self.finish_extend_step(extending, outcome)
+    }
+
+    /// `extend` as one step for a caller that sends it itself; finish with `finish_extend_step`.
+    pub fn begin_extend_step(&self, lease: Option<Duration>) -> Result<(Step<bool>, Extending)> {
         let hold = self.current().ok_or_else(|| self.not_owned())?;
         let lease = lease.unwrap_or(self.primitive.lease());
-        let outcome = self.client.shared().and_then(|shared| {
-            let step = self.primitive.extend(&hold.token, lease);
-            let sent_at = Instant::now();
-            Ok(executor::run_direct(&shared, &step)?.then_some(sent_at))
-        });
+        let step = self.primitive.extend(&hold.token, lease);
+        let extending = Extending {
+            hold,
+            lease,
+            sent_at: Instant::now(),
+        };
+        Ok((step, extending))
+    }
+
+    /// Settles an extend begun by `begin_extend_step` with what its step answered.
+    pub fn finish_extend_step(&self, extending: Extending, outcome: Result<bool>) -> Result<()> {
+        let Extending {
+            hold,
+            lease,
+            sent_at,
+        } = extending;
+        let outcome = outcome.map(|extended| extended.then_some(sent_at));
         self.finish_extend(&hold, lease, outcome)
     }
 
@@ -1003,11 +1098,17 @@ impl<P: Leased> Holder<P> {
 
     /// `owned` on the caller's thread (only when `has_direct`).
     fn owned_direct(&self) -> Result<bool> {
-        let Some(hold) = self.current() else {
+        let Some(step) = self.owned_step() else {
             return Ok(false);
         };
         let shared = self.client.shared()?;
-        executor::run_direct(&shared, &self.primitive.owned(&hold.token))
+        executor::run_direct(&shared, &step)
+    }
+
+    /// The step that tells whether this object's hold is still its own; None when it holds
+    /// nothing (then it does not own it).
+    pub fn owned_step(&self) -> Option<Step<bool>> {
+        self.current().map(|hold| self.primitive.owned(&hold.token))
     }
 
     /// The blocking API's `owned` (see `release_blocking`).
@@ -1141,7 +1242,13 @@ async fn owned_on<P: Leased>(primitive: &P, backend: &Backend, token: &str) -> R
 /// send reached a server that is gone, so a "not ours" is a loss (another holder may hold it).
 /// Without a known run_id (a cluster) the first condition alone decides.
 fn resent_own(shared: &Shared, hold: &HoldRef, epoch: u64, sent_at: Instant) -> bool {
-    if shared.fault_epoch() == epoch || sent_at >= hold.status.deadline() {
+    shared.fault_epoch() != epoch && may_have_released(shared, hold, sent_at)
+}
+
+/// Whether a release sent at `sent_at` whose connection then broke may have deleted our token
+/// (see `resent_own`).
+fn may_have_released(shared: &Shared, hold: &HoldRef, sent_at: Instant) -> bool {
+    if sent_at >= hold.status.deadline() {
         return false;
     }
     match (&hold.status.run_id, shared.run_id()) {

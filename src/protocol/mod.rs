@@ -10,6 +10,7 @@ pub mod lock;
 pub mod multilock;
 pub mod quorum;
 pub mod replies;
+pub mod resp;
 pub mod rwlock;
 pub mod scripts;
 pub mod semaphore;

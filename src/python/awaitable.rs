@@ -13,7 +13,7 @@ use std::future::Future;
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
@@ -180,16 +180,49 @@ where
     C: for<'a> FnOnce(Python<'a>, T) -> PyResult<Bound<'a, PyAny>> + Send + 'static,
 {
     let event_loop = py.import("asyncio")?.call_method0("get_running_loop")?;
+    let py_future = event_loop.call_method0("create_future")?;
+    spawn_into(
+        py,
+        &event_loop,
+        &py_future,
+        on_cancel,
+        abandon,
+        fut,
+        convert,
+    )?;
+    Ok(py_future)
+}
+
+/// How many operations went through the runtime (`spawn` and its kin), for tests that check
+/// which path served a call (see `loop_conn::_aio_calls`).
+pub static RUNTIME_CALLS: AtomicU64 = AtomicU64::new(0);
+
+/// Runs `fut` on the runtime and resolves `py_future` (of `event_loop`, the running loop) with
+/// its outcome, like `spawn` with a future made by the caller.
+pub fn spawn_into<F, T, C>(
+    py: Python<'_>,
+    event_loop: &Bound<'_, PyAny>,
+    py_future: &Bound<'_, PyAny>,
+    on_cancel: OnCancel,
+    abandon: Option<Abandon>,
+    fut: F,
+    convert: C,
+) -> PyResult<()>
+where
+    F: Future<Output = Result<T, Error>> + Send + 'static,
+    T: Send + 'static,
+    C: for<'a> FnOnce(Python<'a>, T) -> PyResult<Bound<'a, PyAny>> + Send + 'static,
+{
+    RUNTIME_CALLS.fetch_add(1, Ordering::Relaxed);
     let waker = py
         .import("redmutex._aio_bridge")?
-        .call_method1("waker_for", (&event_loop,))?;
+        .call_method1("waker_for", (event_loop,))?;
     let shared = waker
         .cast::<LoopWaker>()
         .map_err(PyErr::from)?
         .get()
         .shared
         .clone();
-    let py_future = event_loop.call_method0("create_future")?;
     let target = py_future.clone().unbind();
     let handle = runtime::handle()?;
     let task = handle.spawn(async move {
@@ -210,5 +243,5 @@ where
         };
         py_future.call_method1("add_done_callback", (canceller,))?;
     }
-    Ok(py_future)
+    Ok(())
 }

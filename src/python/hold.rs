@@ -18,6 +18,7 @@ use super::awaitable::{self, OnCancel};
 use super::blocking;
 use super::errors::{type_error, value_error, About, LockTimeoutError, Named};
 use super::log;
+use super::loop_hold;
 use crate::engine::executor::Now;
 use crate::engine::hold::{Holder, Leased, OnLost, Ticket};
 use crate::engine::lock::{LockHandle, LockSpec, Wait};
@@ -152,6 +153,14 @@ pub trait Held: Send + Sync + 'static {
     /// Whether anything may extend a hold in the background (renewal's listener is needed).
     fn renews(&self) -> bool {
         self.holder().auto_renew()
+    }
+}
+
+/// The asyncio loop path (`loop_hold`) drives every held object's holder.
+impl<H: Held> loop_hold::Held for H {
+    type Primitive = H::Primitive;
+    fn holder(&self) -> &Holder<H::Primitive> {
+        Held::holder(self)
     }
 }
 
@@ -313,6 +322,13 @@ impl<H: Held> HoldCore<H> {
     }
 
     pub fn release_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        if let Some(conn) = loop_hold::conn_for(py, &self.handle)? {
+            let about = self.about.clone();
+            return loop_hold::release(&conn, self.handle.clone(), move |py, done| {
+                done.about(py, &about)?;
+                Ok(py.None().into_bound(py))
+            });
+        }
         let handle = self.handle.clone();
         self.finish_async(py, async move { handle.holder().release().await })
     }
@@ -323,11 +339,24 @@ impl<H: Held> HoldCore<H> {
         ttl: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let lease = extend_lease(ttl)?;
+        if let Some(conn) = loop_hold::conn_for(py, &self.handle)? {
+            let about = self.about.clone();
+            return loop_hold::extend(&conn, self.handle.clone(), lease, move |py, done| {
+                done.about(py, &about)?;
+                Ok(py.None().into_bound(py))
+            });
+        }
         let handle = self.handle.clone();
         self.finish_async(py, async move { handle.holder().extend(lease).await })
     }
 
     pub fn owned_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        if let Some(conn) = loop_hold::conn_for(py, &self.handle)? {
+            let about = self.about.clone();
+            return loop_hold::owned(&conn, self.handle.clone(), move |py, owned| {
+                owned.about(py, &about)?.into_bound_py_any(py)
+            });
+        }
         let handle = self.handle.clone();
         query_async(
             py,
@@ -348,6 +377,13 @@ impl<H: Held> HoldCore<H> {
         body_raised: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let (handle, about) = (self.handle.clone(), self.about.clone());
+        if let Some(conn) = loop_hold::conn_for(py, &self.handle)? {
+            let holder = handle.clone();
+            return loop_hold::release(&conn, handle, move |py, released| {
+                let outcome = exit_outcome(holder.holder(), released);
+                leave_block(py, &about, body_raised, outcome)?.into_bound_py_any(py)
+            });
+        }
         awaitable::spawn(
             py,
             OnCancel::Finish,
@@ -479,6 +515,17 @@ fn spawn_acquire<'py, C: LockLike>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let listener = listener_for(slf)?;
     let core = slf.get().owner_core();
+    if let Some(conn) = loop_hold::conn_for(slf.py(), &core.handle)? {
+        let about = core.about.clone();
+        return loop_hold::acquire(
+            &conn,
+            core.handle.clone(),
+            wait,
+            listener,
+            context,
+            move |py, acquired| settle(py, acquired.about(py, &about)?),
+        );
+    }
     let ticket = Ticket::default();
     let abandon: awaitable::Abandon = {
         let (handle, ticket) = (core.handle.clone(), ticket.clone());

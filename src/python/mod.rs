@@ -12,6 +12,8 @@ mod errors;
 mod hold;
 mod lock;
 mod log;
+mod loop_conn;
+mod loop_hold;
 mod multilock;
 mod recipes;
 mod rwlock;
@@ -97,6 +99,7 @@ fn _interpreter_exiting(py: Python<'_>) {
 fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::PyClient>()?;
     m.add_class::<awaitable::LoopWaker>()?;
+    m.add_class::<loop_conn::LoopConn>()?;
     m.add_class::<lock::PyLock>()?;
     m.add_class::<multilock::PyMultiLock>()?;
     m.add_class::<compat::PyCompatLock>()?;
@@ -110,6 +113,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(recipes::acquire_token, m)?)?;
     m.add_function(wrap_pyfunction!(recipes::release_token, m)?)?;
     m.add_function(wrap_pyfunction!(_interpreter_exiting, m)?)?;
+    m.add_function(wrap_pyfunction!(loop_conn::_aio_calls, m)?)?;
     admin::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -1,0 +1,174 @@
+//! The first acquire attempt for a caller that carries its step over a connection of its own
+//! (the asyncio loop path, `python/loop_conn.rs`): `begin_try` makes the object Acquiring and
+//! gives the call as bytes, `finish_try` reads the reply like the blocking direct path's first
+//! attempt (`Holder::read_first`), and what must wait goes on through the runtime
+//! (`acquire_waiting`). Release, extend and `owned` use the steps of `hold.rs`
+//! (`begin_release_step`, ...), shared with the direct path.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use redis::Value;
+
+use super::{Holder, Leased, OnLost, Pending, State, Ticket};
+use crate::engine::client::{Backend, Shared};
+use crate::engine::error::{Error, Result};
+use crate::engine::token::new_token;
+use crate::engine::waiting::{spawn_undo, Contender, Wait};
+use crate::protocol::resp::{self, Packed};
+
+/// A first acquire attempt whose step a caller sends itself (`Holder::begin_try`); the object
+/// stays Acquiring until `Holder::finish_try` (or `Holder::abort_acquire`).
+pub struct Try {
+    token: String,
+    shared: Arc<Shared>,
+    sent_at: Instant,
+}
+
+/// What a first attempt sent by the caller left.
+pub enum Tried {
+    Done(bool),
+    /// The acquire goes on through the runtime (`Holder::acquire_waiting`): it found the
+    /// primitive busy and the caller waits, or its connection broke (a fresh acquire). The
+    /// object stays Acquiring until then.
+    Wait(Waiting),
+}
+
+/// An acquire left to the runtime by `Holder::finish_try`.
+pub struct Waiting {
+    token: Option<String>,
+    busy_retry_ms: Option<i64>,
+}
+
+impl<P: Leased> Holder<P> {
+    /// Whether a caller that carries the steps itself (the asyncio loop path) may use
+    /// `begin_try`, `begin_release_step`, `begin_extend_step` and `owned_step`: the primitive
+    /// has the direct path, the client is one server, and the primitive is not re-entrant (its
+    /// nested acquires and releases go through the runtime).
+    pub fn carried(&self) -> bool {
+        self.has_direct() && !self.primitive.reentrant()
+    }
+
+    /// Begins an acquire whose first attempt (`Contender::first_step`, which never queues) the
+    /// caller sends itself: the call as bytes and the attempt to finish with `finish_try`. Only
+    /// when `carried`.
+    pub fn begin_try(&self, args: &P::Args) -> Result<(Packed, Try)> {
+        let shared = self.client.shared()?;
+        let mut pending = self.begin_acquire()?;
+        let token = new_token()?;
+        let call = {
+            let contender = self.primitive.contender(&shared, &token, args)?;
+            resp::pack(contender.first_step().call())
+        };
+        // The `Try` carries the Acquiring state from here on.
+        pending.settled = true;
+        let attempt = Try {
+            token,
+            shared,
+            sent_at: Instant::now(),
+        };
+        Ok((call, attempt))
+    }
+
+    /// Settles a first attempt begun by `begin_try` with its reply. `Err((error, resend))`: the
+    /// call failed; whatever it may have taken is given back, and with `resend` (the connection
+    /// broke, as the runtime would retry) the acquire goes on through the runtime with a new
+    /// token. `ticket`: the caller may have stopped waiting (see `Ticket`).
+    pub fn finish_try(
+        &self,
+        attempt: Try,
+        reply: std::result::Result<Value, (Error, bool)>,
+        wait: Wait,
+        listener: Option<OnLost>,
+        args: &P::Args,
+        ticket: Ticket,
+    ) -> Result<Tried> {
+        let mut pending = Pending {
+            holder: self,
+            token: None,
+            busy_retry_ms: None,
+            early: None,
+            settled: false,
+            ticket: Some(ticket),
+        };
+        let Try {
+            token,
+            shared,
+            sent_at,
+        } = attempt;
+        let outcome = {
+            let contender = self.primitive.contender(&shared, &token, args)?;
+            let reply = match reply {
+                Ok(reply) => reply,
+                Err((err, resend)) => {
+                    spawn_undo(contender.undo());
+                    if !resend {
+                        return Err(err);
+                    }
+                    pending.settled = true;
+                    return Ok(Tried::Wait(Waiting {
+                        token: None,
+                        busy_retry_ms: None,
+                    }));
+                }
+            };
+            let step = contender.first_step();
+            self.read_first(&mut pending, &contender, &step, reply, sent_at, wait, None)?
+        };
+        if let Some(retry_ms) = pending.busy_retry_ms {
+            pending.settled = true;
+            return Ok(Tried::Wait(Waiting {
+                token: Some(token),
+                busy_retry_ms: Some(retry_ms),
+            }));
+        }
+        let backend = Backend::Single(shared);
+        pending
+            .settle(&backend, token, Ok(outcome), listener)
+            .map(Tried::Done)
+    }
+
+    /// Gives back what a first attempt sent by the caller may have taken, once more: its reply
+    /// came after the call had failed (timed out), or never will (the connection closed).
+    pub fn undo_try(&self, token: &str, args: &P::Args) {
+        if let Ok(shared) = self.client.shared() {
+            if let Ok(contender) = self.primitive.contender(&shared, token, args) {
+                spawn_undo(contender.undo());
+            }
+        }
+    }
+
+    /// The token of a first attempt, for `undo_try`.
+    pub fn try_token(attempt: &Try) -> &str {
+        &attempt.token
+    }
+
+    /// Finishes, through the runtime, an acquire that `finish_try` left waiting.
+    pub async fn acquire_waiting(
+        &self,
+        waiting: Waiting,
+        wait: Wait,
+        listener: Option<OnLost>,
+        args: &P::Args,
+        ticket: Ticket,
+    ) -> Result<bool> {
+        let pending = Pending {
+            holder: self,
+            token: waiting.token,
+            busy_retry_ms: waiting.busy_retry_ms,
+            early: None,
+            settled: false,
+            ticket: Some(ticket),
+        };
+        self.acquire_pending(pending, wait, listener, args).await
+    }
+
+    /// Puts an object left Acquiring by `begin_try` or `finish_try` back to idle, when its
+    /// acquire does not go on (the caller stopped waiting, or never sent the attempt).
+    pub fn abort_acquire(&self) {
+        let mut state = self.state();
+        if matches!(*state, State::Acquiring) {
+            *state = State::Idle { lost: false };
+        }
+    }
+}

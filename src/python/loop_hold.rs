@@ -1,0 +1,330 @@
+//! The asyncio calls of the lock-like objects on the loop path (`loop_conn`): the engine begins
+//! each one-round-trip operation (`Holder::begin_try`, `begin_release_step`, ...), its step goes
+//! out on the loop's own connection, and the reply settles it on the loop's thread
+//! (`finish_*`), with the same state changes as the blocking API's direct path. An acquire that
+//! must wait goes on through the runtime (`Holder::acquire_waiting`), as do calls whose
+//! connection broke under them (sent again there, as the runtime's calls retry).
+//!
+//! Cancellation keeps the runtime path's guarantees: an acquire whose awaitable is cancelled
+//! before its reply comes abandons its ticket as the reply settles it, so a grant is given back
+//! at once; release and extend always settle, whoever still waits.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pyo3::prelude::*;
+
+use super::awaitable::{self, Abandon, OnCancel};
+use super::loop_conn::{self, Finish, LoopConn, Reply};
+use crate::engine::hold::{Holder, Leased, OnLost, Ticket, Tried};
+use crate::engine::lock::Wait;
+use crate::engine::{Error, Result};
+use crate::protocol::resp;
+
+/// An object with one hold (`hold::Held` is one).
+pub trait Held: Send + Sync + 'static {
+    type Primitive: Leased<Args: Send + 'static>;
+    fn holder(&self) -> &Holder<Self::Primitive>;
+}
+
+/// What one acquire of `H` is told beyond the wait.
+type Context<H> = <<H as Held>::Primitive as Leased>::Args;
+
+/// Turns an operation's outcome into the awaitable's result, on the loop's thread.
+pub trait Convert<T>: for<'a> FnOnce(Python<'a>, Result<T>) -> PyResult<Bound<'a, PyAny>> {}
+
+impl<T, C> Convert<T> for C where
+    C: for<'a> FnOnce(Python<'a>, Result<T>) -> PyResult<Bound<'a, PyAny>>
+{
+}
+
+/// Runs its closure once when the future it is a done-callback of was cancelled.
+#[pyclass(frozen)]
+struct OnCancelled(Mutex<Option<Box<dyn FnOnce() + Send>>>);
+
+#[pymethods]
+impl OnCancelled {
+    fn __call__(&self, future: &Bound<'_, PyAny>) -> PyResult<()> {
+        if future.call_method0("cancelled")?.is_truthy()? {
+            let once = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(once) = once {
+                once();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The loop's ready connection for `handle`'s client, when the loop path serves its calls.
+pub fn conn_for<'py, H: Held>(
+    py: Python<'py>,
+    handle: &Arc<H>,
+) -> PyResult<Option<Bound<'py, LoopConn>>> {
+    let holder = handle.holder();
+    if !holder.carried() {
+        return Ok(None);
+    }
+    loop_conn::ready_for(py, holder.client())
+}
+
+/// Resolves `future` with `outcome`, unless it is done (cancelled) already.
+fn resolve(py: Python<'_>, future: &Bound<'_, PyAny>, outcome: PyResult<Bound<'_, PyAny>>) {
+    let resolved = (|| -> PyResult<()> {
+        if future.call_method0("done")?.is_truthy()? {
+            return Ok(());
+        }
+        match outcome {
+            Ok(value) => future.call_method1("set_result", (value,))?,
+            Err(err) => future.call_method1("set_exception", (err.into_value(py),))?,
+        };
+        Ok(())
+    })();
+    if let Err(err) = resolved {
+        err.write_unraisable(py, Some(future));
+    }
+}
+
+/// Runs `fut` on the runtime, resolving `future` through `convert` (a call the loop path hands
+/// over: a wait, or a resend after its connection broke).
+fn hand_over<T, F, C>(
+    py: Python<'_>,
+    future: &Bound<'_, PyAny>,
+    on_cancel: OnCancel,
+    abandon: Option<Abandon>,
+    fut: F,
+    convert: C,
+) where
+    T: Send + 'static,
+    F: std::future::Future<Output = Result<T>> + Send + 'static,
+    C: Convert<T> + Send + 'static,
+{
+    let spawned = loop_conn::running_loop(py).and_then(|event_loop| {
+        awaitable::spawn_into(
+            py,
+            &event_loop,
+            future,
+            on_cancel,
+            abandon,
+            async move { Ok(fut.await) },
+            convert,
+        )
+    });
+    if let Err(err) = spawned {
+        resolve(py, future, Err(err));
+    }
+}
+
+/// An acquire: its first attempt on the loop's connection; waiting (when it found the
+/// primitive busy) through the runtime.
+pub fn acquire<'py, H, C>(
+    conn: &Bound<'py, LoopConn>,
+    handle: Arc<H>,
+    wait: Wait,
+    listener: Option<OnLost>,
+    context: Context<H>,
+    convert: C,
+) -> PyResult<Bound<'py, PyAny>>
+where
+    H: Held,
+    C: Convert<bool> + Send + 'static,
+{
+    let py = conn.py();
+    let future = loop_conn::running_loop(py)?.call_method0("create_future")?;
+    let (packed, attempt) = match handle.holder().begin_try(&context) {
+        Ok(begun) => begun,
+        Err(err) => {
+            resolve(py, &future, convert(py, Err(err)));
+            return Ok(future);
+        }
+    };
+    let token = Holder::<H::Primitive>::try_token(&attempt).to_string();
+    let context = Arc::new(context);
+    let undo = {
+        let (handle, context) = (handle.clone(), context.clone());
+        move || handle.holder().undo_try(&token, &context)
+    };
+    let late = Box::new(undo.clone()) as loop_conn::Late;
+    // True while the first attempt is out. Cancelled meanwhile, the object is idle again at once
+    // (another acquire may begin), and the reply, when it comes, only gives back what the
+    // attempt took.
+    let out = Arc::new(AtomicBool::new(true));
+    let on_cancel = {
+        let (handle, out) = (handle.clone(), out.clone());
+        Box::new(move || {
+            if out.swap(false, Ordering::AcqRel) {
+                handle.holder().abort_acquire();
+            }
+        })
+    };
+    future.call_method1(
+        "add_done_callback",
+        (OnCancelled(Mutex::new(Some(on_cancel))),),
+    )?;
+    let target = future.clone().unbind();
+    let finish: Finish = Box::new(move |py: Python<'_>, reply: Reply| {
+        let future = target.bind(py);
+        if !out.swap(false, Ordering::AcqRel) {
+            undo();
+            return;
+        }
+        let holder = handle.holder();
+        let ticket = Ticket::default();
+        // Cancelled while the attempt was out: whatever it obtained is given back as it settles.
+        let gone = future
+            .call_method0("cancelled")
+            .and_then(|c| c.is_truthy())
+            .unwrap_or(true);
+        if gone {
+            holder.abandon(&ticket);
+        }
+        match holder.finish_try(
+            attempt,
+            reply,
+            wait,
+            listener.clone(),
+            &context,
+            ticket.clone(),
+        ) {
+            Ok(Tried::Done(acquired)) => resolve(py, future, convert(py, Ok(acquired))),
+            Err(err) => resolve(py, future, convert(py, Err(err))),
+            Ok(Tried::Wait(_)) if gone => holder.abort_acquire(),
+            Ok(Tried::Wait(waiting)) => {
+                let abandon: Abandon = {
+                    let (handle, ticket) = (handle.clone(), ticket.clone());
+                    Box::new(move || handle.holder().abandon(&ticket))
+                };
+                let handle = handle.clone();
+                hand_over(
+                    py,
+                    future,
+                    OnCancel::Abort,
+                    Some(abandon),
+                    async move {
+                        handle
+                            .holder()
+                            .acquire_waiting(waiting, wait, listener, &context, ticket)
+                            .await
+                    },
+                    convert,
+                );
+            }
+        }
+    });
+    LoopConn::send(conn, packed, finish, Some(late))?;
+    Ok(future)
+}
+
+/// A release: its step on the loop's connection; it settles even when nobody awaits it.
+pub fn release<'py, H, C>(
+    conn: &Bound<'py, LoopConn>,
+    handle: Arc<H>,
+    convert: C,
+) -> PyResult<Bound<'py, PyAny>>
+where
+    H: Held,
+    C: Convert<()> + Send + 'static,
+{
+    let py = conn.py();
+    let future = loop_conn::running_loop(py)?.call_method0("create_future")?;
+    let (step, releasing) = match handle.holder().begin_release_step() {
+        Ok(begun) => begun,
+        Err(err) => {
+            resolve(py, &future, convert(py, Err(err)));
+            return Ok(future);
+        }
+    };
+    let packed = resp::pack(step.call());
+    let target = future.clone().unbind();
+    let finish: Finish = Box::new(move |py: Python<'_>, reply: Reply| {
+        let future = target.bind(py);
+        let outcome = match reply {
+            Ok(value) => step.parse(value).map_err(Error::from),
+            Err((_, true)) => {
+                let fut = async move { handle.holder().release_resent(releasing).await };
+                hand_over(py, future, OnCancel::Finish, None, fut, convert);
+                return;
+            }
+            Err((err, false)) => Err(err),
+        };
+        let released = handle.holder().finish_release_step(releasing, outcome);
+        resolve(py, future, convert(py, released));
+    });
+    LoopConn::send(conn, packed, finish, None)?;
+    Ok(future)
+}
+
+/// An extend: its step on the loop's connection; it settles even when nobody awaits it.
+pub fn extend<'py, H, C>(
+    conn: &Bound<'py, LoopConn>,
+    handle: Arc<H>,
+    lease: Option<Duration>,
+    convert: C,
+) -> PyResult<Bound<'py, PyAny>>
+where
+    H: Held,
+    C: Convert<()> + Send + 'static,
+{
+    let py = conn.py();
+    let future = loop_conn::running_loop(py)?.call_method0("create_future")?;
+    let (step, extending) = match handle.holder().begin_extend_step(lease) {
+        Ok(begun) => begun,
+        Err(err) => {
+            resolve(py, &future, convert(py, Err(err)));
+            return Ok(future);
+        }
+    };
+    let packed = resp::pack(step.call());
+    let target = future.clone().unbind();
+    let finish: Finish = Box::new(move |py: Python<'_>, reply: Reply| {
+        let future = target.bind(py);
+        let outcome = match reply {
+            Ok(value) => step.parse(value).map_err(Error::from),
+            Err((_, true)) => {
+                let fut = async move { handle.holder().extend(lease).await };
+                hand_over(py, future, OnCancel::Finish, None, fut, convert);
+                return;
+            }
+            Err((err, false)) => Err(err),
+        };
+        let extended = handle.holder().finish_extend_step(extending, outcome);
+        resolve(py, future, convert(py, extended));
+    });
+    LoopConn::send(conn, packed, finish, None)?;
+    Ok(future)
+}
+
+/// `owned()`: its step on the loop's connection.
+pub fn owned<'py, H, C>(
+    conn: &Bound<'py, LoopConn>,
+    handle: Arc<H>,
+    convert: C,
+) -> PyResult<Bound<'py, PyAny>>
+where
+    H: Held,
+    C: Convert<bool> + Send + 'static,
+{
+    let py = conn.py();
+    let future = loop_conn::running_loop(py)?.call_method0("create_future")?;
+    let Some(step) = handle.holder().owned_step() else {
+        resolve(py, &future, convert(py, Ok(false)));
+        return Ok(future);
+    };
+    let packed = resp::pack(step.call());
+    let target = future.clone().unbind();
+    let finish: Finish = Box::new(move |py: Python<'_>, reply: Reply| {
+        let future = target.bind(py);
+        let outcome = match reply {
+            Ok(value) => step.parse(value).map_err(Error::from),
+            Err((_, true)) => {
+                let fut = async move { handle.holder().owned().await };
+                hand_over(py, future, OnCancel::Abort, None, fut, convert);
+                return;
+            }
+            Err((err, false)) => Err(err),
+        };
+        resolve(py, future, convert(py, outcome));
+    });
+    LoopConn::send(conn, packed, finish, None)?;
+    Ok(future)
+}
