@@ -473,7 +473,7 @@ def _targets_table(record: dict[str, Any]) -> list[str]:
         return []
     lines = [
         "",
-        "## Issue 3 targets (loopback)",
+        "## Targets of issues 3 and 18 (loopback)",
         "",
         "| target | where | measured | met |",
         "|---|---|---|---|",
