@@ -316,6 +316,11 @@ fn cluster_transient(err: &redis::RedisError) -> bool {
                     | ServerErrorKind::ClusterDown
                     | ServerErrorKind::MasterDown
                     | ServerErrorKind::BusyLoading
+                    // Right after a failover: a node that is (or still was) a replica of the
+                    // slot's master, or a new master whose script cache is empty while the
+                    // script's load went elsewhere. Nothing ran; a fresh map finds the master.
+                    | ServerErrorKind::ReadOnly
+                    | ServerErrorKind::NoScript
             )
     )
 }
@@ -649,7 +654,12 @@ impl Node {
                     FAILOVER_PAUSE
                 };
                 if (transient || gone) && Instant::now() + pause < until {
-                    if err.kind() == redis::ErrorKind::ClusterConnectionNotFound || gone {
+                    let read_only =
+                        err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly);
+                    if err.kind() == redis::ErrorKind::ClusterConnectionNotFound
+                        || gone
+                        || read_only
+                    {
                         self.invalidate(generation);
                     }
                     tokio::time::sleep(pause).await;
