@@ -18,7 +18,6 @@ pub mod node;
 pub mod redlock;
 pub mod redlock_cache;
 mod redlock_lease;
-mod redlock_lock;
 pub mod redlock_rwlock;
 pub mod redlock_semaphore;
 pub mod renew;
