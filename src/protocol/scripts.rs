@@ -878,6 +878,45 @@ mod tests {
         }
     }
 
+    /// `SET ... GET` (and `SET ... NX ... GET`) exist from Redis 7.0 on: every script sending
+    /// one defines the gate before it, and keeps the read-then-write path of older servers.
+    #[test]
+    fn set_get_is_sent_only_behind_the_version_gate() {
+        for source in [
+            LOCK_ACQUIRE_SOURCE,
+            LOCK_ACQUIRE_FAIR_SOURCE,
+            LOCK_RELEASE_SOURCE,
+            grant_script!("lua/queue_leave.lua"),
+        ] {
+            let gate = source
+                .find("local set_get = (redis.REDIS_VERSION_NUM or 0) >= 0x070000")
+                .unwrap();
+            let mut rest = &source[gate..];
+            let mut uses = 0;
+            while let Some(at) = rest.find("'GET')") {
+                // Inside the branch of the gate: no `else` or `end` since its `then`.
+                let before = &rest[..at];
+                let branch = before.rfind("set_get then").unwrap();
+                let closed = before[branch..]
+                    .lines()
+                    .any(|line| matches!(line.trim(), "else" | "end"));
+                assert!(!closed, "{source}");
+                uses += 1;
+                rest = &rest[at + 1..];
+            }
+            assert!(uses >= 1, "{source}");
+            // The path of older servers: the counter read with a plain GET.
+            assert!(source[gate..].contains("redis.call('GET', fence_key)"));
+        }
+        // The acquires take a free lock with one call on Redis 7, and GET + SET before it.
+        for source in [LOCK_ACQUIRE_SOURCE, LOCK_ACQUIRE_FAIR_SOURCE] {
+            assert!(
+                source.contains("redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')")
+            );
+            assert!(source.contains("redis.call('GET', KEYS[1])"));
+        }
+    }
+
     #[test]
     fn grant_scripts_carry_both_preludes_in_order() {
         let source = grant_script!("lua/queue_leave.lua");

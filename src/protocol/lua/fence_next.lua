@@ -4,12 +4,33 @@
 -- name's fences keep increasing after its counter expired, unless the Redis host's clock steps
 -- back by more than the ttl. (Calls TIME before writing: needs effects replication, Redis >= 5.)
 
+-- Redis >= 7.0 (which names its version to scripts): SET takes GET, also with NX, so a script
+-- reads and writes a key in one call. Older servers read it first (the same outcome).
+local set_get = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
+
 -- Issues the next fence: max(counter + 1, server time in µs); the counter lives `ttl_ms` more.
+-- The clock is read on every fence, not only when the counter is missing: a counter that a
+-- failover set back (writes lost with the old master) is then overtaken by the clock at once.
 local function next_fence(fence_key, ttl_ms)
   local t = redis.call('TIME')
   local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local counter = tonumber(redis.call('GET', fence_key) or '0') or 0
-  local fence = math.max(counter + 1, now_us)
+  local counter
+  if set_get then
+    -- The clock is ahead of the counter (the usual case): writing it is the whole step.
+    counter = redis.call('SET', fence_key, string.format('%d', now_us), 'PX', ttl_ms, 'GET')
+    counter = tonumber(counter or '0') or 0
+    if counter < now_us then
+      return now_us
+    end
+  else
+    counter = tonumber(redis.call('GET', fence_key) or '0') or 0
+    if counter < now_us then
+      redis.call('SET', fence_key, string.format('%d', now_us), 'PX', ttl_ms)
+      return now_us
+    end
+  end
+  -- The counter is ahead of the clock (more than one fence in a µs, or the clock stepped back).
+  local fence = counter + 1
   redis.call('SET', fence_key, string.format('%d', fence), 'PX', ttl_ms)
   return fence
 end

@@ -12,16 +12,32 @@
 --        {0, ms, fence} not granted; ms = when to look again at the latest: the holder's lease
 --        end, or, while the lock is free but another live waiter is first, when that waiter's
 --        place lapses; fence = the fence counter now (a grant with a larger fence came later).
-local now = server_now_ms()
-prune_queue(KEYS[3], KEYS[4], now, KEYS[5])
+-- Lapsed places are pruned before the queue's head is looked at, and before joining; with no
+-- queue (nobody waiting: the common case) there is nothing to prune before the lock is taken.
+local head = redis.call('LINDEX', KEYS[3], 0)
+local now
+if head then
+  now = server_now_ms()
+  if prune_queue(KEYS[3], KEYS[4], now, KEYS[5]) > 0 then
+    head = redis.call('LINDEX', KEYS[3], 0)
+  end
+end
 
-local owner = redis.call('GET', KEYS[1])
+local owner
+if head == false and set_get then
+  -- Nobody waits: takes the lock if it is free, else reads its owner (see fence_next.lua).
+  owner = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
+  if owner == false then
+    return {1, next_fence(KEYS[2], ARGV[6])}
+  end
+else
+  owner = redis.call('GET', KEYS[1])
+end
 if owner == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, current_fence(KEYS[2], ARGV[6])}
 end
 
-local head = redis.call('LINDEX', KEYS[3], 0)
 if owner == false and (head == false or head == ARGV[1]) then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   if head == ARGV[1] then
@@ -33,6 +49,10 @@ if owner == false and (head == false or head == ARGV[1]) then
 end
 
 if ARGV[4] == '1' then
+  if not now then
+    now = server_now_ms()
+    prune_queue(KEYS[3], KEYS[4], now, KEYS[5])
+  end
   local place = tonumber(ARGV[3])
   if redis.call('ZADD', KEYS[4], now + place, ARGV[1]) == 1 then
     redis.call('RPUSH', KEYS[3], ARGV[1])
@@ -48,5 +68,6 @@ local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
 if owner then
   return {0, redis.call('PTTL', KEYS[1]), fence}
 end
+-- Here another waiter is first (else the lock was granted), so the queue was pruned: `now` is set.
 local head_deadline = tonumber(redis.call('ZSCORE', KEYS[4], head) or now)
 return {0, math.max(head_deadline - now, 1), fence}

@@ -2,7 +2,8 @@
 -- Drops waiters whose place in the queue lapsed (they stopped refreshing it: died or left),
 -- using the server's clock so client clocks never matter. Needs `queue_key` (list of tokens in
 -- arrival order) and `deadline_key` (zset token -> place deadline in ms) to be set by the caller;
--- `lease_key` (the fair lock's hash token -> lease in ms) is optional.
+-- `lease_key` (the fair lock's hash token -> lease in ms) is optional. Returns how many places
+-- lapsed.
 local function server_now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -19,4 +20,5 @@ local function prune_queue(queue_key, deadline_key, now, lease_key)
   if #lapsed > 0 then
     redis.call('ZREMRANGEBYSCORE', deadline_key, '-inf', now)
   end
+  return #lapsed
 end
