@@ -178,3 +178,31 @@ pub enum Now<T, F: Future<Output = T>> {
     Done(T),
     Later(F),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn probe() -> bool {
+        on_caller_thread()
+    }
+
+    #[test]
+    fn only_a_wait_its_caller_polls_counts_as_on_the_callers_thread() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        // Polled by the caller's own thread (block_on), with the direct path: yes.
+        assert!(rt.block_on(caller_driven(true, probe())));
+        // Without the direct path, or as a runtime task (a runtime thread must never block): no.
+        assert!(!rt.block_on(caller_driven(false, probe())));
+        let handle = rt.handle().clone();
+        let spawned = rt.block_on(async move { handle.spawn(caller_driven(true, probe())).await });
+        assert!(!spawned.unwrap());
+        // Outside such a poll (and after it), no.
+        assert!(!on_caller_thread());
+        assert!(!rt.block_on(probe()));
+    }
+}
