@@ -38,7 +38,7 @@ import redmutex
 from _helpers import ResultThread as _Thread
 from _helpers import wait_until as _wait_until
 from _proxy import FaultProxy
-from redmutex import aio
+from redmutex import _core, aio
 from redmutex._server import RedisServer
 
 KeyOf = Callable[[str, str], bytes]
@@ -613,6 +613,60 @@ def test_4_acquire_reply_lost_and_retry_failing_is_cleaned_up_after_heal(
     finally:
         proxy.heal()
         proxy.disarm()
+        c.close()
+
+
+@pytest.mark.timeout(60)
+def test_4_woken_attempt_that_times_out_gives_back_what_it_took(
+    proxy: FaultProxy, client: redmutex.Client, prefix: str, r: redis.Redis, key_of: KeyOf
+) -> None:
+    """Issue 18 item 5: a woken waiter of an unfair lock attempts on its own thread's direct
+    connection. When that attempt's reply comes only after the command timeout (its request
+    reaches Redis late), the acquire fails (ConnectionError: outcome unknown), and the lock that
+    the attempt took when it did run is given back within moments, not left for a whole lease to
+    a token that nobody holds."""
+    ttl, name = 10.0, "woken-attempt-timeout"
+    key, fence_key = key_of(name, "lock"), key_of(name, "fence")
+    c = redmutex.Client(proxy.url, prefix=prefix, connect_timeout=1.0, command_timeout=0.5)
+    try:
+        waiter = redmutex.Lock(c, name, ttl=ttl)
+        assert waiter.acquire(timeout=0)  # warm up: script loaded, connections open
+        waiter.release()
+        holder = redmutex.Lock(client, name, ttl=ttl)  # not behind the proxy
+        assert holder.acquire(timeout=0)
+        fence_before = int(r.get(fence_key) or 0)
+        before = _core._waiting_attempts()
+        th = _Thread(lambda: waiter.acquire(timeout=15))
+        th.start()
+        channel = key_of(name, "wake")
+        _wait_until(lambda: _subscribers(r, channel) >= 1, 10, "the waiter to subscribe")
+        time.sleep(0.5)  # it looked at the lock and sleeps
+        assert th.finished_at is None
+        proxy.set_latency(1.0, "c2s")  # requests reach Redis 1 s late; wake-ups come at once
+        released_at = time.monotonic()
+        holder.release()
+        with pytest.raises(redmutex.ConnectionError):
+            th.outcome(15)
+        assert waiter.token is None
+        on_caller = _core._waiting_attempts()[0] - before[0]
+        assert on_caller >= 1, "the woken attempt did not go on the waiter's own thread"
+        # What is on its way stays 1 s late; what is sent from now on goes at once: an undo
+        # sent now would run before the late attempt, unless it waits for it.
+        proxy.set_latency(0.0)
+        # The late attempt ran when the fence counter moved (a grant; nobody else asks).
+        _wait_until(
+            lambda: int(r.get(fence_key) or 0) > fence_before,
+            1.0 + 2.0 + LATE,
+            "the late attempt to run (the test proves nothing otherwise)",
+        )
+        _wait_until(lambda: r.get(key) is None, 1.0 + 2.0 + LATE, "the late grant to go back")
+        freed_after = time.monotonic() - released_at
+        print(f"\nthe late attempt's lock was given back {freed_after:.3f} s after the release")
+        assert holder.acquire(timeout=0)
+        holder.release()
+        assert sorted(r.keys(key_of(name, "*"))) == [fence_key]
+    finally:
+        proxy.set_latency(0.0)
         c.close()
 
 

@@ -7,6 +7,7 @@ wait; a lost wake-up message (subscriber connection killed) never strands a wait
 
 from __future__ import annotations
 
+import asyncio
 import math
 import signal
 import statistics
@@ -23,6 +24,7 @@ from _helpers import ResultThread as _Thread
 from _helpers import calls_delta as _delta
 from _helpers import command_calls as _calls
 from _helpers import wait_until as _wait_until
+from redmutex import _core, aio
 from redmutex._server import RedisServer
 
 if TYPE_CHECKING:
@@ -511,3 +513,124 @@ def test_repeated_subscriber_kills_while_waiting(make_server: Callable[..., Redi
         holder_client.close()
         waiter_client.close()
         conn.close()
+
+
+# ------------------------------------------------- the woken waiter's attempt on its own thread
+
+
+def _woken_attempts(
+    holder: redmutex.Lock, waiter: redmutex.Lock, wait: float
+) -> tuple[object, float, tuple[int, int]]:
+    """`holder` holds; `waiter` waits in a thread until `holder` releases: what the waiter's
+    acquire returned, how long after the release, and the waiting attempts it made meanwhile
+    (on its own thread, through the runtime; `_core._waiting_attempts`)."""
+    before = _core._waiting_attempts()
+    th = _Thread(lambda: waiter.acquire(timeout=wait))
+    th.start()
+    time.sleep(0.3)  # it looked at the lock and sleeps now
+    assert th.finished_at is None, "the waiter returned while the lock was held"
+    released_at = time.monotonic()
+    holder.release()
+    got = th.outcome(wait + 10)
+    assert th.finished_at is not None
+    after = _core._waiting_attempts()
+    return got, th.finished_at - released_at, (after[0] - before[0], after[1] - before[1])
+
+
+@pytest.mark.timeout(60)
+def test_a_woken_unfair_waiter_attempts_on_its_own_thread(
+    client: redmutex.Client, other_client: redmutex.Client
+) -> None:
+    """Issue 18 item 5: a blocking waiter for an unfair lock, woken by a release, makes its next
+    attempt itself on its direct connection (the runtime only delivered the wake-up), and gets
+    the lock promptly. Every round, whether its process was subscribed already or not."""
+    for round_ in range(3):
+        holder = redmutex.Lock(client, "woken-direct", ttl=30)
+        assert holder.acquire(timeout=10)
+        waiter = redmutex.Lock(other_client, "woken-direct", ttl=30)
+        got, took, (on_caller, on_runtime) = _woken_attempts(holder, waiter, 20)
+        assert got is True
+        assert waiter.owned()
+        assert took < 2.0, took
+        # (the first round also looks once more right after subscribing: on its own thread too)
+        assert on_caller >= 1, (round_, on_caller, on_runtime)
+        assert on_runtime == 0, (round_, on_caller, on_runtime)
+        waiter.release()
+
+
+@pytest.mark.timeout(60)
+def test_a_fair_waiter_and_an_asyncio_waiter_keep_the_runtime_path(
+    client: redmutex.Client, other_client: redmutex.Client
+) -> None:
+    """A fair lock's waiter is granted the lock by the release (no attempt), and refreshes its
+    place through the runtime; an asyncio waiter's attempts run on the runtime and never block
+    one of its threads: neither attempts on a caller's thread."""
+    holder = redmutex.Lock(client, "woken-fair", ttl=30, fair=True)
+    assert holder.acquire(timeout=10)
+    waiter = redmutex.Lock(other_client, "woken-fair", ttl=30, fair=True)
+    got, _, (on_caller, _) = _woken_attempts(holder, waiter, 20)
+    assert got is True
+    assert on_caller == 0
+    waiter.release()
+
+    async def aio_waiter() -> tuple[bool, tuple[int, int]]:
+        lock = aio.Lock(other_client, "woken-aio", ttl=30)
+        before = _core._waiting_attempts()
+        task = asyncio.ensure_future(lock.acquire(timeout=20))
+        await asyncio.sleep(0.3)
+        assert not task.done()
+        await asyncio.get_running_loop().run_in_executor(None, unfair.release)
+        got = await asyncio.wait_for(task, 30)
+        after = _core._waiting_attempts()
+        await lock.release()
+        return got, (after[0] - before[0], after[1] - before[1])
+
+    unfair = redmutex.Lock(client, "woken-aio", ttl=30)
+    assert unfair.acquire(timeout=10)
+    got, (on_caller, on_runtime) = asyncio.run(aio_waiter())
+    assert got is True
+    assert on_caller == 0
+    assert on_runtime >= 1
+
+
+@pytest.mark.timeout(60)
+def test_a_woken_waiter_keeps_its_deadline(
+    client: redmutex.Client,
+    other_client: redmutex.Client,
+    r: redis.Redis,
+    key_of: KeyOf,
+) -> None:
+    """Woken while the lock is still held (a wake-up message without a release), the waiter's
+    own attempt finds it busy: it sleeps on and gives up at its deadline, holding nothing;
+    woken by a real release, it gets the lock."""
+    holder = redmutex.Lock(client, "woken-deadline", ttl=30)
+    assert holder.acquire(timeout=10)
+    waiter = redmutex.Lock(other_client, "woken-deadline", ttl=30)
+    channel = key_of("woken-deadline", "wake")
+    before = _core._waiting_attempts()
+    th = _Thread(lambda: waiter.acquire(timeout=1.5))
+    started = time.monotonic()
+    th.start()
+    _wait_until(lambda: _subscribers(r, channel) >= 1, 10, "the waiter to subscribe")
+    time.sleep(0.2)
+    woken = 0
+    for _ in range(3):
+        woken += int(r.publish(channel, b"") or 0)
+        time.sleep(0.1)
+    assert woken >= 1, "no wake-up reached the waiter: the test proved nothing"
+    assert th.outcome(20) is False
+    assert th.finished_at is not None
+    assert 1.4 <= th.finished_at - started < 1.5 + 1.0, th.finished_at - started
+    assert waiter.token is None
+    assert r.get(key_of("woken-deadline", "lock")) == (holder.token or "").encode()
+    on_caller, on_runtime = (a - b for a, b in zip(_core._waiting_attempts(), before))
+    assert on_caller >= 3, (on_caller, on_runtime)  # one look per wake-up, on its own thread
+    assert on_runtime == 0, (on_caller, on_runtime)
+    got, took, _ = _woken_attempts(holder, waiter, 20)
+    assert got is True
+    assert took < 2.0
+    waiter.release()
+
+
+def _subscribers(r: redis.Redis, channel: bytes) -> int:
+    return int(dict(r.pubsub_numsub(channel)).get(channel, 0))

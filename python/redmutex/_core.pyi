@@ -39,6 +39,7 @@ __all__ = [
     "_redact_url",
     "_scan_pattern",
     "_split_key",
+    "_waiting_attempts",
     "acquire_token",
     "release_token",
 ]
@@ -541,6 +542,9 @@ def release_token(conn: ClientLike, lockname: str, identifier: str) -> bool:
 def _interpreter_exiting() -> None: ...
 def _aio_calls() -> tuple[int, int]:
     """(calls served by the asyncio loop path, operations run on the runtime) so far."""
+
+def _waiting_attempts() -> tuple[int, int]:
+    """(attempts of waiting acquires on the caller's thread, through the runtime) so far."""
 
 # -- for the drop-in shims (redmutex.compat): a lock on another library's key, caller's token
 

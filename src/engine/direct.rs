@@ -2,7 +2,9 @@
 //! for the one-round-trip steps of the blocking API (first acquire attempt, release, extend,
 //! owner look-up). A call through the runtime costs two thread hand-offs on top of the network
 //! round trip; here it costs none, which is what lets a lock + unlock pair approach the
-//! round-trip limit. Waiting and everything in the background still go through the runtime.
+//! round-trip limit. Waiting and everything in the background still go through the runtime,
+//! except the attempt of a blocking waiter for an unfair lock once a release woke it: the
+//! caller's thread, which drives its wait, sends it here (`waiting::attempt_waiting`).
 //!
 //! On a single server every call is served here. Through Sentinel the calls go to the master
 //! the sentinels name (looked up again after a failover), and on a Redis Cluster to the primary

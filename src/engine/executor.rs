@@ -5,8 +5,11 @@
 //! It knows no primitive.
 //! Redlock's quorum executor (`redlock.rs`) runs the same steps on every master.
 
+use std::cell::Cell;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use redis::{ScriptInvocation, Value};
 
@@ -71,6 +74,70 @@ pub fn invoke_direct(
     }
 }
 
+/// `invoke_direct` from within a future that the caller's thread polls (`caller_driven`): the
+/// script goes on a direct connection of this thread, and what the direct path leaves to the
+/// runtime is not waited for here (this thread is inside the runtime's context, where it must
+/// not block on it) but told (`Ok(None)`): the caller then awaits the runtime's path itself.
+pub fn try_invoke_direct(
+    shared: &Shared,
+    inv: &ScriptInvocation<'_>,
+) -> std::result::Result<Option<Value>, (Error, Option<Overdue>)> {
+    match shared.direct.invoke(inv, Retry::Once) {
+        Ok(reply) => Ok(Some(reply)),
+        Err(Miss::Failed(err, overdue)) => Err((err, overdue)),
+        Err(Miss::Elsewhere) => Ok(None),
+    }
+}
+
+thread_local! {
+    /// Set while this thread polls a wait of the blocking API that it drives itself
+    /// (`caller_driven`).
+    static CALLER_DRIVEN: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the future being polled now runs on its blocking caller's own thread (see
+/// `caller_driven`): a one-round-trip step may then go on that thread's direct connections.
+pub fn on_caller_thread() -> bool {
+    CALLER_DRIVEN.with(Cell::get)
+}
+
+/// A future of the blocking API that its caller's thread drives (the binding blocks on it
+/// there, `Handle::block_on`): while that thread polls it, and `direct` (the client and the
+/// primitive allow the direct path), `on_caller_thread` is true, so that the attempts of a wait
+/// go on the caller's direct connection, as its first attempt did, instead of crossing to a
+/// runtime thread and back. Polled as a runtime task, it is the plain future.
+pub fn caller_driven<F: Future>(direct: bool, fut: F) -> CallerDriven<F> {
+    CallerDriven {
+        fut: Box::pin(fut),
+        direct,
+    }
+}
+
+pub struct CallerDriven<F> {
+    fut: Pin<Box<F>>,
+    direct: bool,
+}
+
+impl<F: Future> Future for CallerDriven<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        // A runtime task is polled on a runtime thread, which must never block.
+        let caller = self.direct && tokio::task::try_id().is_none();
+        let _flag = Flag(CALLER_DRIVEN.with(|flag| flag.replace(caller)));
+        self.fut.as_mut().poll(cx)
+    }
+}
+
+/// Puts `CALLER_DRIVEN` back as it was when dropped (after a poll, even one that panicked).
+struct Flag(bool);
+
+impl Drop for Flag {
+    fn drop(&mut self) {
+        CALLER_DRIVEN.with(|flag| flag.set(self.0));
+    }
+}
+
 /// Waits on this thread for `fut`, run on the runtime. Not from a runtime thread (which must
 /// never block): there it is an error.
 fn on_runtime<F>(fut: F) -> Result<F::Output>
@@ -110,4 +177,32 @@ pub fn script_of<T>(step: &Step<T>) -> Result<&ScriptInvocation<'static>> {
 pub enum Now<T, F: Future<Output = T>> {
     Done(T),
     Later(F),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn probe() -> bool {
+        on_caller_thread()
+    }
+
+    #[test]
+    fn only_a_wait_its_caller_polls_counts_as_on_the_callers_thread() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        // Polled by the caller's own thread (block_on), with the direct path: yes.
+        assert!(rt.block_on(caller_driven(true, probe())));
+        // Without the direct path, or as a runtime task (a runtime thread must never block): no.
+        assert!(!rt.block_on(caller_driven(false, probe())));
+        let handle = rt.handle().clone();
+        let spawned = rt.block_on(async move { handle.spawn(caller_driven(true, probe())).await });
+        assert!(!spawned.unwrap());
+        // Outside such a poll (and after it), no.
+        assert!(!on_caller_thread());
+        assert!(!rt.block_on(probe()));
+    }
 }

@@ -766,12 +766,13 @@ impl<P: Leased> Holder<P> {
             },
             Err(err) => return Now::Done(Err(err)),
         };
-        Now::Later(async move {
+        // The caller's thread drives the wait: with the direct path, its attempts go there too.
+        Now::Later(executor::caller_driven(self.has_direct(), async move {
             match later {
                 Later::Wait(pending) => self.acquire_pending(pending, wait, listener, args).await,
                 Later::Reenter(nesting) => self.reenter(nesting, None).await,
             }
-        })
+        }))
     }
 
     /// Finishes an acquire begun by `acquire_direct` (or `acquire`), waiting as `wait` allows.

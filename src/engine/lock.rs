@@ -153,6 +153,15 @@ impl Contender for LockContender<'_> {
         self.read(attempt, sent_at)
     }
 
+    /// An unfair lock's waiter, woken, tries again on its own thread when it can (the step its
+    /// first attempt sent). A fair waiter takes its grant from the message and refreshes its
+    /// place through the runtime; `replicas` need WAIT on the write's connection; a token the
+    /// caller chose needs the resend-aware first send (see `shared_token`).
+    fn waiting_step(&self) -> Option<Step<Attempt>> {
+        (!self.spec.fair && self.spec.replicas == 0 && !self.shared_token)
+            .then(|| self.first_step())
+    }
+
     fn granted(&self, note: GrantNote) -> Option<Granted> {
         // With `replicas`, a hold counts only once replicas acknowledged its write: the waiter
         // takes the grant with its next attempt (which finds its token) and a WAIT instead.

@@ -10,10 +10,12 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::error::Result;
+use super::direct::Overdue;
+use super::error::{Error, Result};
 use super::executor;
 use super::runtime;
 use super::shared::Shared;
@@ -105,20 +107,71 @@ pub fn attempt_direct(
     let sent_at = Instant::now();
     match executor::invoke_direct(shared, inv) {
         Ok(reply) => Ok((reply, sent_at)),
-        Err((err, overdue)) => {
-            spawn_undo(undo());
-            if let Some(overdue) = overdue {
-                let again = undo();
-                if let Ok(handle) = runtime::handle() {
-                    handle.spawn_blocking(move || {
-                        overdue.settle(again.horizon);
-                        spawn_undo(again);
-                    });
-                }
-            }
-            Err(err)
+        Err((err, overdue)) => Err(undo_failed(err, overdue, undo)),
+    }
+}
+
+/// Gives back whatever a direct attempt that failed may have taken (see `attempt_direct`);
+/// the error goes on.
+fn undo_failed(err: Error, overdue: Option<Overdue>, undo: impl Fn() -> Undo) -> Error {
+    spawn_undo(undo());
+    if let Some(overdue) = overdue {
+        let again = undo();
+        if let Ok(handle) = runtime::handle() {
+            handle.spawn_blocking(move || {
+                overdue.settle(again.horizon);
+                spawn_undo(again);
+            });
         }
     }
+    err
+}
+
+/// How many attempts of waiting acquires went on the waiter's own thread (its direct connection)
+/// and how many through the runtime, for tests (see `waiting_attempts`).
+static ON_CALLER: AtomicU64 = AtomicU64::new(0);
+static ON_RUNTIME: AtomicU64 = AtomicU64::new(0);
+
+/// (attempts on the caller's thread, attempts through the runtime) made by waiting acquires
+/// (`compete`) in this process so far; first attempts are not counted.
+pub fn waiting_attempts() -> (u64, u64) {
+    (
+        ON_CALLER.load(Ordering::Relaxed),
+        ON_RUNTIME.load(Ordering::Relaxed),
+    )
+}
+
+/// One attempt of a waiting acquire (which takes or refreshes the waiter's place, if it keeps
+/// one). A blocking caller whose thread drives the wait (`executor::on_caller_thread`) sends it
+/// itself on its direct connection when the contender offers the step (`waiting_step`): the
+/// runtime then only delivered the wake-up. Otherwise, or where the direct path leaves the call
+/// to the runtime (Cluster, Sentinel), it goes through the runtime. A direct attempt that fails
+/// is given back in the background like a first attempt's (`attempt_direct`); the caller is
+/// never interrupted in the middle of it (signals are looked at between polls).
+async fn attempt_waiting<C: Contender>(
+    contender: &C,
+    shared: &Shared,
+) -> Result<Outcome<C::Grant>> {
+    if executor::on_caller_thread() {
+        if let Some(step) = contender.waiting_step() {
+            let inv = executor::script_of(&step)?;
+            let sent_at = Instant::now();
+            match executor::try_invoke_direct(shared, inv) {
+                Ok(Some(reply)) => {
+                    ON_CALLER.fetch_add(1, Ordering::Relaxed);
+                    return contender.read(step.parse(reply)?, sent_at);
+                }
+                Err((err, overdue)) => {
+                    ON_CALLER.fetch_add(1, Ordering::Relaxed);
+                    return Err(undo_failed(err, overdue, || contender.undo()));
+                }
+                // Not sent, or refused before it ran: the runtime's path serves it.
+                Ok(None) => {}
+            }
+        }
+    }
+    ON_RUNTIME.fetch_add(1, Ordering::Relaxed);
+    contender.attempt(true).await
 }
 
 /// Runs `undo` in the background until Redis has answered it, retrying with backoff while it
@@ -153,6 +206,13 @@ pub trait Contender: Sync {
     /// One attempt. `join` is false for the first try (never take a place in a queue) and true
     /// while waiting (take or refresh the waiter's place, if the primitive keeps one).
     fn attempt(&self, join: bool) -> impl Future<Output = Result<Outcome<Self::Grant>>> + Send;
+
+    /// The step of an attempt while waiting (like `attempt(true)`) that a blocking caller's
+    /// thread may send itself on a direct connection when it is woken (see `attempt_waiting`);
+    /// None when such attempts must go through the runtime (by default).
+    fn waiting_step(&self) -> Option<Step<Self::Reply>> {
+        None
+    }
 
     /// The hold that a grant published for this waiter's token gives it (a fair lock's release
     /// hands the lock on by itself), or None when the grant is stale (it came before one of the
@@ -524,7 +584,7 @@ async fn compete<C: Contender>(
             None => {
                 // Subscribed before looking, so a release after the look is always heard.
                 registration.ready().await?;
-                match contender.attempt(true).await? {
+                match attempt_waiting(contender, plan.shared).await? {
                     Outcome::Granted(grant) => return Ok(Some(grant)),
                     Outcome::Refused => return Ok(None),
                     Outcome::Busy { retry_ms } => retry_ms,

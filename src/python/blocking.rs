@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 
 use crate::engine::executor::Now;
 use crate::engine::runtime;
+use crate::engine::waiting;
 
 /// How often a blocked call looks for pending signals.
 const SLICE: Duration = Duration::from_millis(50);
@@ -43,4 +44,11 @@ where
         Now::Done(output) => Ok(output),
         Now::Later(fut) => wait(py, fut),
     }
+}
+
+/// `_waiting_attempts()`: (attempts of waiting acquires made on the caller's thread, made through
+/// the runtime) so far, for tests that check which path a woken waiter took.
+#[pyfunction]
+pub fn _waiting_attempts() -> (u64, u64) {
+    waiting::waiting_attempts()
 }

@@ -113,6 +113,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(recipes::acquire_token, m)?)?;
     m.add_function(wrap_pyfunction!(recipes::release_token, m)?)?;
     m.add_function(wrap_pyfunction!(_interpreter_exiting, m)?)?;
+    m.add_function(wrap_pyfunction!(blocking::_waiting_attempts, m)?)?;
     m.add_function(wrap_pyfunction!(loop_conn::_aio_calls, m)?)?;
     admin::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
