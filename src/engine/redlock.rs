@@ -6,9 +6,10 @@
 //!   gives its partial grants back everywhere. `Error::Quorum` when no majority of the masters
 //!   can answer; a lock that is simply held makes the caller wait (wake-ups come from every
 //!   master, and the holder's lease end is a deadline too) and finally time out.
-//! - A master whose `run_id` changed since this client last saw it (restarted, possibly empty)
-//!   has its votes discounted until the longest lease this client uses has passed since it
-//!   restarted: it may have forgotten a lease it granted to somebody else.
+//! - A master whose `run_id` changed since this client last saw it (in any reply, a busy vote's
+//!   too; restarted, possibly empty) has its votes discounted until the longest lease this client
+//!   uses has passed since it restarted: it may have forgotten a lease it granted to somebody
+//!   else. The restart is dated from INFO's uptime, which may be up to a second too high.
 //! - Fencing: the fence is the largest counter among the granting masters, written back to every
 //!   granting master before acquire returns (see `protocol::quorum` for why that makes fences
 //!   strictly increasing per name whenever a majority agrees), and in the background to every
@@ -21,7 +22,8 @@
 //!   LOAD and EVALSHA again) can never land after the release and keep the master for a ttl.
 //! - Each master must be a separate server: two entries whose servers report the same `run_id`
 //!   (one server under two names) are refused with `Error::Invalid` at first contact, since
-//!   one server's vote would count twice.
+//!   one server's vote would count twice; what that round set is given back before the error
+//!   returns.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
