@@ -17,7 +17,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::future::{select_all, BoxFuture, Shared as SharedFuture};
+use futures_util::future::{join_all, select_all, BoxFuture, Shared as SharedFuture};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
 
@@ -213,7 +213,11 @@ async fn round<C: QuorumContender>(
     give_back: &Arc<Step<bool>>,
     give_backs: &mut GiveBacks,
 ) -> Result<RoundEnd<C::Reply>> {
-    redlock.check_distinct()?;
+    if let Err(err) = redlock.check_distinct() {
+        // Refused (by another call's answers) since the last round: its give-backs land first.
+        join_all(give_backs.iter_mut().filter_map(Option::take)).await;
+        return Err(err);
+    }
     let n = redlock.len();
     let step = Arc::new(contender.attempt(join));
     let held = contender.held();
@@ -331,7 +335,12 @@ async fn round<C: QuorumContender>(
         let late = still_out.get_mut(i).and_then(Option::take);
         *slot = give_back_on(redlock, i, give_back.clone(), late, held.clone());
     }
-    distinct?;
+    if let Err(err) = distinct {
+        // Two masters are one server: refused for good, so the acquire ends here, and what
+        // this round set is given back before the caller hears of it (not just after).
+        join_all(give_backs.iter_mut().filter_map(Option::take)).await;
+        return Err(err);
+    }
     if let Some(err) = refused {
         return Err(err);
     }
