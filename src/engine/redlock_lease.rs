@@ -106,6 +106,12 @@ pub(super) trait QuorumContender: Send + Sync {
     /// The name under which contenders of this process take turns (None: each waits on its own,
     /// as readers do).
     fn gate(&self) -> Option<Vec<u8>>;
+    /// After a round not won whose pause came out as nothing (a random pause of 0): true to go
+    /// again at once; false to wait through it all the same, so that a release heard in that
+    /// instant is taken (and, after a split vote, followed by a short random pause).
+    fn skip_empty_pause(&self) -> bool {
+        true
+    }
 }
 
 /// A won acquire: when the lease counts from, and the agreed fence (0 without fences).
@@ -544,7 +550,7 @@ async fn rounds<C: QuorumContender>(
         } else {
             split_pause = SPLIT_PAUSE;
         }
-        if nap.is_zero() {
+        if nap.is_zero() && contender.skip_empty_pause() {
             continue;
         }
         let woken = select_all(registrations.iter().map(|r| r.notified().boxed()));

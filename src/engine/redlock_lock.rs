@@ -109,6 +109,10 @@ impl QuorumContender for LockQuorum<'_> {
         // One competitor per name in this process; the others queue.
         Some(self.spec.keys.lock())
     }
+
+    fn skip_empty_pause(&self) -> bool {
+        false
+    }
 }
 
 /// The write and its WAIT on a connection of their own; the master's incarnation is the one its
