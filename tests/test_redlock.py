@@ -248,6 +248,82 @@ def test_restarted_master_does_not_let_b_in_before_a_lease_ends(masters: Masters
     b.release()
 
 
+def wait_for_wall_fraction(low: float, high: float) -> None:
+    """Sleeps until the current wall-clock second is between `low` and `high` through."""
+    while not low <= time.time() % 1.0 < high:
+        time.sleep(0.002)
+
+
+def a_holds_masters_0_to_2(
+    masters: Masters, a_client: redmutex.Client, n: str, ttl: float, stale_ms: int
+) -> tuple[redmutex.Lock, float]:
+    """A takes the lock on exactly masters 0, 1 and 2 (a stale owner holds 3 and 4 for
+    `stale_ms`): A's lock, and the monotonic time at which its lease ends."""
+    for i in (3, 4):
+        with masters.conn(i) as r:
+            r.set(f"t:{{{n}}}:lock", "stale", px=stale_ms)
+    a = redmutex.Lock(a_client, n, ttl=ttl)
+    assert a.acquire(blocking=False)
+    return a, time.monotonic() + (a.remaining() or 0)
+
+
+def assert_b_gets_in_after(b: redmutex.Lock, a_deadline: float, timeout: float) -> None:
+    assert b.acquire(timeout=timeout)
+    got_at = time.monotonic()
+    early = a_deadline - got_at
+    assert early <= 0.05, f"B got in {early:.3f} s before A's lease ended"
+    b.release()
+
+
+def test_master_restarted_just_before_a_whole_second_is_still_discounted(
+    masters: Masters,
+) -> None:
+    """INFO's uptime_in_seconds is floor(now) - floor(start): a master that started at x.9 s
+    and is asked at (x+1).05 s says 1 s after 0.15 s. Its votes must stay discounted for a whole
+    lease from its real restart, not from a second earlier: B must not get in before A's lease
+    ends (it did, by about half a second, when the uptime was taken as exact)."""
+    n = name()
+    ttl = 2.0
+    a_client, b_client = client(masters), client(masters)
+    assert b_client.ping()  # B has seen every master's run_id
+    for _ in range(5):  # bounded: the restart must end in the second of A's grant
+        wait_for_wall_fraction(0.50, 0.60)
+        a, a_deadline = a_holds_masters_0_to_2(masters, a_client, n, ttl, stale_ms=150)
+        second = int(time.time())
+        wait_for_wall_fraction(0.80, 1.0)  # the stale keys are gone
+        masters.start_one(0)  # restarts empty: it forgot A's lease
+        if int(time.time()) == second:
+            break
+        a.release()  # the second turned during the restart: not the case under test
+    else:
+        pytest.skip("a master restart never fit in the rest of a second (machine too slow)")
+    while int(time.time()) == second:  # B's first word from the new master: uptime 1 s
+        time.sleep(0.002)
+    b = redmutex.Lock(b_client, n, ttl=ttl)
+    assert b.acquire(blocking=False) is False
+    assert_b_gets_in_after(b, a_deadline, timeout=ttl + 3)
+
+
+def test_restart_after_a_busy_first_word_is_still_discounted(masters: Masters) -> None:
+    """B's first word from every master is "busy" (A and a stale owner hold them); master 0
+    then restarts empty. Its grant to B comes from an incarnation B has not seen before, so it
+    must be discounted although B never had a grant from the old one."""
+    n = name()
+    ttl = 2.0
+    a_client, b_client = client(masters), client(masters)  # B has seen no master yet
+    _, a_deadline = a_holds_masters_0_to_2(masters, a_client, n, ttl, stale_ms=600)
+    # The other masters answer B only after a pause, so master 0's "busy" is the first answer
+    # of B's round and is always heard (a round ends once three masters said busy).
+    for i in (1, 2, 3, 4):
+        with masters.conn(i) as r:
+            r.execute_command("CLIENT", "PAUSE", 200, "ALL")
+    b = redmutex.Lock(b_client, n, ttl=ttl)
+    assert b.acquire(blocking=False) is False  # busy everywhere
+    time.sleep(0.65)  # the stale keys are gone: masters 3 and 4 are free
+    masters.start_one(0)
+    assert_b_gets_in_after(b, a_deadline, timeout=ttl + 3)
+
+
 def test_fences_increase_across_changing_majorities(masters: Masters) -> None:
     n = name()
     ttl = 0.5  # a restarted master's vote counts again after the longest lease (0.5 s)

@@ -124,6 +124,30 @@ def test_one_server_under_two_names_is_refused_at_first_contact(masters: Masters
             assert r.get(f"t:{{{n}}}:lock") is None
 
 
+def test_refused_acquire_gives_back_before_it_raises(masters: Masters) -> None:
+    """The refusal ends the acquire for good: what its round set on the one real server is
+    given back before the error reaches the caller, not just after (a connection open already
+    reads the key at once)."""
+    port = masters.servers[0].port
+    urls = [f"redis://127.0.0.1:{port}", f"redis://localhost:{port}", "redis://127.0.0.1:1"]
+    left = []
+    iterations = 0
+    deadline = time.monotonic() + 15
+    with masters.conn(0) as r:
+        r.ping()
+        while iterations < 20 and time.monotonic() < deadline:
+            iterations += 1
+            n = name()
+            key = f"t:{{{n}}}:lock"
+            c = redmutex.Client(urls, prefix="t:", **FAST)
+            with pytest.raises(ValueError, match="same server"):
+                redmutex.Lock(c, n, ttl=30).acquire(blocking=False)
+            if r.get(key) is not None:
+                left.append(iterations)
+                r.delete(key)
+    assert not left, f"held right after the refusal in {len(left)} of {iterations}: {left}"
+
+
 def test_one_server_twice_with_a_password_names_it_redacted(masters: Masters) -> None:
     server = masters.servers[0]
     with masters.conn(0) as r:

@@ -9,7 +9,8 @@ use super::client::{Backend, Client};
 use super::error::{Error, Result};
 use super::executor::{self, Now};
 use super::hold::{Holder, Leased, Naming};
-use super::redlock::{self, Redlock};
+use super::redlock::Redlock;
+use super::redlock_lock;
 use super::replicas::attempt_with_replicas;
 use super::shared::Shared;
 use super::waiting::{self, Contender, Outcome, Plan, Undo, UndoStep};
@@ -253,7 +254,7 @@ pub async fn acquire_on(
 ) -> Result<Option<Granted>> {
     match backend {
         Backend::Single(shared) => acquire_from(shared, spec, token, wait, None, true).await,
-        Backend::Redlock(r) => redlock::acquire(r, spec, token, wait, true).await,
+        Backend::Redlock(r) => redlock_lock::acquire(r, spec, token, wait, true).await,
     }
 }
 
@@ -360,7 +361,7 @@ impl Leased for LockSpec {
         wait: Wait,
         _args: &(),
     ) -> Result<Option<(Instant, Fenced)>> {
-        let granted = redlock::acquire(redlock, self, token, wait, false).await?;
+        let granted = redlock_lock::acquire(redlock, self, token, wait, false).await?;
         Ok(granted.map(Into::into))
     }
 }

@@ -18,6 +18,7 @@ pub mod node;
 pub mod redlock;
 pub mod redlock_cache;
 mod redlock_lease;
+mod redlock_lock;
 pub mod redlock_rwlock;
 pub mod redlock_semaphore;
 pub mod renew;

@@ -6,9 +6,10 @@
 //!   gives its partial grants back everywhere. `Error::Quorum` when no majority of the masters
 //!   can answer; a lock that is simply held makes the caller wait (wake-ups come from every
 //!   master, and the holder's lease end is a deadline too) and finally time out.
-//! - A master whose `run_id` changed since this client last saw it (restarted, possibly empty)
-//!   has its votes discounted until the longest lease this client uses has passed since it
-//!   restarted: it may have forgotten a lease it granted to somebody else.
+//! - A master whose `run_id` changed since this client last saw it (in any reply, a busy vote's
+//!   too; restarted, possibly empty) has its votes discounted until the longest lease this client
+//!   uses has passed since it restarted: it may have forgotten a lease it granted to somebody
+//!   else. The restart is dated from INFO's uptime, which may be up to a second too high.
 //! - Fencing: the fence is the largest counter among the granting masters, written back to every
 //!   granting master before acquire returns (see `protocol::quorum` for why that makes fences
 //!   strictly increasing per name whenever a majority agrees), and in the background to every
@@ -21,7 +22,8 @@
 //!   LOAD and EVALSHA again) can never land after the release and keep the master for a ttl.
 //! - Each master must be a separate server: two entries whose servers report the same `run_id`
 //!   (one server under two names) are refused with `Error::Invalid` at first contact, since
-//!   one server's vote would count twice.
+//!   one server's vote would count twice; what that round set is given back before the error
+//!   returns.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,24 +32,20 @@ use std::time::{Duration, Instant};
 
 use std::future::Future;
 
-use futures_util::future::{join_all, select_all, BoxFuture, Shared as SharedFuture};
+use futures_util::future::{join_all, BoxFuture, Shared as SharedFuture};
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use futures_util::FutureExt;
 
 use super::error::{Error, Result};
 use super::executor;
 use super::name_map::NameMap;
 use super::node::{Identity, Retry};
-use super::replicas::attempt_with_replicas;
 use super::runtime;
 use super::shared::Shared;
-use super::waiting::{Gate, Wait};
+use super::waiting::Gate;
 use crate::protocol::keys::Keys;
 use crate::protocol::lease;
-use crate::protocol::lock::{self, Granted, LockSpec};
-use crate::protocol::quorum::{self, Incarnation, Majority, Outcome, Tally, Vote};
-use crate::protocol::replies::{parse_attempt, parse_flag, parse_int, Attempt};
-use crate::protocol::scripts;
+use crate::protocol::lock;
+use crate::protocol::quorum::{self, Incarnation, Majority, Vote};
 use crate::protocol::step::Step;
 
 /// How long a waiter sleeps when no master gives a lease to wait for.
@@ -94,29 +92,19 @@ pub struct Redlock {
 }
 
 /// What one master said to an operation, and whether its word counts now.
-struct Answer<T> {
+pub(super) struct Answer<T> {
     value: Result<T>,
     counted: bool,
 }
-
-/// How one acquire round ended (other than with an error).
-enum RoundEnd {
-    Won(Granted),
-    Busy { retry_ms: i64, split: bool },
-}
-
-/// Releases of earlier rounds still under way, per master: the next vote on a master waits for
-/// its release, so a give-back can never delete a later grant of the same token.
-type GiveBacks = Vec<Option<tokio::task::JoinHandle<()>>>;
 
 /// For a token the caller chose (the recipes' identifier, which another call may use too): per
 /// master, whether this acquire's own vote set the token there and it was not given back yet.
 /// The votes are first sends (`scripts::acquire_first_send`), so a grant proves that this call
 /// set the key; a give-back or a cancelled acquire deletes only there, never a lock that another
 /// call with the same identifier holds.
-type Held = Arc<Mutex<Vec<bool>>>;
+pub(super) type Held = Arc<Mutex<Vec<bool>>>;
 
-fn set_held(held: &Held, index: usize, value: bool) {
+pub(super) fn set_held(held: &Held, index: usize, value: bool) {
     if let Some(slot) = held
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -126,7 +114,7 @@ fn set_held(held: &Held, index: usize, value: bool) {
     }
 }
 
-fn is_held(held: &Held, index: usize) -> bool {
+pub(super) fn is_held(held: &Held, index: usize) -> bool {
     held.lock()
         .unwrap_or_else(|p| p.into_inner())
         .get(index)
@@ -314,260 +302,6 @@ impl Redlock {
         Error::Quorum(message)
     }
 
-    /// One master's vote in an acquire round.
-    async fn vote(
-        self: Arc<Self>,
-        index: usize,
-        spec: LockSpec,
-        token: String,
-        before: Option<tokio::task::JoinHandle<()>>,
-        held: Option<Held>,
-    ) -> VoteResult {
-        if let Some(give_back) = before {
-            let _ = give_back.await;
-        }
-        let Some(master) = self.masters.get(index) else {
-            return (index, Vote::Failed, None);
-        };
-        let failed = |err: Error| (index, Vote::Failed, Some(Self::labelled(master, &err)));
-        let (attempt, identity) = if spec.replicas == 0 {
-            let lease_ms = lease::lease_ms(spec.lease);
-            // A token the caller chose may be in place for another call: a first send refuses
-            // it. Votes are never resent, so every vote is a first send.
-            let inv = match held {
-                Some(_) => scripts::acquire_first_send(&spec.keys, &token, lease_ms),
-                None => scripts::acquire(&spec.keys, &token, lease_ms, None, ""),
-            };
-            // No resend after a dropped connection: a vote that fails is one vote fewer, and a
-            // resend could land after this round gave its grants back.
-            let node = &master.shared.node;
-            let (reply, identity) = match node.invoke_identified(&inv, Retry::Never).await {
-                Ok(found) => found,
-                Err(err) => return failed(err),
-            };
-            match parse_attempt(&reply) {
-                Ok(attempt) => (attempt, identity),
-                Err(err) => return failed(err.into()),
-            }
-        } else {
-            // The write and its WAIT on a connection of their own; the master's incarnation is
-            // the one its command connection knows (looked up if it has none yet).
-            match attempt_with_replicas(&master.shared, &spec, None, &token).await {
-                Ok(Some(attempt)) => {
-                    let identity = match master.shared.node.identity() {
-                        Some(found) => Some(found),
-                        None => master
-                            .shared
-                            .node
-                            .query_identified::<String>(&redis::cmd("PING"), Retry::Once)
-                            .await
-                            .ok()
-                            .and_then(|(_, identity)| identity),
-                    };
-                    (attempt, identity)
-                }
-                Ok(None) => {
-                    let why = format!("fewer than {} replicas acknowledged", spec.replicas);
-                    return failed(Error::Timeout(why));
-                }
-                Err(err) => return failed(err),
-            }
-        };
-        if let Some(id) = identity.as_deref() {
-            self.note_run_id(master, &id.run_id);
-        }
-        let fence = match attempt {
-            Attempt::Busy { retry_ms, .. } => return (index, Vote::Busy { retry_ms }, None),
-            Attempt::Granted { fence } => fence,
-        };
-        if let Some(held) = &held {
-            set_held(held, index, true);
-        }
-        let vote = match self.discounted(master, identity.as_deref()) {
-            None => Vote::Granted { fence },
-            Some(left) => Vote::Discounted {
-                fence,
-                counts_in_ms: i64::try_from(lease::lease_ms(left)).unwrap_or(i64::MAX),
-            },
-        };
-        (index, vote, None)
-    }
-
-    /// One round: every master votes at once; decided as soon as the outcome is certain.
-    async fn round(
-        self: &Arc<Self>,
-        spec: &LockSpec,
-        token: &str,
-        give_backs: &mut GiveBacks,
-        held: Option<&Held>,
-    ) -> Result<RoundEnd> {
-        self.check_distinct()?;
-        let n = self.masters.len();
-        let sent_at = Instant::now();
-        let all: Vec<PendingVote> = (0..n)
-            .map(|i| {
-                let before = give_backs.get_mut(i).and_then(Option::take);
-                self.clone()
-                    .vote(i, spec.clone(), token.to_string(), before, held.cloned())
-                    .boxed()
-                    .shared()
-            })
-            .collect();
-        let mut votes: FuturesUnordered<_> = all.iter().cloned().collect();
-        let mut reported = vec![false; n];
-        let mut tally = Tally::new(n);
-        let mut grants: Vec<(usize, i64)> = Vec::new();
-        let mut busy = vec![false; n];
-        let mut errors = Vec::new();
-        while !tally.settled() {
-            let Some((i, vote, error)) = votes.next().await else {
-                break;
-            };
-            if let Some(seen) = reported.get_mut(i) {
-                *seen = true;
-            }
-            match vote {
-                Vote::Granted { fence } | Vote::Discounted { fence, .. } => grants.push((i, fence)),
-                Vote::Busy { .. } => {
-                    if let Some(b) = busy.get_mut(i) {
-                        *b = true;
-                    }
-                }
-                Vote::Failed => errors.extend(error),
-            }
-            tally.add(vote);
-        }
-        let outcome = tally.outcome();
-        drop(votes);
-        let distinct = self.check_distinct();
-        let mut still_out: Vec<Option<PendingVote>> = vec![None; n];
-        if outcome == Outcome::Won && distinct.is_ok() {
-            // Votes still out go on in the background: the more masters hold the lease, the
-            // better it survives a master failing; a late grant is ours and goes with the hold.
-            // The release (or a give-back below) on their master waits for them to settle, so
-            // a vote that is sent again (NOSCRIPT) cannot land after it.
-            let late: Vec<(usize, PendingVote)> = all
-                .into_iter()
-                .enumerate()
-                .filter(|(i, _)| !reported.get(*i).copied().unwrap_or(true))
-                .collect();
-            for (i, vote) in &late {
-                if let Some(slot) = still_out.get_mut(*i) {
-                    *slot = Some(vote.clone());
-                }
-            }
-            self.keep_pending(token, late);
-            if let Some(granted) = self.settle_win(spec, sent_at, &grants).await {
-                return Ok(RoundEnd::Won(granted));
-            }
-        } else if held.is_some() {
-            // A token the caller chose: only a vote that granted may be given back (see `Held`),
-            // so the give-back waits for the votes still out to learn which did.
-            for (i, vote) in all.into_iter().enumerate() {
-                if !reported.get(i).copied().unwrap_or(true) {
-                    if let Some(slot) = still_out.get_mut(i) {
-                        *slot = Some(vote);
-                    }
-                }
-            }
-        } else {
-            // Dropped (every copy): a request already sent runs before the give-back below
-            // (same connection, in order); one not yet sent never will be.
-            drop(all);
-        }
-        // Not won: give back everywhere we may hold (all but the masters that said "busy").
-        for (i, slot) in give_backs.iter_mut().enumerate() {
-            if busy.get(i).copied().unwrap_or(false) {
-                continue;
-            }
-            let me = self.clone();
-            let keys = spec.keys.clone();
-            let token = token.to_string();
-            let late = still_out.get_mut(i).and_then(Option::take);
-            let held = held.cloned();
-            *slot = runtime::handle().ok().map(|h| {
-                h.spawn(async move {
-                    if let Some(vote) = late {
-                        vote.await;
-                    }
-                    if let Some(held) = &held {
-                        if !is_held(held, i) {
-                            return;
-                        }
-                        set_held(held, i, false);
-                    }
-                    if let Some(m) = me.masters.get(i) {
-                        let _ = m
-                            .shared
-                            .node
-                            .invoke(&scripts::release(&keys, &token), Retry::Once)
-                            .await;
-                    }
-                })
-            });
-        }
-        distinct?;
-        match outcome {
-            Outcome::NoQuorum { answered } => Err(self.quorum_error(answered, &errors)),
-            Outcome::Busy { retry_ms, split } => Ok(RoundEnd::Busy { retry_ms, split }),
-            // Won, but too late for the lease or without an agreed fence: try again.
-            Outcome::Won => Ok(RoundEnd::Busy {
-                retry_ms: -1,
-                split: true,
-            }),
-        }
-    }
-
-    /// A majority granted: agree on the fence (writing it back where it lags) and check that the
-    /// lease is still valid. None when either fails.
-    async fn settle_win(
-        &self,
-        spec: &LockSpec,
-        sent_at: Instant,
-        grants: &[(usize, i64)],
-    ) -> Option<Granted> {
-        let (fence, behind) = quorum::agreed_fence(grants)?;
-        // Every master that did not grant in this count (busy, failed, or its vote still out:
-        // late or slow after a restart) has its counter raised too, in the background: after
-        // further failures, a majority without the granting masters must not count from below
-        // this fence. A vote still out runs before or after the raise; either way the counter
-        // ends at or above the fence.
-        for (i, master) in self.masters.iter().enumerate() {
-            if grants.iter().any(|&(g, _)| g == i) {
-                continue;
-            }
-            let shared = master.shared.clone();
-            let inv = scripts::raise_fence(&spec.keys, fence);
-            runtime::spawn(async move {
-                let _ = shared.node.invoke(&inv, Retry::Once).await;
-            });
-        }
-        let mut at_fence = grants.len() - behind.len();
-        if !behind.is_empty() {
-            let raises = behind.iter().filter_map(|&i| self.masters.get(i)).map(|m| {
-                let inv = scripts::raise_fence(&spec.keys, fence);
-                async move {
-                    let reply = m.shared.node.invoke(&inv, Retry::Once).await.ok()?;
-                    parse_int(&reply).ok()
-                }
-            });
-            at_fence += join_all(raises)
-                .await
-                .into_iter()
-                .filter(|raised| raised.is_some_and(|v| v >= fence))
-                .count();
-        }
-        if at_fence < self.quorum() {
-            return None;
-        }
-        quorum::validity(sent_at, spec.lease, Instant::now())?;
-        Some(Granted {
-            fence,
-            sent_at: quorum::lease_start(sent_at, spec.lease),
-            lease: spec.lease,
-        })
-    }
-
     /// Subscribes the waiter on a majority of the masters (a release publishes on every master
     /// that held the lock, a majority, so one of them is heard).
     pub(super) async fn ready(&self, registrations: &[super::wake::Registration]) -> Result<()> {
@@ -624,11 +358,32 @@ impl Redlock {
             return self.release(keys, token).await;
         };
         self.check_distinct()?;
+        let step = lock::release(keys, token);
+        let answers = self.release_held(token, &held, &step).await;
+        self.by_majority(answers, |v| step.parse(v.clone()).ok())
+    }
+
+    /// Keeps the hold of a caller-chosen `token` on the lock `key` that this client won: where
+    /// its votes set the token, for `release_chosen`.
+    pub(super) fn keep_hold(&self, key: Vec<u8>, token: &str, held: Held) {
+        self.holds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((key, token.to_string()), held);
+    }
+
+    /// Runs the release `step` of `token` on the masters where `held` says this call's own
+    /// votes set it, and clears the marks; every other master answers "not ours" (0). Votes of
+    /// the won round still out settle first (they mark `held` themselves).
+    pub(super) async fn release_held(
+        &self,
+        token: &str,
+        held: &Held,
+        step: &Step<bool>,
+    ) -> Vec<Answer<redis::Value>> {
         let releases = self.masters.iter().map(|m| {
             let earlier = self.pending_on(token, m.index);
-            let held = &held;
             async move {
-                // Votes of the won round still out settle first (they mark `held` themselves).
                 join_all(earlier).await;
                 if !is_held(held, m.index) {
                     return Answer {
@@ -637,8 +392,14 @@ impl Redlock {
                     };
                 }
                 set_held(held, m.index, false);
-                let inv = scripts::release(keys, token);
-                match m.shared.node.invoke(&inv, Retry::Once).await {
+                let Some(inv) = step.invocation() else {
+                    let err = Error::Usage("a release must be a script".into());
+                    return Answer {
+                        value: Err(err),
+                        counted: false,
+                    };
+                };
+                match m.shared.node.invoke(inv, Retry::Once).await {
                     Ok(value) => Answer {
                         value: Ok(value),
                         counted: true,
@@ -650,8 +411,7 @@ impl Redlock {
                 }
             }
         });
-        let answers = join_all(releases).await;
-        self.by_majority(answers, |v| parse_flag(v).ok())
+        join_all(releases).await
     }
 
     /// Compare-and-pexpire on every master: `Ok(Some(start))` when a majority extended (the
@@ -796,49 +556,6 @@ impl Redlock {
     }
 }
 
-/// Gives the lock back on every master if dropped while armed (an acquire cancelled mid-way);
-/// for a token the caller chose, only where this acquire's own vote set it (see `Held`).
-struct Cleanup {
-    redlock: Arc<Redlock>,
-    keys: Keys,
-    token: String,
-    held: Option<Held>,
-    armed: bool,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let redlock = self.redlock.clone();
-        let keys = self.keys.clone();
-        let token = std::mem::take(&mut self.token);
-        let Some(held) = self.held.take() else {
-            runtime::spawn(async move {
-                let _ = redlock.release(&keys, &token).await;
-            });
-            return;
-        };
-        runtime::spawn(async move {
-            let releases = redlock.masters.iter().map(|m| {
-                // Votes of a won round still out settle first (they mark `held` themselves).
-                let earlier = redlock.pending_on(&token, m.index);
-                let (held, keys, token) = (&held, &keys, &token);
-                async move {
-                    join_all(earlier).await;
-                    if is_held(held, m.index) {
-                        set_held(held, m.index, false);
-                        let inv = scripts::release(keys, token);
-                        let _ = m.shared.node.invoke(&inv, Retry::Once).await;
-                    }
-                }
-            });
-            join_all(releases).await;
-        });
-    }
-}
-
 /// A random pause in `0..=max`.
 pub(super) fn jitter(max: Duration) -> Duration {
     let mut bytes = [0u8; 8];
@@ -847,103 +564,6 @@ pub(super) fn jitter(max: Duration) -> Duration {
     }
     let ms = u64::from_le_bytes(bytes) % (max.as_millis() as u64 + 1);
     Duration::from_millis(ms)
-}
-
-/// Takes the lock for `token` on a majority, waiting as `wait` allows, without polling.
-/// `shared_token`: the caller chose the token (the recipes' identifier), so another call may
-/// hold the lock with it: a vote never counts the token found in place as a grant, and a
-/// give-back deletes only what this call's own votes set (see `Held`). The recipes never ask
-/// for a fair lock or replica acknowledgements, the only votes without a first-send form.
-pub async fn acquire(
-    redlock: &Arc<Redlock>,
-    spec: &LockSpec,
-    token: &str,
-    wait: Wait,
-    shared_token: bool,
-) -> Result<Option<Granted>> {
-    redlock.note_lease(spec.lease);
-    let held: Option<Held> = (shared_token && spec.replicas == 0)
-        .then(|| Arc::new(Mutex::new(vec![false; redlock.len()])));
-    let mut cleanup = Cleanup {
-        redlock: redlock.clone(),
-        keys: spec.keys.clone(),
-        token: token.to_string(),
-        held: held.clone(),
-        armed: true,
-    };
-    let mut give_backs: GiveBacks = (0..redlock.len()).map(|_| None).collect();
-    let outcome = acquire_rounds(redlock, spec, token, wait, &mut give_backs, held.as_ref()).await;
-    cleanup.armed = false;
-    if let (Ok(Some(_)), Some(held)) = (&outcome, held) {
-        redlock
-            .holds
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert((spec.keys.lock(), token.to_string()), held);
-    }
-    outcome
-}
-
-async fn acquire_rounds(
-    redlock: &Arc<Redlock>,
-    spec: &LockSpec,
-    token: &str,
-    wait: Wait,
-    give_backs: &mut GiveBacks,
-    held: Option<&Held>,
-) -> Result<Option<Granted>> {
-    if let RoundEnd::Won(granted) = redlock.round(spec, token, give_backs, held).await? {
-        return Ok(Some(granted));
-    }
-    if wait.expired(Instant::now()) {
-        return Ok(None);
-    }
-    // One competitor per name in this process; the others queue here.
-    let gate = redlock.gates.get(&spec.keys.lock());
-    let _turn = match wait.deadline() {
-        None => gate.lock().await,
-        Some(d) => match tokio::time::timeout_at(d.into(), gate.lock()).await {
-            Ok(turn) => turn,
-            Err(_) => return Ok(None),
-        },
-    };
-    let channel = spec.keys.wake_channel();
-    let registrations: Vec<_> = redlock
-        .masters
-        .iter()
-        .map(|m| m.shared.hub.register(channel.clone(), None))
-        .collect();
-    let mut split_pause = SPLIT_PAUSE;
-    loop {
-        // Subscribed before looking, so a release after the look is heard.
-        redlock.ready(&registrations).await?;
-        let (retry_ms, split) = match redlock.round(spec, token, give_backs, held).await? {
-            RoundEnd::Won(granted) => return Ok(Some(granted)),
-            RoundEnd::Busy { retry_ms, split } => (retry_ms, split),
-        };
-        let now = Instant::now();
-        if wait.expired(now) {
-            return Ok(None);
-        }
-        let mut nap = lease::next_look(retry_ms, NO_HINT_LOOK, wait.deadline(), now);
-        if split {
-            // The vote split: pause a random moment (longer while it keeps splitting), or
-            // less when a release is heard, and then a little more, to fall out of step.
-            nap = nap.min(jitter(split_pause));
-            split_pause = (split_pause * 2).min(SPLIT_PAUSE_MAX);
-        } else {
-            split_pause = SPLIT_PAUSE;
-        }
-        let woken = select_all(registrations.iter().map(|r| r.notified().boxed()));
-        tokio::select! {
-            _ = woken => {
-                if split {
-                    tokio::time::sleep(jitter(SPLIT_PAUSE)).await;
-                }
-            }
-            _ = tokio::time::sleep(nap) => {}
-        }
-    }
 }
 
 impl std::fmt::Debug for Redlock {

@@ -94,7 +94,7 @@ impl QuorumContender for LookupQuorum<'_> {
 
     fn ballot(&self, reply: &Lookup) -> Ballot {
         match reply {
-            Lookup::Claimed => Ballot::Granted,
+            Lookup::Claimed => Ballot::Granted { fence: 0 },
             Lookup::Busy { retry_ms } => Ballot::Busy {
                 retry_ms: *retry_ms,
             },

@@ -1,12 +1,14 @@
-//! The quorum acquire of the lease primitives on Redlock (a semaphore slot, a read or write
-//! lock): the Lock's round (`redlock.rs`) for any per-master attempt that grants or says busy.
+//! The quorum acquire of every primitive on Redlock (the Lock, a semaphore slot, a read or write
+//! lock, a cache lookup): one round for any per-master attempt that grants or says busy.
 //!
 //! - One round sends the same attempt to every master at once and is won when a majority grants
-//!   within the lease's validity (ttl − elapsed − drift); votes still out on a won round go on in
-//!   the background and become part of the hold (their master's release waits for them).
+//!   within the lease's validity (ttl − elapsed − drift) and, for the Lock, agrees on a fence
+//!   (`QuorumContender::agree`); votes still out on a won round go on in the background and
+//!   become part of the hold (their master's release waits for them).
 //! - A round not won gives its grants back on every master that did not say busy; the next vote
 //!   on a master waits for that give-back, so it can never delete a later grant of the token.
-//! - A master that restarted is discounted (`Redlock::discounted`), as for the Lock.
+//!   For a token the caller chose (`Held`), only where this call's own votes set it.
+//! - A master that restarted is discounted (`Redlock::discounted`).
 //! - `QuorumError` when no majority can answer; otherwise the waiter subscribes on every master
 //!   and is woken by a release heard on any of them (or by the soonest lease end it was told).
 //! - Release, extend and `owned` are the primitive's own steps, run on every master by majority
@@ -15,13 +17,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::future::{select_all, BoxFuture, Shared as SharedFuture};
+use futures_util::future::{join_all, select_all, BoxFuture, Shared as SharedFuture};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
 
 use super::error::{Error, Result};
-use super::node::Retry;
-use super::redlock::{jitter, PendingVote, Redlock, NO_HINT_LOOK, SPLIT_PAUSE, SPLIT_PAUSE_MAX};
+use super::node::{Identity, Retry};
+use super::redlock::{
+    is_held, jitter, set_held, Held, PendingVote, Redlock, NO_HINT_LOOK, SPLIT_PAUSE,
+    SPLIT_PAUSE_MAX,
+};
 use super::runtime;
 use super::waiting::Wait;
 use crate::protocol::lease;
@@ -33,14 +38,16 @@ const AT_ONCE: usize = 4;
 
 /// What one master's reply to an attempt means.
 pub(super) enum Ballot {
-    Granted,
+    /// Granted here; `fence`: the master's fencing counter (0 for a primitive without fences).
+    Granted { fence: i64 },
     /// Held by others here; look again within `retry_ms` (-1: no hint).
-    Busy {
-        retry_ms: i64,
-    },
+    Busy { retry_ms: i64 },
     /// Refused for good (a semaphore of another limit): nothing was written.
     Refused(Error),
 }
+
+/// One master's reply to an attempt, and the identity of the server that gave it.
+pub(super) type Sent<R> = BoxFuture<'static, Result<(R, Option<Arc<Identity>>)>>;
 
 /// What one quorum acquire asks of every master, round after round.
 pub(super) trait QuorumContender: Send + Sync {
@@ -48,9 +55,33 @@ pub(super) trait QuorumContender: Send + Sync {
     /// This round's attempt, the same for every master; `join`: a round after the first (a
     /// writer then marks itself waiting).
     fn attempt(&self, join: bool) -> Step<Self::Reply>;
+    /// Sends this round's attempt to master `index` (run only when polled, after the master's
+    /// earlier give-back). Default: the step on the master's connection, never resent.
+    fn send(
+        &self,
+        redlock: &Arc<Redlock>,
+        index: usize,
+        step: &Arc<Step<Self::Reply>>,
+    ) -> Sent<Self::Reply> {
+        send_step(redlock.clone(), index, step.clone()).boxed()
+    }
     fn ballot(&self, reply: &Self::Reply) -> Ballot;
+    /// A majority granted, with these `(master, fence)`: the fence the hold gets, None when the
+    /// masters cannot agree on one (the round is then not won). Default: 0, nothing to agree.
+    fn agree<'a>(
+        &'a self,
+        _redlock: &'a Redlock,
+        _grants: &'a [(usize, i64)],
+    ) -> BoxFuture<'a, Option<i64>> {
+        futures_util::future::ready(Some(0)).boxed()
+    }
     /// Gives a grant of the token back on one master (the primitive's release step).
     fn give_back(&self) -> Step<bool>;
+    /// For a token the caller chose: where this call's own votes set it (`Held`; `send` marks
+    /// it), the only masters that a give-back or a cancelled acquire may release.
+    fn held(&self) -> Option<Held> {
+        None
+    }
     /// Run on every master when the acquire ends without a hold (a writer gives up its place).
     fn leave(&self) -> Option<Step<()>> {
         None
@@ -75,17 +106,31 @@ pub(super) trait QuorumContender: Send + Sync {
     /// The name under which contenders of this process take turns (None: each waits on its own,
     /// as readers do).
     fn gate(&self) -> Option<Vec<u8>>;
+    /// After a round not won whose pause came out as nothing (a random pause of 0): true to go
+    /// again at once; false to wait through it all the same, so that a release heard in that
+    /// instant is taken (and, after a split vote, followed by a short random pause).
+    fn skip_empty_pause(&self) -> bool {
+        true
+    }
+}
+
+/// A won acquire: when the lease counts from, and the agreed fence (0 without fences).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Won {
+    pub(super) start: Instant,
+    pub(super) fence: i64,
 }
 
 /// One master's vote: `(master index, its reply, how long it is still discounted, error)`.
 type LeaseVote<R> = (usize, Option<R>, Option<Duration>, Option<String>);
 type SharedVote<R> = SharedFuture<BoxFuture<'static, LeaseVote<R>>>;
 
-/// Give-backs of earlier rounds still under way, per master (see `redlock.rs`).
+/// Releases of earlier rounds still under way, per master: the next vote on a master waits for
+/// its give-back, so a give-back can never delete a later grant of the same token.
 type GiveBacks = Vec<Option<tokio::task::JoinHandle<()>>>;
 
 enum RoundEnd<R> {
-    Won(Instant),
+    Won(Won),
     Busy {
         retry_ms: i64,
         split: bool,
@@ -93,10 +138,33 @@ enum RoundEnd<R> {
     },
 }
 
-async fn vote<R: Send + 'static>(
+/// Sends `step` to master `index` and parses the reply. Never resent after a dropped
+/// connection: a vote that fails is one vote fewer, and a resend could land after this round
+/// gave its grants back.
+pub(super) async fn send_step<R>(
     redlock: Arc<Redlock>,
     index: usize,
     step: Arc<Step<R>>,
+) -> Result<(R, Option<Arc<Identity>>)> {
+    let Some(master) = redlock.masters.get(index) else {
+        return Err(Error::Usage(format!("no Redlock master {index}")));
+    };
+    let Some(inv) = step.invocation() else {
+        return Err(Error::Usage("a vote must be a script".into()));
+    };
+    let (reply, identity) = master
+        .shared
+        .node
+        .invoke_identified(inv, Retry::Never)
+        .await?;
+    Ok((step.parse(reply)?, identity))
+}
+
+/// Master `index`'s vote: `send` once an earlier give-back there (`before`) has run.
+async fn vote<R: Send + 'static>(
+    redlock: Arc<Redlock>,
+    index: usize,
+    send: Sent<R>,
     before: Option<tokio::task::JoinHandle<()>>,
 ) -> LeaseVote<R> {
     if let Some(give_back) = before {
@@ -105,41 +173,35 @@ async fn vote<R: Send + 'static>(
     let Some(master) = redlock.masters.get(index) else {
         return (index, None, None, None);
     };
-    let failed = |err: Error| (index, None, None, Some(Redlock::labelled(master, &err)));
-    let Some(inv) = step.invocation() else {
-        return failed(Error::Usage("a vote must be a script".into()));
-    };
-    // Never resent after a dropped connection: a resend could land after a give-back.
-    let (reply, identity) = match master
-        .shared
-        .node
-        .invoke_identified(inv, Retry::Never)
-        .await
-    {
-        Ok(found) => found,
-        Err(err) => return failed(err),
-    };
-    match step.parse(reply) {
-        Ok(reply) => {
+    match send.await {
+        Ok((reply, identity)) => {
             let discounted = redlock.discounted(master, identity.as_deref());
             (index, Some(reply), discounted, None)
         }
-        Err(err) => failed(err.into()),
+        Err(err) => (index, None, None, Some(Redlock::labelled(master, &err))),
     }
 }
 
-/// Sends `step` to master `index` in the background, after `before` (an earlier give-back).
+/// Sends `step` to master `index` in the background, after `late` (its vote still out); for a
+/// token the caller chose, only where this call's own vote set it.
 fn give_back_on(
     redlock: &Arc<Redlock>,
     index: usize,
     step: Arc<Step<bool>>,
     late: Option<PendingVote>,
+    held: Option<Held>,
 ) -> Option<tokio::task::JoinHandle<()>> {
     let redlock = redlock.clone();
     runtime::handle().ok().map(|h| {
         h.spawn(async move {
             if let Some(vote) = late {
                 vote.await;
+            }
+            if let Some(held) = &held {
+                if !is_held(held, index) {
+                    return;
+                }
+                set_held(held, index, false);
             }
             if let (Some(m), Some(inv)) = (redlock.masters.get(index), step.invocation()) {
                 let _ = m.shared.node.invoke(inv, Retry::Once).await;
@@ -148,6 +210,7 @@ fn give_back_on(
     })
 }
 
+/// One round: every master votes at once; decided as soon as the outcome is certain.
 async fn round<C: QuorumContender>(
     redlock: &Arc<Redlock>,
     contender: &C,
@@ -156,22 +219,33 @@ async fn round<C: QuorumContender>(
     give_back: &Arc<Step<bool>>,
     give_backs: &mut GiveBacks,
 ) -> Result<RoundEnd<C::Reply>> {
-    redlock.check_distinct()?;
+    if let Err(err) = redlock.check_distinct() {
+        // Refused (by another call's answers) since the last round: its give-backs land first.
+        join_all(give_backs.iter_mut().filter_map(Option::take)).await;
+        return Err(err);
+    }
     let n = redlock.len();
     let step = Arc::new(contender.attempt(join));
+    let held = contender.held();
     let sent_at = Instant::now();
     let all: Vec<SharedVote<C::Reply>> = (0..n)
         .map(|i| {
             let before = give_backs.get_mut(i).and_then(Option::take);
-            vote(redlock.clone(), i, step.clone(), before)
-                .boxed()
-                .shared()
+            vote(
+                redlock.clone(),
+                i,
+                contender.send(redlock, i, &step),
+                before,
+            )
+            .boxed()
+            .shared()
         })
         .collect();
     let mut votes: FuturesUnordered<_> = all.iter().cloned().collect();
     let mut reported = vec![false; n];
     let mut busy = vec![false; n];
     let mut tally = Tally::new(n);
+    let mut grants: Vec<(usize, i64)> = Vec::new();
     let mut replies = Vec::new();
     let mut errors = Vec::new();
     let mut refused = None;
@@ -188,13 +262,16 @@ async fn round<C: QuorumContender>(
         }
         out = out.saturating_sub(1);
         let vote = match reply.as_ref().map(|r| contender.ballot(r)) {
-            Some(Ballot::Granted) => match discounted {
-                None => Vote::Granted { fence: 0 },
-                Some(left) => Vote::Discounted {
-                    fence: 0,
-                    counts_in_ms: i64::try_from(lease::lease_ms(left)).unwrap_or(i64::MAX),
-                },
-            },
+            Some(Ballot::Granted { fence }) => {
+                grants.push((i, fence));
+                match discounted {
+                    None => Vote::Granted { fence },
+                    Some(left) => Vote::Discounted {
+                        fence,
+                        counts_in_ms: i64::try_from(lease::lease_ms(left)).unwrap_or(i64::MAX),
+                    },
+                }
+            }
             Some(Ballot::Busy { retry_ms }) => {
                 if let Some(b) = busy.get_mut(i) {
                     *b = true;
@@ -219,10 +296,9 @@ async fn round<C: QuorumContender>(
     let outcome = tally.outcome();
     drop(votes);
     let distinct = redlock.check_distinct();
+    // Votes still out, settled first by the give-back on their master.
     let mut still_out: Vec<Option<PendingVote>> = vec![None; n];
-    if outcome == Outcome::Won && distinct.is_ok() {
-        // Votes still out go on in the background and become part of the hold; the release on
-        // their master waits for them (`Redlock::pending_on`).
+    let mut keep_out = |all: Vec<SharedVote<C::Reply>>| -> Vec<(usize, PendingVote)> {
         let late: Vec<(usize, PendingVote)> = all
             .into_iter()
             .enumerate()
@@ -234,13 +310,24 @@ async fn round<C: QuorumContender>(
                 *slot = Some(vote.clone());
             }
         }
-        redlock.keep_pending(token, late);
-        if quorum::validity(sent_at, contender.lease(), Instant::now()).is_some() {
-            return Ok(RoundEnd::Won(quorum::lease_start(
-                sent_at,
-                contender.lease(),
-            )));
+        late
+    };
+    if outcome == Outcome::Won && distinct.is_ok() {
+        // Votes still out go on in the background: the more masters hold the lease, the better
+        // it survives a master failing; a late grant is ours and goes with the hold. The release
+        // (or a give-back below) on their master waits for them to settle, so a vote that is
+        // sent again (NOSCRIPT) cannot land after it.
+        redlock.keep_pending(token, keep_out(all));
+        if let Some(fence) = contender.agree(redlock, &grants).await {
+            if quorum::validity(sent_at, contender.lease(), Instant::now()).is_some() {
+                let start = quorum::lease_start(sent_at, contender.lease());
+                return Ok(RoundEnd::Won(Won { start, fence }));
+            }
         }
+    } else if held.is_some() {
+        // A token the caller chose: only a vote that granted may be given back (see `Held`), so
+        // the give-back waits for the votes still out to learn which did.
+        keep_out(all);
     } else {
         // Dropped (every copy): a request already sent runs before the give-back below (same
         // connection, in order); one not yet sent never will be.
@@ -252,9 +339,14 @@ async fn round<C: QuorumContender>(
             continue;
         }
         let late = still_out.get_mut(i).and_then(Option::take);
-        *slot = give_back_on(redlock, i, give_back.clone(), late);
+        *slot = give_back_on(redlock, i, give_back.clone(), late, held.clone());
     }
-    distinct?;
+    if let Err(err) = distinct {
+        // Two masters are one server: refused for good, so the acquire ends here, and what
+        // this round set is given back before the caller hears of it (not just after).
+        join_all(give_backs.iter_mut().filter_map(Option::take)).await;
+        return Err(err);
+    }
     if let Some(err) = refused {
         return Err(err);
     }
@@ -265,7 +357,7 @@ async fn round<C: QuorumContender>(
             split,
             replies,
         }),
-        // Won, but too late for the lease: try again.
+        // Won, but too late for the lease or without an agreed fence: try again.
         Outcome::Won => Ok(RoundEnd::Busy {
             retry_ms: -1,
             split: true,
@@ -274,11 +366,13 @@ async fn round<C: QuorumContender>(
     }
 }
 
-/// Gives back (and leaves) everywhere if dropped while armed: an acquire cancelled mid-way.
+/// Gives back (and leaves) everywhere if dropped while armed: an acquire cancelled mid-way; for
+/// a token the caller chose, only where this acquire's own votes set it (see `Held`).
 struct Cleanup {
     redlock: Arc<Redlock>,
     token: String,
     give_back: Arc<Step<bool>>,
+    held: Option<Held>,
     leave: Option<Arc<Step<()>>>,
     armed: bool,
 }
@@ -311,8 +405,16 @@ impl Drop for Cleanup {
         let redlock = self.redlock.clone();
         let token = std::mem::take(&mut self.token);
         let give_back = self.give_back.clone();
+        let held = self.held.take();
         runtime::spawn(async move {
-            let _ = redlock.release_by(&token, &give_back).await;
+            match held {
+                Some(held) => {
+                    redlock.release_held(&token, &held, &give_back).await;
+                }
+                None => {
+                    let _ = redlock.release_by(&token, &give_back).await;
+                }
+            }
         });
         self.leave();
     }
@@ -326,12 +428,25 @@ pub(super) async fn acquire<C: QuorumContender>(
     token: &str,
     wait: Wait,
 ) -> Result<Option<Instant>> {
+    Ok(acquire_won(redlock, contender, token, wait)
+        .await?
+        .map(|won| won.start))
+}
+
+/// `acquire`, with the agreed fence too.
+pub(super) async fn acquire_won<C: QuorumContender>(
+    redlock: &Arc<Redlock>,
+    contender: &C,
+    token: &str,
+    wait: Wait,
+) -> Result<Option<Won>> {
     redlock.note_lease(contender.lease());
     let give_back = Arc::new(contender.give_back());
     let mut cleanup = Cleanup {
         redlock: redlock.clone(),
         token: token.to_string(),
         give_back: give_back.clone(),
+        held: contender.held(),
         leave: contender.leave().map(Arc::new),
         armed: true,
     };
@@ -364,13 +479,13 @@ async fn rounds<C: QuorumContender>(
     give_back: &Arc<Step<bool>>,
     give_backs: &mut GiveBacks,
     joined: &mut bool,
-) -> Result<Option<Instant>> {
+) -> Result<Option<Won>> {
     // A round that finds what it asked for taken while something else is free on a majority
     // (another semaphore slot) goes again at once, a few times, also for a caller that does not
     // wait: "free" must not depend on which slot the first round happened to ask for.
     for _ in 0..AT_ONCE {
         match round(redlock, contender, token, false, give_back, give_backs).await? {
-            RoundEnd::Won(start) => return Ok(Some(start)),
+            RoundEnd::Won(won) => return Ok(Some(won)),
             RoundEnd::Busy { replies, .. } => {
                 if contender.done(redlock.len(), &replies) {
                     return Ok(None);
@@ -408,7 +523,7 @@ async fn rounds<C: QuorumContender>(
         let again;
         let (retry_ms, split) =
             match round(redlock, contender, token, true, give_back, give_backs).await? {
-                RoundEnd::Won(start) => return Ok(Some(start)),
+                RoundEnd::Won(won) => return Ok(Some(won)),
                 RoundEnd::Busy {
                     retry_ms,
                     split,
@@ -435,7 +550,7 @@ async fn rounds<C: QuorumContender>(
         } else {
             split_pause = SPLIT_PAUSE;
         }
-        if nap.is_zero() {
+        if nap.is_zero() && contender.skip_empty_pause() {
             continue;
         }
         let woken = select_all(registrations.iter().map(|r| r.notified().boxed()));

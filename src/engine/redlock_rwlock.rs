@@ -39,7 +39,7 @@ impl QuorumContender for RwQuorum<'_> {
 
     fn ballot(&self, reply: &Admission) -> Ballot {
         match reply {
-            Admission::Admitted { .. } => Ballot::Granted,
+            Admission::Admitted { .. } => Ballot::Granted { fence: 0 },
             Admission::Busy { retry_ms } => Ballot::Busy {
                 retry_ms: *retry_ms,
             },

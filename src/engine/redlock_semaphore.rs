@@ -50,7 +50,7 @@ impl QuorumContender for SlotContender<'_> {
 
     fn ballot(&self, reply: &SlotReply) -> Ballot {
         match reply {
-            SlotReply::Granted { .. } => Ballot::Granted,
+            SlotReply::Granted { .. } => Ballot::Granted { fence: 0 },
             SlotReply::Busy { retry_ms, .. } => Ballot::Busy {
                 retry_ms: *retry_ms,
             },

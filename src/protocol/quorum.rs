@@ -194,6 +194,9 @@ pub fn majority(n: usize, confirmed: usize, denied: usize) -> Majority {
     }
 }
 
+/// The resolution of INFO's `uptime_in_seconds`, by which it may exceed the real uptime.
+const UPTIME_RESOLUTION: Duration = Duration::from_secs(1);
+
 /// What a client knows of one master's incarnation (its `run_id`): a master that restarted
 /// since the client last saw it may have come back empty, forgetting leases it granted, so its
 /// votes are discounted until every lease it may have forgotten has ended.
@@ -217,9 +220,11 @@ impl Incarnation {
             return;
         }
         if self.run_id.is_some() {
-            // INFO floors the uptime to whole seconds, so `observed_at - uptime` is the latest
+            // INFO's uptime is the difference of two whole-second clock readings (now and the
+            // start, each floored), so it can exceed the real uptime by almost a second: a master
+            // that restarted 0.1 s ago may say 1 s. `observed_at - (uptime - 1 s)` is the latest
             // moment the restart can have happened: counting from it errs on the safe side.
-            let restarted = observed_at.checked_sub(uptime);
+            let restarted = observed_at.checked_sub(uptime.saturating_sub(UPTIME_RESOLUTION));
             let until = restarted.and_then(|r| r.checked_add(max_lease));
             self.counts_from = match (self.counts_from, until) {
                 (Some(a), Some(b)) => Some(a.max(b)),
@@ -474,11 +479,12 @@ mod tests {
             lease,
         );
         assert_eq!(inc.discounted_for(t0), None);
-        // Restarted 2 s before we noticed: discounted for the remaining 8 s.
+        // Said 2 s of uptime: restarted more than 1 s before we noticed (the uptime may be a
+        // second too high), so discounted for at most the remaining 9 s.
         let seen = t0 + Duration::from_secs(5);
         inc.observe("b", Duration::from_secs(2), seen, lease);
-        assert_eq!(inc.discounted_for(seen), Some(Duration::from_secs(8)));
-        assert_eq!(inc.discounted_for(seen + Duration::from_secs(8)), None);
+        assert_eq!(inc.discounted_for(seen), Some(Duration::from_secs(9)));
+        assert_eq!(inc.discounted_for(seen + Duration::from_secs(9)), None);
         // Same incarnation seen again: nothing changes.
         inc.observe(
             "b",
@@ -486,11 +492,29 @@ mod tests {
             seen + Duration::from_secs(1),
             lease,
         );
-        assert_eq!(inc.discounted_for(seen), Some(Duration::from_secs(8)));
+        assert_eq!(inc.discounted_for(seen), Some(Duration::from_secs(9)));
         // A restart long ago does not discount at all.
         let later = seen + Duration::from_secs(60);
         inc.observe("c", Duration::from_secs(30), later, lease);
         assert_eq!(inc.discounted_for(later), None);
+    }
+
+    #[test]
+    fn an_uptime_of_one_second_may_be_a_restart_just_now() {
+        // INFO's uptime is `floor(now) - floor(start)` in seconds: a server started at x.95 s
+        // and asked at (x+1).05 s says 1 s after 0.1 s. Its votes must not count before a whole
+        // lease from the moment it was seen (the restart may have been just before).
+        let t0 = Instant::now();
+        let lease = Duration::from_secs(3);
+        let mut inc = Incarnation::default();
+        inc.observe("a", Duration::from_secs(50), t0, lease);
+        let seen = t0 + Duration::from_secs(1);
+        inc.observe("b", Duration::from_secs(1), seen, lease);
+        assert_eq!(inc.discounted_for(seen), Some(lease));
+        let mut inc = Incarnation::default();
+        inc.observe("a", Duration::from_secs(50), t0, lease);
+        inc.observe("b", Duration::ZERO, seen, lease);
+        assert_eq!(inc.discounted_for(seen), Some(lease));
     }
     /// The most holders that can each hold a majority of `n` masters when every master admits
     /// at most `capacity` of them: exhaustive over multisets of minimal majorities.
