@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal, TypeAlias, final
 
-from typing_extensions import Self
+from typing_extensions import Self, disjoint_base
 
 from redmutex._types import ClientLike, RedisLike
 
@@ -55,12 +55,15 @@ class LoopWaker:
     def drain(self) -> None:
         """Empties the wake-up pipe."""
 
-@final
+@disjoint_base
 class LoopConn:
     """An event loop's own connection to a client's server (the asyncio loop path): an asyncio
-    protocol, made by redmutex._aio_bridge.open_connection."""
+    buffered protocol (as redmutex._aio_bridge.LoopProtocol), made by the core."""
 
+    def __new__(cls, seed: object) -> Self: ...
     def connection_made(self, transport: Any) -> None: ...
+    def get_buffer(self, sizehint: int) -> bytearray: ...
+    def buffer_updated(self, nbytes: int) -> None: ...
     def data_received(self, data: bytes) -> None: ...
     def eof_received(self) -> bool: ...
     def connection_lost(self, exc: BaseException | None = None) -> None: ...

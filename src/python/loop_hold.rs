@@ -16,11 +16,12 @@ use std::time::Duration;
 use pyo3::prelude::*;
 
 use super::awaitable::{self, Abandon, OnCancel};
-use super::loop_conn::{self, Finish, LoopConn, Reply};
+use super::loop_conn::{self, Finish, LoopConn, Ready, Reply};
 use crate::engine::hold::{Holder, Leased, OnLost, Ticket, Tried};
 use crate::engine::lock::Wait;
 use crate::engine::{Error, Result};
-use crate::protocol::resp;
+use crate::protocol::resp::{self, Packed};
+use redis::Value;
 
 /// An object with one hold (`hold::Held` is one).
 pub trait Held: Send + Sync + 'static {
@@ -57,10 +58,7 @@ impl OnCancelled {
 }
 
 /// The loop's ready connection for `handle`'s client, when the loop path serves its calls.
-pub fn conn_for<'py, H: Held>(
-    py: Python<'py>,
-    handle: &Arc<H>,
-) -> PyResult<Option<Bound<'py, LoopConn>>> {
+pub fn conn_for<'py, H: Held>(py: Python<'py>, handle: &Arc<H>) -> PyResult<Option<Ready<'py>>> {
     let holder = handle.holder();
     if !holder.carried() {
         return Ok(None);
@@ -118,7 +116,7 @@ fn hand_over<T, F, C>(
 /// An acquire: its first attempt on the loop's connection; waiting (when it found the
 /// primitive busy) through the runtime.
 pub fn acquire<'py, H, C>(
-    conn: &Bound<'py, LoopConn>,
+    ready: &Ready<'py>,
     handle: Arc<H>,
     wait: Wait,
     listener: Option<OnLost>,
@@ -129,8 +127,8 @@ where
     H: Held,
     C: Convert<bool> + Send + 'static,
 {
-    let py = conn.py();
-    let future = loop_conn::running_loop(py)?.call_method0("create_future")?;
+    let py = ready.conn.py();
+    let future = ready.create_future()?;
     let (packed, attempt) = match handle.holder().begin_try(&context) {
         Ok(begun) => begun,
         Err(err) => {
@@ -211,13 +209,59 @@ where
             }
         }
     });
-    LoopConn::send(conn, packed, finish, Some(late))?;
+    LoopConn::send(&ready.conn, packed, finish, Some(late))?;
+    Ok(future)
+}
+
+/// A one-step call (release, extend, owned) on the loop's connection: `begun` is its request
+/// and what settling it needs, or its outcome when it needs no step; `settle` turns the reply
+/// into the outcome; a call whose connection broke under it goes on through the runtime
+/// (`resend`, cancelled as `on_cancel` says).
+fn one_step<'py, S, T, F, R, G, C>(
+    ready: &Ready<'py>,
+    begun: std::result::Result<(Packed, S), Result<T>>,
+    settle: F,
+    resend: R,
+    on_cancel: OnCancel,
+    convert: C,
+) -> PyResult<Bound<'py, PyAny>>
+where
+    S: Send + 'static,
+    T: Send + 'static,
+    F: FnOnce(S, Result<Value>) -> Result<T> + Send + 'static,
+    R: FnOnce(S) -> G + Send + 'static,
+    G: std::future::Future<Output = Result<T>> + Send + 'static,
+    C: Convert<T> + Send + 'static,
+{
+    let py = ready.conn.py();
+    let future = ready.create_future()?;
+    let (packed, state) = match begun {
+        Ok(begun) => begun,
+        Err(outcome) => {
+            resolve(py, &future, convert(py, outcome));
+            return Ok(future);
+        }
+    };
+    let target = future.clone().unbind();
+    let finish: Finish = Box::new(move |py: Python<'_>, reply: Reply| {
+        let future = target.bind(py);
+        let reply = match reply {
+            Ok(value) => Ok(value),
+            Err((_, true)) => {
+                hand_over(py, future, on_cancel, None, resend(state), convert);
+                return;
+            }
+            Err((err, false)) => Err(err),
+        };
+        resolve(py, future, convert(py, settle(state, reply)));
+    });
+    LoopConn::send(&ready.conn, packed, finish, None)?;
     Ok(future)
 }
 
 /// A release: its step on the loop's connection; it settles even when nobody awaits it.
 pub fn release<'py, H, C>(
-    conn: &Bound<'py, LoopConn>,
+    ready: &Ready<'py>,
     handle: Arc<H>,
     convert: C,
 ) -> PyResult<Bound<'py, PyAny>>
@@ -225,38 +269,27 @@ where
     H: Held,
     C: Convert<()> + Send + 'static,
 {
-    let py = conn.py();
-    let future = loop_conn::running_loop(py)?.call_method0("create_future")?;
-    let (step, releasing) = match handle.holder().begin_release_step() {
-        Ok(begun) => begun,
-        Err(err) => {
-            resolve(py, &future, convert(py, Err(err)));
-            return Ok(future);
-        }
+    let begun = match handle.holder().begin_release_step() {
+        Ok((step, releasing)) => Ok((resp::pack(step.call()), (step, releasing))),
+        Err(err) => Err(Err(err)),
     };
-    let packed = resp::pack(step.call());
-    let target = future.clone().unbind();
-    let finish: Finish = Box::new(move |py: Python<'_>, reply: Reply| {
-        let future = target.bind(py);
-        let outcome = match reply {
-            Ok(value) => step.parse(value).map_err(Error::from),
-            Err((_, true)) => {
-                let fut = async move { handle.holder().release_resent(releasing).await };
-                hand_over(py, future, OnCancel::Finish, None, fut, convert);
-                return;
-            }
-            Err((err, false)) => Err(err),
-        };
-        let released = handle.holder().finish_release_step(releasing, outcome);
-        resolve(py, future, convert(py, released));
-    });
-    LoopConn::send(conn, packed, finish, None)?;
-    Ok(future)
+    let again = handle.clone();
+    one_step(
+        ready,
+        begun,
+        move |(step, releasing), reply| {
+            let outcome = reply.and_then(|value| step.parse(value).map_err(Error::from));
+            handle.holder().finish_release_step(releasing, outcome)
+        },
+        move |(_, releasing)| async move { again.holder().release_resent(releasing).await },
+        OnCancel::Finish,
+        convert,
+    )
 }
 
 /// An extend: its step on the loop's connection; it settles even when nobody awaits it.
 pub fn extend<'py, H, C>(
-    conn: &Bound<'py, LoopConn>,
+    ready: &Ready<'py>,
     handle: Arc<H>,
     lease: Option<Duration>,
     convert: C,
@@ -265,38 +298,27 @@ where
     H: Held,
     C: Convert<()> + Send + 'static,
 {
-    let py = conn.py();
-    let future = loop_conn::running_loop(py)?.call_method0("create_future")?;
-    let (step, extending) = match handle.holder().begin_extend_step(lease) {
-        Ok(begun) => begun,
-        Err(err) => {
-            resolve(py, &future, convert(py, Err(err)));
-            return Ok(future);
-        }
+    let begun = match handle.holder().begin_extend_step(lease) {
+        Ok((step, extending)) => Ok((resp::pack(step.call()), (step, extending))),
+        Err(err) => Err(Err(err)),
     };
-    let packed = resp::pack(step.call());
-    let target = future.clone().unbind();
-    let finish: Finish = Box::new(move |py: Python<'_>, reply: Reply| {
-        let future = target.bind(py);
-        let outcome = match reply {
-            Ok(value) => step.parse(value).map_err(Error::from),
-            Err((_, true)) => {
-                let fut = async move { handle.holder().extend(lease).await };
-                hand_over(py, future, OnCancel::Finish, None, fut, convert);
-                return;
-            }
-            Err((err, false)) => Err(err),
-        };
-        let extended = handle.holder().finish_extend_step(extending, outcome);
-        resolve(py, future, convert(py, extended));
-    });
-    LoopConn::send(conn, packed, finish, None)?;
-    Ok(future)
+    let again = handle.clone();
+    one_step(
+        ready,
+        begun,
+        move |(step, extending), reply| {
+            let outcome = reply.and_then(|value| step.parse(value).map_err(Error::from));
+            handle.holder().finish_extend_step(extending, outcome)
+        },
+        move |_| async move { again.holder().extend(lease).await },
+        OnCancel::Finish,
+        convert,
+    )
 }
 
 /// `owned()`: its step on the loop's connection.
 pub fn owned<'py, H, C>(
-    conn: &Bound<'py, LoopConn>,
+    ready: &Ready<'py>,
     handle: Arc<H>,
     convert: C,
 ) -> PyResult<Bound<'py, PyAny>>
@@ -304,27 +326,16 @@ where
     H: Held,
     C: Convert<bool> + Send + 'static,
 {
-    let py = conn.py();
-    let future = loop_conn::running_loop(py)?.call_method0("create_future")?;
-    let Some(step) = handle.holder().owned_step() else {
-        resolve(py, &future, convert(py, Ok(false)));
-        return Ok(future);
+    let begun = match handle.holder().owned_step() {
+        Some(step) => Ok((resp::pack(step.call()), step)),
+        None => Err(Ok(false)),
     };
-    let packed = resp::pack(step.call());
-    let target = future.clone().unbind();
-    let finish: Finish = Box::new(move |py: Python<'_>, reply: Reply| {
-        let future = target.bind(py);
-        let outcome = match reply {
-            Ok(value) => step.parse(value).map_err(Error::from),
-            Err((_, true)) => {
-                let fut = async move { handle.holder().owned().await };
-                hand_over(py, future, OnCancel::Abort, None, fut, convert);
-                return;
-            }
-            Err((err, false)) => Err(err),
-        };
-        resolve(py, future, convert(py, outcome));
-    });
-    LoopConn::send(conn, packed, finish, None)?;
-    Ok(future)
+    one_step(
+        ready,
+        begun,
+        |step, reply| reply.and_then(|value| step.parse(value).map_err(Error::from)),
+        move |_| async move { handle.holder().owned().await },
+        OnCancel::Abort,
+        convert,
+    )
 }
