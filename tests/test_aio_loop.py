@@ -195,6 +195,33 @@ def test_a_cancelled_in_flight_acquire_gives_the_lock_back(
 
 
 @pytest.mark.timeout(60)
+def test_a_cancelled_in_flight_acquire_leaves_the_object_idle_at_once(
+    redis_server: RedisServer, proxy: FaultProxy, prefix: str
+) -> None:
+    """The cancellation reaches the engine as the task sees it (`_core._loop_cancelled`, from
+    `redmutex.aio`), not when the late reply comes: the same object may acquire again at once.
+    Without that call the second acquire is refused ("already acquiring")."""
+
+    async def main() -> None:
+        slow = redmutex.Client(proxy.url, prefix=prefix)
+        try:
+            lock = aio.Lock(slow, "loop-cancel-idle", ttl=30)
+            await warm(lock)
+            proxy.set_latency(0.3, "s2c")
+            task = asyncio.create_task(lock.acquire())
+            await asyncio.sleep(0.05)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert await lock.acquire(timeout=10)
+            await lock.release()
+        finally:
+            slow.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(60)
 def test_a_reply_that_never_comes_times_out_and_its_grant_is_given_back(
     redis_server: RedisServer, proxy: FaultProxy, prefix: str
 ) -> None:

@@ -34,6 +34,7 @@ __all__ = [
     "_interpreter_exiting",
     "_keys",
     "_kinds",
+    "_loop_cancelled",
     "_parse_url",
     "_redact_text",
     "_redact_url",
@@ -544,6 +545,10 @@ def release_token(conn: ClientLike, lockname: str, identifier: str) -> bool:
 def _interpreter_exiting() -> None: ...
 def _aio_calls() -> tuple[int, int]:
     """(calls served by the asyncio loop path, operations run on the runtime) so far."""
+
+def _loop_cancelled(future: asyncio.Future[Any]) -> None:
+    """An acquire's awaitable was cancelled: its attempt out on the loop path gives back what it
+    takes."""
 
 # -- for the drop-in shims (redmutex.compat): a lock on another library's key, caller's token
 

@@ -40,20 +40,31 @@ impl<T, C> Convert<T> for C where
 {
 }
 
-/// Runs its closure once when the future it is a done-callback of was cancelled.
-#[pyclass(frozen)]
-struct OnCancelled(Mutex<Option<Box<dyn FnOnce() + Send>>>);
+/// What to do when an acquire's future is cancelled while its first attempt is out, by the
+/// future's address (alive until its attempt's reply settles it, which takes its entry out).
+/// `redmutex.aio` tells (`_loop_cancelled`) as the cancellation reaches the awaiting task: a
+/// done-callback would cost every acquire one more callback through the event loop.
+type OnCancelled = (usize, Box<dyn FnOnce() + Send>);
+static CANCELLED: Mutex<Vec<OnCancelled>> = Mutex::new(Vec::new());
 
-#[pymethods]
-impl OnCancelled {
-    fn __call__(&self, future: &Bound<'_, PyAny>) -> PyResult<()> {
-        if future.call_method0("cancelled")?.is_truthy()? {
-            let once = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
-            if let Some(once) = once {
-                once();
-            }
-        }
-        Ok(())
+fn cancelled_hooks() -> std::sync::MutexGuard<'static, Vec<OnCancelled>> {
+    CANCELLED.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Takes out the hook of the future at `key`.
+fn take_hook(key: usize) -> Option<Box<dyn FnOnce() + Send>> {
+    let mut hooks = cancelled_hooks();
+    let at = hooks.iter().position(|(k, _)| *k == key)?;
+    Some(hooks.swap_remove(at).1)
+}
+
+/// `_loop_cancelled(future)`: `future`, an acquire's awaitable, was cancelled: if its first
+/// attempt is still out on the loop's connection, the object is idle again at once, and the
+/// reply, when it comes, only gives back what the attempt took.
+#[pyfunction]
+pub fn _loop_cancelled(future: &Bound<'_, PyAny>) {
+    if let Some(hook) = take_hook(future.as_ptr() as usize) {
+        hook();
     }
 }
 
@@ -155,13 +166,12 @@ where
             }
         })
     };
-    future.call_method1(
-        "add_done_callback",
-        (OnCancelled(Mutex::new(Some(on_cancel))),),
-    )?;
+    let key = future.as_ptr() as usize;
+    cancelled_hooks().push((key, on_cancel));
     let target = future.clone().unbind();
     let finish: Finish = Box::new(move |py: Python<'_>, reply: Reply| {
         let future = target.bind(py);
+        drop(take_hook(key));
         if !out.swap(false, Ordering::AcqRel) {
             undo();
             return;
