@@ -58,6 +58,17 @@ fn take_hook(key: usize) -> Option<Box<dyn FnOnce() + Send>> {
     Some(hooks.swap_remove(at).1)
 }
 
+/// Takes its future's hook out when dropped: once the attempt's reply settles it, or with a
+/// connection dropped with the call still in line (so no hook outlives its future, whose
+/// address a new future may then have).
+struct HookKey(usize);
+
+impl Drop for HookKey {
+    fn drop(&mut self) {
+        drop(take_hook(self.0));
+    }
+}
+
 /// `_loop_cancelled(future)`: `future`, an acquire's awaitable, was cancelled: if its first
 /// attempt is still out on the loop's connection, the object is idle again at once, and the
 /// reply, when it comes, only gives back what the attempt took.
@@ -166,12 +177,12 @@ where
             }
         })
     };
-    let key = future.as_ptr() as usize;
-    cancelled_hooks().push((key, on_cancel));
+    let key = HookKey(future.as_ptr() as usize);
+    cancelled_hooks().push((key.0, on_cancel));
     let target = future.clone().unbind();
     let finish: Finish = Box::new(move |py: Python<'_>, reply: Reply| {
         let future = target.bind(py);
-        drop(take_hook(key));
+        drop(key);
         if !out.swap(false, Ordering::AcqRel) {
             undo();
             return;
