@@ -8,11 +8,12 @@ Starts its own redis-server (``redmutex._server.RedisServer``) and prints Markdo
 * 8 tasks on 8 names in one event loop: pairs/s of all tasks together (one connection
   multiplexed for redmutex; redis-py's pool opens one per concurrent task).
 * Hand-off: 2 and 4 processes, each running an event loop, loop acquire -> hold 1 ms -> release
-  on one name. Hand-off latency is the time from the holder's release() returning to the next
-  holder's acquire() returning, for waiters that were already waiting (benchmarks/contention.py;
-  negative when the waiter had the lock before the releaser read its own reply). A peer that
-  polls hands off rarely: the releaser takes the lock straight back, which shows in the owner
-  switches and the longest wait.
+  on one name. Hand-off latency is the time from just before the holder calls release() to the
+  next holder's acquire() returning, for waiters that were already waiting. Never negative: the
+  next holder can only have the lock after the release was sent (measured from release()
+  returning, it was when the waiter had the lock before the releaser read its own reply).
+  A peer that polls hands off rarely: the releaser takes the lock straight back, which shows in
+  the owner switches and the longest wait.
 * Cache stampede: 4 processes x 8 tasks ask for one cold key at once (released by a barrier);
   the fill takes 200 ms and counts itself. Fills per round and the callers' latency p50/p99.
   No peer: dogpile.cache has no asyncio API.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import math
 import multiprocessing
@@ -183,6 +185,19 @@ def _handoff_worker(label: str, url: str, index: int, barrier: Any, window: Any,
     out.put(contention.encode(asyncio.run(main())))
 
 
+def handoff_latencies(sections: list[contention.Section], start_ns: int, end_ns: int) -> list[int]:
+    """ns from just before the holder's release() call to the next holder's acquire()
+    returning, where the next holder is another contender that was already waiting then and
+    took over inside the window."""
+    return [
+        after.acq_end - before.rel_start
+        for before, after in itertools.pairwise(sections)
+        if after.owner != before.owner
+        and after.acq_start <= before.rel_start
+        and start_ns <= after.acq_end <= end_ns
+    ]
+
+
 def handoff(label: str, url: str, processes: int, seconds: float) -> dict[str, Any]:
     manager = FORK.Manager()
     try:
@@ -207,7 +222,7 @@ def handoff(label: str, url: str, processes: int, seconds: float) -> dict[str, A
     sections = contention.decode(buffers)
     start = sections[0].acq_end if sections else 0
     end = start + int(seconds * 1e9)
-    lat = [x / 1e3 for x in contention.handoff_latencies(sections, start, end)]
+    lat = [x / 1e3 for x in handoff_latencies(sections, start, end)]
     summary = contention.contended_summary(sections, start, end, 1)
     return {
         "label": label,
@@ -310,7 +325,10 @@ def report(result: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        f"Hand-off between processes (hold {HOLD_S * 1e3:.0f} ms, one name):",
+        (
+            f"Hand-off between processes (hold {HOLD_S * 1e3:.0f} ms, one name; from just "
+            "before release() is called to the next holder's acquire() returning):"
+        ),
         "",
         (
             "| contender | processes | hand-offs | p50 µs | p99 µs | owner switches % | "

@@ -90,6 +90,28 @@ def test_uncontended_calls_do_not_use_the_runtime(client: redmutex.Client, kind:
 
 
 @pytest.mark.timeout(60)
+def test_the_loop_connection_reads_into_its_own_buffer(client: redmutex.Client) -> None:
+    # A BufferedProtocol: the transport reads into one buffer of the connection's (no new bytes
+    # object per read, whose 256 KiB glibc maps and unmaps each time).
+    async def main() -> None:
+        lock = aio.Lock(client, "loop-buffer", ttl=30)
+        await warm(lock)
+        conns = list(asyncio.get_running_loop()._redmutex_conns.values())  # type: ignore[attr-defined]
+        conn = next(c for c in conns if isinstance(c, _core.LoopConn))
+        assert isinstance(conn, asyncio.BufferedProtocol)
+        buffer = conn.get_buffer(-1)
+        assert conn.get_buffer(-1) is buffer
+        buffer[:8] = bytes(8)
+        loop0, runtime0 = calls()
+        assert await lock.acquire()
+        await lock.release()  # its reply, an integer, is the last thing read
+        assert calls() == (loop0 + 2, runtime0)
+        assert bytes(buffer[:1]) == b":"
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(60)
 def test_eight_tasks_share_the_loop_connection(client: redmutex.Client) -> None:
     async def main() -> None:
         locks = [aio.Lock(client, f"loop-many-{i}", ttl=30) for i in range(8)]
@@ -168,6 +190,33 @@ def test_a_cancelled_in_flight_acquire_gives_the_lock_back(
         finally:
             slow.close()
             direct.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(60)
+def test_a_cancelled_in_flight_acquire_leaves_the_object_idle_at_once(
+    redis_server: RedisServer, proxy: FaultProxy, prefix: str
+) -> None:
+    """The cancellation reaches the engine as the task sees it (`_core._loop_cancelled`, from
+    `redmutex.aio`), not when the late reply comes: the same object may acquire again at once.
+    Without that call the second acquire is refused ("already acquiring")."""
+
+    async def main() -> None:
+        slow = redmutex.Client(proxy.url, prefix=prefix)
+        try:
+            lock = aio.Lock(slow, "loop-cancel-idle", ttl=30)
+            await warm(lock)
+            proxy.set_latency(0.3, "s2c")
+            task = asyncio.create_task(lock.acquire())
+            await asyncio.sleep(0.05)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert await lock.acquire(timeout=10)
+            await lock.release()
+        finally:
+            slow.close()
 
     asyncio.run(main())
 

@@ -12,7 +12,7 @@ import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ._core import LoopWaker
+from ._core import LoopConn, LoopWaker
 
 _wakers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopWaker] = (
     weakref.WeakKeyDictionary()
@@ -27,6 +27,13 @@ def waker_for(loop: asyncio.AbstractEventLoop) -> LoopWaker:
         loop.add_reader(waker.fileno(), waker.drain)
         _wakers[loop] = waker
     return waker
+
+
+class LoopProtocol(LoopConn, asyncio.BufferedProtocol):
+    """The loop path's protocol: a `BufferedProtocol` (so that the transport reads into
+    `get_buffer()` instead of making a new bytes object per read), all of it in `LoopConn`."""
+
+    __slots__ = ()
 
 
 _opening: set[asyncio.Task[None]] = set()

@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal, TypeAlias, final
 
-from typing_extensions import Self
+from typing_extensions import Self, disjoint_base
 
 from redmutex._types import ClientLike, RedisLike
 
@@ -34,6 +34,7 @@ __all__ = [
     "_interpreter_exiting",
     "_keys",
     "_kinds",
+    "_loop_cancelled",
     "_parse_url",
     "_redact_text",
     "_redact_url",
@@ -56,12 +57,15 @@ class LoopWaker:
     def drain(self) -> None:
         """Empties the wake-up pipe."""
 
-@final
+@disjoint_base
 class LoopConn:
     """An event loop's own connection to a client's server (the asyncio loop path): an asyncio
-    protocol, made by redmutex._aio_bridge.open_connection."""
+    buffered protocol (as redmutex._aio_bridge.LoopProtocol), made by the core."""
 
+    def __new__(cls, seed: object) -> Self: ...
     def connection_made(self, transport: Any) -> None: ...
+    def get_buffer(self, sizehint: int) -> bytearray: ...
+    def buffer_updated(self, nbytes: int) -> None: ...
     def data_received(self, data: bytes) -> None: ...
     def eof_received(self) -> bool: ...
     def connection_lost(self, exc: BaseException | None = None) -> None: ...
@@ -545,6 +549,10 @@ def _aio_calls() -> tuple[int, int]:
 
 def _waiting_attempts() -> tuple[int, int]:
     """(attempts of waiting acquires on the caller's thread, through the runtime) so far."""
+
+def _loop_cancelled(future: asyncio.Future[Any]) -> None:
+    """An acquire's awaitable was cancelled: its attempt out on the loop path gives back what it
+    takes."""
 
 # -- for the drop-in shims (redmutex.compat): a lock on another library's key, caller's token
 

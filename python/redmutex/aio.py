@@ -69,10 +69,14 @@ class _Hold:
         return ()
 
     def _give_back_after_cancel(self, attempt: asyncio.Future[Any]) -> None:
-        # A cancelled attempt's own awaitable tells the engine, which gives back whatever the
-        # attempt obtains, now or as it settles. Left: the attempt had succeeded (its awaitable
-        # resolved) but this task was cancelled before it resumed: that hold belongs to nobody.
-        if attempt.cancelled() or not attempt.done() or attempt.exception() is not None:
+        # A cancelled attempt gives back whatever it obtains, now or as it settles: through the
+        # runtime its awaitable tells the engine; on the loop path this call does (no
+        # done-callback per acquire). Left: the attempt had succeeded (its awaitable resolved)
+        # but this task was cancelled before it resumed: that hold belongs to nobody.
+        if attempt.cancelled():
+            _core._loop_cancelled(attempt)
+            return
+        if not attempt.done() or attempt.exception() is not None:
             return
         token = self._core.token
         if attempt.result() is not False and token is not None:

@@ -204,7 +204,40 @@ fn count(head: &[u8]) -> Result<u64, Malformed> {
 
 /// The value of one complete reply (`frame_len` bytes); an error reply is a `ServerError` value.
 pub fn parse(frame: &[u8]) -> Result<Value, Malformed> {
-    redis::parse_redis_value(frame).map_err(|_| Malformed)
+    match integers(frame) {
+        Some(value) => Ok(value),
+        None => redis::parse_redis_value(frame).map_err(|_| Malformed),
+    }
+}
+
+/// The usual replies of the scripts, an integer or a flat array of integers, read without the
+/// general parser (a sixth of the loop path's own CPU went there); None for anything else.
+fn integers(frame: &[u8]) -> Option<Value> {
+    let (kind, head, mut rest) = line(frame)?;
+    match kind {
+        b':' if rest.is_empty() => Some(Value::Int(number(head).ok()?)),
+        b'*' => {
+            let n = usize::try_from(number(head).ok()?).ok()?;
+            let mut items = Vec::with_capacity(n.min(16));
+            for _ in 0..n {
+                let (kind, head, after) = line(rest)?;
+                if kind != b':' {
+                    return None;
+                }
+                items.push(Value::Int(number(head).ok()?));
+                rest = after;
+            }
+            rest.is_empty().then_some(Value::Array(items))
+        }
+        _ => None,
+    }
+}
+
+/// The first line of `buf`: its type byte, the rest of the line, and what follows it.
+fn line(buf: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let kind = *buf.first()?;
+    let end = find_crlf(buf, 1)?;
+    Some((kind, buf.get(1..end)?, buf.get(end + 2..)?))
 }
 
 /// Whether a reply says the script is not loaded.
@@ -215,6 +248,28 @@ pub fn is_noscript(reply: &Value) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn integers_read_without_the_general_parser_match_it() {
+        let frames: [&[u8]; 9] = [
+            b":1\r\n",
+            b":-42\r\n",
+            b"*2\r\n:1\r\n:1795523893554645\r\n",
+            b"*0\r\n",
+            b"*-1\r\n",
+            b"*2\r\n:1\r\n$3\r\nabc\r\n",
+            b"$3\r\nabc\r\n",
+            b"+OK\r\n",
+            b"-ERR no\r\n",
+        ];
+        for frame in frames {
+            let general = redis::parse_redis_value(frame).map_err(|_| Malformed);
+            assert_eq!(parse(frame), general, "{}", String::from_utf8_lossy(frame));
+        }
+        assert!(integers(b":1\r\n").is_some());
+        assert!(integers(b"*2\r\n:1\r\n:2\r\n").is_some());
+        assert!(integers(b"*1\r\n+OK\r\n").is_none());
+    }
     use crate::protocol::step::Step;
 
     #[test]

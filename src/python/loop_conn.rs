@@ -4,9 +4,12 @@
 //!
 //! A `LoopConn` is the asyncio protocol of that connection (`loop.create_connection`, made on
 //! first use by `redmutex._aio_bridge.open_connection`; until it is ready the calls go through
-//! the runtime). Requests go out with `transport.write`; replies are parsed here
-//! (`protocol::resp`) and matched to their calls in order, each call's `Finish` running on the
-//! loop's thread. A script answered NOSCRIPT is loaded (SCRIPT LOAD) and sent again.
+//! the runtime). It is an `asyncio.BufferedProtocol` (through `_aio_bridge.LoopProtocol`): the
+//! transport reads into one buffer of its own (`get_buffer`/`buffer_updated`), where a plain
+//! protocol gets a new 256 KiB bytes object per read, which glibc maps and unmaps each time.
+//! Requests go out with `transport.write`; replies are parsed here (`protocol::resp`) and
+//! matched to their calls in order, each call's `Finish` running on the loop's thread. A script
+//! answered NOSCRIPT is loaded (SCRIPT LOAD) and sent again.
 //!
 //! Faults: a call unanswered after the client's command timeout fails with the runtime path's
 //! timeout error; its reply may still come, so it stays in line as a ghost whose `Late` hook
@@ -24,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::{PyByteArray, PyBytes, PyDict};
 use pyo3::{PyTraverseError, PyVisit};
 use redis::{ConnectionAddr, Value};
 
@@ -49,6 +52,9 @@ static LOOP_CALLS: AtomicU64 = AtomicU64::new(0);
 
 /// A new connection is not tried again sooner than this after one failed to open.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The size of the buffer the transport reads into (replies here are a few bytes each).
+const READ_BUFFER: usize = 64 * 1024;
 
 enum Entry {
     /// A handshake command (AUTH, HELLO, SELECT): its reply must not be an error.
@@ -88,14 +94,36 @@ struct Inner {
     failed_at: Option<Instant>,
 }
 
-/// The asyncio protocol of one loop's connection to one client's server.
-#[pyclass(frozen, module = "redmutex._core", name = "LoopConn")]
+/// The asyncio protocol of one loop's connection to one client's server. Made as a
+/// `redmutex._aio_bridge.LoopProtocol` (this class and `asyncio.BufferedProtocol`, so that the
+/// transport reads into `get_buffer`), from a `LoopSeed`.
+#[pyclass(frozen, subclass, module = "redmutex._core", name = "LoopConn")]
 pub struct LoopConn {
     inner: Mutex<Inner>,
     client: Weak<Client>,
     timeout: Duration,
     endpoint: String,
     handshake: Vec<Vec<u8>>,
+    /// What the transport reads into; only the loop's thread touches it.
+    rbuf: Py<PyByteArray>,
+}
+
+/// A `LoopConn` to be: `LoopConn(seed)` takes it (once).
+#[pyclass(frozen, module = "redmutex._core", name = "LoopSeed")]
+pub struct LoopSeed(Mutex<Option<LoopConn>>);
+
+/// The running loop's ready connection (`ready_for`), and that loop.
+pub struct Ready<'py> {
+    pub conn: Bound<'py, LoopConn>,
+    pub event_loop: Bound<'py, PyAny>,
+}
+
+impl<'py> Ready<'py> {
+    /// A new future of the loop.
+    pub fn create_future(&self) -> PyResult<Bound<'py, PyAny>> {
+        self.event_loop
+            .call_method0(pyo3::intern!(self.event_loop.py(), "create_future"))
+    }
 }
 
 /// What to do after the line's lock is let go.
@@ -184,58 +212,13 @@ impl LoopConn {
         Ok(())
     }
 
-    /// Ends the connection: every call in line fails (to be sent again through the runtime),
-    /// every ghost's hook runs.
-    fn close_line(&self, inner: &mut Inner, why: &str) -> Vec<Then> {
-        inner.phase = Phase::Closed;
-        inner.buf.clear();
-        let err = self.error(Error::Connection(format!("connection failed: {why}")));
-        inner
-            .line
-            .drain(..)
-            .filter_map(|entry| match entry {
-                Entry::Call(call) => {
-                    let mut then = vec![Then::Finish(call.finish, Err((err.clone(), true)))];
-                    then.extend(call.late.map(Then::Late));
-                    Some(then)
-                }
-                Entry::Ghost(late) => late.map(|late| vec![Then::Late(late)]),
-                Entry::Handshake | Entry::Load => None,
-            })
-            .flatten()
-            .collect()
-    }
-}
-
-#[pymethods]
-impl LoopConn {
-    fn connection_made(&self, transport: Bound<'_, PyAny>) -> PyResult<()> {
-        let py = transport.py();
-        let mut inner = self.inner();
-        let unwanted = inner.phase != Phase::Connecting;
-        if unwanted {
-            drop(inner);
-            transport.call_method0("close")?;
-            return Ok(());
-        }
-        let transport = transport.unbind();
-        for command in &self.handshake {
-            inner.line.push_back(Entry::Handshake);
-            self.write(py, &transport, command)?;
-        }
-        inner.phase = if self.handshake.is_empty() {
-            Phase::Ready
-        } else {
-            Phase::Handshake
-        };
-        inner.transport = Some(transport);
-        Ok(())
-    }
-
-    fn data_received(&self, py: Python<'_>, data: &Bound<'_, PyBytes>) -> PyResult<()> {
+    /// Answers the calls whose replies are in `inner.buf`.
+    fn received(
+        &self,
+        py: Python<'_>,
+        mut inner: std::sync::MutexGuard<'_, Inner>,
+    ) -> PyResult<()> {
         let mut then = Vec::new();
-        let mut inner = self.inner();
-        inner.buf.extend_from_slice(data.as_bytes());
         let mut start = 0;
         let mut broken = None;
         while start < inner.buf.len() {
@@ -325,6 +308,95 @@ impl LoopConn {
         }
         run(py, then);
         Ok(())
+    }
+
+    /// Ends the connection: every call in line fails (to be sent again through the runtime),
+    /// every ghost's hook runs.
+    fn close_line(&self, inner: &mut Inner, why: &str) -> Vec<Then> {
+        inner.phase = Phase::Closed;
+        inner.buf.clear();
+        let err = self.error(Error::Connection(format!("connection failed: {why}")));
+        inner
+            .line
+            .drain(..)
+            .filter_map(|entry| match entry {
+                Entry::Call(call) => {
+                    let mut then = vec![Then::Finish(call.finish, Err((err.clone(), true)))];
+                    then.extend(call.late.map(Then::Late));
+                    Some(then)
+                }
+                Entry::Ghost(late) => late.map(|late| vec![Then::Late(late)]),
+                Entry::Handshake | Entry::Load => None,
+            })
+            .flatten()
+            .collect()
+    }
+}
+
+#[pymethods]
+impl LoopConn {
+    /// Takes the connection `seed` holds (`ready_for` makes both).
+    #[new]
+    fn new(seed: &Bound<'_, LoopSeed>) -> PyResult<Self> {
+        let conn = seed
+            .get()
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        conn.ok_or_else(|| pyo3::exceptions::PyValueError::new_err("seed: already used"))
+    }
+
+    fn connection_made(&self, transport: Bound<'_, PyAny>) -> PyResult<()> {
+        let py = transport.py();
+        let mut inner = self.inner();
+        let unwanted = inner.phase != Phase::Connecting;
+        if unwanted {
+            drop(inner);
+            transport.call_method0("close")?;
+            return Ok(());
+        }
+        let transport = transport.unbind();
+        for command in &self.handshake {
+            inner.line.push_back(Entry::Handshake);
+            self.write(py, &transport, command)?;
+        }
+        inner.phase = if self.handshake.is_empty() {
+            Phase::Ready
+        } else {
+            Phase::Handshake
+        };
+        inner.transport = Some(transport);
+        Ok(())
+    }
+
+    /// `asyncio.BufferedProtocol`: where the transport reads to.
+    fn get_buffer(&self, py: Python<'_>, sizehint: isize) -> Py<PyByteArray> {
+        let _ = sizehint;
+        self.rbuf.clone_ref(py)
+    }
+
+    /// `asyncio.BufferedProtocol`: `nbytes` were read into the buffer.
+    fn buffer_updated(&self, py: Python<'_>, nbytes: usize) -> PyResult<()> {
+        let rbuf = self.rbuf.bind(py);
+        let mut inner = self.inner();
+        // SAFETY: the bytearray is ours and nothing else resizes or writes it while this copy
+        // runs (the GIL is held, and no Python code runs until the slice is dropped).
+        let read = unsafe { rbuf.as_bytes() };
+        let Some(read) = read.get(..nbytes) else {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "nbytes: more than the buffer holds",
+            ));
+        };
+        inner.buf.extend_from_slice(read);
+        self.received(py, inner)
+    }
+
+    /// `asyncio.Protocol` (used when the transport does not take a buffer protocol).
+    fn data_received(&self, py: Python<'_>, data: &Bound<'_, PyBytes>) -> PyResult<()> {
+        let mut inner = self.inner();
+        inner.buf.extend_from_slice(data.as_bytes());
+        self.received(py, inner)
     }
 
     fn eof_received(&self) -> bool {
@@ -431,6 +503,7 @@ impl LoopConn {
                 visit.call(transport)?;
             }
         }
+        visit.call(&self.rbuf)?;
         Ok(())
     }
 }
@@ -481,10 +554,7 @@ fn target(client: &Client) -> Option<Target> {
 /// The running loop's ready connection to `client`'s server; None when there is none yet (the
 /// first call opens it, and the runtime serves the calls until it is ready), or the loop path
 /// does not serve this client.
-pub fn ready_for<'py>(
-    py: Python<'py>,
-    client: &Arc<Client>,
-) -> PyResult<Option<Bound<'py, LoopConn>>> {
+pub fn ready_for<'py>(py: Python<'py>, client: &Arc<Client>) -> PyResult<Option<Ready<'py>>> {
     let event_loop = running_loop(py)?;
     let conns = match event_loop.getattr(intern_attr(py)) {
         Ok(conns) => conns.cast_into::<PyDict>().map_err(PyErr::from)?,
@@ -511,7 +581,7 @@ pub fn ready_for<'py>(
         };
         if same {
             match phase {
-                Phase::Ready => return Ok(Some(conn)),
+                Phase::Ready => return Ok(Some(Ready { conn, event_loop })),
                 Phase::Connecting | Phase::Handshake | Phase::Draining => return Ok(None),
                 Phase::Closed if failed_at.is_some_and(|at| at.elapsed() < RETRY_AFTER) => {
                     return Ok(None)
@@ -529,29 +599,29 @@ pub fn ready_for<'py>(
         return Ok(None);
     };
     let timeouts = client.config().timeouts;
-    let conn = Bound::new(
-        py,
-        LoopConn {
-            inner: Mutex::new(Inner {
-                phase: Phase::Connecting,
-                transport: None,
-                buf: Vec::new(),
-                line: VecDeque::new(),
-                timer: false,
-                failed_at: None,
-            }),
-            client: Arc::downgrade(client),
-            timeout: timeouts.command,
-            endpoint: match &tcp {
-                Some((host, port)) => format!("{host}:{port}"),
-                None => path.clone().unwrap_or_default(),
-            },
-            handshake,
+    let seed = LoopSeed(Mutex::new(Some(LoopConn {
+        inner: Mutex::new(Inner {
+            phase: Phase::Connecting,
+            transport: None,
+            buf: Vec::new(),
+            line: VecDeque::new(),
+            timer: false,
+            failed_at: None,
+        }),
+        client: Arc::downgrade(client),
+        timeout: timeouts.command,
+        endpoint: match &tcp {
+            Some((host, port)) => format!("{host}:{port}"),
+            None => path.clone().unwrap_or_default(),
         },
-    )?;
+        handshake,
+        rbuf: PyByteArray::new(py, &vec![0u8; READ_BUFFER]).unbind(),
+    })));
+    let bridge = py.import("redmutex._aio_bridge")?;
+    let conn = bridge.getattr("LoopProtocol")?.call1((seed,))?;
     conns.set_item(key, &conn)?;
     let (host, port) = tcp.map_or((None, None), |(h, p)| (Some(h), Some(p)));
-    py.import("redmutex._aio_bridge")?.call_method1(
+    bridge.call_method1(
         "open_connection",
         (
             &event_loop,

@@ -16,11 +16,12 @@ use std::time::Duration;
 use pyo3::prelude::*;
 
 use super::awaitable::{self, Abandon, OnCancel};
-use super::loop_conn::{self, Finish, LoopConn, Reply};
+use super::loop_conn::{self, Finish, LoopConn, Ready, Reply};
 use crate::engine::hold::{Holder, Leased, OnLost, Ticket, Tried};
 use crate::engine::lock::Wait;
 use crate::engine::{Error, Result};
-use crate::protocol::resp;
+use crate::protocol::resp::{self, Packed};
+use redis::Value;
 
 /// An object with one hold (`hold::Held` is one).
 pub trait Held: Send + Sync + 'static {
@@ -39,28 +40,47 @@ impl<T, C> Convert<T> for C where
 {
 }
 
-/// Runs its closure once when the future it is a done-callback of was cancelled.
-#[pyclass(frozen)]
-struct OnCancelled(Mutex<Option<Box<dyn FnOnce() + Send>>>);
+/// What to do when an acquire's future is cancelled while its first attempt is out, by the
+/// future's address (alive until its attempt's reply settles it, which takes its entry out).
+/// `redmutex.aio` tells (`_loop_cancelled`) as the cancellation reaches the awaiting task: a
+/// done-callback would cost every acquire one more callback through the event loop.
+type OnCancelled = (usize, Box<dyn FnOnce() + Send>);
+static CANCELLED: Mutex<Vec<OnCancelled>> = Mutex::new(Vec::new());
 
-#[pymethods]
-impl OnCancelled {
-    fn __call__(&self, future: &Bound<'_, PyAny>) -> PyResult<()> {
-        if future.call_method0("cancelled")?.is_truthy()? {
-            let once = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
-            if let Some(once) = once {
-                once();
-            }
-        }
-        Ok(())
+fn cancelled_hooks() -> std::sync::MutexGuard<'static, Vec<OnCancelled>> {
+    CANCELLED.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Takes out the hook of the future at `key`.
+fn take_hook(key: usize) -> Option<Box<dyn FnOnce() + Send>> {
+    let mut hooks = cancelled_hooks();
+    let at = hooks.iter().position(|(k, _)| *k == key)?;
+    Some(hooks.swap_remove(at).1)
+}
+
+/// Takes its future's hook out when dropped: once the attempt's reply settles it, or with a
+/// connection dropped with the call still in line (so no hook outlives its future, whose
+/// address a new future may then have).
+struct HookKey(usize);
+
+impl Drop for HookKey {
+    fn drop(&mut self) {
+        drop(take_hook(self.0));
+    }
+}
+
+/// `_loop_cancelled(future)`: `future`, an acquire's awaitable, was cancelled: if its first
+/// attempt is still out on the loop's connection, the object is idle again at once, and the
+/// reply, when it comes, only gives back what the attempt took.
+#[pyfunction]
+pub fn _loop_cancelled(future: &Bound<'_, PyAny>) {
+    if let Some(hook) = take_hook(future.as_ptr() as usize) {
+        hook();
     }
 }
 
 /// The loop's ready connection for `handle`'s client, when the loop path serves its calls.
-pub fn conn_for<'py, H: Held>(
-    py: Python<'py>,
-    handle: &Arc<H>,
-) -> PyResult<Option<Bound<'py, LoopConn>>> {
+pub fn conn_for<'py, H: Held>(py: Python<'py>, handle: &Arc<H>) -> PyResult<Option<Ready<'py>>> {
     let holder = handle.holder();
     if !holder.carried() {
         return Ok(None);
@@ -118,7 +138,7 @@ fn hand_over<T, F, C>(
 /// An acquire: its first attempt on the loop's connection; waiting (when it found the
 /// primitive busy) through the runtime.
 pub fn acquire<'py, H, C>(
-    conn: &Bound<'py, LoopConn>,
+    ready: &Ready<'py>,
     handle: Arc<H>,
     wait: Wait,
     listener: Option<OnLost>,
@@ -129,8 +149,8 @@ where
     H: Held,
     C: Convert<bool> + Send + 'static,
 {
-    let py = conn.py();
-    let future = loop_conn::running_loop(py)?.call_method0("create_future")?;
+    let py = ready.conn.py();
+    let future = ready.create_future()?;
     let (packed, attempt) = match handle.holder().begin_try(&context) {
         Ok(begun) => begun,
         Err(err) => {
@@ -157,13 +177,12 @@ where
             }
         })
     };
-    future.call_method1(
-        "add_done_callback",
-        (OnCancelled(Mutex::new(Some(on_cancel))),),
-    )?;
+    let key = HookKey(future.as_ptr() as usize);
+    cancelled_hooks().push((key.0, on_cancel));
     let target = future.clone().unbind();
     let finish: Finish = Box::new(move |py: Python<'_>, reply: Reply| {
         let future = target.bind(py);
+        drop(key);
         if !out.swap(false, Ordering::AcqRel) {
             undo();
             return;
@@ -211,13 +230,59 @@ where
             }
         }
     });
-    LoopConn::send(conn, packed, finish, Some(late))?;
+    LoopConn::send(&ready.conn, packed, finish, Some(late))?;
+    Ok(future)
+}
+
+/// A one-step call (release, extend, owned) on the loop's connection: `begun` is its request
+/// and what settling it needs, or its outcome when it needs no step; `settle` turns the reply
+/// into the outcome; a call whose connection broke under it goes on through the runtime
+/// (`resend`, cancelled as `on_cancel` says).
+fn one_step<'py, S, T, F, R, G, C>(
+    ready: &Ready<'py>,
+    begun: std::result::Result<(Packed, S), Result<T>>,
+    settle: F,
+    resend: R,
+    on_cancel: OnCancel,
+    convert: C,
+) -> PyResult<Bound<'py, PyAny>>
+where
+    S: Send + 'static,
+    T: Send + 'static,
+    F: FnOnce(S, Result<Value>) -> Result<T> + Send + 'static,
+    R: FnOnce(S) -> G + Send + 'static,
+    G: std::future::Future<Output = Result<T>> + Send + 'static,
+    C: Convert<T> + Send + 'static,
+{
+    let py = ready.conn.py();
+    let future = ready.create_future()?;
+    let (packed, state) = match begun {
+        Ok(begun) => begun,
+        Err(outcome) => {
+            resolve(py, &future, convert(py, outcome));
+            return Ok(future);
+        }
+    };
+    let target = future.clone().unbind();
+    let finish: Finish = Box::new(move |py: Python<'_>, reply: Reply| {
+        let future = target.bind(py);
+        let reply = match reply {
+            Ok(value) => Ok(value),
+            Err((_, true)) => {
+                hand_over(py, future, on_cancel, None, resend(state), convert);
+                return;
+            }
+            Err((err, false)) => Err(err),
+        };
+        resolve(py, future, convert(py, settle(state, reply)));
+    });
+    LoopConn::send(&ready.conn, packed, finish, None)?;
     Ok(future)
 }
 
 /// A release: its step on the loop's connection; it settles even when nobody awaits it.
 pub fn release<'py, H, C>(
-    conn: &Bound<'py, LoopConn>,
+    ready: &Ready<'py>,
     handle: Arc<H>,
     convert: C,
 ) -> PyResult<Bound<'py, PyAny>>
@@ -225,38 +290,27 @@ where
     H: Held,
     C: Convert<()> + Send + 'static,
 {
-    let py = conn.py();
-    let future = loop_conn::running_loop(py)?.call_method0("create_future")?;
-    let (step, releasing) = match handle.holder().begin_release_step() {
-        Ok(begun) => begun,
-        Err(err) => {
-            resolve(py, &future, convert(py, Err(err)));
-            return Ok(future);
-        }
+    let begun = match handle.holder().begin_release_step() {
+        Ok((step, releasing)) => Ok((resp::pack(step.call()), (step, releasing))),
+        Err(err) => Err(Err(err)),
     };
-    let packed = resp::pack(step.call());
-    let target = future.clone().unbind();
-    let finish: Finish = Box::new(move |py: Python<'_>, reply: Reply| {
-        let future = target.bind(py);
-        let outcome = match reply {
-            Ok(value) => step.parse(value).map_err(Error::from),
-            Err((_, true)) => {
-                let fut = async move { handle.holder().release_resent(releasing).await };
-                hand_over(py, future, OnCancel::Finish, None, fut, convert);
-                return;
-            }
-            Err((err, false)) => Err(err),
-        };
-        let released = handle.holder().finish_release_step(releasing, outcome);
-        resolve(py, future, convert(py, released));
-    });
-    LoopConn::send(conn, packed, finish, None)?;
-    Ok(future)
+    let again = handle.clone();
+    one_step(
+        ready,
+        begun,
+        move |(step, releasing), reply| {
+            let outcome = reply.and_then(|value| step.parse(value).map_err(Error::from));
+            handle.holder().finish_release_step(releasing, outcome)
+        },
+        move |(_, releasing)| async move { again.holder().release_resent(releasing).await },
+        OnCancel::Finish,
+        convert,
+    )
 }
 
 /// An extend: its step on the loop's connection; it settles even when nobody awaits it.
 pub fn extend<'py, H, C>(
-    conn: &Bound<'py, LoopConn>,
+    ready: &Ready<'py>,
     handle: Arc<H>,
     lease: Option<Duration>,
     convert: C,
@@ -265,38 +319,27 @@ where
     H: Held,
     C: Convert<()> + Send + 'static,
 {
-    let py = conn.py();
-    let future = loop_conn::running_loop(py)?.call_method0("create_future")?;
-    let (step, extending) = match handle.holder().begin_extend_step(lease) {
-        Ok(begun) => begun,
-        Err(err) => {
-            resolve(py, &future, convert(py, Err(err)));
-            return Ok(future);
-        }
+    let begun = match handle.holder().begin_extend_step(lease) {
+        Ok((step, extending)) => Ok((resp::pack(step.call()), (step, extending))),
+        Err(err) => Err(Err(err)),
     };
-    let packed = resp::pack(step.call());
-    let target = future.clone().unbind();
-    let finish: Finish = Box::new(move |py: Python<'_>, reply: Reply| {
-        let future = target.bind(py);
-        let outcome = match reply {
-            Ok(value) => step.parse(value).map_err(Error::from),
-            Err((_, true)) => {
-                let fut = async move { handle.holder().extend(lease).await };
-                hand_over(py, future, OnCancel::Finish, None, fut, convert);
-                return;
-            }
-            Err((err, false)) => Err(err),
-        };
-        let extended = handle.holder().finish_extend_step(extending, outcome);
-        resolve(py, future, convert(py, extended));
-    });
-    LoopConn::send(conn, packed, finish, None)?;
-    Ok(future)
+    let again = handle.clone();
+    one_step(
+        ready,
+        begun,
+        move |(step, extending), reply| {
+            let outcome = reply.and_then(|value| step.parse(value).map_err(Error::from));
+            handle.holder().finish_extend_step(extending, outcome)
+        },
+        move |_| async move { again.holder().extend(lease).await },
+        OnCancel::Finish,
+        convert,
+    )
 }
 
 /// `owned()`: its step on the loop's connection.
 pub fn owned<'py, H, C>(
-    conn: &Bound<'py, LoopConn>,
+    ready: &Ready<'py>,
     handle: Arc<H>,
     convert: C,
 ) -> PyResult<Bound<'py, PyAny>>
@@ -304,27 +347,16 @@ where
     H: Held,
     C: Convert<bool> + Send + 'static,
 {
-    let py = conn.py();
-    let future = loop_conn::running_loop(py)?.call_method0("create_future")?;
-    let Some(step) = handle.holder().owned_step() else {
-        resolve(py, &future, convert(py, Ok(false)));
-        return Ok(future);
+    let begun = match handle.holder().owned_step() {
+        Some(step) => Ok((resp::pack(step.call()), step)),
+        None => Err(Ok(false)),
     };
-    let packed = resp::pack(step.call());
-    let target = future.clone().unbind();
-    let finish: Finish = Box::new(move |py: Python<'_>, reply: Reply| {
-        let future = target.bind(py);
-        let outcome = match reply {
-            Ok(value) => step.parse(value).map_err(Error::from),
-            Err((_, true)) => {
-                let fut = async move { handle.holder().owned().await };
-                hand_over(py, future, OnCancel::Abort, None, fut, convert);
-                return;
-            }
-            Err((err, false)) => Err(err),
-        };
-        resolve(py, future, convert(py, outcome));
-    });
-    LoopConn::send(conn, packed, finish, None)?;
-    Ok(future)
+    one_step(
+        ready,
+        begun,
+        |step, reply| reply.and_then(|value| step.parse(value).map_err(Error::from)),
+        move |_| async move { handle.holder().owned().await },
+        OnCancel::Abort,
+        convert,
+    )
 }
