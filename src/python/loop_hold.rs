@@ -21,6 +21,7 @@ use crate::engine::hold::{Holder, Leased, OnLost, Ticket, Tried};
 use crate::engine::lock::Wait;
 use crate::engine::{Error, Result};
 use crate::protocol::resp::{self, Packed};
+use crate::protocol::step::Step;
 use redis::Value;
 
 /// An object with one hold (`hold::Held` is one).
@@ -280,6 +281,21 @@ where
     Ok(future)
 }
 
+/// A step the holder began (with what its finish needs), packed for the loop's connection; a
+/// step that could not begin settles the call with its error at once.
+type Begun<R, S, T> = std::result::Result<(Packed, (Step<R>, S)), Result<T>>;
+
+fn packed<R, S, T>(begun: Result<(Step<R>, S)>) -> Begun<R, S, T> {
+    begun
+        .map(|(step, state)| (resp::pack(step.call()), (step, state)))
+        .map_err(Err)
+}
+
+/// A step's reply (or the connection's error), read by the step.
+fn read<R>(step: &Step<R>, reply: Result<Value>) -> Result<R> {
+    reply.and_then(|value| step.parse(value).map_err(Error::from))
+}
+
 /// A release: its step on the loop's connection; it settles even when nobody awaits it.
 pub fn release<'py, H, C>(
     ready: &Ready<'py>,
@@ -290,17 +306,15 @@ where
     H: Held,
     C: Convert<()> + Send + 'static,
 {
-    let begun = match handle.holder().begin_release_step() {
-        Ok((step, releasing)) => Ok((resp::pack(step.call()), (step, releasing))),
-        Err(err) => Err(Err(err)),
-    };
+    let begun = packed(handle.holder().begin_release_step());
     let again = handle.clone();
     one_step(
         ready,
         begun,
         move |(step, releasing), reply| {
-            let outcome = reply.and_then(|value| step.parse(value).map_err(Error::from));
-            handle.holder().finish_release_step(releasing, outcome)
+            handle
+                .holder()
+                .finish_release_step(releasing, read(&step, reply))
         },
         move |(_, releasing)| async move { again.holder().release_resent(releasing).await },
         OnCancel::Finish,
@@ -319,17 +333,15 @@ where
     H: Held,
     C: Convert<()> + Send + 'static,
 {
-    let begun = match handle.holder().begin_extend_step(lease) {
-        Ok((step, extending)) => Ok((resp::pack(step.call()), (step, extending))),
-        Err(err) => Err(Err(err)),
-    };
+    let begun = packed(handle.holder().begin_extend_step(lease));
     let again = handle.clone();
     one_step(
         ready,
         begun,
         move |(step, extending), reply| {
-            let outcome = reply.and_then(|value| step.parse(value).map_err(Error::from));
-            handle.holder().finish_extend_step(extending, outcome)
+            handle
+                .holder()
+                .finish_extend_step(extending, read(&step, reply))
         },
         move |_| async move { again.holder().extend(lease).await },
         OnCancel::Finish,
@@ -354,7 +366,7 @@ where
     one_step(
         ready,
         begun,
-        |step, reply| reply.and_then(|value| step.parse(value).map_err(Error::from)),
+        |step, reply| read(&step, reply),
         move |_| async move { handle.holder().owned().await },
         OnCancel::Abort,
         convert,
