@@ -302,7 +302,11 @@ def test_a_fair_waiter_already_listening_joins_with_its_first_attempt(
             holder.release()
             assert thread.outcome(timeout=20) is True
             delta = _delta(before, _calls(conn))
-            assert delta.get("evalsha", 0) == 2, delta
+            # A slow machine may stretch the wait past a place refresh (every 2 s), one more
+            # EVALSHA that also ZADDs; a try before the join would add one that does not.
+            refreshes = delta.get("zadd", 0) - 1
+            assert refreshes >= 0, delta
+            assert delta.get("evalsha", 0) == 2 + refreshes, delta
             assert conn.llen("q:{fair}:queue") == 0
             waiter.release()
             assert holder.acquire(timeout=5)
