@@ -265,6 +265,7 @@ class SentinelGroup:
     ) -> None:
         self.name = name
         self.tls = tls
+        # By server (its port may change when start() finds the chosen one taken).
         self.tls_ports: dict[int, int] = {}
 
         def server(*args: str, config_file: str | None = None) -> RedisServer:
@@ -278,7 +279,7 @@ class SentinelGroup:
                     "--tls-auth-clients", "no", "--tls-replication", "yes",
                 ]  # fmt: skip
             made = RedisServer(config_file=config_file, extra_args=extra)
-            self.tls_ports[made.port] = tls_port
+            self.tls_ports[id(made)] = tls_port
             return made
 
         self.master = server()
@@ -301,7 +302,7 @@ class SentinelGroup:
 
     def link_port(self, server: RedisServer) -> int:
         """The port the others use to reach `server` (its TLS port on a TLS group)."""
-        return self.tls_ports[server.port] if self.tls else server.port
+        return self.tls_ports[id(server)] if self.tls else server.port
 
     def server_on(self, port: int) -> RedisServer:
         """The data server (master or replica) that others reach on `port`."""

@@ -25,6 +25,34 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+PORT_ATTEMPTS = 5
+NOAUTH = -1  # `_answering_pid` of a server that wants a password first (up, but unnamed)
+
+
+def _answering_pid(port: int) -> int | None:
+    """The process id of the redis-server answering on `port` (`NOAUTH` when it asks for a
+    password first), or None while nothing answers."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+            sock.sendall(b"INFO server\r\n")
+            reply = b""
+            while b"process_id:" not in reply or not reply.endswith(b"\r\n"):
+                chunk = sock.recv(65536)
+                if not chunk:
+                    return None
+                reply += chunk
+                if reply.startswith(b"-NOAUTH"):
+                    return NOAUTH
+                if reply.startswith(b"-"):
+                    return None  # loading, or another error: not up yet
+    except OSError:
+        return None
+    for line in reply.split(b"\r\n"):
+        if line.startswith(b"process_id:"):
+            return int(line.split(b":", 1)[1])
+    return None
+
+
 class RedisServer:
     """Starts `redis-server` on 127.0.0.1 with no persistence; `stop()` ends exactly that process.
 
@@ -39,6 +67,9 @@ class RedisServer:
         extra_args: list[str] | None = None,
         config_file: str | None = None,
     ) -> None:
+        # A port we chose may be taken by someone else before our server binds it: then we
+        # choose again (a port the caller named is kept, and its loss is an error).
+        self.chosen_port = port is None
         self.port = port or free_port()
         self.extra_args = list(extra_args or [])
         self.config_file = config_file
@@ -53,6 +84,14 @@ class RedisServer:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed (make deps installs it)")
+        for _ in range(PORT_ATTEMPTS):
+            if self._launch(binary, wait):
+                return self
+            self.port = free_port()
+        raise RuntimeError(f"redis-server found no free port in {PORT_ATTEMPTS} attempts")
+
+    def _launch(self, binary: str, wait: float) -> bool:
+        """Starts the server on `self.port`; False if the port was taken (and we chose it)."""
         args = [
             binary,
             *([self.config_file] if self.config_file else []),
@@ -78,17 +117,19 @@ class RedisServer:
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                if self.chosen_port and self._port_taken():
+                    return False
                 raise RuntimeError(f"redis-server exited with {self.process.returncode}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
-                    sock.sendall(b"PING\r\n")
-                    # -NOAUTH: up, but with a password (requirepass in extra_args).
-                    if sock.recv(16).startswith((b"+PONG", b"-NOAUTH")):
-                        return self
-            except OSError:
-                time.sleep(0.02)
+            # Another server on the port answers too: only our own process counts as up.
+            if _answering_pid(self.port) in (self.process.pid, NOAUTH):
+                return True
+            time.sleep(0.02)
         self.stop()
         raise RuntimeError(f"redis-server did not answer on port {self.port} within {wait} s")
+
+    def _port_taken(self) -> bool:
+        with open(os.path.join(self.dir, "redis.log"), errors="replace") as log:
+            return "Address already in use" in log.read()
 
     def stop(self) -> None:
         process, self.process = self.process, None
