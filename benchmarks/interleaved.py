@@ -13,7 +13,9 @@ is divided by the mean of the two limit windows around its cycle; the report giv
 the smallest of these ratios per peer, and the CPU time per pair of the client
 (`time.process_time`, every thread of this process) and of the server (INFO cpu, read before and
 after each window) beside the limit's own: what a pair costs beyond the limit's on each side of
-its round trips.
+its round trips. One more row takes turns too: redmutex's own two requests (caught once with
+MONITOR) sent from the limit's socket and loop, i.e. redmutex's server work with the limit's
+client.
 """
 
 from __future__ import annotations
@@ -110,6 +112,29 @@ def socket_pair(
     return pair
 
 
+def captured_requests(target: Target, lock: LockHandle) -> tuple[bytes, bytes] | None:
+    """The two requests (EVALSHA) one acquire+release of `lock` sends, as the server saw them
+    (MONITOR), packed again; None if they were not seen as two script calls."""
+    client = target.redis()  # socket timeout 10 s: a MONITOR that hears nothing ends
+    try:
+        with client.monitor() as monitor:
+            lock_pair(lock)()
+            seen: list[list[str]] = []
+            while len(seen) < 2:
+                command = monitor.next_command()
+                if command is None:
+                    return None
+                if command["client_type"] == "lua":
+                    continue  # the scripts' own calls
+                args = str(command["command"]).split(" ")
+                if args and args[0].upper() == "EVALSHA":
+                    seen.append(args)
+    finally:
+        client.close()
+    first, second = (physical.resp(*args) for args in seen)
+    return first, second
+
+
 def ratios(limits: Sequence[Window], runs: Sequence[Window]) -> list[float]:
     """Each run of cycle i ÷ the mean of limit windows i and i + 1 (the ones around it)."""
     out = []
@@ -166,11 +191,16 @@ def measure(
     window_s: float,
     log: Callable[[str], None],
     server_cpu: Callable[[], float] | None = None,
+    replayed: str = "",
 ) -> dict[str, Any] | None:
     """Interleaves `cycles` windows of `window_s` of each lock in `locks` (uncontended pairs on
     its own name) with windows of the blocking-socket limit; None where there is no blocking
     socket (TLS). `server_cpu` reads the server's CPU time so far in µs (INFO cpu): with it,
-    each window also tells how much of the server's time its pairs took."""
+    each window also tells how much of the server's time its pairs took. `replayed` names a lock
+    whose two requests (caught once with MONITOR) also take turns, sent from the limit's blocking
+    socket: the same server work as that lock's pairs with the limit's client, which tells the
+    client's share of a gap from the server's.
+    """
     sock = physical.blocking_socket(target)
     if sock is None:
         return None
@@ -179,10 +209,15 @@ def measure(
         sha = client.script_load(physical.SET_NX_PX_SCRIPT)
     finally:
         client.close()
+    replay = captured_requests(target, locks[replayed]) if replayed in locks else None
     with sock:
         set_cmd, eval_cmd = physical.limit_commands(sha, key_prefix)
         limit = socket_pair(sock.sendall, sock.recv, set_cmd, eval_cmd)
         pairs = {name: lock_pair(lock) for name, lock in locks.items()}
+        if replay is not None:
+            pairs[f"{replayed}'s requests, blocking socket"] = socket_pair(
+                sock.sendall, sock.recv, *replay
+            )
         warm = max(window_s / 2, 0.05)
         for pair in [limit, *pairs.values()]:
             timed_window(pair, warm)

@@ -87,7 +87,7 @@ def _run_benchmark(target: Target, requests: int, command: list[str]) -> tuple[f
     return float(rps), (round(float(p50_ms) * 1000, 1) if p50_ms else None)
 
 
-def _resp(*args: str) -> bytes:
+def resp(*args: str) -> bytes:
     parts = [f"*{len(args)}\r\n".encode()]
     for arg in args:
         data = arg.encode()
@@ -113,9 +113,9 @@ def blocking_socket(target: Target) -> socket.socket | None:
     if kwargs.get("password"):
         user = kwargs.get("username")
         pw = str(kwargs["password"])
-        setup.append(_resp("AUTH", str(user), pw) if user else _resp("AUTH", pw))
+        setup.append(resp("AUTH", str(user), pw) if user else resp("AUTH", pw))
     if kwargs.get("db"):
-        setup.append(_resp("SELECT", str(kwargs["db"])))
+        setup.append(resp("SELECT", str(kwargs["db"])))
     for message in setup:
         sock.sendall(message)
         if not sock.recv(4096).startswith(b"+OK"):
@@ -131,7 +131,7 @@ def raw_socket(target: Target, requests: int, command: list[str]) -> float | Non
     if sock is None:
         return None
     with sock:
-        payload = _resp(*command)
+        payload = resp(*command)
         send, recv = sock.sendall, sock.recv
         for _ in range(min(1000, requests)):  # warm-up
             send(payload)
@@ -146,8 +146,8 @@ def raw_socket(target: Target, requests: int, command: list[str]) -> float | Non
 
 def limit_commands(sha: str, key_prefix: str) -> tuple[bytes, bytes]:
     """The two requests of the blocking-socket pair (`interleaved.py` sends them in turn)."""
-    set_cmd = _resp("SET", f"{key_prefix}:set", "v", "NX", "PX", "10000")
-    eval_cmd = _resp("EVALSHA", sha, "1", f"{key_prefix}:evalsha", "v", "10000")
+    set_cmd = resp("SET", f"{key_prefix}:set", "v", "NX", "PX", "10000")
+    eval_cmd = resp("EVALSHA", sha, "1", f"{key_prefix}:evalsha", "v", "10000")
     return set_cmd, eval_cmd
 
 

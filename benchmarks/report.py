@@ -352,7 +352,11 @@ def _interleaved(record: dict[str, Any]) -> list[str]:
             f" {_num(max(limits))}). CPU µs per pair, medians of the windows: the client's"
             " (`time.process_time` of the benchmark process; for the limit, the Python loop"
             " writing and reading the socket) and the server's (INFO cpu before and after each"
-            " window)."
+            ' window). The row "redmutex\'s requests, blocking socket" sends the two requests of'
+            " one redmutex acquire+release (caught once with MONITOR, the same token each time)"
+            " from the limit's socket and loop: the server's work of a redmutex pair with the"
+            " limit's client, so redmutex's gap to it is the client's share and its own gap to the"
+            " limit the scripts' share."
         ),
         "",
         (

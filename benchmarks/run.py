@@ -319,6 +319,7 @@ def _measure_interleaved(
             sizes.interleave_window_s,
             log,
             server_cpu,
+            replayed=report.SUBJECT,
         )
     except Exception as exc:  # noqa: BLE001 - reported, the rest of the run goes on
         log(f"  interleaved: FAILED {_one_line(exc)}")

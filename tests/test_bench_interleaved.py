@@ -91,3 +91,30 @@ def test_report_without_or_with_a_failed_interleaved_measurement() -> None:
     del record["physical_limit"]["interleaved"]
     report.add_ratios(record)
     assert "interleaved" not in "\n".join(report._interleaved(record))
+
+
+def test_a_short_interleaved_run_against_a_real_server(redis_url: str, prefix: str) -> None:
+    """The whole measurement, tiny: every peer window has a ratio, redmutex's own requests are
+    caught and replayed (they take and give back its lock), and the lock still works after."""
+    import redmutex
+    from redis_target import Target
+
+    client = redmutex.Client(redis_url)
+    lock = redmutex.Lock(client, f"{prefix}:bench", ttl=10)
+    with Target(redis_url) as target:
+        replay = interleaved.captured_requests(target, lock)
+        assert replay is not None
+        assert all(r.startswith(b"*") and b"EVALSHA" in r for r in replay)
+        lines: list[str] = []
+        record = interleaved.measure(
+            target, {"redmutex": lock}, f"{prefix}:phys", 2, 0.02, lines.append, replayed="redmutex"
+        )
+    assert record is not None
+    peers = record["peers"]
+    assert set(peers) == {"redmutex", "redmutex's requests, blocking socket"}
+    for peer in peers.values():
+        assert len(peer["ratios"]) == 2 and peer["ratio_min"] > 0
+    assert len(record["limit_per_second"]) == 3
+    assert lock.acquire(blocking=False)
+    lock.release()
+    assert any("interleaved / limit" in line for line in lines)
