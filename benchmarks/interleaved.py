@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import physical
+import redis
 from peers import LockHandle
 from redis_target import Target
 from timing import gc_paused
@@ -114,12 +115,13 @@ def socket_pair(
 
 def captured_requests(target: Target, lock: LockHandle) -> tuple[bytes, bytes] | None:
     """The two requests (EVALSHA) one acquire+release of `lock` sends, as the server saw them
-    (MONITOR), packed again; None if they were not seen as two script calls."""
+    (MONITOR), packed again; None if they were not seen as two script calls (or the server
+    refuses MONITOR: then only this reference is missing)."""
     client = target.redis()  # socket timeout 10 s: a MONITOR that hears nothing ends
+    seen: list[list[str]] = []
     try:
         with client.monitor() as monitor:
             lock_pair(lock)()
-            seen: list[list[str]] = []
             while len(seen) < 2:
                 command = monitor.next_command()
                 if command is None:
@@ -129,6 +131,8 @@ def captured_requests(target: Target, lock: LockHandle) -> tuple[bytes, bytes] |
                 args = str(command["command"]).split(" ")
                 if args and args[0].upper() == "EVALSHA":
                     seen.append(args)
+    except redis.RedisError:
+        return None
     finally:
         client.close()
     first, second = (physical.resp(*args) for args in seen)
