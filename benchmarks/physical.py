@@ -87,7 +87,7 @@ def _run_benchmark(target: Target, requests: int, command: list[str]) -> tuple[f
     return float(rps), (round(float(p50_ms) * 1000, 1) if p50_ms else None)
 
 
-def _resp(*args: str) -> bytes:
+def resp(*args: str) -> bytes:
     parts = [f"*{len(args)}\r\n".encode()]
     for arg in args:
         data = arg.encode()
@@ -95,9 +95,9 @@ def _resp(*args: str) -> bytes:
     return b"".join(parts)
 
 
-def raw_socket(target: Target, requests: int, command: list[str]) -> float | None:
-    """Requests/s of `command` sent one at a time over a blocking TCP_NODELAY socket (None for
-    TLS, which would need more than a socket)."""
+def blocking_socket(target: Target) -> socket.socket | None:
+    """A blocking socket to the target (TCP_NODELAY on TCP), authenticated and on its database;
+    None for TLS, which would need more than a socket."""
     if target.url.startswith("rediss://"):
         return None
     kwargs = parse_url(target.url)
@@ -109,19 +109,29 @@ def raw_socket(target: Target, requests: int, command: list[str]) -> float | Non
         address = (str(kwargs.get("host", "127.0.0.1")), int(kwargs.get("port", 6379)))
         sock = socket.create_connection(address, timeout=10)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    setup = []
+    if kwargs.get("password"):
+        user = kwargs.get("username")
+        pw = str(kwargs["password"])
+        setup.append(resp("AUTH", str(user), pw) if user else resp("AUTH", pw))
+    if kwargs.get("db"):
+        setup.append(resp("SELECT", str(kwargs["db"])))
+    for message in setup:
+        sock.sendall(message)
+        if not sock.recv(4096).startswith(b"+OK"):
+            sock.close()
+            raise RuntimeError("raw socket: AUTH/SELECT refused")
+    return sock
+
+
+def raw_socket(target: Target, requests: int, command: list[str]) -> float | None:
+    """Requests/s of `command` sent one at a time over a blocking TCP_NODELAY socket (None for
+    TLS, which would need more than a socket)."""
+    sock = blocking_socket(target)
+    if sock is None:
+        return None
     with sock:
-        setup = []
-        if kwargs.get("password"):
-            user = kwargs.get("username")
-            pw = str(kwargs["password"])
-            setup.append(_resp("AUTH", str(user), pw) if user else _resp("AUTH", pw))
-        if kwargs.get("db"):
-            setup.append(_resp("SELECT", str(kwargs["db"])))
-        for message in setup:
-            sock.sendall(message)
-            if not sock.recv(4096).startswith(b"+OK"):
-                raise RuntimeError("raw socket: AUTH/SELECT refused")
-        payload = _resp(*command)
+        payload = resp(*command)
         send, recv = sock.sendall, sock.recv
         for _ in range(min(1000, requests)):  # warm-up
             send(payload)
@@ -132,6 +142,13 @@ def raw_socket(target: Target, requests: int, command: list[str]) -> float | Non
             if not recv(4096):
                 raise RuntimeError("raw socket: the server closed the connection")
         return requests / (time.perf_counter() - start)
+
+
+def limit_commands(sha: str, key_prefix: str) -> tuple[bytes, bytes]:
+    """The two requests of the blocking-socket pair (`interleaved.py` sends them in turn)."""
+    set_cmd = resp("SET", f"{key_prefix}:set", "v", "NX", "PX", "10000")
+    eval_cmd = resp("EVALSHA", sha, "1", f"{key_prefix}:evalsha", "v", "10000")
+    return set_cmd, eval_cmd
 
 
 def measure(target: Target, requests: int, when: str, key_prefix: str) -> PhysicalLimit:

@@ -29,6 +29,7 @@ RW_VS_LOCK = 0.9  # RWLock read and write pairs/s ≥ 0.9× Lock's
 RAW_HANDOFF = "raw-pubsub"  # the hand-off floor: SET NX / DEL + PUBLISH, waiter subscribed
 HANDOFF_VS_RAW = 1.2  # unfair hand-off p50 ≤ 1.2× the raw reference's (and ≤ HANDOFF_P50_US
 # when the raw one is within it), p99 ≤ HANDOFF_P99_US
+UNCONTENDED_VS_LIMIT = 0.85  # uncontended pairs/s ≥ 0.85× the blocking-socket limit (interleaved)
 
 
 def _num(value: float | None, digits: int = 0) -> str:
@@ -85,8 +86,21 @@ def add_ratios(record: dict[str, Any]) -> None:
             if row["vs_raw_limit"] is not None:
                 entry[f"{row['peer']}/blocking_socket_limit"] = row["vs_raw_limit"]
             ratios.setdefault(row["scenario"], {}).update(entry)
+    for peer, measured in _interleaved_peers(record).items():
+        if _is_subject(peer) and measured.get("ratio_median") is not None:
+            ratios.setdefault("uncontended", {}).update(
+                {
+                    f"{peer}/blocking_socket_limit_interleaved": measured["ratio_median"],
+                    f"{peer}/blocking_socket_limit_interleaved_min": measured["ratio_min"],
+                }
+            )
     record["ratios"] = ratios
     record["targets"] = _targets(record, by_key)
+
+
+def _interleaved_peers(record: dict[str, Any]) -> dict[str, Any]:
+    """Per peer, the uncontended windows taken in turns with the limit (interleaved.py)."""
+    return (record["physical_limit"].get("interleaved") or {}).get("peers") or {}
 
 
 def _targets(
@@ -96,6 +110,19 @@ def _targets(
 
     def add(target: str, where: str, measured: str, met: bool | None) -> None:
         out.append({"target": target, "where": where, "measured": measured, "met": met})
+
+    for peer, measured in _interleaved_peers(record).items():
+        median, low = measured.get("ratio_median"), measured.get("ratio_min")
+        if not _is_subject(peer) or median is None:
+            continue
+        add(
+            f"uncontended ≥ {UNCONTENDED_VS_LIMIT:g}× the blocking-socket limit"
+            " (windows interleaved with it, median)",
+            f"{peer}, 1 thread, 1 name",
+            f"median {median:.2f}×, min {_num(low, 2)}×"
+            f" ({len(measured.get('ratios') or [])} windows)",
+            median >= UNCONTENDED_VS_LIMIT,
+        )
 
     for scenario in ("handoff2", "handoff4"):
         for peer in (SUBJECT, FAIR_PEER):
@@ -290,6 +317,7 @@ def _physical(record: dict[str, Any]) -> list[str]:
             " library can beat its figure; the blocking-socket one is the tighter limit."
         ),
     ]
+    lines += _interleaved(record)
     if drift is not None and drift > NOISY_DRIFT_PCT:
         lines += [
             "",
@@ -298,6 +326,56 @@ def _physical(record: dict[str, Any]) -> list[str]:
                 " during the run (see the load average); compare ratios, not absolute numbers."
             ),
         ]
+    return lines
+
+
+def _interleaved(record: dict[str, Any]) -> list[str]:
+    measured = record["physical_limit"].get("interleaved")
+    if not measured:
+        return []
+    if measured.get("error"):
+        return [
+            "",
+            f"Uncontended vs the blocking-socket limit, interleaved: failed ({measured['error']}).",
+        ]
+    limits = measured["limit_per_second"]
+    lines = [
+        "",
+        "### Uncontended vs the blocking-socket limit, in interleaved windows",
+        "",
+        (
+            f"{measured['cycles']} cycles of {measured['window_s']:g} s windows: "
+            + measured["method"]
+            + ". A change of the machine's speed between the start and the end of the run cannot"
+            " fake or hide a gap here. The limit's windows: median"
+            f" {_num(measured['limit_per_second_median'])} pairs/s (from {_num(min(limits))} to"
+            f" {_num(max(limits))}). CPU µs per pair, medians of the windows: the client's"
+            " (`time.process_time` of the benchmark process; for the limit, the Python loop"
+            " writing and reading the socket) and the server's (INFO cpu before and after each"
+            ' window). The row "redmutex\'s requests, blocking socket" sends the two requests of'
+            " one redmutex acquire+release (caught once with MONITOR, the same token each time)"
+            " from the limit's socket and loop: the server's work of a redmutex pair with the"
+            " limit's client, so redmutex's gap to it is the client's share and its own gap to the"
+            " limit the scripts' share."
+        ),
+        "",
+        (
+            "| peer | pairs/s (median window) | ×limit, median | ×limit, min"
+            " | client CPU µs/pair | server CPU µs/pair |"
+        ),
+        "|---|---:|---:|---:|---:|---:|",
+        (
+            f"| blocking-socket limit | {_num(measured['limit_per_second_median'])} | 1 | 1"
+            f" | {_num(measured['limit_cpu_us_per_pair_median'], 1)}"
+            f" | {_num(measured.get('limit_server_cpu_us_per_pair_median'), 1)} |"
+        ),
+    ]
+    for peer, p in measured["peers"].items():
+        lines.append(
+            f"| {peer} | {_num(p['per_second_median'])} | {_num(p['ratio_median'], 2)}"
+            f" | {_num(p['ratio_min'], 2)} | {_num(p['cpu_us_per_pair_median'], 1)}"
+            f" | {_num(p.get('server_cpu_us_per_pair_median'), 1)} |"
+        )
     return lines
 
 

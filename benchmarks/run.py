@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import interleaved
 import machine
 import physical
 import report
@@ -290,6 +291,41 @@ def _run_scenario(
     return rows
 
 
+# The peers the uncontended scenario is also measured for in turns with the limit (interleaved.py).
+INTERLEAVED_PEERS = (report.SUBJECT, report.FAIR_PEER, report.BASELINE)
+
+
+def _measure_interleaved(
+    target: Target,
+    sessions: dict[str, Session],
+    sizes: Sizes,
+    namespace: str,
+    server_cpu: Any = None,
+) -> dict[str, Any] | None:
+    names = [p for p in INTERLEAVED_PEERS if p in sessions]
+    if not names:
+        return None
+    log(
+        f"uncontended vs the blocking-socket limit, interleaved: {sizes.interleave_cycles}"
+        f" cycles of {sizes.interleave_window_s:g} s windows ({', '.join(names)})"
+    )
+    try:
+        locks = {p: sessions[p].lock(f"{namespace}:{p}:interleaved", TTL) for p in names}
+        return interleaved.measure(
+            target,
+            locks,
+            f"{namespace}:phys-interleaved",
+            sizes.interleave_cycles,
+            sizes.interleave_window_s,
+            log,
+            server_cpu,
+            replayed=report.SUBJECT,
+        )
+    except Exception as exc:  # noqa: BLE001 - reported, the rest of the run goes on
+        log(f"  interleaved: FAILED {_one_line(exc)}")
+        return {"error": _one_line(exc)}
+
+
 def _cleanup(target: Target, namespace: str) -> int:
     """Deletes every key this run created on a server that is not ours."""
     client = target.redis()
@@ -410,6 +446,12 @@ def main(argv: list[str] | None = None) -> int:
                     _commandstats(stats_client),
                     _server_cpu(stats_client),
                 )
+                if key == "uncontended":
+                    measured = _measure_interleaved(
+                        target, sessions, sizes, namespace, _server_cpu(stats_client)
+                    )
+                    if measured is not None:
+                        phys["interleaved"] = measured
                 log(f"  ({key}: {time.monotonic() - scenario_started:.1f} s)")
             for pool in pools:
                 pool.close()
@@ -448,6 +490,9 @@ def main(argv: list[str] | None = None) -> int:
         for r in record["results"]
         if r["status"] == "error"
     ]
+    interleaved_error = record["physical_limit"].get("interleaved", {}).get("error")
+    if interleaved_error:
+        errors.append(f"interleaved uncontended vs limit: {interleaved_error}")
     report.add_ratios(record)
     if not args.no_charts:
         _draw_charts(record, args.output)

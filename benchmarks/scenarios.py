@@ -43,6 +43,8 @@ class Sizes:
     command_seconds: float  # timed window of one commands-per-hand-off run (one round)
     warmup_seconds: float  # warm-up of the workers before a multi-process run
     command_rounds: int = 1  # rounds of the commands-per-hand-off points (counts, not speeds)
+    interleave_cycles: int = 8  # uncontended vs the blocking-socket limit in turns (interleaved.py)
+    interleave_window_s: float = 0.15  # one window of those turns
 
 
 QUICK = Sizes(
@@ -56,6 +58,8 @@ QUICK = Sizes(
     process_seconds=0.8,
     command_seconds=0.5,
     warmup_seconds=0.1,
+    interleave_cycles=6,
+    interleave_window_s=0.1,
 )
 DEFAULT = Sizes(
     pairs=20_000,

@@ -2,7 +2,9 @@
 //! for the one-round-trip steps of the blocking API (first acquire attempt, release, extend,
 //! owner look-up). A call through the runtime costs two thread hand-offs on top of the network
 //! round trip; here it costs none, which is what lets a lock + unlock pair approach the
-//! round-trip limit. Waiting and everything in the background still go through the runtime,
+//! round-trip limit. Over plain TCP or a unix socket, the connections frame RESP themselves
+//! (`plain.rs`: one write and one read per call, no general parser); TLS uses the redis crate's
+//! blocking connection. Waiting and everything in the background still go through the runtime,
 //! except the attempt of a blocking waiter for an unfair lock once a release woke it: the
 //! caller's thread, which drives its wait, sends it here (`waiting::attempt_waiting`).
 //!
@@ -27,6 +29,7 @@ use redis::{
 
 use super::error::{timed_out, Error, Result};
 use super::node::{OverdueCalls, Retry, ServerSeen, Timeouts};
+use super::plain::PlainConnection;
 use super::runtime;
 use super::sentinel::Sentinel;
 use super::slots::SlotTable;
@@ -41,7 +44,7 @@ struct Server {
     client: redis::Client,
     /// Where the client connects, named by every connection error.
     endpoint: String,
-    idle: Mutex<Vec<redis::Connection>>,
+    idle: Mutex<Vec<Conn>>,
 }
 
 impl Server {
@@ -53,7 +56,7 @@ impl Server {
         }
     }
 
-    fn give_back(&self, conn: redis::Connection) {
+    fn give_back(&self, conn: Conn) {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         if idle.len() < KEPT && conn.is_open() {
             idle.push(conn);
@@ -287,22 +290,28 @@ impl DirectPool {
         Some(server.clone())
     }
 
-    fn take(&self, server: &Server, fresh: bool) -> Result<redis::Connection> {
+    fn take(&self, server: &Server, fresh: bool) -> Result<Conn> {
         if !fresh {
             if let Some(conn) = server.idle.lock().unwrap_or_else(|p| p.into_inner()).pop() {
                 return Ok(conn);
             }
         }
-        let mut conn = server
-            .client
-            .get_connection_with_timeout(self.timeouts.connect)
-            .map_err(|err| {
-                if err.is_timeout() {
-                    timed_out(self.timeouts.connect, "connecting")
-                } else {
-                    Error::from(err)
-                }
-            })?;
+        let connect = self.timeouts.connect;
+        let info = server.client.get_connection_info();
+        let conn = match PlainConnection::connect(info, connect) {
+            Some(plain) => plain.map(Conn::Plain),
+            None => server
+                .client
+                .get_connection_with_timeout(connect)
+                .map(Conn::Crate),
+        };
+        let mut conn = conn.map_err(|err| {
+            if err.is_timeout() {
+                timed_out(connect, "connecting")
+            } else {
+                Error::from(err)
+            }
+        })?;
         conn.set_read_timeout(Some(self.timeouts.command))?;
         conn.set_write_timeout(Some(self.timeouts.command))?;
         if let Some(seen) = &self.seen {
@@ -345,7 +354,7 @@ impl DirectPool {
         &self,
         key: Option<&[u8]>,
         retry: Retry,
-        op: impl Fn(&mut redis::Connection) -> redis::RedisResult<T>,
+        op: impl Fn(&mut Conn) -> redis::RedisResult<T>,
     ) -> std::result::Result<T, Miss> {
         let (server, routed) = self.server_for(key)?;
         self.attempt(&server, routed, retry, op)
@@ -360,7 +369,7 @@ impl DirectPool {
         server: &Arc<Server>,
         routed: bool,
         retry: Retry,
-        op: impl Fn(&mut redis::Connection) -> redis::RedisResult<T>,
+        op: impl Fn(&mut Conn) -> redis::RedisResult<T>,
     ) -> std::result::Result<T, Miss> {
         let mut may_retry = retry == Retry::Once && !routed;
         let mut fresh = false;
@@ -517,10 +526,96 @@ impl ConnectionLike for KeyProbe {
     }
 }
 
+/// A direct connection: framed by redmutex over plain TCP or a unix socket (`plain.rs`), else
+/// (TLS) the redis crate's.
+pub enum Conn {
+    Plain(PlainConnection),
+    Crate(redis::Connection),
+}
+
+impl Conn {
+    fn set_read_timeout(&self, dur: Option<Duration>) -> redis::RedisResult<()> {
+        match self {
+            Conn::Plain(c) => c.set_read_timeout(dur),
+            Conn::Crate(c) => c.set_read_timeout(dur),
+        }
+    }
+
+    fn set_write_timeout(&self, dur: Option<Duration>) -> redis::RedisResult<()> {
+        match self {
+            Conn::Plain(c) => c.set_write_timeout(dur),
+            Conn::Crate(c) => c.set_write_timeout(dur),
+        }
+    }
+
+    fn send_packed_command(&mut self, cmd: &[u8]) -> redis::RedisResult<()> {
+        match self {
+            Conn::Plain(c) => c.send_packed_command(cmd),
+            Conn::Crate(c) => c.send_packed_command(cmd),
+        }
+    }
+
+    fn recv_response(&mut self) -> redis::RedisResult<Value> {
+        match self {
+            Conn::Plain(c) => c.recv_response(),
+            Conn::Crate(c) => c.recv_response(),
+        }
+    }
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command(&mut self, cmd: &[u8]) -> redis::RedisResult<Value> {
+        match self {
+            Conn::Plain(c) => c.req_packed_command(cmd),
+            Conn::Crate(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisResult<Vec<Value>> {
+        match self {
+            Conn::Plain(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Crate(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn req_command(&mut self, cmd: &Cmd) -> redis::RedisResult<Value> {
+        match self {
+            Conn::Plain(c) => c.req_command(cmd),
+            Conn::Crate(c) => c.req_command(cmd),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Plain(c) => c.get_db(),
+            Conn::Crate(c) => c.get_db(),
+        }
+    }
+
+    fn check_connection(&mut self) -> bool {
+        match self {
+            Conn::Plain(c) => c.check_connection(),
+            Conn::Crate(c) => c.check_connection(),
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        match self {
+            Conn::Plain(c) => c.is_open(),
+            Conn::Crate(c) => c.is_open(),
+        }
+    }
+}
+
 /// A call that timed out, its reply still due: the connection it went on (never reused for a
 /// call), or the runtime's calls that timed out (a direct call that went through the runtime).
 pub enum Overdue {
-    Direct(Box<redis::Connection>),
+    Direct(Box<Conn>),
     Runtime(OverdueCalls),
 }
 

@@ -15,6 +15,7 @@ pub mod lock;
 pub mod multilock;
 pub mod name_map;
 pub mod node;
+pub mod plain;
 pub mod redlock;
 pub mod redlock_cache;
 mod redlock_lease;

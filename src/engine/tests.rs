@@ -96,6 +96,10 @@ impl Server {
             .then_some(server)
     }
 
+    pub(super) fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
     pub(super) fn client(&self, prefix: &str) -> Arc<Client> {
         let url = format!("redis://127.0.0.1:{}/0", self.port);
         let timeouts = Timeouts {

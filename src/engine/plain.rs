@@ -1,0 +1,394 @@
+//! A blocking connection of the direct path (`direct.rs`) to a server reached over plain TCP or
+//! a unix socket, framing RESP itself (`protocol::resp`): each request is one write from a
+//! buffer kept across calls, each reply is read into another and parsed where it lies, the
+//! usual replies of the scripts (integers, arrays of integers) without the general parser. The
+//! redis crate's blocking connection reads through a general streaming parser and builds every
+//! request in a new buffer: on a lock + unlock pair, which is two round trips and nothing else,
+//! that was a few µs of the caller's CPU per pair. TLS keeps the crate's connection.
+//!
+//! It behaves as the crate's does where the direct path relies on it: socket timeouts (a read
+//! that timed out leaves its reply due: it is skipped when it comes, see `skip`), a connection
+//! that broke (EOF, reset) reports a dropped-connection error and is no longer open, server
+//! errors are `Value::ServerError` replies, RESP3 push messages are not replies.
+
+use std::io::{self, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+#[cfg(unix)]
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use redis::{Cmd, ConnectionAddr, ConnectionInfo, ConnectionLike, ErrorKind, RedisResult, Value};
+
+use crate::protocol::resp;
+
+/// The read buffer's size (it grows for a larger reply); a script's reply is a few bytes.
+const READ_SIZE: usize = 4096;
+
+enum Stream {
+    Tcp(TcpStream),
+    #[cfg(unix)]
+    Unix(UnixStream),
+}
+
+impl Stream {
+    fn set_read_timeout(&self, dur: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_read_timeout(dur),
+            #[cfg(unix)]
+            Stream::Unix(s) => s.set_read_timeout(dur),
+        }
+    }
+
+    fn set_write_timeout(&self, dur: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_write_timeout(dur),
+            #[cfg(unix)]
+            Stream::Unix(s) => s.set_write_timeout(dur),
+        }
+    }
+
+    fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.write_all(bytes),
+            #[cfg(unix)]
+            Stream::Unix(s) => s.write_all(bytes),
+        }
+    }
+
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            #[cfg(unix)]
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+pub struct PlainConnection {
+    stream: Stream,
+    /// Bytes read and not yet parsed: `buf[..filled]`.
+    buf: Vec<u8>,
+    filled: usize,
+    /// The request being sent (kept for its capacity).
+    out: Vec<u8>,
+    /// Replies still due for requests whose read timed out: skipped as they come, so that a
+    /// late reply is never read as the answer to a later request.
+    skip: usize,
+    open: bool,
+    db: i64,
+}
+
+impl PlainConnection {
+    /// A connection to the server of `info`, its handshake (AUTH or HELLO, SELECT) done within
+    /// `timeout`; None when `info` is not plain TCP or a unix socket (TLS: the crate's own).
+    pub fn connect(info: &ConnectionInfo, timeout: Duration) -> Option<RedisResult<Self>> {
+        let stream = match info.addr() {
+            ConnectionAddr::Tcp(host, port) => connect_tcp(host, *port, timeout).map(Stream::Tcp),
+            #[cfg(unix)]
+            ConnectionAddr::Unix(path) => UnixStream::connect(path).map(Stream::Unix),
+            _ => return None,
+        };
+        Some(stream.map_err(Into::into).and_then(|stream| {
+            let mut conn = PlainConnection {
+                stream,
+                buf: vec![0; READ_SIZE],
+                filled: 0,
+                out: Vec::new(),
+                skip: 0,
+                open: true,
+                db: info.redis_settings().db(),
+            };
+            conn.set_read_timeout(Some(timeout))?;
+            conn.set_write_timeout(Some(timeout))?;
+            for command in resp::handshake(info.redis_settings()) {
+                conn.req_packed_command(&command)?.extract_error()?;
+            }
+            Ok(conn)
+        }))
+    }
+
+    pub fn set_read_timeout(&self, dur: Option<Duration>) -> RedisResult<()> {
+        Ok(self.stream.set_read_timeout(dur)?)
+    }
+
+    pub fn set_write_timeout(&self, dur: Option<Duration>) -> RedisResult<()> {
+        Ok(self.stream.set_write_timeout(dur)?)
+    }
+
+    pub fn send_packed_command(&mut self, bytes: &[u8]) -> RedisResult<()> {
+        let sent = self.stream.write_all(bytes);
+        self.note(sent)
+    }
+
+    /// The next reply: a timed-out request's late reply and push messages are passed over.
+    pub fn recv_response(&mut self) -> RedisResult<Value> {
+        loop {
+            let value = match self.read_frame() {
+                Ok(value) => value,
+                Err(err) => {
+                    // The reply waited for is still due (or never comes: the connection is then
+                    // closed anyway).
+                    if err.is_timeout() {
+                        self.skip += 1;
+                    }
+                    return Err(err);
+                }
+            };
+            if matches!(value, Value::Push { .. }) {
+                continue;
+            }
+            if self.skip > 0 {
+                self.skip -= 1;
+                continue;
+            }
+            return Ok(value);
+        }
+    }
+
+    /// One complete reply, read as far as needed.
+    fn read_frame(&mut self) -> RedisResult<Value> {
+        loop {
+            match resp::frame_len(&self.buf[..self.filled]) {
+                Ok(Some(len)) => {
+                    let value = resp::parse(&self.buf[..len]);
+                    self.buf.copy_within(len..self.filled, 0);
+                    self.filled -= len;
+                    return value.map_err(|_| self.malformed());
+                }
+                Ok(None) => {}
+                Err(_) => return Err(self.malformed()),
+            }
+            if self.filled == self.buf.len() {
+                let grown = self.buf.len() * 2;
+                self.buf.resize(grown, 0);
+            }
+            let read = match self.stream.read(&mut self.buf[self.filled..]) {
+                Ok(0) => Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the server closed the connection",
+                )),
+                // A signal: the socket's timeout still bounds the wait.
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                other => other,
+            };
+            self.filled += self.note(read)?;
+        }
+    }
+
+    /// Bytes that are not RESP: nothing more can be read from this connection.
+    fn malformed(&mut self) -> redis::RedisError {
+        self.open = false;
+        (ErrorKind::Parse, "the server's reply is not RESP").into()
+    }
+
+    /// An I/O outcome; an error other than a timeout leaves the connection closed.
+    fn note<T>(&mut self, outcome: io::Result<T>) -> RedisResult<T> {
+        outcome.map_err(|err| {
+            if !matches!(
+                err.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) {
+                self.open = false;
+            }
+            err.into()
+        })
+    }
+}
+
+fn connect_tcp(host: &str, port: u16, timeout: Duration) -> io::Result<TcpStream> {
+    let mut last = None;
+    for addr in (host, port).to_socket_addrs()? {
+        match TcpStream::connect_timeout(&addr, timeout) {
+            Ok(stream) => {
+                stream.set_nodelay(true)?;
+                return Ok(stream);
+            }
+            Err(err) => last = Some(err),
+        }
+    }
+    Err(last
+        .unwrap_or_else(|| io::Error::new(io::ErrorKind::NotFound, "the host name has no address")))
+}
+
+impl ConnectionLike for PlainConnection {
+    fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
+        self.send_packed_command(cmd)?;
+        self.recv_response()
+    }
+
+    fn req_packed_commands(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        self.send_packed_command(cmd)?;
+        let mut out = Vec::with_capacity(count);
+        for i in 0..offset + count {
+            let value = self.recv_response()?;
+            if i >= offset {
+                out.push(value);
+            }
+        }
+        Ok(out)
+    }
+
+    fn req_command(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        let mut out = std::mem::take(&mut self.out);
+        out.clear();
+        cmd.write_packed_command(&mut out);
+        let sent = self.send_packed_command(&out);
+        self.out = out;
+        sent?;
+        if cmd.is_no_response() {
+            return Ok(Value::Nil);
+        }
+        self.recv_response()
+    }
+
+    fn get_db(&self) -> i64 {
+        self.db
+    }
+
+    fn check_connection(&mut self) -> bool {
+        self.req_packed_command(&redis::cmd("PING").get_packed_command())
+            .is_ok_and(|v| !matches!(v, Value::ServerError(_)))
+    }
+
+    fn is_open(&self) -> bool {
+        self.open
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::tests::Server;
+    use redis::IntoConnectionInfo;
+
+    fn connect(url: &str) -> RedisResult<PlainConnection> {
+        let info = url.into_connection_info().unwrap();
+        PlainConnection::connect(&info, Duration::from_secs(2)).unwrap()
+    }
+
+    #[test]
+    fn calls_scripts_and_replies_of_every_shape() {
+        let server = Server::start();
+        let mut conn = connect(&server.url()).unwrap();
+        // A script not loaded yet: NOSCRIPT, then SCRIPT LOAD and the call again.
+        let script = redis::Script::new("return {tonumber(ARGV[1]), 7}");
+        let reply: Value = script.arg(5).invoke(&mut conn).unwrap();
+        assert_eq!(reply, Value::Array(vec![Value::Int(5), Value::Int(7)]));
+        let n: i64 = redis::cmd("INCR").arg("k").query(&mut conn).unwrap();
+        assert_eq!(n, 1);
+        // A reply larger than the read buffer, a bulk string, a nil, an error.
+        let big = "x".repeat(3 * READ_SIZE + 17);
+        redis::cmd("SET")
+            .arg("big")
+            .arg(&big)
+            .exec(&mut conn)
+            .unwrap();
+        let back: String = redis::cmd("GET").arg("big").query(&mut conn).unwrap();
+        assert_eq!(back, big);
+        let info: String = redis::cmd("INFO").arg("server").query(&mut conn).unwrap();
+        assert!(info.contains("run_id:"));
+        let none: Option<String> = redis::cmd("GET").arg("nothing").query(&mut conn).unwrap();
+        assert_eq!(none, None);
+        let err = redis::cmd("INCR")
+            .arg("big")
+            .query::<i64>(&mut conn)
+            .unwrap_err();
+        assert_eq!(err.code(), Some("ERR"));
+        assert!(conn.is_open() && conn.check_connection());
+    }
+
+    #[test]
+    fn a_late_reply_is_skipped_and_a_closed_connection_is_told() {
+        let server = Server::start();
+        let mut conn = connect(&server.url()).unwrap();
+        conn.set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        // Answered only after 0.3 s (nil), long after the read gave up.
+        let err = redis::cmd("BLPOP")
+            .arg("nothing")
+            .arg(0.3)
+            .exec(&mut conn)
+            .unwrap_err();
+        assert!(err.is_timeout(), "{err}");
+        assert!(conn.is_open());
+        // The next reply read is PING's, not BLPOP's late nil.
+        conn.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let pong: String = redis::cmd("PING").arg("after").query(&mut conn).unwrap();
+        assert_eq!(pong, "after");
+        let n: i64 = redis::cmd("INCR").arg("n").query(&mut conn).unwrap();
+        assert_eq!(n, 1);
+        // The server ends the connection: a dropped connection, no longer open.
+        let mut admin = redis::Client::open(server.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("normal")
+            .arg("SKIPME")
+            .arg("yes")
+            .exec(&mut admin)
+            .unwrap();
+        let err = redis::cmd("PING").exec(&mut conn).unwrap_err();
+        assert!(err.is_connection_dropped(), "{err}");
+        assert!(!conn.is_open());
+    }
+
+    #[test]
+    fn the_handshake_authenticates_and_selects_the_database() {
+        let server = Server::start();
+        let mut admin = redis::Client::open(server.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("requirepass")
+            .arg("s3cret")
+            .exec(&mut admin)
+            .unwrap();
+        let port = server.url().split(':').nth(2).unwrap().to_owned();
+        let port = port.trim_end_matches("/0");
+        let mut conn = connect(&format!("redis://:s3cret@127.0.0.1:{port}/3")).unwrap();
+        assert_eq!(conn.get_db(), 3);
+        redis::cmd("SET")
+            .arg("here")
+            .arg(1)
+            .exec(&mut conn)
+            .unwrap();
+        let db: i64 = redis::cmd("EVAL")
+            .arg("return redis.call('SELECT', 3) and redis.call('EXISTS', KEYS[1])")
+            .arg(1)
+            .arg("here")
+            .query(&mut admin)
+            .unwrap();
+        assert_eq!(db, 1);
+        let resp3 = format!("redis://:s3cret@127.0.0.1:{port}/0?protocol=resp3");
+        let mut conn = connect(&resp3).unwrap();
+        let n: i64 = redis::cmd("INCR").arg("r3").query(&mut conn).unwrap();
+        assert_eq!(n, 1);
+        let err = connect(&format!("redis://:wrong@127.0.0.1:{port}/0"))
+            .err()
+            .unwrap();
+        assert_eq!(err.code(), Some("WRONGPASS"), "{err}");
+        assert!(!err.to_string().contains("wrong@"));
+        // Nobody listens: refused.
+        drop(server);
+        let err = connect(&format!("redis://127.0.0.1:{port}/0"))
+            .err()
+            .unwrap();
+        assert!(err.is_connection_refusal(), "{err}");
+    }
+
+    #[test]
+    fn tls_is_left_to_the_crate() {
+        let info = "rediss://127.0.0.1:6380/0".into_connection_info().unwrap();
+        assert!(PlainConnection::connect(&info, Duration::from_millis(10)).is_none());
+    }
+}
