@@ -13,11 +13,12 @@
 --        end, or, while the lock is free but another live waiter is first, when that waiter's
 --        place lapses; fence = the fence counter now (a grant with a larger fence came later).
 -- Lapsed places are pruned before the queue's head is looked at, and before joining; with no
--- queue (nobody waiting: the common case) there is nothing to prune before the lock is taken.
+-- queue (nobody waiting: the common case) there is nothing to prune before the lock is taken
+-- or the queue is started.
 local head = redis.call('LINDEX', KEYS[3], 0)
-local now
+local now, now_us
 if head then
-  now = server_now_ms()
+  now, now_us = server_clock()
   if prune_queue(KEYS[3], KEYS[4], now, KEYS[5]) > 0 then
     head = redis.call('LINDEX', KEYS[3], 0)
   end
@@ -45,23 +46,30 @@ if owner == false and (head == false or head == ARGV[1]) then
     redis.call('ZREM', KEYS[4], ARGV[1])
     redis.call('HDEL', KEYS[5], ARGV[1])
   end
-  return {1, next_fence(KEYS[2], ARGV[6])}
+  return {1, next_fence(KEYS[2], ARGV[6], now_us)}
 end
 
 if ARGV[4] == '1' then
-  if not now then
-    now = server_now_ms()
-    prune_queue(KEYS[3], KEYS[4], now, KEYS[5])
-  end
+  -- No head: the queue is empty, so the token is not in it and no place in it can have lapsed
+  -- (a lapsed place left in the deadlines alone is pruned by a later join or grant, or expires
+  -- with the keys): it is started with the token, whatever ZADD finds.
+  local start = not head
+  now = now or server_now_ms()
   local place = tonumber(ARGV[3])
-  if redis.call('ZADD', KEYS[4], now + place, ARGV[1]) == 1 then
+  if redis.call('ZADD', KEYS[4], now + place, ARGV[1]) == 1 or start then
     redis.call('RPUSH', KEYS[3], ARGV[1])
   end
   redis.call('HSET', KEYS[5], ARGV[1], ARGV[2] .. ' ' .. ARGV[5])
-  -- Every live entry ends within `place` ms from now, so the queue keys may too.
-  redis.call('PEXPIRE', KEYS[3], place)
-  redis.call('PEXPIRE', KEYS[4], place)
-  redis.call('PEXPIRE', KEYS[5], place)
+  -- The queue keys must outlive every live place (each ends within `place` ms from now). They
+  -- are given half a place more than that, so that most joins find them lasting long enough
+  -- already (one PTTL instead of three PEXPIREs); they are set together, so the leases' hash
+  -- (the one a join may create anew while the others exist) tells for all three.
+  if start or redis.call('PTTL', KEYS[5]) < place then
+    local keep = place + math.floor(place / 2)
+    redis.call('PEXPIRE', KEYS[3], keep)
+    redis.call('PEXPIRE', KEYS[4], keep)
+    redis.call('PEXPIRE', KEYS[5], keep)
+  end
 end
 
 local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
