@@ -1,8 +1,8 @@
 """The fair lock's scripts on the hand-off path, run as the Rust core sends them: a join
 (src/protocol/lua/lock_acquire_fair.lua) and a grant on release (lock_grant.lua, the rest of
 lock_release.lua once the name has a queue). Issue 18 item 3 cut what Redis does per hand-off:
-one TIME per script, no prune while the head's place is live or the queue is empty, and the
-queue keys' expiry set only when it falls short of a place. These tests pin that work away and,
+one TIME per script, no prune while the head's place is live, the queue empty or the lock held
+by another, and the queue keys' expiry set only when it falls short of a place. These tests pin that work away and,
 first, that the queue stays right without it: lapsed places never granted, FIFO order, fences
 increasing, the keys outliving every live place."""
 
@@ -46,7 +46,7 @@ class Fair:
         r.script_load(GRANT)
 
     def join(self, token: str, lease_ms: int = 10_000, inbox: str = "ab12") -> list[int]:
-        args = [token, lease_ms, PLACE_MS, "1", inbox, FENCE_TTL_MS]
+        args: list[str | int] = [token, lease_ms, PLACE_MS, "1", inbox, FENCE_TTL_MS]
         return self._join(keys=KEYS, args=args)  # type: ignore[no-any-return]
 
     def release(self) -> None:
@@ -160,12 +160,35 @@ def test_joining_an_empty_queue_starts_it_without_a_prune_even_over_a_stale_plac
     assert ran.get("time") == 1, ran
     assert fair.queue() == [b"a"]
     assert (fair.r.zscore(DEADLINES, "a") or 0) > fair.server_ms()
-    # Behind a, b is queued; the lapsed place left behind is pruned by that join.
+    # Behind a, b is queued; the places left in the deadlines alone are never granted.
     assert fair.join("b")[0] == 0
     assert fair.queue() == [b"a", b"b"]
-    assert fair.r.zscore(DEADLINES, "gone") is None
     fair.release()
     assert fair.r.get(LOCK) == b"a"
+    fair.release()
+    assert fair.r.get(LOCK) == b"b"
+    assert fair.queue() == []
+
+
+def test_a_join_behind_a_held_lock_prunes_nothing_and_a_lapsed_place_goes_when_it_would_count(
+    fair: Fair,
+) -> None:
+    fair.r.set(LOCK, "x", px=10_000)
+    for token in ("a", "b", "c"):
+        assert fair.join(token)[0] == 0
+    fair.r.zadd(DEADLINES, {"a": 1, "b": 1})  # both stopped refreshing: lapsed
+    ran = fair.ran(lambda: fair.join("d"))
+    assert "zrangebyscore" not in ran and ran.get("time") == 1, ran
+    assert fair.queue() == [b"a", b"b", b"c", b"d"]
+    # b comes back before anybody was served past it: it keeps its place.
+    assert fair.join("b")[0] == 0
+    assert fair.queue() == [b"a", b"b", b"c", b"d"]
+    # The lock free, a newcomer finds a lapsed head: pruned, and b (live, first) is not jumped.
+    fair.r.delete(LOCK)
+    busy, ms, _ = fair.join("e", inbox="")
+    assert busy == 0 and 0 < ms <= PLACE_MS
+    assert fair.queue() == [b"b", b"c", b"d", b"e"]
+    assert fair.r.zscore(DEADLINES, "a") is None and not fair.r.hexists(LEASES, "a")
     fair.release()
     assert fair.r.get(LOCK) == b"b"
 
@@ -186,7 +209,8 @@ def test_the_queue_keys_outlive_every_place_and_get_their_expiry_only_when_short
         ran = fair.ran(lambda token=token: fair.join(token))  # type: ignore[misc]
         assert "pexpire" not in ran and ran.get("pttl") == 2, ran  # (+1: the holder's lease)
     # Every key outlives every live place.
-    last_place = max(score for _, score in fair.r.zrange(DEADLINES, 0, -1, withscores=True))
+    places: list[tuple[bytes, float]] = fair.r.zrange(DEADLINES, 0, -1, withscores=True)  # type: ignore[assignment]
+    last_place = max(score for _, score in places)
     now = fair.server_ms()
     assert all(now + ms >= last_place for ms in expiries()), (expiries(), last_place - now)
     # Short of a place (time went by): the join sets all three again.
@@ -226,5 +250,5 @@ def test_a_hand_off_costs_redis_fewer_commands(fair: Fair) -> None:
         assert fair.join(token)[0] == 0
     order = [holder, waiting, "c", "d"]
     for _ in range(4):
-        assert hand_off(order[0], order[1]) == 25
+        assert hand_off(order[0], order[1]) == 24
         order = order[1:] + order[:1]

@@ -12,17 +12,13 @@
 --        {0, ms, fence} not granted; ms = when to look again at the latest: the holder's lease
 --        end, or, while the lock is free but another live waiter is first, when that waiter's
 --        place lapses; fence = the fence counter now (a grant with a larger fence came later).
--- Lapsed places are pruned before the queue's head is looked at, and before joining; with no
+-- Lapsed places are pruned before the queue's head decides who may take a free lock; with no
 -- queue (nobody waiting: the common case) there is nothing to prune before the lock is taken
--- or the queue is started.
+-- or the queue is started. While another holds the lock a join prunes nothing: lapsed places
+-- are pruned before they could come first (here, or by the grant, lock_grant.lua), and a
+-- waiter refreshing a place that lapsed unpruned keeps it (nobody was served past it).
 local head = redis.call('LINDEX', KEYS[3], 0)
 local now, now_us
-if head then
-  now, now_us = server_clock()
-  if prune_queue(KEYS[3], KEYS[4], now, KEYS[5]) > 0 then
-    head = redis.call('LINDEX', KEYS[3], 0)
-  end
-end
 
 local owner
 if head == false and set_get then
@@ -39,6 +35,13 @@ if owner == ARGV[1] then
   return {1, current_fence(KEYS[2], ARGV[6])}
 end
 
+if head and owner == false then
+  now, now_us = server_clock()
+  if prune_queue(KEYS[3], KEYS[4], now, KEYS[5]) > 0 then
+    head = redis.call('LINDEX', KEYS[3], 0)
+  end
+end
+
 if owner == false and (head == false or head == ARGV[1]) then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   if head == ARGV[1] then
@@ -51,8 +54,8 @@ end
 
 if ARGV[4] == '1' then
   -- No head: the queue is empty, so the token is not in it and no place in it can have lapsed
-  -- (a lapsed place left in the deadlines alone is pruned by a later join or grant, or expires
-  -- with the keys): it is started with the token, whatever ZADD finds.
+  -- (a place left in the deadlines alone is pruned with the next lapsed head, or expires with
+  -- the keys): it is started with the token, whatever ZADD finds.
   local start = not head
   now = now or server_now_ms()
   local place = tonumber(ARGV[3])
