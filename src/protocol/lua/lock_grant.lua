@@ -8,11 +8,11 @@
 -- ':' .. its inbox id, which only the waiter's process listens to (or on `channel` when it
 -- named no inbox). A head whose lease is not recorded (queued by an older client) is only
 -- woken, on `channel` with its bare token, to take the lock itself. The fence counter's
--- expiry is set to `fence_ttl_ms` (see fence_next.lua). `now`: the server's clock in ms; `now_us`:
--- the same reading in µs (server_clock in queue_prune.lua), the fence's clock.
+-- expiry is set to `fence_ttl_ms` (see fence_next.lua). `now`: the server's clock in ms;
+-- `now_us`: the same reading in µs (server_clock in queue_prune.lua), the fence's clock.
 -- Lapsed places are pruned only when the head's own place lapsed (or is not recorded): a live
--- head is granted as it is, and places lapsed behind it are pruned by a later join or grant
--- before they could come first (they expire with the queue's keys otherwise).
+-- head is granted as it is, and places lapsed behind it are pruned before they could come
+-- first (by a later grant, or a join that finds the lock free), or expire with the queue keys.
 -- Reply: true if a message was published.
 local function grant_head(lock_key, fence_key, queue_key, deadline_key, lease_key, channel,
                           slack_ms, now, fence_ttl_ms, now_us)
