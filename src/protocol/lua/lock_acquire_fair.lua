@@ -66,7 +66,9 @@ if ARGV[4] == '1' then
   -- The queue keys must outlive every live place (each ends within `place` ms from now). They
   -- are given half a place more than that, so that most joins find them lasting long enough
   -- already (one PTTL instead of three PEXPIREs); they are set together, so the leases' hash
-  -- (the one a join may create anew while the others exist) tells for all three.
+  -- (the one a join may create anew while the others exist) tells for all three. (A client
+  -- from before the leases hash sets only the other two, to one place: with one in the queue,
+  -- a place may lapse with the keys before its end; its waiter's next refresh queues it again.)
   if start or redis.call('PTTL', KEYS[5]) < place then
     local keep = place + math.floor(place / 2)
     redis.call('PEXPIRE', KEYS[3], keep)
