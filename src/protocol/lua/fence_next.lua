@@ -11,9 +11,12 @@ local set_get = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
 -- Issues the next fence: max(counter + 1, server time in µs); the counter lives `ttl_ms` more.
 -- The clock is read on every fence, not only when the counter is missing: a counter that a
 -- failover set back (writes lost with the old master) is then overtaken by the clock at once.
-local function next_fence(fence_key, ttl_ms)
-  local t = redis.call('TIME')
-  local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+-- `now_us`: the server's clock in µs as this script read it already (optional; else read here).
+local function next_fence(fence_key, ttl_ms, now_us)
+  if not now_us then
+    local t = redis.call('TIME')
+    now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
   local counter
   if set_get then
     -- The clock is ahead of the counter (the usual case): writing it is the whole step.

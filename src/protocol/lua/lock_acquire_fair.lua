@@ -12,16 +12,13 @@
 --        {0, ms, fence} not granted; ms = when to look again at the latest: the holder's lease
 --        end, or, while the lock is free but another live waiter is first, when that waiter's
 --        place lapses; fence = the fence counter now (a grant with a larger fence came later).
--- Lapsed places are pruned before the queue's head is looked at, and before joining; with no
--- queue (nobody waiting: the common case) there is nothing to prune before the lock is taken.
+-- Lapsed places are pruned before the queue's head decides who may take a free lock; with no
+-- queue (nobody waiting: the common case) there is nothing to prune before the lock is taken
+-- or the queue is started. While another holds the lock a join prunes nothing: lapsed places
+-- are pruned before they could come first (here, or by the grant, lock_grant.lua), and a
+-- waiter refreshing a place that lapsed unpruned keeps it (nobody was served past it).
 local head = redis.call('LINDEX', KEYS[3], 0)
-local now
-if head then
-  now = server_now_ms()
-  if prune_queue(KEYS[3], KEYS[4], now, KEYS[5]) > 0 then
-    head = redis.call('LINDEX', KEYS[3], 0)
-  end
-end
+local now, now_us
 
 local owner
 if head == false and set_get then
@@ -38,6 +35,13 @@ if owner == ARGV[1] then
   return {1, current_fence(KEYS[2], ARGV[6])}
 end
 
+if head and owner == false then
+  now, now_us = server_clock()
+  if prune_queue(KEYS[3], KEYS[4], now, KEYS[5]) > 0 then
+    head = redis.call('LINDEX', KEYS[3], 0)
+  end
+end
+
 if owner == false and (head == false or head == ARGV[1]) then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   if head == ARGV[1] then
@@ -45,23 +49,32 @@ if owner == false and (head == false or head == ARGV[1]) then
     redis.call('ZREM', KEYS[4], ARGV[1])
     redis.call('HDEL', KEYS[5], ARGV[1])
   end
-  return {1, next_fence(KEYS[2], ARGV[6])}
+  return {1, next_fence(KEYS[2], ARGV[6], now_us)}
 end
 
 if ARGV[4] == '1' then
-  if not now then
-    now = server_now_ms()
-    prune_queue(KEYS[3], KEYS[4], now, KEYS[5])
-  end
+  -- No head: the queue is empty, so the token is not in it and no place in it can have lapsed
+  -- (a place left in the deadlines alone is pruned with the next lapsed head, or expires with
+  -- the keys): it is started with the token, whatever ZADD finds.
+  local start = not head
+  now = now or server_now_ms()
   local place = tonumber(ARGV[3])
-  if redis.call('ZADD', KEYS[4], now + place, ARGV[1]) == 1 then
+  if redis.call('ZADD', KEYS[4], now + place, ARGV[1]) == 1 or start then
     redis.call('RPUSH', KEYS[3], ARGV[1])
   end
   redis.call('HSET', KEYS[5], ARGV[1], ARGV[2] .. ' ' .. ARGV[5])
-  -- Every live entry ends within `place` ms from now, so the queue keys may too.
-  redis.call('PEXPIRE', KEYS[3], place)
-  redis.call('PEXPIRE', KEYS[4], place)
-  redis.call('PEXPIRE', KEYS[5], place)
+  -- The queue keys must outlive every live place (each ends within `place` ms from now). They
+  -- are given half a place more than that, so that most joins find them lasting long enough
+  -- already (one PTTL instead of three PEXPIREs); they are set together, so the leases' hash
+  -- (the one a join may create anew while the others exist) tells for all three. (A client
+  -- from before the leases hash sets only the other two, to one place: with one in the queue,
+  -- a place may lapse with the keys before its end; its waiter's next refresh queues it again.)
+  if start or redis.call('PTTL', KEYS[5]) < place then
+    local keep = place + math.floor(place / 2)
+    redis.call('PEXPIRE', KEYS[3], keep)
+    redis.call('PEXPIRE', KEYS[4], keep)
+    redis.call('PEXPIRE', KEYS[5], keep)
+  end
 end
 
 local fence = tonumber(redis.call('GET', KEYS[2]) or '0')

@@ -8,14 +8,27 @@
 -- ':' .. its inbox id, which only the waiter's process listens to (or on `channel` when it
 -- named no inbox). A head whose lease is not recorded (queued by an older client) is only
 -- woken, on `channel` with its bare token, to take the lock itself. The fence counter's
--- expiry is set to `fence_ttl_ms` (see fence_next.lua).
+-- expiry is set to `fence_ttl_ms` (see fence_next.lua). `now`: the server's clock in ms;
+-- `now_us`: the same reading in µs (server_clock in queue_prune.lua), the fence's clock.
+-- Lapsed places are pruned only when the head's own place lapsed (or is not recorded): a live
+-- head is granted as it is, and places lapsed behind it are pruned before they could come
+-- first (by a later grant, or a join that finds the lock free), or expire with the queue keys.
 -- Reply: true if a message was published.
 local function grant_head(lock_key, fence_key, queue_key, deadline_key, lease_key, channel,
-                          slack_ms, now, fence_ttl_ms)
-  prune_queue(queue_key, deadline_key, now, lease_key)
+                          slack_ms, now, fence_ttl_ms, now_us)
   local head = redis.call('LINDEX', queue_key, 0)
   if not head then
     return false
+  end
+  local deadline = tonumber(redis.call('ZSCORE', deadline_key, head))
+  if not (deadline and deadline > now) then
+    if prune_queue(queue_key, deadline_key, now, lease_key) > 0 then
+      head = redis.call('LINDEX', queue_key, 0)
+      if not head then
+        return false
+      end
+      deadline = tonumber(redis.call('ZSCORE', deadline_key, head))
+    end
   end
   local lease, inbox = string.match(redis.call('HGET', lease_key, head) or '', '^(%d+) ?(%x*)$')
   lease = tonumber(lease)
@@ -23,13 +36,13 @@ local function grant_head(lock_key, fence_key, queue_key, deadline_key, lease_ke
     redis.call('PUBLISH', channel, head)
     return true
   end
-  local place_left = (tonumber(redis.call('ZSCORE', deadline_key, head)) or now) - now
+  local place_left = (deadline or now) - now
   local px = math.max(math.min(lease, place_left + slack_ms), 1)
   redis.call('SET', lock_key, head, 'PX', px)
   redis.call('LPOP', queue_key)
   redis.call('ZREM', deadline_key, head)
   redis.call('HDEL', lease_key, head)
-  local fence = next_fence(fence_key, fence_ttl_ms)
+  local fence = next_fence(fence_key, fence_ttl_ms, now_us)
   if inbox ~= '' then
     channel = channel .. ':' .. inbox
   end

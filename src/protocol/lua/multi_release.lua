@@ -9,7 +9,7 @@
 -- is granted to the first; otherwise '' is published on its channel (wakes all its waiters).
 local n = #KEYS / 5
 local released = 0
-local now = nil
+local now, now_us = nil, nil
 for i = 1, n do
   local k = 5 * (i - 1)
   if redis.call('GET', KEYS[k + 1]) == ARGV[1] then
@@ -17,9 +17,11 @@ for i = 1, n do
     released = released + 1
     local handed = false
     if redis.call('EXISTS', KEYS[k + 3]) == 1 then
-      now = now or server_now_ms()
+      if not now then
+        now, now_us = server_clock()
+      end
       handed = grant_head(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5],
-                          ARGV[3 + i], tonumber(ARGV[2]), now, ARGV[3])
+                          ARGV[3 + i], tonumber(ARGV[2]), now, ARGV[3], now_us)
     end
     if not handed then
       redis.call('PUBLISH', ARGV[3 + i], '')

@@ -16,7 +16,8 @@ if owner == ARGV[1] then
   removed = 1
 end
 if owner == false then
-  grant_head(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[2], tonumber(ARGV[3]),
-             server_now_ms(), ARGV[4])
+  local now, now_us = server_clock()
+  grant_head(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[2], tonumber(ARGV[3]), now,
+             ARGV[4], now_us)
 end
 return removed

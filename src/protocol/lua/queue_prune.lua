@@ -9,6 +9,14 @@ local function server_now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- The server's clock in ms and the same reading in µs, for a script that also issues a fence
+-- (next_fence in fence_next.lua takes the µs): one TIME call serves the whole script.
+local function server_clock()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000),
+    tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
 local function prune_queue(queue_key, deadline_key, now, lease_key)
   local lapsed = redis.call('ZRANGEBYSCORE', deadline_key, '-inf', now)
   for _, token in ipairs(lapsed) do

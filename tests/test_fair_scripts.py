@@ -1,0 +1,254 @@
+"""The fair lock's scripts on the hand-off path, run as the Rust core sends them: a join
+(src/protocol/lua/lock_acquire_fair.lua) and a grant on release (lock_grant.lua, the rest of
+lock_release.lua once the name has a queue). Issue 18 item 3 cut what Redis does per hand-off:
+one TIME per script, no prune while the head's place is live, the queue empty or the lock held
+by another, and the queue keys' expiry set only when it falls short of a place. These tests pin that work away and,
+first, that the queue stays right without it: lapsed places never granted, FIFO order, fences
+increasing, the keys outliving every live place."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from redmutex._server import RedisServer
+
+LUA = Path(__file__).resolve().parents[1] / "src" / "protocol" / "lua"
+
+PLACE_MS = 6000  # how long a silent waiter keeps its place (engine::waiting::QUEUE_PLACE)
+KEEP_MS = PLACE_MS + PLACE_MS // 2  # how long a join makes the queue keys last
+SLACK_MS = 3000  # scripts::GRANT_SLACK_MS
+FENCE_TTL_MS = 5000
+CHANNEL = "t{n}:wake"
+
+
+def _source(*files: str) -> str:
+    return "".join((LUA / f).read_text() for f in files)
+
+
+JOIN = _source("queue_prune.lua", "fence_next.lua", "lock_acquire_fair.lua")
+# What lock_release.lua runs once it found a queue (after its compare-and-delete).
+GRANT = _source("queue_prune.lua", "fence_next.lua", "lock_grant.lua", "lock_release_grant.lua")
+KEYS = ["t{n}:lock", "t{n}:fence", "t{n}:queue", "t{n}:queue:deadlines", "t{n}:queue:leases"]
+LOCK, FENCE, QUEUE, DEADLINES, LEASES = KEYS
+
+
+class Fair:
+    """The join and the grant of one name, on a redis-server of the test's own (commandstats)."""
+
+    def __init__(self, r: redis.Redis) -> None:
+        self.r = r
+        self._join = r.register_script(JOIN)
+        self._grant = r.register_script(GRANT)
+        r.script_load(JOIN)
+        r.script_load(GRANT)
+
+    def join(self, token: str, lease_ms: int = 10_000, inbox: str = "ab12") -> list[int]:
+        args: list[str | int] = [token, lease_ms, PLACE_MS, "1", inbox, FENCE_TTL_MS]
+        return self._join(keys=KEYS, args=args)  # type: ignore[no-any-return]
+
+    def release(self) -> None:
+        """The holder's release: the lock deleted, then the grant to the queue's head."""
+        self.r.delete(LOCK)
+        assert self._grant(keys=KEYS, args=["", CHANNEL, SLACK_MS, FENCE_TTL_MS]) == 1
+
+    def calls(self) -> dict[str, int]:
+        stats = self.r.info("commandstats")
+        return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+
+    def ran(self, step: Callable[[], object]) -> dict[str, int]:
+        """The commands `step` made the server run (a script call and each command in it)."""
+        before = self.calls()
+        step()
+        after = self.calls()
+        ran = {name: after[name] - before.get(name, 0) for name in after}
+        return {name: n for name, n in ran.items() if n and name != "info"}
+
+    def queue(self) -> list[bytes]:
+        return self.r.lrange(QUEUE, 0, -1)  # type: ignore[return-value]
+
+    def server_ms(self) -> int:
+        seconds, micros = self.r.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+
+@pytest.fixture
+def fair(make_server: Callable[..., RedisServer]) -> Iterator[Fair]:
+    server = make_server()
+    r = redis.Redis(host="127.0.0.1", port=server.port)
+    try:
+        yield Fair(r)
+    finally:
+        r.close()
+
+
+def test_a_grant_prunes_a_lapsed_head_and_grants_the_next_live_place(fair: Fair) -> None:
+    fair.r.set(LOCK, "x", px=10_000)
+    for token in ("a", "b", "c"):
+        assert fair.join(token)[0] == 0
+    fair.r.zadd(DEADLINES, {"a": 1})  # a stopped refreshing its place: it lapsed
+    fair.release()
+    assert fair.r.get(LOCK) == b"b"
+    assert fair.queue() == [b"c"]
+    assert fair.r.zscore(DEADLINES, "a") is None and not fair.r.hexists(LEASES, "a")
+    # b's grant lasts at most its place left plus the slack.
+    assert 0 < fair.r.pttl(LOCK) <= 10_000
+
+
+def test_a_live_head_is_granted_without_a_prune_and_a_lapsed_place_behind_it_never_comes_first(
+    fair: Fair,
+) -> None:
+    fair.r.set(LOCK, "x", px=10_000)
+    for token in ("a", "b", "c"):
+        assert fair.join(token)[0] == 0
+    fair.r.zadd(DEADLINES, {"b": 1})  # b's place lapsed, behind a live head
+    ran = fair.ran(fair.release)
+    assert fair.r.get(LOCK) == b"a"
+    assert "zrangebyscore" not in ran, ran  # the head is live: no prune
+    assert fair.queue() == [b"b", b"c"]
+    # b comes first now, but lapsed: it is pruned, c is granted.
+    fair.release()
+    assert fair.r.get(LOCK) == b"c"
+    assert fair.queue() == []
+    assert fair.r.zcard(DEADLINES) == 0 and fair.r.hlen(LEASES) == 0
+
+
+def test_a_head_without_a_recorded_place_is_granted_as_before(fair: Fair) -> None:
+    """A head with no deadline (not a state the scripts make) is still granted, for the slack."""
+    fair.r.set(LOCK, "x", px=10_000)
+    for token in ("a", "b"):
+        assert fair.join(token)[0] == 0
+    fair.r.zrem(DEADLINES, "a")
+    fair.release()
+    assert fair.r.get(LOCK) == b"a"
+    assert 0 < fair.r.pttl(LOCK) <= SLACK_MS
+    assert fair.queue() == [b"b"]
+
+
+def test_grants_read_the_clock_once_and_give_increasing_fences(fair: Fair) -> None:
+    fair.r.set(LOCK, "x", px=10_000)
+    tokens = [f"w{i}" for i in range(5)]
+    for token in tokens:
+        assert fair.join(token)[0] == 0
+    last = 0
+    for token in tokens:
+        before_us = fair.server_ms() * 1000
+        ran = fair.ran(fair.release)
+        assert ran.get("time") == 1, ran  # the place's clock and the fence's: one reading
+        assert fair.r.get(LOCK) == token.encode()
+        fence = int(fair.r.get(FENCE) or 0)
+        assert fence > last and fence >= before_us
+        last = fence
+    # The counter ahead of the clock (e.g. set back by a failover the other way): counter + 1.
+    fair.r.set(FENCE, last + 10**12, px=FENCE_TTL_MS)
+    fair.r.set(LOCK, "x", px=10_000)
+    assert fair.join("late")[0] == 0
+    fair.release()
+    assert int(fair.r.get(FENCE) or 0) == last + 10**12 + 1
+
+
+def test_joining_an_empty_queue_starts_it_without_a_prune_even_over_a_stale_place(
+    fair: Fair,
+) -> None:
+    fair.r.set(LOCK, "x", px=10_000)
+    # Places left in the deadlines alone (lapsed, or not): the queue itself is empty.
+    fair.r.zadd(DEADLINES, {"a": 1, "gone": 1, "odd": fair.server_ms() + 60_000})
+    ran = fair.ran(lambda: fair.join("a"))
+    assert "zrangebyscore" not in ran, ran
+    assert ran.get("time") == 1, ran
+    assert fair.queue() == [b"a"]
+    assert (fair.r.zscore(DEADLINES, "a") or 0) > fair.server_ms()
+    # Behind a, b is queued; the places left in the deadlines alone are never granted.
+    assert fair.join("b")[0] == 0
+    assert fair.queue() == [b"a", b"b"]
+    fair.release()
+    assert fair.r.get(LOCK) == b"a"
+    fair.release()
+    assert fair.r.get(LOCK) == b"b"
+    assert fair.queue() == []
+
+
+def test_a_join_behind_a_held_lock_prunes_nothing_and_a_lapsed_place_goes_when_it_would_count(
+    fair: Fair,
+) -> None:
+    fair.r.set(LOCK, "x", px=10_000)
+    for token in ("a", "b", "c"):
+        assert fair.join(token)[0] == 0
+    fair.r.zadd(DEADLINES, {"a": 1, "b": 1})  # both stopped refreshing: lapsed
+    ran = fair.ran(lambda: fair.join("d"))
+    assert "zrangebyscore" not in ran and ran.get("time") == 1, ran
+    assert fair.queue() == [b"a", b"b", b"c", b"d"]
+    # b comes back before anybody was served past it: it keeps its place.
+    assert fair.join("b")[0] == 0
+    assert fair.queue() == [b"a", b"b", b"c", b"d"]
+    # The lock free, a newcomer finds a lapsed head: pruned, and b (live, first) is not jumped.
+    fair.r.delete(LOCK)
+    busy, ms, _ = fair.join("e", inbox="")
+    assert busy == 0 and 0 < ms <= PLACE_MS
+    assert fair.queue() == [b"b", b"c", b"d", b"e"]
+    assert fair.r.zscore(DEADLINES, "a") is None and not fair.r.hexists(LEASES, "a")
+    fair.release()
+    assert fair.r.get(LOCK) == b"b"
+
+
+def test_the_queue_keys_outlive_every_place_and_get_their_expiry_only_when_short(
+    fair: Fair,
+) -> None:
+    fair.r.set(LOCK, "x", px=10_000)
+
+    def expiries() -> list[int]:
+        return [int(fair.r.pttl(key)) for key in (QUEUE, DEADLINES, LEASES)]
+
+    ran = fair.ran(lambda: fair.join("a"))
+    assert ran.get("pexpire") == 3, ran  # a new queue: its keys get their expiry
+    assert all(PLACE_MS < ms <= KEEP_MS for ms in expiries()), expiries()
+    # The next joins find the keys lasting longer than a place: one PTTL, no PEXPIRE.
+    for token in ("b", "c"):
+        ran = fair.ran(lambda token=token: fair.join(token))  # type: ignore[misc]
+        assert "pexpire" not in ran and ran.get("pttl") == 2, ran  # (+1: the holder's lease)
+    # Every key outlives every live place.
+    places: list[tuple[bytes, float]] = fair.r.zrange(DEADLINES, 0, -1, withscores=True)  # type: ignore[assignment]
+    last_place = max(score for _, score in places)
+    now = fair.server_ms()
+    assert all(now + ms >= last_place for ms in expiries()), (expiries(), last_place - now)
+    # Short of a place (time went by): the join sets all three again.
+    fair.r.pexpire(LEASES, PLACE_MS - 100)
+    ran = fair.ran(lambda: fair.join("d"))
+    assert ran.get("pexpire") == 3, ran
+    assert all(PLACE_MS < ms <= KEEP_MS for ms in expiries()), expiries()
+    # An older client's queue whose leases hash is gone (or never was): created, and it expires.
+    fair.r.delete(LEASES)
+    ran = fair.ran(lambda: fair.join("e"))
+    assert ran.get("pexpire") == 3, ran
+    assert all(PLACE_MS < ms <= KEEP_MS for ms in expiries()), expiries()
+
+
+def test_a_hand_off_costs_redis_fewer_commands(fair: Fair) -> None:
+    """The fair hand-off of `make bench` (hold, release to a queued waiter, ask again): the
+    release's grant and the former holder's join. Before issue 18 item 3 it took 29 commands
+    (two script calls and 27 commands in them) whether others queued or not."""
+
+    def hand_off(holder: str, waiting: str) -> int:
+        ran = fair.ran(fair.release)
+        assert fair.r.get(LOCK) == waiting.encode()
+        ran_join = fair.ran(lambda: fair.join(holder))
+        assert ran_join["evalsha"] == 1 and ran["evalsha"] == 1 and ran["del"] == 1
+        # The release is lock_release.lua's GET, DEL, EXISTS (here the test's DEL), then GRANT.
+        return sum(ran.values()) - 1 + 3 + sum(ran_join.values())
+
+    fair.r.set(LOCK, "a", px=10_000)
+    assert fair.join("b")[0] == 0
+    # Two processes: the queue is empty when the former holder joins again.
+    holder, waiting = "a", "b"
+    for _ in range(3):
+        assert hand_off(holder, waiting) == 26
+        holder, waiting = waiting, holder
+    # Four processes: two others queued when the former holder joins again.
+    for token in ("c", "d"):
+        assert fair.join(token)[0] == 0
+    order = [holder, waiting, "c", "d"]
+    for _ in range(4):
+        assert hand_off(order[0], order[1]) == 24
+        order = order[1:] + order[:1]
