@@ -22,7 +22,7 @@ from typing import Any
 
 import redis
 import redmutex
-from redmutex._server import RedisServer, free_port
+from redmutex._server import FREE_PORT, RedisServer
 
 
 def pairs_per_second(pair: Callable[[], None], seconds: float) -> float:
@@ -154,7 +154,7 @@ def start_cluster(size: int) -> list[RedisServer]:
                 "--cluster-config-file",
                 "nodes.conf",
                 "--cluster-port",
-                str(free_port()),
+                FREE_PORT,
             ]
         )
         for _ in range(size)

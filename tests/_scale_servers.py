@@ -20,7 +20,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import redis
-from redmutex._server import RedisServer, free_port
+from redmutex._server import FREE_PORT, RedisServer, free_port
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -62,7 +62,7 @@ class Cluster:
                     "--cluster-config-file", "nodes.conf",
                     "--cluster-node-timeout", str(node_timeout_ms),
                     # The bus port defaults to port + 10000, which may be taken or too large.
-                    "--cluster-port", str(free_port()),
+                    "--cluster-port", FREE_PORT,
                 ]
             )
             for _ in range(size * (1 + replicas))

@@ -43,3 +43,26 @@ def test_a_named_port_taken_is_an_error(other: RedisServer) -> None:
         server.start()
     assert server.process is not None and server.process.poll() is not None
     assert other.process is not None and other.process.poll() is None
+
+
+def test_a_bus_port_taken_meanwhile_is_chosen_again(
+    other: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A port of the server's own besides its main one (`FREE_PORT` in its arguments, here a
+    cluster bus port) is chosen afresh too when it was taken."""
+    real = _server.free_port
+    ports = iter([real(), other.port])
+    monkeypatch.setattr(_server, "free_port", lambda: next(ports, None) or real())
+    server = RedisServer(
+        extra_args=[
+            "--cluster-enabled", "yes",
+            "--cluster-config-file", "nodes.conf",
+            "--cluster-port", _server.FREE_PORT,
+        ]
+    )  # fmt: skip
+    with server:
+        assert len(server.extra_ports) == 1 and server.extra_ports[0] != other.port
+        assert server.process is not None
+        info = redis.Redis.from_url(server.url).info("server")
+        assert info["process_id"] == server.process.pid
+    assert other.process is not None and other.process.poll() is None

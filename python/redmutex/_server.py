@@ -26,6 +26,9 @@ def free_port() -> int:
 
 
 PORT_ATTEMPTS = 5
+# In `extra_args`: a port of the server's own besides its main one (a cluster bus port), chosen
+# afresh like the main port at each attempt to start; the ones in use are `extra_ports`.
+FREE_PORT = "{free port}"
 NOAUTH = -1  # `_answering_pid` of a server that wants a password first (up, but unnamed)
 
 
@@ -72,6 +75,7 @@ class RedisServer:
         self.chosen_port = port is None
         self.port = port or free_port()
         self.extra_args = list(extra_args or [])
+        self.extra_ports: list[int] = []
         self.config_file = config_file
         self.process: subprocess.Popen[bytes] | None = None
         self.dir = tempfile.mkdtemp(prefix="redmutex-redis-")
@@ -87,11 +91,15 @@ class RedisServer:
         for _ in range(PORT_ATTEMPTS):
             if self._launch(binary, wait):
                 return self
-            self.port = free_port()
+            if self.chosen_port:
+                self.port = free_port()
         raise RuntimeError(f"redis-server found no free port in {PORT_ATTEMPTS} attempts")
 
     def _launch(self, binary: str, wait: float) -> bool:
-        """Starts the server on `self.port`; False if the port was taken (and we chose it)."""
+        """Starts the server on `self.port`; False if a port we chose was taken."""
+        self.extra_ports = [free_port() for arg in self.extra_args if arg == FREE_PORT]
+        chosen = iter(self.extra_ports)
+        extra = [str(next(chosen)) if arg == FREE_PORT else arg for arg in self.extra_args]
         args = [
             binary,
             *([self.config_file] if self.config_file else []),
@@ -104,7 +112,7 @@ class RedisServer:
             "--repl-diskless-sync-delay", "0",
             "--dir", self.dir,
             "--logfile", os.path.join(self.dir, "redis.log"),
-            *self.extra_args,
+            *extra,
         ]  # fmt: skip
         # A session of its own, so a Ctrl-C meant for the caller does not stop the server before
         # the caller's cleanup has used it.
@@ -117,7 +125,7 @@ class RedisServer:
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                if self.chosen_port and self._port_taken():
+                if self._port_taken():
                     return False
                 raise RuntimeError(f"redis-server exited with {self.process.returncode}")
             # Another server on the port answers too: only our own process counts as up.
@@ -128,8 +136,10 @@ class RedisServer:
         raise RuntimeError(f"redis-server did not answer on port {self.port} within {wait} s")
 
     def _port_taken(self) -> bool:
+        ours = [self.port, *self.extra_ports] if self.chosen_port else self.extra_ports
         with open(os.path.join(self.dir, "redis.log"), errors="replace") as log:
-            return "Address already in use" in log.read()
+            text = log.read()
+        return any(f"127.0.0.1:{port}: bind: Address already in use" in text for port in ours)
 
     def stop(self) -> None:
         process, self.process = self.process, None
