@@ -54,6 +54,17 @@ impl Error {
         matches!(self, Error::Connection(_))
     }
 
+    /// Whether the error says that the attempt which failed with it took nothing in Redis: its
+    /// script answered that it wrote nothing (another semaphore limit is live), or it was never
+    /// sent (bad arguments, misuse, a deployment that cannot do it). There is nothing to give
+    /// back then; a background give-back could even undo a later hold of the same token.
+    pub fn took_nothing(&self) -> bool {
+        matches!(
+            self,
+            Error::Limit(_) | Error::Invalid(_) | Error::Usage(_) | Error::Unsupported(_)
+        )
+    }
+
     /// A connection error told where: "Redis at {endpoint}: {what happened}" (an endpoint
     /// never holds a password). Other errors, and one already told, stay as they are.
     pub fn at(self, endpoint: &str) -> Error {

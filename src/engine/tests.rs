@@ -939,6 +939,55 @@ fn redlock_fences_increase_across_two_restarts_of_different_masters() {
 }
 
 #[test]
+fn a_first_attempt_refused_for_another_limit_gives_nothing_back() {
+    // The refusal wrote nothing, so nothing may be given back for the token: a give-back sent
+    // in the background could land after a later hold of the same token and end it.
+    use super::error::Error;
+    use super::semaphore::{self, SemaphoreSpec};
+    let server = Server::start();
+    let client = server.client("sg:");
+    let shared = client.shared().unwrap();
+    let evalsha_calls = || -> u64 {
+        let info: String = block_on(
+            shared
+                .node
+                .query(redis::cmd("INFO").arg("commandstats"), Retry::Never),
+        )
+        .unwrap();
+        info.lines()
+            .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    for fair in [false, true] {
+        let spec = |limit: u64| SemaphoreSpec {
+            name: b"s".to_vec(),
+            keys: client.keys(b"s").unwrap(),
+            limit,
+            lease: Duration::from_secs(5),
+            fair,
+            slots: false,
+        };
+        let (one, five) = (spec(1), spec(5));
+        // Every script loaded (acquire and release), so each attempt is one EVALSHA.
+        assert!(block_on(semaphore::acquire(&shared, &one, "z", Wait::Once))
+            .unwrap()
+            .is_some());
+        assert!(block_on(semaphore::release(&shared, &one, "z")).unwrap());
+        assert!(block_on(semaphore::acquire(&shared, &one, "a", Wait::Once))
+            .unwrap()
+            .is_some());
+        let before = evalsha_calls();
+        let err = block_on(semaphore::acquire(&shared, &five, "b", Wait::Once)).unwrap_err();
+        assert!(matches!(err, Error::Limit(_)), "{err:?}");
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(evalsha_calls() - before, 1, "fair: {fair}");
+        assert!(block_on(semaphore::release(&shared, &one, "a")).unwrap());
+    }
+}
+
+#[test]
 fn a_semaphore_refuses_another_limit_while_holders_or_waiters_of_the_live_one_remain() {
     use super::error::Error;
     use super::semaphore::{self, SemaphoreSpec};

@@ -395,8 +395,16 @@ pub async fn acquire_from<C: Contender>(
     };
     let (first, early) = match first {
         Some(outcome) => (outcome, early),
-        // An error leaves `cleanup` armed: the script may have run.
-        None => (contender.attempt(false).await?, None),
+        None => match contender.attempt(false).await {
+            Ok(outcome) => (outcome, None),
+            // Other errors leave `cleanup` armed: the script may have run.
+            Err(err) => {
+                if err.took_nothing() {
+                    cleanup.disarm();
+                }
+                return Err(err);
+            }
+        },
     };
     match first {
         Outcome::Granted(grant) => {
