@@ -140,10 +140,14 @@ class FaultProxy:
             if not ready.done():
                 ready.set_exception(exc)
         finally:
-            pending = asyncio.all_tasks(loop)
-            for task in pending:
-                task.cancel()
-            if pending:
+            # Cancelled tasks may leave others behind (a delivery of a connection being cut):
+            # the loop closes only once none is left, so none is destroyed pending later.
+            for _ in range(10):
+                pending = asyncio.all_tasks(loop)
+                if not pending:
+                    break
+                for task in pending:
+                    task.cancel()
                 loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.close()
 
