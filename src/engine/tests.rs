@@ -938,12 +938,24 @@ fn redlock_fences_increase_across_two_restarts_of_different_masters() {
     assert!(fences[0] > ahead, "{fences:?}");
 }
 
+/// The semaphore "s" of `client` with `limit` permits leased 5 s.
+fn semaphore_s(client: &Client, limit: u64, fair: bool) -> super::semaphore::SemaphoreSpec {
+    super::semaphore::SemaphoreSpec {
+        name: b"s".to_vec(),
+        keys: client.keys(b"s").unwrap(),
+        limit,
+        lease: Duration::from_secs(5),
+        fair,
+        slots: false,
+    }
+}
+
 #[test]
 fn a_first_attempt_refused_for_another_limit_gives_nothing_back() {
     // The refusal wrote nothing, so nothing may be given back for the token: a give-back sent
     // in the background could land after a later hold of the same token and end it.
     use super::error::Error;
-    use super::semaphore::{self, SemaphoreSpec};
+    use super::semaphore;
     let server = Server::start();
     let client = server.client("sg:");
     let shared = client.shared().unwrap();
@@ -961,15 +973,7 @@ fn a_first_attempt_refused_for_another_limit_gives_nothing_back() {
             .unwrap_or(0)
     };
     for fair in [false, true] {
-        let spec = |limit: u64| SemaphoreSpec {
-            name: b"s".to_vec(),
-            keys: client.keys(b"s").unwrap(),
-            limit,
-            lease: Duration::from_secs(5),
-            fair,
-            slots: false,
-        };
-        let (one, five) = (spec(1), spec(5));
+        let (one, five) = (semaphore_s(&client, 1, fair), semaphore_s(&client, 5, fair));
         // Every script loaded (acquire and release), so each attempt is one EVALSHA.
         assert!(block_on(semaphore::acquire(&shared, &one, "z", Wait::Once))
             .unwrap()
@@ -990,18 +994,11 @@ fn a_first_attempt_refused_for_another_limit_gives_nothing_back() {
 #[test]
 fn a_semaphore_refuses_another_limit_while_holders_or_waiters_of_the_live_one_remain() {
     use super::error::Error;
-    use super::semaphore::{self, SemaphoreSpec};
+    use super::semaphore;
     let server = Server::start();
     let client = server.client("sl:");
     let shared = client.shared().unwrap();
-    let spec = |limit: u64, fair: bool| SemaphoreSpec {
-        name: b"s".to_vec(),
-        keys: client.keys(b"s").unwrap(),
-        limit,
-        lease: Duration::from_secs(5),
-        fair,
-        slots: false,
-    };
+    let spec = |limit: u64, fair: bool| semaphore_s(&client, limit, fair);
     let keys = client.keys(b"s").unwrap();
     let get = |key: Vec<u8>| -> Option<String> {
         block_on(shared.node.query(redis::cmd("GET").arg(key), Retry::Never)).unwrap()
