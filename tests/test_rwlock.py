@@ -82,6 +82,36 @@ def test_read_and_write_objects(rw: redmutex.RWLock, r: redis.Redis, prefix: str
 
 
 @pytest.mark.timeout(30)
+def test_readers_key_lives_as_long_as_its_longest_lease(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
+    """The readers' key expires with its longest lease (a dead reader leaves nothing behind, a
+    live one is never cut short), and a reader that joins drops leases that ended."""
+    readers = rw_key(prefix, "long", "readers")
+
+    def reader(ttl: float) -> redmutex.Lock:
+        side = redmutex.RWLock(client, "long", ttl=ttl).read()
+        assert side.acquire(blocking=False) is True
+        return side
+
+    short = reader(0.2)
+    assert 0 < r.pttl(readers) <= 200
+    middle = reader(10)
+    assert 9_000 < r.pttl(readers) <= 10_000
+    longest = reader(30)
+    assert 29_000 < r.pttl(readers) <= 30_000
+    time.sleep(0.3)  # the short lease ends; its entry stays until a reader joins
+    assert r.zcard(readers) == 3
+    again = reader(5)  # joins: drops the ended lease, keeps the longest expiry
+    assert r.zcard(readers) == 3
+    assert r.zscore(readers, short.token or "") is None
+    assert 29_000 < r.pttl(readers) <= 30_000
+    for side in (middle, longest, again):
+        side.release()
+    assert not r.exists(readers)
+
+
+@pytest.mark.timeout(30)
 def test_readers_overlap(rw: redmutex.RWLock, other_rw: redmutex.RWLock) -> None:
     readers = [rw.read(), other_rw.read(), rw.read(), other_rw.read()]
     assert all(x.acquire(blocking=False) for x in readers)
