@@ -154,11 +154,24 @@ def _median_or_none(values: list[float | None]) -> float | None:
     return round(statistics.median(known), 1) if known else None
 
 
-def summarize(limits: Sequence[Window], runs: dict[str, list[Window]]) -> dict[str, Any]:
+def same_cycle_ratios(runs: Sequence[Window], reference: Sequence[Window]) -> list[float]:
+    """Each run of cycle i ÷ the reference's run of the same cycle (taken a window apart)."""
+    return [
+        run.per_second / ref.per_second
+        for run, ref in zip(runs, reference, strict=False)
+        if ref.per_second > 0
+    ]
+
+
+def summarize(
+    limits: Sequence[Window], runs: dict[str, list[Window]], relative_to: str | None = None
+) -> dict[str, Any]:
     """The record of one interleaved measurement: per peer, the ratios to the limit windows
     around each of its windows (median, min, all), its median pairs/s, and the client's and the
-    server's CPU µs per pair."""
+    server's CPU µs per pair; with `relative_to` (a peer of `runs`), also each other peer's
+    median ratio to that peer's window of the same cycle."""
     peers: dict[str, Any] = {}
+    reference = runs.get(relative_to or "")
     for name, windows in runs.items():
         r = ratios(limits, windows)
         peers[name] = {
@@ -173,6 +186,11 @@ def summarize(limits: Sequence[Window], runs: dict[str, list[Window]]) -> dict[s
                 [w.server_cpu_us_per_pair for w in windows]
             ),
         }
+        if reference is not None and name != relative_to:
+            same = same_cycle_ratios(windows, reference)
+            if same:
+                peers[name]["vs_relative_median"] = round(statistics.median(same), 3)
+                peers[name]["vs_relative_min"] = round(min(same), 3)
     return {
         "method": METHOD,
         "limit_per_second": [round(w.per_second, 1) for w in limits],
@@ -184,6 +202,7 @@ def summarize(limits: Sequence[Window], runs: dict[str, list[Window]]) -> dict[s
             [w.server_cpu_us_per_pair for w in limits]
         ),
         "peers": peers,
+        "relative_to": relative_to if reference is not None else None,
     }
 
 
@@ -196,6 +215,7 @@ def measure(
     log: Callable[[str], None],
     server_cpu: Callable[[], float] | None = None,
     replayed: str = "",
+    relative_to: str | None = None,
 ) -> dict[str, Any] | None:
     """Interleaves `cycles` windows of `window_s` of each lock in `locks` (uncontended pairs on
     its own name) with windows of the blocking-socket limit; None where there is no blocking
@@ -203,7 +223,8 @@ def measure(
     each window also tells how much of the server's time its pairs took. `replayed` names a lock
     whose two requests (caught once with MONITOR) also take turns, sent from the limit's blocking
     socket: the same server work as that lock's pairs with the limit's client, which tells the
-    client's share of a gap from the server's.
+    client's share of a gap from the server's. `relative_to` names a lock that the others are
+    also compared with, window by window in the same cycle (e.g. RWLock sides with Lock).
     """
     sock = physical.blocking_socket(target)
     if sock is None:
@@ -234,7 +255,7 @@ def measure(
                 for name in order if cycle % 2 == 0 else order[::-1]:
                     runs[name].append(timed_window(pairs[name], window_s, server_cpu))
                 limits.append(timed_window(limit, window_s, server_cpu))
-    record = summarize(limits, runs)
+    record = summarize(limits, runs, relative_to)
     record.update(cycles=cycles, window_s=window_s)
     for name, peer in record["peers"].items():
         log(
@@ -242,6 +263,11 @@ def measure(
             f" × blocking-socket limit median {peer['ratio_median']:.2f},"
             f" min {peer['ratio_min']:.2f}; CPU µs/pair: client {peer['cpu_us_per_pair_median']:.1f},"
             f" server {_num(peer['server_cpu_us_per_pair_median'])}"
+            + (
+                f"; × {relative_to} same cycle median {peer['vs_relative_median']:.2f}"
+                if "vs_relative_median" in peer
+                else ""
+            )
         )
     log(
         f"  interleaved / limit: {record['limit_per_second_median']:,.0f} pairs/s median"

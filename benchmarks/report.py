@@ -26,6 +26,9 @@ COMMANDS_SPREAD = 1.25  # "independent of waiting threads": largest/smallest ove
 REDIS_PY_1MS = "redis-py-1ms"
 CPU_UNFAIR_VS_REDIS_PY = 1.5  # server CPU per section, redmutex ≤ 1.5× redis-py's (1 ms polling)
 RW_VS_LOCK = 0.9  # RWLock read and write pairs/s ≥ 0.9× Lock's
+# redmutex's RWLock sides in the interleaved windows (compared with its Lock's, cycle by cycle)
+RW_READ_INTERLEAVED = "redmutex RWLock read"
+RW_WRITE_INTERLEAVED = "redmutex RWLock write"
 RAW_HANDOFF = "raw-pubsub"  # the hand-off floor: SET NX / DEL + PUBLISH, waiter subscribed
 HANDOFF_VS_RAW = 1.2  # unfair hand-off p50 ≤ 1.2× the raw reference's (and ≤ HANDOFF_P50_US
 # when the raw one is within it), p99 ≤ HANDOFF_P99_US
@@ -202,13 +205,25 @@ def _targets(
                 f"{unfair:.1f} vs {ref_cpu:.1f} µs = {unfair / ref_cpu:.2f}×",
                 unfair <= CPU_UNFAIR_VS_REDIS_PY * ref_cpu,
             )
+    interleaved_peers = _interleaved_peers(record)
+    for side in (RW_READ_INTERLEAVED, RW_WRITE_INTERLEAVED):
+        measured = interleaved_peers.get(side) or {}
+        median, low = measured.get("vs_relative_median"), measured.get("vs_relative_min")
+        if median is not None:
+            add(
+                f"RWLock pairs/s ≥ {RW_VS_LOCK:g}× Lock's (uncontended, windows interleaved"
+                " with Lock's, median)",
+                side,
+                f"median {median:.2f}×, min {_num(low, 2)}×",
+                median >= RW_VS_LOCK,
+            )
     lock_rate = (by_key.get(("uncontended", SUBJECT)) or {}).get("per_second")
     for scenario in ("rwlock-read", "rwlock-write"):
         rate = (by_key.get((scenario, SUBJECT)) or {}).get("per_second")
         ratio = _ratio(rate, lock_rate)
         if ratio is not None:
             add(
-                f"RWLock pairs/s ≥ {RW_VS_LOCK:g}× Lock's (uncontended)",
+                f"RWLock pairs/s ≥ {RW_VS_LOCK:g}× Lock's (uncontended, separate scenarios)",
                 f"{SUBJECT}, {scenario}",
                 f"{_num(rate)} vs {_num(lock_rate)} pairs/s = {ratio:.2f}×",
                 ratio >= RW_VS_LOCK,
@@ -339,6 +354,7 @@ def _interleaved(record: dict[str, Any]) -> list[str]:
             f"Uncontended vs the blocking-socket limit, interleaved: failed ({measured['error']}).",
         ]
     limits = measured["limit_per_second"]
+    relative = measured.get("relative_to")
     lines = [
         "",
         "### Uncontended vs the blocking-socket limit, in interleaved windows",
@@ -357,24 +373,34 @@ def _interleaved(record: dict[str, Any]) -> list[str]:
             " from the limit's socket and loop: the server's work of a redmutex pair with the"
             " limit's client, so redmutex's gap to it is the client's share and its own gap to the"
             " limit the scripts' share."
+            + (
+                f" The last column divides each window by {relative}'s window of the same cycle"
+                " (median)."
+                if relative
+                else ""
+            )
         ),
         "",
         (
             "| peer | pairs/s (median window) | ×limit, median | ×limit, min"
             " | client CPU µs/pair | server CPU µs/pair |"
+            + (f" ×{relative}, same cycle |" if relative else "")
         ),
-        "|---|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|" + ("---:|" if relative else ""),
         (
             f"| blocking-socket limit | {_num(measured['limit_per_second_median'])} | 1 | 1"
             f" | {_num(measured['limit_cpu_us_per_pair_median'], 1)}"
             f" | {_num(measured.get('limit_server_cpu_us_per_pair_median'), 1)} |"
+            + (" — |" if relative else "")
         ),
     ]
     for peer, p in measured["peers"].items():
+        same_cycle = "1" if peer == relative else _num(p.get("vs_relative_median"), 2)
         lines.append(
             f"| {peer} | {_num(p['per_second_median'])} | {_num(p['ratio_median'], 2)}"
             f" | {_num(p['ratio_min'], 2)} | {_num(p['cpu_us_per_pair_median'], 1)}"
             f" | {_num(p.get('server_cpu_us_per_pair_median'), 1)} |"
+            + (f" {same_cycle} |" if relative else "")
         )
     return lines
 

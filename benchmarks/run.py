@@ -295,6 +295,18 @@ def _run_scenario(
 INTERLEAVED_PEERS = (report.SUBJECT, report.FAIR_PEER, report.BASELINE)
 
 
+def _interleaved_rwlock_sides(sessions: dict[str, Session], namespace: str) -> dict[str, Any]:
+    """redmutex's RWLock read and write sides, for windows taken in turn with its Lock's (issue
+    18: RWLock pairs/s ≥ 0.9× Lock's, compared cycle by cycle so a phase change cannot tip it)."""
+    subject = sessions.get(report.SUBJECT)
+    if subject is None or not hasattr(subject, "rwlock_read"):
+        return {}
+    return {
+        report.RW_READ_INTERLEAVED: subject.rwlock_read(f"{namespace}:rw:interleaved", TTL),
+        report.RW_WRITE_INTERLEAVED: subject.rwlock_write(f"{namespace}:rw:interleaved", TTL),
+    }
+
+
 def _measure_interleaved(
     target: Target,
     sessions: dict[str, Session],
@@ -311,6 +323,7 @@ def _measure_interleaved(
     )
     try:
         locks = {p: sessions[p].lock(f"{namespace}:{p}:interleaved", TTL) for p in names}
+        locks.update(_interleaved_rwlock_sides(sessions, namespace))
         return interleaved.measure(
             target,
             locks,
@@ -320,6 +333,7 @@ def _measure_interleaved(
             log,
             server_cpu,
             replayed=report.SUBJECT,
+            relative_to=report.SUBJECT,
         )
     except Exception as exc:  # noqa: BLE001 - reported, the rest of the run goes on
         log(f"  interleaved: FAILED {_one_line(exc)}")

@@ -82,6 +82,39 @@ def test_report_has_the_interleaved_ratio_and_its_target() -> None:
     assert "| redis-py | 4,000 | 0.40 | 0.40 |" in text
 
 
+def test_rwlock_sides_are_compared_with_lock_cycle_by_cycle() -> None:
+    # The machine slows down 2x in the second cycle: the read side keeps 0.95x of Lock's window
+    # in each cycle, although its second window is slower than Lock's first.
+    limits = [_w(10000), _w(6000), _w(5000)]
+    measured = interleaved.summarize(
+        limits,
+        {
+            "redmutex": [_w(8000), _w(4000)],
+            report.RW_READ_INTERLEAVED: [_w(7600), _w(3800)],
+            report.RW_WRITE_INTERLEAVED: [_w(6400), _w(3400)],
+        },
+        relative_to="redmutex",
+    )
+    measured.update(cycles=2, window_s=0.15)
+    assert measured["relative_to"] == "redmutex"
+    assert "vs_relative_median" not in measured["peers"]["redmutex"]
+    read = measured["peers"][report.RW_READ_INTERLEAVED]
+    assert (read["vs_relative_median"], read["vs_relative_min"]) == (0.95, 0.95)
+    write = measured["peers"][report.RW_WRITE_INTERLEAVED]
+    assert (write["vs_relative_median"], write["vs_relative_min"]) == (0.825, 0.8)
+    record = _record(measured)
+    report.add_ratios(record)
+    targets = {t["where"]: t for t in record["targets"]}
+    assert targets[report.RW_READ_INTERLEAVED]["met"] is True
+    assert targets[report.RW_WRITE_INTERLEAVED]["met"] is False
+    assert "median 0.82×, min 0.80×" in targets[report.RW_WRITE_INTERLEAVED]["measured"]
+    # Neither side is taken for redmutex's own uncontended-vs-limit target.
+    assert "redmutex RWLock read, 1 thread, 1 name" not in targets
+    text = "\n".join(report._interleaved(record))
+    assert "×redmutex, same cycle |" in text
+    assert f"| {report.RW_READ_INTERLEAVED} | 5,700 |" in text and "| 0.95 |" in text
+
+
 def test_report_without_or_with_a_failed_interleaved_measurement() -> None:
     record = _record({"error": "RuntimeError: boom"})
     report.add_ratios(record)
@@ -106,14 +139,29 @@ def test_a_short_interleaved_run_against_a_real_server(redis_url: str, prefix: s
         assert replay is not None
         assert all(r.startswith(b"*") and b"EVALSHA" in r for r in replay)
         lines: list[str] = []
+        reader = redmutex.RWLock(client, f"{prefix}:bench-rw", ttl=10).read()
         record = interleaved.measure(
-            target, {"redmutex": lock}, f"{prefix}:phys", 2, 0.02, lines.append, replayed="redmutex"
+            target,
+            {"redmutex": lock, "redmutex RWLock read": reader},
+            f"{prefix}:phys",
+            2,
+            0.02,
+            lines.append,
+            replayed="redmutex",
+            relative_to="redmutex",
         )
     assert record is not None
     peers = record["peers"]
-    assert set(peers) == {"redmutex", "redmutex's requests, blocking socket"}
+    assert set(peers) == {
+        "redmutex",
+        "redmutex RWLock read",
+        "redmutex's requests, blocking socket",
+    }
     for peer in peers.values():
         assert len(peer["ratios"]) == 2 and peer["ratio_min"] > 0
+    assert peers["redmutex RWLock read"]["vs_relative_min"] > 0
+    assert reader.acquire(blocking=False)
+    reader.release()
     assert len(record["limit_per_second"]) == 3
     assert lock.acquire(blocking=False)
     lock.release()
