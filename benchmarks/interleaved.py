@@ -117,6 +117,9 @@ def captured_requests(target: Target, lock: LockHandle) -> tuple[bytes, bytes] |
     """The two requests (EVALSHA) one acquire+release of `lock` sends, as the server saw them
     (MONITOR), packed again; None if they were not seen as two script calls (or the server
     refuses MONITOR: then only this reference is missing)."""
+    # One pair first: on a server that has not seen the scripts yet, the first EVALSHA of each
+    # is refused (NOSCRIPT) and sent again after SCRIPT LOAD, which would be caught instead.
+    lock_pair(lock)()
     client = target.redis()  # socket timeout 10 s: a MONITOR that hears nothing ends
     seen: list[list[str]] = []
     try:

@@ -166,3 +166,24 @@ def test_a_short_interleaved_run_against_a_real_server(redis_url: str, prefix: s
     assert lock.acquire(blocking=False)
     lock.release()
     assert any("interleaved / limit" in line for line in lines)
+
+
+def test_the_replay_catches_an_acquire_and_a_release_on_a_fresh_server(
+    make_server: Any, prefix: str
+) -> None:
+    """On a server that has not seen redmutex's scripts, the first EVALSHA of each is refused
+    (NOSCRIPT) and sent again after SCRIPT LOAD: the replay must still hold one acquire and
+    one release (two acquires would keep the lock taken and stall the lock's own windows)."""
+    import redmutex
+    from redis_target import Target
+
+    server = make_server()
+    client = redmutex.Client(server.url)
+    lock = redmutex.Lock(client, f"{prefix}:fresh", ttl=10)
+    with Target(server.url) as target:
+        replay = interleaved.captured_requests(target, lock)
+    assert replay is not None
+    acquire, release = replay
+    assert acquire != release
+    assert b"queue" not in acquire and b"queue" in release  # only the release names the queue
+    client.close()
