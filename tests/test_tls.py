@@ -20,7 +20,7 @@ from urllib.parse import quote
 import pytest
 import redis
 import redmutex
-from redmutex._server import RedisServer, free_port
+from redmutex._server import FREE_PORT, RedisServer
 
 pytestmark = pytest.mark.skipif(
     shutil.which("openssl") is None, reason="openssl is not installed (make deps installs it)"
@@ -126,10 +126,11 @@ def tls_servers(pki: Pki) -> Iterator[Callable[..., TlsServer]]:
         found = started.get((auth_clients, cert, key))
         if found is not None:
             return found
-        tls_port = free_port()
         server = RedisServer(
             extra_args=[
-                "--tls-port", str(tls_port),
+                # Chosen afresh with the main port at each attempt to start (a port chosen
+                # before the start may be taken by another test's server meanwhile).
+                "--tls-port", FREE_PORT,
                 "--tls-cert-file", str(cert),
                 "--tls-key-file", str(key),
                 "--tls-ca-cert-file", str(pki.ca),
@@ -144,7 +145,7 @@ def tls_servers(pki: Pki) -> Iterator[Callable[..., TlsServer]]:
             if "TLS" in text and ("not supported" in text or "Bad directive" in text):
                 pytest.skip(f"this redis-server was built without TLS: {text[-300:]}")
             raise RuntimeError(f"{exc}; log: {text[-1000:]}") from exc
-        started[(auth_clients, cert, key)] = TlsServer(server, tls_port)
+        started[(auth_clients, cert, key)] = TlsServer(server, server.extra_ports[0])
         return started[(auth_clients, cert, key)]
 
     yield _get
