@@ -131,6 +131,7 @@ fn spec(client: &Client, name: &str, lease_ms: u64, fair: bool) -> LockSpec {
         fair,
         replicas: 0,
         reentrant: false,
+        queued: false,
     }
 }
 
