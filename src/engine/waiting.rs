@@ -345,8 +345,14 @@ type Turn = tokio::sync::OwnedMutexGuard<GateState>;
 /// with that attempt (`Contender::joins_first`, `first_step_joining`); None when it cannot, or
 /// when the channels are not subscribed yet (nothing to gain). With a gate, only the process's
 /// competitor keeps a place: the waiter takes the turn now if nobody of this process competes,
-/// else it does not listen early (its first attempt must not join; it waits for its turn).
-pub fn listen_early<C: Contender>(contender: &C, plan: &Plan<'_>) -> Option<Early> {
+/// else it does not listen early (its first attempt must not join; it waits for its turn). It
+/// also does not unless `busy_likely` (the caller's previous first attempt found it taken):
+/// when the lock is likely free, the plain first attempt is the cheaper one (an unfair lock's).
+pub fn listen_early<C: Contender>(
+    contender: &C,
+    plan: &Plan<'_>,
+    busy_likely: bool,
+) -> Option<Early> {
     if plan.queued && !contender.joins_first() {
         return None;
     }
@@ -361,6 +367,7 @@ pub fn listen_early<C: Contender>(contender: &C, plan: &Plan<'_>) -> Option<Earl
         return None;
     }
     let turn = match (&plan.gate, plan.queued) {
+        (Some(_), true) if !busy_likely => return None,
         (Some(id), true) => Some(plan.shared.locals.get::<Gate>(id).try_lock_owned().ok()?),
         _ => None,
     };
