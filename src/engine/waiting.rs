@@ -353,7 +353,8 @@ pub fn listen_early<C: Contender>(
     plan: &Plan<'_>,
     busy_likely: bool,
 ) -> Option<Early> {
-    if plan.queued && !contender.joins_first() {
+    let gated = plan.gate.is_some() && plan.queued;
+    if (plan.queued && !contender.joins_first()) || (gated && !busy_likely) {
         return None;
     }
     let hub = &plan.shared.hub;
@@ -366,9 +367,8 @@ pub fn listen_early<C: Contender>(
     if !ready {
         return None;
     }
-    let turn = match (&plan.gate, plan.queued) {
-        (Some(_), true) if !busy_likely => return None,
-        (Some(id), true) => Some(plan.shared.locals.get::<Gate>(id).try_lock_owned().ok()?),
+    let turn = match &plan.gate {
+        Some(id) if gated => Some(plan.shared.locals.get::<Gate>(id).try_lock_owned().ok()?),
         _ => None,
     };
     Some(Early { wake, inbox, turn })
