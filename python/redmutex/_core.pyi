@@ -126,9 +126,11 @@ class Lock:
     `auto_renew=True` for long holds). `timeout: float | None = None`: the default wait of
     `acquire()` and `with`; None (or `math.inf`) waits forever, 0 tries once.
     `auto_renew=False`: extend the lease every ttl/3 in the background while held.
-    `fair=False`: True serves waiters in arrival order (FIFO). `replicas=0`: k > 0 requires k
-    replicas to acknowledge the lock write (Redis WAIT). `on_lost=None`: called once with the
-    lock, from a background thread, when renewal finds the lease lost.
+    `fair=False`: True serves waiters in arrival order (FIFO); with False a free lock goes to
+    whoever asks first, and waiters that wait are served roughly in arrival order (a release
+    grants the lock to the first one queued). `replicas=0`: k > 0 requires k replicas to
+    acknowledge the lock write (Redis WAIT). `on_lost=None`: called once with the lock, from a
+    background thread, when renewal (or the top-up of a lease granted short) finds it lost.
     `reentrant=False`: ownership belongs to this object, and a second acquire raises LockError.
     With True the owner is the calling thread: the thread that holds may acquire again (each
     acquire needs its release; the lock is free after the last), another thread waits like any

@@ -107,6 +107,7 @@ impl CompatLock {
                 fair: false,
                 replicas: 0,
                 reentrant: false,
+                queued: false,
             },
         })
     }

@@ -5,6 +5,7 @@
 //! when asked, and marked lost once renewal, extend or release finds the lease gone.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -371,6 +372,9 @@ pub struct Holder<P: Leased> {
     primitive: Arc<P>,
     auto_renew: bool,
     state: Mutex<State<P::Detail>>,
+    /// The last direct first attempt found the primitive taken (a hint for the next one, see
+    /// `waiting::listen_early`).
+    found_busy: AtomicBool,
 }
 
 impl<P: Leased> Holder<P> {
@@ -380,6 +384,7 @@ impl<P: Leased> Holder<P> {
             primitive: Arc::new(primitive),
             auto_renew,
             state: Mutex::new(State::Idle { lost: false }),
+            found_busy: AtomicBool::new(false),
         }
     }
 
@@ -694,8 +699,12 @@ impl<P: Leased> Holder<P> {
         let outcome = {
             let contender = self.primitive.contender(&shared, &token, args)?;
             // Listening before the attempt spares the wait a second look.
+            let busy_likely = self.found_busy.load(Ordering::Relaxed);
             let early = (wait != Wait::Once)
-                .then(|| waiting::listen_early(&contender, &self.primitive.plan(&shared, &token)))
+                .then(|| {
+                    let plan = self.primitive.plan(&shared, &token);
+                    waiting::listen_early(&contender, &plan, busy_likely)
+                })
                 .flatten();
             let step = if early.is_some() {
                 contender.first_step_joining()
@@ -706,7 +715,9 @@ impl<P: Leased> Holder<P> {
                 attempt_direct(&shared, executor::script_of(&step)?, || contender.undo())?;
             self.read_first(&mut pending, &contender, &step, reply, sent_at, wait, early)?
         };
-        if pending.busy_retry_ms.is_some() {
+        let busy = pending.busy_retry_ms.is_some();
+        self.found_busy.store(busy, Ordering::Relaxed);
+        if busy {
             pending.token = Some(token);
             return Ok(Direct::Wait(pending));
         }

@@ -2,6 +2,7 @@
 //! lock object's hold (shared by the blocking and the asyncio bindings).
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,7 +24,7 @@ use crate::protocol::step::Step;
 use crate::protocol::wake::GrantNote;
 
 pub use super::hold::{HoldStatus, OnLost};
-pub use super::waiting::{Wait, QUEUE_PLACE};
+pub use super::waiting::{Wait, QUEUE_PLACE, UNFAIR_QUEUE_PLACE};
 pub use crate::protocol::lock::{Granted, LockSpec};
 
 /// What a lock hold keeps beside its token: the fence, and the lease it was granted (shorter
@@ -58,6 +59,9 @@ pub struct LockContender<'a> {
     /// The latest attempt that found the fair lock not ours: when it was sent, and the fence
     /// counter it saw. A grant with a larger fence ran after it, so its lease started later.
     last_busy: Mutex<Option<(Instant, i64)>>,
+    /// An attempt of this waiter took a place in the queue (an unfair lock's waiter joins only
+    /// once it competes, so one that gave up before has no place to leave).
+    joined: AtomicBool,
 }
 
 impl<'a> LockContender<'a> {
@@ -68,6 +72,7 @@ impl<'a> LockContender<'a> {
             token,
             shared_token: false,
             last_busy: Mutex::new(None),
+            joined: AtomicBool::new(false),
         }
     }
 }
@@ -88,6 +93,26 @@ impl<'a> LockContender<'a> {
     }
 }
 
+impl LockContender<'_> {
+    /// Whether this waiter waits in the queue: a fair lock's, or an unfair lock's that queues
+    /// (`LockSpec::queued`) with a token of its own (a shared one races, see `shared_token`).
+    fn queues(&self) -> bool {
+        self.spec.fair || (self.spec.queued && !self.shared_token)
+    }
+
+    /// How an attempt treats the queue: a fair lock's as `waiting::queueing`; an unfair lock's
+    /// never looks at it to take a free lock (it barges), and joins it while waiting if it queues.
+    fn queueing(&self, join: bool) -> Option<Queueing> {
+        if self.spec.fair {
+            Some(waiting::queueing(join))
+        } else if join && self.queues() {
+            Some(waiting::join_for(UNFAIR_QUEUE_PLACE))
+        } else {
+            None
+        }
+    }
+}
+
 impl Contender for LockContender<'_> {
     type Grant = Granted;
     type Reply = Attempt;
@@ -99,12 +124,22 @@ impl Contender for LockContender<'_> {
     }
 
     fn joins_first(&self) -> bool {
-        self.spec.fair
+        self.queues()
     }
 
+    /// A fair waiter joins; an unfair lock's takes a free lock past the queue, else joins.
     fn first_step_joining(&self) -> Step<Attempt> {
-        let fair = self.spec.fair.then_some(waiting::queueing(true));
-        steps::attempt(self.spec, self.token, fair, self.shared.hub.inbox())
+        let queueing = if self.spec.fair {
+            Some(waiting::queueing(true))
+        } else if self.queues() {
+            Some(Queueing::BargeOrJoin {
+                place_ms: lease::lease_ms(UNFAIR_QUEUE_PLACE),
+            })
+        } else {
+            None
+        };
+        self.joined.store(queueing.is_some(), Ordering::Relaxed);
+        steps::attempt(self.spec, self.token, queueing, self.shared.hub.inbox())
     }
 
     fn memo(&self) -> Option<(Instant, i64)> {
@@ -112,6 +147,10 @@ impl Contender for LockContender<'_> {
     }
 
     fn resume(&self, memo: Option<(Instant, i64)>) {
+        // Only the queue's script answers with the fence it saw: the first attempt joined.
+        if memo.is_some() {
+            self.joined.store(true, Ordering::Relaxed);
+        }
         *self.last_busy.lock().unwrap_or_else(|p| p.into_inner()) = memo;
     }
 
@@ -133,7 +172,13 @@ impl Contender for LockContender<'_> {
     }
 
     async fn attempt(&self, join: bool) -> Result<Outcome<Granted>> {
-        let fair = self.spec.fair.then_some(waiting::queueing(join));
+        let fair = self.queueing(join);
+        if matches!(
+            fair,
+            Some(Queueing::Join { .. } | Queueing::BargeOrJoin { .. })
+        ) {
+            self.joined.store(true, Ordering::Relaxed);
+        }
         let sent_at = Instant::now();
         let attempt = if self.spec.replicas > 0 {
             match attempt_with_replicas(self.shared, self.spec, fair, self.token).await? {
@@ -154,13 +199,20 @@ impl Contender for LockContender<'_> {
         self.read(attempt, sent_at)
     }
 
-    /// An unfair lock's waiter, woken, tries again on its own thread when it can (the step its
-    /// first attempt sent). A fair waiter takes its grant from the message and refreshes its
-    /// place through the runtime; `replicas` need WAIT on the write's connection; a token the
-    /// caller chose needs the resend-aware first send (see `shared_token`).
+    /// An unfair lock's racing waiter, woken, tries again on its own thread when it can (the
+    /// step its first attempt sent). A queued waiter takes its grant from the message and
+    /// refreshes its place through the runtime; `replicas` need WAIT on the write's connection; a
+    /// token the caller chose needs the resend-aware first send (see `shared_token`).
     fn waiting_step(&self) -> Option<Step<Attempt>> {
-        (!self.spec.fair && self.spec.replicas == 0 && !self.shared_token)
-            .then(|| self.first_step())
+        (!self.queues() && self.spec.replicas == 0 && !self.shared_token).then(|| self.first_step())
+    }
+
+    fn place(&self) -> Duration {
+        if self.spec.fair {
+            QUEUE_PLACE
+        } else {
+            UNFAIR_QUEUE_PLACE
+        }
     }
 
     fn granted(&self, note: GrantNote) -> Option<Granted> {
@@ -179,6 +231,9 @@ impl Contender for LockContender<'_> {
     }
 
     async fn leave(&self) -> Result<()> {
+        if !self.spec.fair && !self.joined.load(Ordering::Relaxed) {
+            return Ok(());
+        }
         executor::run(
             self.shared,
             &steps::leave_queue(&self.spec.keys, self.token),
@@ -234,7 +289,7 @@ async fn acquire_from(
         shared_token,
         ..LockContender::new(shared, spec, token)
     };
-    let plan = spec.plan(shared, token);
+    let plan = spec.waiting_plan(shared, token, contender.queues());
     waiting::acquire_from(&contender, &plan, wait, first, None).await
 }
 
@@ -304,17 +359,7 @@ impl Leased for LockSpec {
     }
 
     fn plan<'a>(&self, shared: &'a Arc<Shared>, token: &'a str) -> Plan<'a> {
-        // Unfair: one competitor per lock in this process; the others queue here, in FIFO order.
-        // Fair: every waiter takes its own place in the Redis queue, which orders them all.
-        Plan {
-            shared,
-            channel: self.keys.wake_channel(),
-            inbox: (self.fair && !shared.hub.inbox().is_empty())
-                .then(|| self.keys.wake_inbox(shared.hub.inbox())),
-            wake_token: self.fair.then_some(token),
-            gate: (!self.fair).then(|| self.keys.lock()),
-            queued: self.fair,
-        }
+        self.waiting_plan(shared, token, self.fair || self.queued)
     }
 
     fn held(&self, _contender: &LockContender<'_>, grant: Granted) -> (Instant, Fenced) {
@@ -366,6 +411,26 @@ impl Leased for LockSpec {
     }
 }
 
+impl LockSpec {
+    /// How a waiter for `token` waits; `queued`: in the Redis queue, granted the lock by a
+    /// release (see `LockContender::queues`).
+    /// Unfair: one competitor per lock in this process; the others queue here, in FIFO order
+    /// (Redis work grows with processes, not threads). The competitor of a queued unfair lock
+    /// holds a place in the Redis queue like a fair waiter; a racing one is woken by every
+    /// release. Fair: every waiter takes its own place in the Redis queue, which orders them all.
+    fn waiting_plan<'a>(&self, shared: &'a Arc<Shared>, token: &'a str, queued: bool) -> Plan<'a> {
+        Plan {
+            shared,
+            channel: self.keys.wake_channel(),
+            inbox: (queued && !shared.hub.inbox().is_empty())
+                .then(|| self.keys.wake_inbox(shared.hub.inbox())),
+            wake_token: queued.then_some(token),
+            gate: (!self.fair).then(|| self.keys.lock()),
+            queued,
+        }
+    }
+}
+
 /// One lock object: at most one hold at a time, owned by the object (not by a thread).
 pub struct LockHandle {
     holder: Holder<LockSpec>,
@@ -409,6 +474,8 @@ impl LockHandle {
             fair,
             replicas,
             reentrant,
+            // Redlock keeps no queue (one cannot be kept by majority): its waiters race.
+            queued: !client.is_redlock(),
         };
         Ok(LockHandle {
             holder: Holder::new(client, spec, auto_renew),
@@ -419,10 +486,10 @@ impl LockHandle {
         self.holder.auto_renew()
     }
 
-    /// Whether a hold may be extended in the background: auto-renewal, or the top-up of a fair
-    /// lock granted by a release for less than its ttl.
+    /// Whether a hold may be extended in the background: auto-renewal, or the top-up of a lock
+    /// granted by a release to a queued waiter for less than its ttl.
     pub fn renews(&self) -> bool {
-        self.holder.auto_renew() || self.spec().fair
+        self.holder.auto_renew() || self.spec().fair || self.spec().queued
     }
 
     pub fn spec(&self) -> &LockSpec {

@@ -131,6 +131,7 @@ fn spec(client: &Client, name: &str, lease_ms: u64, fair: bool) -> LockSpec {
         fair,
         replicas: 0,
         reentrant: false,
+        queued: false,
     }
 }
 
@@ -355,6 +356,59 @@ fn the_fair_script_grants_only_the_head() {
         // b is first in line: c must wait for it.
         assert!(matches!(run("c").await, Attempt::Busy { .. }));
         assert!(matches!(run("b").await, Attempt::Granted { .. }));
+    });
+}
+
+#[test]
+fn an_unfair_first_attempt_barges_and_joins_only_when_busy() {
+    let server = Server::start();
+    let client = server.client("t6u:");
+    block_on(async {
+        let shared = client.shared().unwrap();
+        let keys = client.keys(b"u").unwrap();
+        let barge = Some(Queueing::BargeOrJoin { place_ms: 2_000 });
+        let join = Some(Queueing::Join { place_ms: 2_000 });
+        let run = |token: &'static str, queueing: Option<Queueing>| {
+            let inv = scripts::acquire(&keys, token, 10_000, queueing, "");
+            let shared = shared.clone();
+            async move { parse_attempt(&shared.node.invoke(&inv, Retry::Never).await.unwrap()).unwrap() }
+        };
+        let llen = || {
+            let shared = shared.clone();
+            let queue = keys.queue();
+            async move {
+                shared
+                    .node
+                    .query::<i64>(redis::cmd("LLEN").arg(queue), Retry::Never)
+                    .await
+                    .unwrap()
+            }
+        };
+        // Free, no queue: taken, nothing queued.
+        assert!(matches!(run("a", barge).await, Attempt::Granted { .. }));
+        assert_eq!(llen().await, 0);
+        // Taken: b and c join, in that order (the busy answer carries the fence seen).
+        assert!(matches!(
+            run("b", barge).await,
+            Attempt::Busy { fence: Some(_), .. }
+        ));
+        assert!(matches!(run("c", barge).await, Attempt::Busy { .. }));
+        assert_eq!(llen().await, 2);
+        // The release grants b; the releaser's own try (the plain script) is refused.
+        assert!(lock::release(&shared, &keys, "a").await.unwrap());
+        assert!(matches!(run("a", None).await, Attempt::Busy { .. }));
+        assert!(matches!(run("b", join).await, Attempt::Granted { .. }));
+        assert_eq!(llen().await, 1);
+        // A lock left free with c still queued (b's lease ended: here, deleted) is taken by a
+        // barging first attempt past c, and c stays first in line.
+        let mut del = redis::cmd("DEL");
+        del.arg(keys.lock());
+        let _: i64 = shared.node.query(&del, Retry::Never).await.unwrap();
+        assert!(matches!(run("d", barge).await, Attempt::Granted { .. }));
+        assert_eq!(llen().await, 1);
+        assert!(lock::release(&shared, &keys, "d").await.unwrap());
+        assert!(matches!(run("c", join).await, Attempt::Granted { .. }));
+        assert_eq!(llen().await, 0);
     });
 }
 

@@ -31,6 +31,12 @@ use crate::protocol::wake::GrantNote;
 /// contract allows 10 s). Live waiters refresh it every third. A fair lock granted to a waiter
 /// that died meanwhile holds the others back at most `scripts::GRANT_SLACK_MS` longer.
 pub const QUEUE_PLACE: Duration = Duration::from_secs(6);
+/// The place of an unfair lock's waiter in the same queue: the contract promises nothing for a
+/// dead waiter of an unfair lock, and before it queued one cost the others nothing, so its place
+/// is kept short. A waiter that died holds the others back at most this long, or, when a release
+/// granted it the lock meanwhile, this plus `scripts::GRANT_SLACK_MS` (5 s, against 9 s for a
+/// fair waiter). Refreshing it every third costs one script every 0.67 s per waiting process.
+pub const UNFAIR_QUEUE_PLACE: Duration = Duration::from_secs(2);
 /// How long a waiter sleeps when Redis gives no lease to wait for (a key without expiry).
 const NO_HINT_LOOK: Duration = Duration::from_millis(500);
 
@@ -242,6 +248,12 @@ pub trait Contender: Sync {
 
     fn resume(&self, _memo: Option<(Instant, i64)>) {}
 
+    /// How long the waiter's place in a Redis queue lasts unless refreshed (`plan.queued`); the
+    /// wait refreshes it every third.
+    fn place(&self) -> Duration {
+        QUEUE_PLACE
+    }
+
     /// Gives up a waiter's place at once (called only when the plan says `queued`).
     fn leave(&self) -> impl Future<Output = Result<()>> + Send;
 
@@ -260,11 +272,16 @@ pub trait Contender: Sync {
 /// never takes a place; an attempt while waiting takes or refreshes it.
 pub fn queueing(join: bool) -> Queueing {
     if join {
-        Queueing::Join {
-            place_ms: lease::lease_ms(QUEUE_PLACE),
-        }
+        join_for(QUEUE_PLACE)
     } else {
         Queueing::TryOnly
+    }
+}
+
+/// An attempt while waiting that takes or refreshes a place lasting `place`.
+pub fn join_for(place: Duration) -> Queueing {
+    Queueing::Join {
+        place_ms: lease::lease_ms(place),
     }
 }
 
@@ -313,16 +330,31 @@ pub struct Plan<'a> {
 pub struct Early {
     wake: Registration,
     inbox: Option<Registration>,
+    /// The process's turn to compete (a gated plan that keeps a place: only the competitor may
+    /// take one), taken before the first attempt.
+    turn: Option<Turn>,
 }
+
+/// One competitor's turn at a gate (see `Plan::gate`).
+type Turn = tokio::sync::OwnedMutexGuard<GateState>;
 
 /// Registers a waiter before its first attempt is sent. Some when its channels are subscribed
 /// on the live connection already: every release after that attempt then notifies these
 /// registrations, so the wait may trust the attempt's answer instead of looking again once
 /// subscribed (`acquire_from`'s `early`). A waiter that keeps a place in a queue must take it
 /// with that attempt (`Contender::joins_first`, `first_step_joining`); None when it cannot, or
-/// when the channels are not subscribed yet (nothing to gain).
-pub fn listen_early<C: Contender>(contender: &C, plan: &Plan<'_>) -> Option<Early> {
-    if plan.queued && !contender.joins_first() {
+/// when the channels are not subscribed yet (nothing to gain). With a gate, only the process's
+/// competitor keeps a place: the waiter takes the turn now if nobody of this process competes,
+/// else it does not listen early (its first attempt must not join; it waits for its turn). It
+/// also does not unless `busy_likely` (the caller's previous first attempt found it taken):
+/// when the lock is likely free, the plain first attempt is the cheaper one (an unfair lock's).
+pub fn listen_early<C: Contender>(
+    contender: &C,
+    plan: &Plan<'_>,
+    busy_likely: bool,
+) -> Option<Early> {
+    let gated = plan.gate.is_some() && plan.queued;
+    if (plan.queued && !contender.joins_first()) || (gated && !busy_likely) {
         return None;
     }
     let hub = &plan.shared.hub;
@@ -332,7 +364,14 @@ pub fn listen_early<C: Contender>(contender: &C, plan: &Plan<'_>) -> Option<Earl
         .as_ref()
         .map(|channel| hub.register(channel.clone(), plan.wake_token));
     let ready = wake.is_ready() && inbox.as_ref().map_or(true, Registration::is_ready);
-    ready.then_some(Early { wake, inbox })
+    if !ready {
+        return None;
+    }
+    let turn = match &plan.gate {
+        Some(id) if gated => Some(plan.shared.locals.get::<Gate>(id).try_lock_owned().ok()?),
+        _ => None,
+    };
+    Some(Early { wake, inbox, turn })
 }
 
 /// Sends `undo` if dropped while armed.
@@ -465,21 +504,23 @@ async fn wait_for_turn<C: Contender>(
     contender: &C,
     plan: &Plan<'_>,
     wait: Wait,
-    early: Option<(Early, Option<Instant>)>,
+    mut early: Option<(Early, Option<Instant>)>,
 ) -> Result<Option<C::Grant>> {
+    let taken = early.as_mut().and_then(|(early, _)| early.turn.take());
     let gate = plan
         .gate
         .as_deref()
+        .filter(|_| taken.is_none())
         .map(|id| plan.shared.locals.get::<Gate>(id));
-    let mut turn = match &gate {
+    let mut turn = match gate {
         Some(gate) => match wait.deadline() {
-            None => Some(gate.lock().await),
-            Some(d) => match tokio::time::timeout_at(d.into(), gate.lock()).await {
+            None => Some(gate.lock_owned().await),
+            Some(d) => match tokio::time::timeout_at(d.into(), gate.lock_owned()).await {
                 Ok(turn) => Some(turn),
                 Err(_) => return Ok(None),
             },
         },
-        None => None,
+        None => taken,
     };
     // A subscription can be handed on only when it wakes on every message (no token filter).
     let inherited = match (&mut turn, plan.wake_token) {
@@ -608,7 +649,7 @@ async fn compete<C: Contender>(
         let mut nap = lease::next_look(retry_ms, NO_HINT_LOOK, wait.deadline(), now);
         if plan.queued {
             // Refresh the place well before it lapses.
-            nap = nap.min(QUEUE_PLACE / 3);
+            nap = nap.min(contender.place() / 3);
         }
         tokio::select! {
             _ = registration.notified() => {

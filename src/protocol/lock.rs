@@ -23,6 +23,11 @@ pub struct LockSpec {
     /// The owner may take it again while it holds (`Lock(reentrant=True)`): the hold count then
     /// lives beside the lock (`Keys::lock_holds`), and extend keeps both alive.
     pub reentrant: bool,
+    /// An unfair lock whose blocking waiters, once their first attempt found it taken, wait in
+    /// the fair queue and are granted it by a release in arrival order (their first attempt
+    /// still takes a free lock past the queue). False: woken waiters race for it (the recipes
+    /// and the compat shims, whose tokens or keys other clients share, and Redlock).
+    pub queued: bool,
 }
 
 /// A successful acquire: the fence, when the lease started at the latest as far as this side
@@ -188,6 +193,7 @@ mod tests {
             fair: false,
             replicas: 0,
             reentrant: false,
+            queued: false,
         };
         let step = attempt(&spec, "t", None, "");
         let granted = Value::Array(vec![Value::Int(1), Value::Int(7)]);

@@ -120,6 +120,10 @@ pub enum Queueing {
     TryOnly,
     /// Take (or keep) a place that lapses `place_ms` after this attempt unless refreshed.
     Join { place_ms: u64 },
+    /// The first attempt of an unfair lock's waiter: take a free lock past the queue (like an
+    /// attempt without queue), and only when it is taken, join as `Join` does. (Primitives
+    /// without such waiters treat it as `Join`.)
+    BargeOrJoin { place_ms: u64 },
 }
 
 /// One acquire attempt for `token` with a lease of `lease_ms`; `fair` selects the FIFO script.
@@ -172,6 +176,7 @@ pub fn acquire_call(
             let (place_ms, join) = match queueing {
                 Queueing::TryOnly => (0, "0"),
                 Queueing::Join { place_ms } => (place_ms, "1"),
+                Queueing::BargeOrJoin { place_ms } => (place_ms, "b"),
             };
             Call {
                 script: &LOCK_ACQUIRE_FAIR,
@@ -312,7 +317,7 @@ pub fn semaphore_acquire<'a>(
     let (mode, place_ms) = match fair {
         None => ("0", 0),
         Some(Queueing::TryOnly) => ("1", 0),
-        Some(Queueing::Join { place_ms }) => ("2", place_ms),
+        Some(Queueing::Join { place_ms } | Queueing::BargeOrJoin { place_ms }) => ("2", place_ms),
     };
     let mut inv = SEM_ACQUIRE.prepare_invoke();
     inv.key(keys.semaphore_holders())
@@ -453,7 +458,7 @@ pub fn rw_write_acquire<'a>(
 ) -> ScriptInvocation<'a> {
     let (place_ms, join) = match queueing {
         Queueing::TryOnly => (0, "0"),
-        Queueing::Join { place_ms } => (place_ms, "1"),
+        Queueing::Join { place_ms } | Queueing::BargeOrJoin { place_ms } => (place_ms, "1"),
     };
     let mut inv = RW_WRITE_ACQUIRE.prepare_invoke();
     inv.key(keys.rw_readers())

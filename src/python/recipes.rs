@@ -26,6 +26,7 @@ fn spec_for(
             fair: false,
             replicas: 0,
             reentrant: false,
+            queued: false,
         },
     ))
 }

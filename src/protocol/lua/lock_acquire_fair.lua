@@ -4,7 +4,9 @@
 -- KEYS[5] queue leases (hash token -> '<lease ms> <inbox>': what a release grants the waiter and
 --         where it tells it, lock_grant.lua)
 -- ARGV[1] token   ARGV[2] lease in ms   ARGV[3] how long a silent waiter keeps its place, in ms
--- ARGV[4] '1': join (or stay in) the queue when not granted; '0': try once, never queue
+-- ARGV[4] '1': join (or stay in) the queue when not granted; '0': try once, never queue;
+--         'b': an unfair lock's waiter: take a free lock even past the queue (as lock_acquire.lua
+--         does), and only when it is taken, join the queue as '1' does
 -- ARGV[5] the waiter's inbox: hex id of the process's subscriber, or '' (see lock_grant.lua)
 -- ARGV[6] fence counter's ttl in ms (after the last fence; see fence_next.lua)
 -- Reply: {1, fence} granted (also when the token holds the lock already: a retry, or a grant
@@ -35,24 +37,29 @@ if owner == ARGV[1] then
   return {1, current_fence(KEYS[2], ARGV[6])}
 end
 
-if head and owner == false then
+local barge = ARGV[4] == 'b'
+if head and owner == false and not barge then
   now, now_us = server_clock()
   if prune_queue(KEYS[3], KEYS[4], now, KEYS[5]) > 0 then
     head = redis.call('LINDEX', KEYS[3], 0)
   end
 end
 
-if owner == false and (head == false or head == ARGV[1]) then
+if owner == false and (head == false or head == ARGV[1] or barge) then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   if head == ARGV[1] then
     redis.call('LPOP', KEYS[3])
     redis.call('ZREM', KEYS[4], ARGV[1])
     redis.call('HDEL', KEYS[5], ARGV[1])
+  elseif head and barge and redis.call('ZREM', KEYS[4], ARGV[1]) == 1 then
+    -- (a resend whose first send joined: the place is given up with the lock taken)
+    redis.call('LREM', KEYS[3], 1, ARGV[1])
+    redis.call('HDEL', KEYS[5], ARGV[1])
   end
   return {1, next_fence(KEYS[2], ARGV[6], now_us)}
 end
 
-if ARGV[4] == '1' then
+if ARGV[4] == '1' or barge then
   -- No head: the queue is empty, so the token is not in it and no place in it can have lapsed
   -- (a place left in the deadlines alone is pruned with the next lapsed head, or expires with
   -- the keys): it is started with the token, whatever ZADD finds.
