@@ -270,18 +270,10 @@ def test_mixed_waiters_all_get_the_lock(
     assert holder.acquire(timeout=5)
     got: list[str] = []
 
-    def unfair() -> bool:
-        lock = redmutex.Lock(other_client_factory(), "mixed", ttl=30)
+    def queued(fair: bool) -> bool:
+        lock = redmutex.Lock(other_client_factory(), "mixed", ttl=30, fair=fair)
         ok = lock.acquire(timeout=30)
-        got.append("unfair")
-        time.sleep(0.05)
-        lock.release()
-        return ok
-
-    def fair() -> bool:
-        lock = redmutex.Lock(other_client_factory(), "mixed", ttl=30, fair=True)
-        ok = lock.acquire(timeout=30)
-        got.append("fair")
+        got.append("fair" if fair else "unfair")
         time.sleep(0.05)
         lock.release()
         return ok
@@ -292,7 +284,7 @@ def test_mixed_waiters_all_get_the_lock(
         time.sleep(0.05)
         return bool(ident) and redmutex.release_lock(client, "mixed", ident)
 
-    threads = [_Thread(fn) for fn in (unfair, fair, racing)]
+    threads = [_Thread(lambda: queued(False)), _Thread(lambda: queued(True)), _Thread(racing)]
     for th in threads:
         th.start()
     _wait_until(lambda: r.llen(key_of("mixed", "queue")) == 2, 10, "two waiters to queue")

@@ -549,8 +549,8 @@ def _interpreter_exiting() -> None: ...
 def _aio_calls() -> tuple[int, int]:
     """(calls served by the asyncio loop path, operations run on the runtime) so far."""
 
-def _waiting_attempts() -> tuple[int, int]:
-    """(attempts of waiting acquires on the caller's thread, through the runtime) so far."""
+def _waiting_attempts() -> int:
+    """Attempts made by waiting acquires so far (first attempts not counted)."""
 
 def _loop_cancelled(future: asyncio.Future[Any]) -> None:
     """An acquire's awaitable was cancelled: its attempt out on the loop path gives back what it

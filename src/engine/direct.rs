@@ -4,9 +4,7 @@
 //! round trip; here it costs none, which is what lets a lock + unlock pair approach the
 //! round-trip limit. Over plain TCP or a unix socket, the connections frame RESP themselves
 //! (`plain.rs`: one write and one read per call, no general parser); TLS uses the redis crate's
-//! blocking connection. Waiting and everything in the background still go through the runtime,
-//! except the attempt of a blocking waiter for an unfair lock once a release woke it: the
-//! caller's thread, which drives its wait, sends it here (`waiting::attempt_waiting`).
+//! blocking connection. Waiting and everything in the background go through the runtime.
 //!
 //! On a single server every call is served here. Through Sentinel the calls go to the master
 //! the sentinels name (looked up again after a failover), and on a Redis Cluster to the primary

@@ -74,21 +74,6 @@ pub fn invoke_direct(
     }
 }
 
-/// `invoke_direct` from within a future that the caller's thread polls (`caller_driven`): the
-/// script goes on a direct connection of this thread, and what the direct path leaves to the
-/// runtime is not waited for here (this thread is inside the runtime's context, where it must
-/// not block on it) but told (`Ok(None)`): the caller then awaits the runtime's path itself.
-pub fn try_invoke_direct(
-    shared: &Shared,
-    inv: &ScriptInvocation<'_>,
-) -> std::result::Result<Option<Value>, (Error, Option<Overdue>)> {
-    match shared.direct.invoke(inv, Retry::Once) {
-        Ok(reply) => Ok(Some(reply)),
-        Err(Miss::Failed(err, overdue)) => Err((err, overdue)),
-        Err(Miss::Elsewhere) => Ok(None),
-    }
-}
-
 thread_local! {
     /// Set while this thread polls a wait of the blocking API that it drives itself
     /// (`caller_driven`).

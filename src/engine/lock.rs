@@ -199,14 +199,6 @@ impl Contender for LockContender<'_> {
         self.read(attempt, sent_at)
     }
 
-    /// An unfair lock's racing waiter, woken, tries again on its own thread when it can (the
-    /// step its first attempt sent). A queued waiter takes its grant from the message and
-    /// refreshes its place through the runtime; `replicas` need WAIT on the write's connection; a
-    /// token the caller chose needs the resend-aware first send (see `shared_token`).
-    fn waiting_step(&self) -> Option<Step<Attempt>> {
-        (!self.queues() && self.spec.replicas == 0 && !self.shared_token).then(|| self.first_step())
-    }
-
     fn place(&self) -> Duration {
         if self.spec.fair {
             QUEUE_PLACE

@@ -133,49 +133,19 @@ fn undo_failed(err: Error, overdue: Option<Overdue>, undo: impl Fn() -> Undo) ->
     err
 }
 
-/// How many attempts of waiting acquires went on the waiter's own thread (its direct connection)
-/// and how many through the runtime, for tests (see `waiting_attempts`).
-static ON_CALLER: AtomicU64 = AtomicU64::new(0);
+/// How many attempts of waiting acquires went through the runtime (first attempts are not
+/// counted), for tests (see `waiting_attempts`).
 static ON_RUNTIME: AtomicU64 = AtomicU64::new(0);
 
-/// (attempts on the caller's thread, attempts through the runtime) made by waiting acquires
-/// (`compete`) in this process so far; first attempts are not counted.
-pub fn waiting_attempts() -> (u64, u64) {
-    (
-        ON_CALLER.load(Ordering::Relaxed),
-        ON_RUNTIME.load(Ordering::Relaxed),
-    )
+/// Attempts made by waiting acquires (`compete`) in this process so far; first attempts are not
+/// counted.
+pub fn waiting_attempts() -> u64 {
+    ON_RUNTIME.load(Ordering::Relaxed)
 }
 
 /// One attempt of a waiting acquire (which takes or refreshes the waiter's place, if it keeps
-/// one). A blocking caller whose thread drives the wait (`executor::on_caller_thread`) sends it
-/// itself on its direct connection when the contender offers the step (`waiting_step`): the
-/// runtime then only delivered the wake-up. Otherwise, or where the direct path leaves the call
-/// to the runtime (Cluster, Sentinel), it goes through the runtime. A direct attempt that fails
-/// is given back in the background like a first attempt's (`attempt_direct`); the caller is
-/// never interrupted in the middle of it (signals are looked at between polls).
-async fn attempt_waiting<C: Contender>(
-    contender: &C,
-    shared: &Shared,
-) -> Result<Outcome<C::Grant>> {
-    if executor::on_caller_thread() {
-        if let Some(step) = contender.waiting_step() {
-            let inv = executor::script_of(&step)?;
-            let sent_at = Instant::now();
-            match executor::try_invoke_direct(shared, inv) {
-                Ok(Some(reply)) => {
-                    ON_CALLER.fetch_add(1, Ordering::Relaxed);
-                    return contender.read(step.parse(reply)?, sent_at);
-                }
-                Err((err, overdue)) => {
-                    ON_CALLER.fetch_add(1, Ordering::Relaxed);
-                    return Err(undo_failed(err, overdue, || contender.undo()));
-                }
-                // Not sent, or refused before it ran: the runtime's path serves it.
-                Ok(None) => {}
-            }
-        }
-    }
+/// one), through the runtime.
+async fn attempt_waiting<C: Contender>(contender: &C) -> Result<Outcome<C::Grant>> {
     ON_RUNTIME.fetch_add(1, Ordering::Relaxed);
     contender.attempt(true).await
 }
@@ -212,13 +182,6 @@ pub trait Contender: Sync {
     /// One attempt. `join` is false for the first try (never take a place in a queue) and true
     /// while waiting (take or refresh the waiter's place, if the primitive keeps one).
     fn attempt(&self, join: bool) -> impl Future<Output = Result<Outcome<Self::Grant>>> + Send;
-
-    /// The step of an attempt while waiting (like `attempt(true)`) that a blocking caller's
-    /// thread may send itself on a direct connection when it is woken (see `attempt_waiting`);
-    /// None when such attempts must go through the runtime (by default).
-    fn waiting_step(&self) -> Option<Step<Self::Reply>> {
-        None
-    }
 
     /// The hold that a grant published for this waiter's token gives it (a fair lock's release
     /// hands the lock on by itself), or None when the grant is stale (it came before one of the
@@ -633,7 +596,7 @@ async fn compete<C: Contender>(
             None => {
                 // Subscribed before looking, so a release after the look is always heard.
                 registration.ready().await?;
-                match attempt_waiting(contender, plan.shared).await? {
+                match attempt_waiting(contender).await? {
                     Outcome::Granted(grant) => return Ok(Some(grant)),
                     Outcome::Refused => return Ok(None),
                     Outcome::Busy { retry_ms } => retry_ms,

@@ -46,9 +46,9 @@ where
     }
 }
 
-/// `_waiting_attempts()`: (attempts of waiting acquires made on the caller's thread, made through
-/// the runtime) so far, for tests that check which path a woken waiter took.
+/// `_waiting_attempts()`: attempts made by waiting acquires so far (first attempts not counted),
+/// for tests that count what a woken waiter sent.
 #[pyfunction]
-pub fn _waiting_attempts() -> (u64, u64) {
+pub fn _waiting_attempts() -> u64 {
     waiting::waiting_attempts()
 }
