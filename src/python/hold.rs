@@ -5,7 +5,7 @@
 //! block in exactly the same way.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use pyo3::prelude::*;
@@ -117,23 +117,17 @@ impl Listener for PyListener {
     }
 }
 
-/// Renewal's listener for `obj` (held weakly: renewal must not keep the object alive), when
-/// anything may extend its hold in the background (auto-renewal, a fair lock's top-up).
+/// Renewal's listener for `obj` (held weakly: renewal must not keep the object alive).
 fn listener(
     obj: &Bound<'_, PyAny>,
-    renews: bool,
     label: String,
     on_lost: Option<Arc<Py<PyAny>>>,
-) -> PyResult<Option<OnLost>> {
-    if !renews {
-        return Ok(None);
-    }
-    let listener: OnLost = Arc::new(PyListener {
+) -> PyResult<OnLost> {
+    Ok(Arc::new(PyListener {
         target: Arc::new(PyWeakrefReference::new(obj)?.unbind()),
         label,
         on_lost,
-    });
-    Ok(Some(listener))
+    }))
 }
 
 /// The error of a `with` that could not acquire within the object's timeout.
@@ -210,6 +204,9 @@ pub struct HoldCore<H: Held> {
     /// The wait of `acquire()`/`with` when no timeout is given: None waits forever.
     pub default_timeout: Option<Duration>,
     pub on_lost: Option<Arc<Py<PyAny>>>,
+    /// Renewal's listener, made on the first acquire that needs one and shared by the later
+    /// ones (its target, label and callback never change): see `listener_for`.
+    pub listener: OnceLock<OnLost>,
 }
 
 impl<H: Held> HoldCore<H> {
@@ -231,6 +228,7 @@ impl<H: Held> HoldCore<H> {
             ttl,
             default_timeout,
             on_lost,
+            listener: OnceLock::new(),
         }
     }
 
@@ -432,14 +430,19 @@ pub trait LockLike: PyClass<Frozen = True> + Sync {
     fn blocking_context() -> Context<Self::Handle>;
 }
 
-/// Renewal's listener for the object (see `listener`).
+/// Renewal's listener for the object, when anything may extend its hold in the background
+/// (auto-renewal, the top-up of a hold granted by a release): made once per core, since every
+/// blocking acquire of a default lock needs one and making it (a weakref, the label) costs.
 fn listener_for<C: LockLike>(slf: &Bound<'_, C>) -> PyResult<Option<OnLost>> {
     let core = slf.get().owner_core();
     if !core.handle.renews() {
-        // Spares every acquire of a lock that nothing renews the label's formatting.
         return Ok(None);
     }
-    listener(slf.as_any(), true, core.about.label(), core.on_lost.clone())
+    if let Some(made) = core.listener.get() {
+        return Ok(Some(made.clone()));
+    }
+    let made = listener(slf.as_any(), core.about.label(), core.on_lost.clone())?;
+    Ok(Some(core.listener.get_or_init(|| made).clone()))
 }
 
 /// The blocking acquire: the engine makes one direct attempt on this thread when the hold

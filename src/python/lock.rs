@@ -86,6 +86,7 @@ impl Owners {
             ttl: template.ttl,
             default_timeout: template.default_timeout,
             on_lost: template.on_lost.clone(),
+            listener: Default::default(),
         });
         map.insert(me, core.clone());
         Ok(core)

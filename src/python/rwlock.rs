@@ -63,6 +63,7 @@ impl PyRwLock {
                 ttl: this.ttl,
                 default_timeout: this.default_timeout,
                 on_lost: this.on_lost.clone(),
+                listener: Default::default(),
             },
         }
     }
