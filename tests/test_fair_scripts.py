@@ -29,8 +29,15 @@ def _source(*files: str) -> str:
 
 
 JOIN = _source("queue_prune.lua", "fence_next.lua", "lock_acquire_fair.lua")
-# What lock_release.lua runs once it found a queue (after its compare-and-delete).
-GRANT = _source("queue_prune.lua", "fence_next.lua", "lock_grant.lua", "lock_release_grant.lua")
+# The release as scripts.rs builds it: lock_release.lua's compare, and once it found a queue, the
+# grant after the preludes.
+RELEASE = _source(
+    "lock_release.lua",
+    "queue_prune.lua",
+    "fence_next.lua",
+    "lock_grant.lua",
+    "lock_release_grant.lua",
+)
 KEYS = ["t{n}:lock", "t{n}:fence", "t{n}:queue", "t{n}:queue:deadlines", "t{n}:queue:leases"]
 LOCK, FENCE, QUEUE, DEADLINES, LEASES = KEYS
 
@@ -41,18 +48,20 @@ class Fair:
     def __init__(self, r: redis.Redis) -> None:
         self.r = r
         self._join = r.register_script(JOIN)
-        self._grant = r.register_script(GRANT)
+        self._release = r.register_script(RELEASE)
         r.script_load(JOIN)
-        r.script_load(GRANT)
+        r.script_load(RELEASE)
 
     def join(self, token: str, lease_ms: int = 10_000, inbox: str = "ab12") -> list[int]:
         args: list[str | int] = [token, lease_ms, PLACE_MS, "1", inbox, FENCE_TTL_MS]
         return self._join(keys=KEYS, args=args)  # type: ignore[no-any-return]
 
-    def release(self) -> None:
-        """The holder's release: the lock deleted, then the grant to the queue's head."""
-        self.r.delete(LOCK)
-        assert self._grant(keys=KEYS, args=["", CHANNEL, SLACK_MS, FENCE_TTL_MS]) == 1
+    def release(self, holder: str | bytes | None = None) -> None:
+        """`holder`'s release (by default whoever holds the lock now), granting it to the
+        queue's head."""
+        holder = holder or self.r.get(LOCK)  # type: ignore[assignment]
+        assert holder is not None
+        assert self._release(keys=KEYS, args=[holder, CHANNEL, SLACK_MS, FENCE_TTL_MS]) == 1
 
     def calls(self) -> dict[str, int]:
         stats = self.r.info("commandstats")
@@ -189,6 +198,7 @@ def test_a_join_behind_a_held_lock_prunes_nothing_and_a_lapsed_place_goes_when_i
     assert busy == 0 and 0 < ms <= PLACE_MS
     assert fair.queue() == [b"b", b"c", b"d", b"e"]
     assert fair.r.zscore(DEADLINES, "a") is None and not fair.r.hexists(LEASES, "a")
+    fair.r.set(LOCK, "x", px=10_000)
     fair.release()
     assert fair.r.get(LOCK) == b"b"
 
@@ -228,27 +238,59 @@ def test_the_queue_keys_outlive_every_place_and_get_their_expiry_only_when_short
 def test_a_hand_off_costs_redis_fewer_commands(fair: Fair) -> None:
     """The fair hand-off of `make bench` (hold, release to a queued waiter, ask again): the
     release's grant and the former holder's join. Before issue 18 item 3 it took 29 commands
-    (two script calls and 27 commands in them) whether others queued or not."""
+    (two script calls and 27 commands in them) whether others queued or not; the grant writing
+    over the released lock key instead of deleting it first saves one more."""
 
     def hand_off(holder: str, waiting: str) -> int:
-        ran = fair.ran(fair.release)
+        ran = fair.ran(lambda: fair.release(holder))
         assert fair.r.get(LOCK) == waiting.encode()
         ran_join = fair.ran(lambda: fair.join(holder))
-        assert ran_join["evalsha"] == 1 and ran["evalsha"] == 1 and ran["del"] == 1
-        # The release is lock_release.lua's GET, DEL, EXISTS (here the test's DEL), then GRANT.
-        return sum(ran.values()) - 1 + 3 + sum(ran_join.values())
+        assert ran_join["evalsha"] == 1 and ran["evalsha"] == 1 and "del" not in ran, ran
+        return sum(ran.values()) + sum(ran_join.values())
 
     fair.r.set(LOCK, "a", px=10_000)
     assert fair.join("b")[0] == 0
     # Two processes: the queue is empty when the former holder joins again.
     holder, waiting = "a", "b"
     for _ in range(3):
-        assert hand_off(holder, waiting) == 26
+        assert hand_off(holder, waiting) == 25
         holder, waiting = waiting, holder
     # Four processes: two others queued when the former holder joins again.
     for token in ("c", "d"):
         assert fair.join(token)[0] == 0
     order = [holder, waiting, "c", "d"]
     for _ in range(4):
-        assert hand_off(order[0], order[1]) == 24
+        assert hand_off(order[0], order[1]) == 23
         order = order[1:] + order[:1]
+
+
+def test_a_release_that_grants_nothing_frees_the_lock(fair: Fair) -> None:
+    """The grant writes over the released lock key; when there is nobody to grant it to (every
+    place lapsed) or the head only gets woken (queued by a client from before the leases hash,
+    it takes the lock itself), the release deletes the key instead."""
+    wake = fair.r.pubsub(ignore_subscribe_messages=True)
+    wake.subscribe(CHANNEL)
+    try:
+        fair.r.set(LOCK, "x", px=10_000)
+        for token in ("a", "b"):
+            assert fair.join(token)[0] == 0
+        fair.r.zadd(DEADLINES, {"a": 1, "b": 1})  # both lapsed
+        fair.release()
+        assert fair.r.exists(LOCK) == 0
+        assert fair.queue() == []
+        fair.r.set(LOCK, "x", px=10_000)
+        assert fair.join("old")[0] == 0
+        fair.r.hdel(LEASES, "old")  # as an older client queues: no lease recorded
+        fair.release()
+        assert fair.r.exists(LOCK) == 0
+        assert fair.queue() == [b"old"]  # woken by name, it takes the lock itself
+        heard: list[bytes] = []
+        for _ in range(10):  # (a None for the subscription's confirmation, ignored)
+            message = wake.get_message(timeout=1.0)
+            if message:
+                heard.append(message["data"])
+            if len(heard) == 2:
+                break
+        assert heard == [b"", b"old"]
+    finally:
+        wake.close()

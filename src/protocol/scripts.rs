@@ -941,9 +941,12 @@ mod tests {
         let prune = source.find("local function prune_queue").unwrap();
         let fence = source.find("local function next_fence").unwrap();
         let grant = source.find("local function grant_head").unwrap();
-        let call = source.find("if not grant_head(").unwrap();
+        let call = source.find("= grant_head(").unwrap();
         assert!(delete < early && early < prune && prune < fence && fence < grant);
         assert!(grant < call);
+        // With a queue, the lock key is deleted only when no grant wrote over it.
+        let late_delete = source[call..].find("redis.call('DEL', KEYS[1])").unwrap();
+        assert!(source[call..call + late_delete].contains("if not granted then"));
         assert!(source[..prune].contains("'EXISTS', KEYS[3]) == 0"));
         assert!(!source[..prune].contains("grant_head("));
     }

@@ -13,19 +13,20 @@
 -- Lapsed places are pruned only when the head's own place lapsed (or is not recorded): a live
 -- head is granted as it is, and places lapsed behind it are pruned before they could come
 -- first (by a later grant, or a join that finds the lock free), or expire with the queue keys.
--- Reply: true if a message was published.
+-- Reply: true if a message was published; then true if the lock was set to the head's token
+-- (a head that is only woken finds it free).
 local function grant_head(lock_key, fence_key, queue_key, deadline_key, lease_key, channel,
                           slack_ms, now, fence_ttl_ms, now_us)
   local head = redis.call('LINDEX', queue_key, 0)
   if not head then
-    return false
+    return false, false
   end
   local deadline = tonumber(redis.call('ZSCORE', deadline_key, head))
   if not (deadline and deadline > now) then
     if prune_queue(queue_key, deadline_key, now, lease_key) > 0 then
       head = redis.call('LINDEX', queue_key, 0)
       if not head then
-        return false
+        return false, false
       end
       deadline = tonumber(redis.call('ZSCORE', deadline_key, head))
     end
@@ -34,7 +35,7 @@ local function grant_head(lock_key, fence_key, queue_key, deadline_key, lease_ke
   lease = tonumber(lease)
   if not lease then
     redis.call('PUBLISH', channel, head)
-    return true
+    return true, false
   end
   local place_left = (deadline or now) - now
   local px = math.max(math.min(lease, place_left + slack_ms), 1)
@@ -48,5 +49,5 @@ local function grant_head(lock_key, fence_key, queue_key, deadline_key, lease_ke
   end
   redis.call('PUBLISH', channel, head .. ' ' .. string.format('%d', fence) .. ' '
     .. string.format('%d', px))
-  return true
+  return true, true
 end

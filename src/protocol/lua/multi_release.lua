@@ -13,15 +13,19 @@ local now, now_us = nil, nil
 for i = 1, n do
   local k = 5 * (i - 1)
   if redis.call('GET', KEYS[k + 1]) == ARGV[1] then
-    redis.call('DEL', KEYS[k + 1])
     released = released + 1
-    local handed = false
+    local handed, granted = false, false
     if redis.call('EXISTS', KEYS[k + 3]) == 1 then
       if not now then
         now, now_us = server_clock()
       end
-      handed = grant_head(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5],
-                          ARGV[3 + i], tonumber(ARGV[2]), now, ARGV[3], now_us)
+      -- (a grant writes over the lock key, still ours: see lock_release_grant.lua)
+      handed, granted = grant_head(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4],
+                                   KEYS[k + 5], ARGV[3 + i], tonumber(ARGV[2]), now, ARGV[3],
+                                   now_us)
+    end
+    if not granted then
+      redis.call('DEL', KEYS[k + 1])
     end
     if not handed then
       redis.call('PUBLISH', ARGV[3 + i], '')
