@@ -253,14 +253,14 @@ def test_a_hand_off_costs_redis_fewer_commands(fair: Fair) -> None:
     # Two processes: the queue is empty when the former holder joins again.
     holder, waiting = "a", "b"
     for _ in range(3):
-        assert hand_off(holder, waiting) == 25
+        assert hand_off(holder, waiting) == 24
         holder, waiting = waiting, holder
     # Four processes: two others queued when the former holder joins again.
     for token in ("c", "d"):
         assert fair.join(token)[0] == 0
     order = [holder, waiting, "c", "d"]
     for _ in range(4):
-        assert hand_off(order[0], order[1]) == 23
+        assert hand_off(order[0], order[1]) == 22
         order = order[1:] + order[:1]
 
 

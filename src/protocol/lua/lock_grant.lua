@@ -10,14 +10,15 @@
 -- woken, on `channel` with its bare token, to take the lock itself. The fence counter's
 -- expiry is set to `fence_ttl_ms` (see fence_next.lua). `now`: the server's clock in ms;
 -- `now_us`: the same reading in µs (server_clock in queue_prune.lua), the fence's clock.
+-- `head`: the queue's first token as the caller read it already (optional; else read here).
 -- Lapsed places are pruned only when the head's own place lapsed (or is not recorded): a live
 -- head is granted as it is, and places lapsed behind it are pruned before they could come
 -- first (by a later grant, or a join that finds the lock free), or expire with the queue keys.
 -- Reply: true if a message was published; then true if the lock was set to the head's token
 -- (a head that is only woken finds it free).
 local function grant_head(lock_key, fence_key, queue_key, deadline_key, lease_key, channel,
-                          slack_ms, now, fence_ttl_ms, now_us)
-  local head = redis.call('LINDEX', queue_key, 0)
+                          slack_ms, now, fence_ttl_ms, now_us, head)
+  head = head or redis.call('LINDEX', queue_key, 0)
   if not head then
     return false, false
   end

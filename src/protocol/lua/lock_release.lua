@@ -11,7 +11,9 @@
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
-if redis.call('EXISTS', KEYS[3]) == 0 then
+-- The queue's head (false: nobody queues), which the grant goes on from.
+local head = redis.call('LINDEX', KEYS[3], 0)
+if not head then
   redis.call('DEL', KEYS[1])
   redis.call('PUBLISH', ARGV[2], '')
   return 1

@@ -15,14 +15,15 @@ for i = 1, n do
   if redis.call('GET', KEYS[k + 1]) == ARGV[1] then
     released = released + 1
     local handed, granted = false, false
-    if redis.call('EXISTS', KEYS[k + 3]) == 1 then
+    local head = redis.call('LINDEX', KEYS[k + 3], 0)
+    if head then
       if not now then
         now, now_us = server_clock()
       end
       -- (a grant writes over the lock key, still ours: see lock_release_grant.lua)
       handed, granted = grant_head(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4],
                                    KEYS[k + 5], ARGV[3 + i], tonumber(ARGV[2]), now, ARGV[3],
-                                   now_us)
+                                   now_us, head)
     end
     if not granted then
       redis.call('DEL', KEYS[k + 1])
