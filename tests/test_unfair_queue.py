@@ -23,7 +23,7 @@ from _helpers import ResultThread as _Thread
 from _helpers import calls_delta as _delta
 from _helpers import command_calls as _calls
 from _helpers import wait_until as _wait_until
-from redmutex import aio
+from redmutex import _core, aio
 
 if TYPE_CHECKING:
     from conftest import MpProcs
@@ -254,6 +254,43 @@ def test_an_asyncio_waiter_is_granted_the_lock(
         return barged
 
     assert asyncio.run(main()) == 0
+
+
+@pytest.mark.timeout(60)
+def test_an_asyncio_waiter_that_found_the_lock_taken_joins_with_its_first_attempt(
+    client: redmutex.Client, r: redis.Redis, key_of: KeyOf
+) -> None:
+    """Like the blocking API's, an asyncio acquire whose last first attempt found the lock
+    taken listens first and joins the queue with that attempt: granted by the release, it makes
+    no attempt while waiting. Its first acquires do not know yet (the very first may go through
+    the runtime while the loop's connection is made; the next is a plain first attempt): one
+    attempt each, to join. Before, every round made one."""
+    holder = redmutex.Lock(client, "aio-early", ttl=30)
+    queue = key_of("aio-early", "queue")
+
+    async def main() -> list[int]:
+        lock = aio.Lock(client, "aio-early", ttl=30)
+        loop = asyncio.get_running_loop()
+        attempts = []
+        for _ in range(6):
+            assert await loop.run_in_executor(None, lambda: holder.acquire(timeout=10))
+            before = _core._waiting_attempts()
+            task = asyncio.ensure_future(lock.acquire(timeout=20))
+            deadline = time.monotonic() + 10
+            while r.llen(queue) != 1:
+                assert time.monotonic() < deadline, "the asyncio waiter did not queue"
+                await asyncio.sleep(0.005)
+            await loop.run_in_executor(None, holder.release)
+            assert await asyncio.wait_for(task, 20) is True
+            attempts.append(_core._waiting_attempts() - before)
+            await lock.release()
+        return attempts
+
+    attempts = asyncio.run(main())
+    assert attempts[0] >= 1, attempts
+    # (a rare extra attempt, e.g. a place refresh on a slow machine, is seen on the blocking
+    # path too)
+    assert attempts[2:].count(0) >= 3, attempts
 
 
 @pytest.mark.timeout(90)

@@ -152,7 +152,7 @@ where
 {
     let py = ready.conn.py();
     let future = ready.create_future()?;
-    let (packed, attempt) = match handle.holder().begin_try(&context) {
+    let (packed, attempt) = match handle.holder().begin_try(&context, wait) {
         Ok(begun) => begun,
         Err(err) => {
             resolve(py, &future, convert(py, Err(err)));

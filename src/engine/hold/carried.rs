@@ -2,19 +2,21 @@
 //! (the asyncio loop path, `python/loop_conn.rs`): `begin_try` makes the object Acquiring and
 //! gives the call as bytes, `finish_try` reads the reply like the blocking direct path's first
 //! attempt (`Holder::read_first`), and what must wait goes on through the runtime
-//! (`acquire_waiting`). Release, extend and `owned` use the steps of `hold.rs`
+//! (`acquire_waiting`). Like the direct path's, a first attempt that will likely find the
+//! primitive taken listens first and takes the waiter's place in a queue (`listen_early`). Release, extend and `owned` use the steps of `hold.rs`
 //! (`begin_release_step`, ...), shared with the direct path.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
 use redis::Value;
 
-use super::{Holder, Leased, OnLost, Pending, State, Ticket};
+use super::{EarlyWait, Holder, Leased, OnLost, Pending, State, Ticket};
 use crate::engine::client::{Backend, Shared};
 use crate::engine::error::{Error, Result};
 use crate::engine::token::new_token;
-use crate::engine::waiting::{spawn_undo, Contender, Wait};
+use crate::engine::waiting::{self, spawn_undo, Contender, Early, Wait};
 use crate::protocol::resp::{self, Packed};
 
 /// A first acquire attempt whose step a caller sends itself (`Holder::begin_try`); the object
@@ -23,6 +25,9 @@ pub struct Try {
     token: String,
     shared: Arc<Shared>,
     sent_at: Instant,
+    /// The waiter's registrations when it listened before the attempt; the attempt then was
+    /// the joining one (`Contender::first_step_joining`).
+    early: Option<Early>,
 }
 
 /// What a first attempt sent by the caller left.
@@ -38,6 +43,17 @@ pub enum Tried {
 pub struct Waiting {
     token: Option<String>,
     busy_retry_ms: Option<i64>,
+    /// What a first attempt that listened early leaves to the wait (its place in a queue).
+    early: Option<Box<EarlyWait>>,
+}
+
+/// An acquire that never goes on to wait gives back the place its first attempt took.
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if let Some(undo) = self.early.take().and_then(|e| e.undo) {
+            spawn_undo(undo);
+        }
+    }
 }
 
 impl<P: Leased> Holder<P> {
@@ -49,16 +65,29 @@ impl<P: Leased> Holder<P> {
         self.has_direct() && !self.primitive.reentrant()
     }
 
-    /// Begins an acquire whose first attempt (`Contender::first_step`, which never queues) the
-    /// caller sends itself: the call as bytes and the attempt to finish with `finish_try`. Only
-    /// when `carried`.
-    pub fn begin_try(&self, args: &P::Args) -> Result<(Packed, Try)> {
+    /// Begins an acquire whose first attempt the caller sends itself: the call as bytes and the
+    /// attempt to finish with `finish_try`. As on the direct path, a caller that will wait
+    /// listens first when the last first attempt found the primitive taken, and its attempt
+    /// then takes its place in a queue (`waiting::listen_early`). Only when `carried`.
+    pub fn begin_try(&self, args: &P::Args, wait: Wait) -> Result<(Packed, Try)> {
         let shared = self.client.shared()?;
         let mut pending = self.begin_acquire()?;
         let token = new_token()?;
-        let call = {
+        let (call, early) = {
             let contender = self.primitive.contender(&shared, &token, args)?;
-            resp::pack(contender.first_step().call())
+            let busy_likely = self.found_busy.load(Ordering::Relaxed);
+            let early = (wait != Wait::Once)
+                .then(|| {
+                    let plan = self.primitive.plan(&shared, &token);
+                    waiting::listen_early(&contender, &plan, busy_likely)
+                })
+                .flatten();
+            let step = if early.is_some() {
+                contender.first_step_joining()
+            } else {
+                contender.first_step()
+            };
+            (resp::pack(step.call()), early)
         };
         // The `Try` carries the Acquiring state from here on.
         pending.settled = true;
@@ -66,6 +95,7 @@ impl<P: Leased> Holder<P> {
             token,
             shared,
             sent_at: Instant::now(),
+            early,
         };
         Ok((call, attempt))
     }
@@ -95,9 +125,17 @@ impl<P: Leased> Holder<P> {
             token,
             shared,
             sent_at,
+            early,
         } = attempt;
         let outcome = {
             let contender = self.primitive.contender(&shared, &token, args)?;
+            // The step the attempt sent, to read its reply (a joining one also tells the
+            // contender that it holds a place to give back).
+            let step = if early.is_some() {
+                contender.first_step_joining()
+            } else {
+                contender.first_step()
+            };
             let reply = match reply {
                 Ok(reply) => reply,
                 Err((err, resend)) => {
@@ -109,17 +147,20 @@ impl<P: Leased> Holder<P> {
                     return Ok(Tried::Wait(Waiting {
                         token: None,
                         busy_retry_ms: None,
+                        early: None,
                     }));
                 }
             };
-            let step = contender.first_step();
-            self.read_first(&mut pending, &contender, &step, reply, sent_at, wait, None)?
+            self.read_first(&mut pending, &contender, &step, reply, sent_at, wait, early)?
         };
+        self.found_busy
+            .store(pending.busy_retry_ms.is_some(), Ordering::Relaxed);
         if let Some(retry_ms) = pending.busy_retry_ms {
             pending.settled = true;
             return Ok(Tried::Wait(Waiting {
                 token: Some(token),
                 busy_retry_ms: Some(retry_ms),
+                early: pending.early.take(),
             }));
         }
         let backend = Backend::Single(shared);
@@ -152,11 +193,12 @@ impl<P: Leased> Holder<P> {
         args: &P::Args,
         ticket: Ticket,
     ) -> Result<bool> {
+        let mut waiting = waiting;
         let pending = Pending {
             holder: self,
-            token: waiting.token,
+            token: waiting.token.take(),
             busy_retry_ms: waiting.busy_retry_ms,
-            early: None,
+            early: waiting.early.take(),
             settled: false,
             ticket: Some(ticket),
         };
