@@ -293,6 +293,47 @@ def test_an_asyncio_waiter_that_found_the_lock_taken_joins_with_its_first_attemp
     assert attempts[2:].count(0) >= 3, attempts
 
 
+@pytest.mark.timeout(60)
+def test_a_cancelled_asyncio_waiter_leaves_the_place_its_first_attempt_took(
+    client: redmutex.Client, r: redis.Redis, key_of: KeyOf
+) -> None:
+    """Cancelled once its first attempt joined the queue, an asyncio acquire leaves the queue
+    at once (well before its place would lapse, 2 s) and the lock goes to nobody else."""
+    holder = redmutex.Lock(client, "aio-early-cancel", ttl=30)
+    queue = key_of("aio-early-cancel", "queue")
+
+    async def queued(lock: aio.Lock) -> asyncio.Future[bool]:
+        task = asyncio.ensure_future(lock.acquire(timeout=20))
+        deadline = time.monotonic() + 10
+        while r.llen(queue) != 1:
+            assert time.monotonic() < deadline, "the asyncio waiter did not queue"
+            await asyncio.sleep(0.005)
+        return task
+
+    async def main() -> list[float]:
+        lock = aio.Lock(client, "aio-early-cancel", ttl=30)
+        loop = asyncio.get_running_loop()
+        left_after = []
+        for _ in range(4):
+            assert await loop.run_in_executor(None, lambda: holder.acquire(timeout=10))
+            task = await queued(lock)
+            task.cancel()
+            cancelled_at = time.monotonic()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            while r.exists(queue):
+                assert time.monotonic() - cancelled_at < 1.5, "the place was not left"
+                await asyncio.sleep(0.005)
+            left_after.append(time.monotonic() - cancelled_at)
+            assert lock.token is None
+            await loop.run_in_executor(None, holder.release)
+            assert r.exists(key_of("aio-early-cancel", "lock")) == 0
+        return left_after
+
+    left_after = asyncio.run(main())
+    assert max(left_after) < 1.5, left_after
+
+
 @pytest.mark.timeout(90)
 def test_mixed_waiters_all_get_the_lock(
     client: redmutex.Client,
