@@ -698,19 +698,7 @@ impl<P: Leased> Holder<P> {
         let token = new_token()?;
         let outcome = {
             let contender = self.primitive.contender(&shared, &token, args)?;
-            // Listening before the attempt spares the wait a second look.
-            let busy_likely = self.found_busy.load(Ordering::Relaxed);
-            let early = (wait != Wait::Once)
-                .then(|| {
-                    let plan = self.primitive.plan(&shared, &token);
-                    waiting::listen_early(&contender, &plan, busy_likely)
-                })
-                .flatten();
-            let step = if early.is_some() {
-                contender.first_step_joining()
-            } else {
-                contender.first_step()
-            };
+            let (step, early) = self.first_attempt(&contender, &shared, &token, wait);
             let (reply, sent_at) =
                 attempt_direct(&shared, executor::script_of(&step)?, || contender.undo())?;
             self.read_first(&mut pending, &contender, &step, reply, sent_at, wait, early)?
@@ -723,6 +711,36 @@ impl<P: Leased> Holder<P> {
         }
         let acquired = pending.settle(&backend, token, Ok(outcome), listener)?;
         Ok(Direct::Done(acquired))
+    }
+
+    /// The step of a first attempt (on the caller's thread, or carried by the caller) and, when
+    /// the caller will wait and the object's last first attempt found the primitive taken, the
+    /// waiter's registrations made before it (`waiting::listen_early`): the step is then the
+    /// joining one, so the wait needs no second look and a queued waiter its place at once.
+    #[allow(clippy::type_complexity)]
+    fn first_attempt<'c>(
+        &self,
+        contender: &P::Contender<'c>,
+        shared: &Arc<Shared>,
+        token: &str,
+        wait: Wait,
+    ) -> (
+        Step<<P::Contender<'c> as Contender>::Reply>,
+        Option<waiting::Early>,
+    ) {
+        let busy_likely = self.found_busy.load(Ordering::Relaxed);
+        let early = (wait != Wait::Once)
+            .then(|| {
+                let plan = self.primitive.plan(shared, token);
+                waiting::listen_early(contender, &plan, busy_likely)
+            })
+            .flatten();
+        let step = if early.is_some() {
+            contender.first_step_joining()
+        } else {
+            contender.first_step()
+        };
+        (step, early)
     }
 
     /// What the reply of a first attempt (`Contender::first_step`, or its joining twin when the

@@ -16,7 +16,7 @@ use super::{EarlyWait, Holder, Leased, OnLost, Pending, State, Ticket};
 use crate::engine::client::{Backend, Shared};
 use crate::engine::error::{Error, Result};
 use crate::engine::token::new_token;
-use crate::engine::waiting::{self, spawn_undo, Contender, Early, Wait};
+use crate::engine::waiting::{spawn_undo, Contender, Early, Wait};
 use crate::protocol::resp::{self, Packed};
 
 /// A first acquire attempt whose step a caller sends itself (`Holder::begin_try`); the object
@@ -75,18 +75,7 @@ impl<P: Leased> Holder<P> {
         let token = new_token()?;
         let (call, early) = {
             let contender = self.primitive.contender(&shared, &token, args)?;
-            let busy_likely = self.found_busy.load(Ordering::Relaxed);
-            let early = (wait != Wait::Once)
-                .then(|| {
-                    let plan = self.primitive.plan(&shared, &token);
-                    waiting::listen_early(&contender, &plan, busy_likely)
-                })
-                .flatten();
-            let step = if early.is_some() {
-                contender.first_step_joining()
-            } else {
-                contender.first_step()
-            };
+            let (step, early) = self.first_attempt(&contender, &shared, &token, wait);
             (resp::pack(step.call()), early)
         };
         // The `Try` carries the Acquiring state from here on.
