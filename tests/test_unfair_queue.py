@@ -220,6 +220,16 @@ def test_a_killed_queued_waiter_holds_the_others_back_briefly(
     waiter.release()
 
 
+async def _queued_acquire(lock: aio.Lock, r: redis.Redis, queue: bytes) -> asyncio.Future[bool]:
+    """Starts `lock.acquire()` in a task and returns it once its waiter is the queue's only one."""
+    task = asyncio.ensure_future(lock.acquire(timeout=20))
+    deadline = time.monotonic() + 10
+    while r.llen(queue) != 1:
+        assert time.monotonic() < deadline, "the asyncio waiter did not queue"
+        await asyncio.sleep(0.005)
+    return task
+
+
 @pytest.mark.timeout(60)
 def test_an_asyncio_waiter_is_granted_the_lock(
     client: redmutex.Client, r: redis.Redis, key_of: KeyOf
@@ -235,11 +245,7 @@ def test_an_asyncio_waiter_is_granted_the_lock(
         barged = 0
         for _ in range(5):
             assert await loop.run_in_executor(None, lambda: holder.acquire(timeout=10))
-            task = asyncio.ensure_future(lock.acquire(timeout=20))
-            deadline = time.monotonic() + 10
-            while r.llen(queue) != 1:
-                assert time.monotonic() < deadline, "the asyncio waiter did not queue"
-                await asyncio.sleep(0.01)
+            task = await _queued_acquire(lock, r, queue)
 
             def release_and_try() -> bool:
                 holder.release()
@@ -275,11 +281,7 @@ def test_an_asyncio_waiter_that_found_the_lock_taken_joins_with_its_first_attemp
         for _ in range(6):
             assert await loop.run_in_executor(None, lambda: holder.acquire(timeout=10))
             before = _core._waiting_attempts()
-            task = asyncio.ensure_future(lock.acquire(timeout=20))
-            deadline = time.monotonic() + 10
-            while r.llen(queue) != 1:
-                assert time.monotonic() < deadline, "the asyncio waiter did not queue"
-                await asyncio.sleep(0.005)
+            task = await _queued_acquire(lock, r, queue)
             await loop.run_in_executor(None, holder.release)
             assert await asyncio.wait_for(task, 20) is True
             attempts.append(_core._waiting_attempts() - before)
@@ -302,21 +304,13 @@ def test_a_cancelled_asyncio_waiter_leaves_the_place_its_first_attempt_took(
     holder = redmutex.Lock(client, "aio-early-cancel", ttl=30)
     queue = key_of("aio-early-cancel", "queue")
 
-    async def queued(lock: aio.Lock) -> asyncio.Future[bool]:
-        task = asyncio.ensure_future(lock.acquire(timeout=20))
-        deadline = time.monotonic() + 10
-        while r.llen(queue) != 1:
-            assert time.monotonic() < deadline, "the asyncio waiter did not queue"
-            await asyncio.sleep(0.005)
-        return task
-
     async def main() -> list[float]:
         lock = aio.Lock(client, "aio-early-cancel", ttl=30)
         loop = asyncio.get_running_loop()
         left_after = []
         for _ in range(4):
             assert await loop.run_in_executor(None, lambda: holder.acquire(timeout=10))
-            task = await queued(lock)
+            task = await _queued_acquire(lock, r, queue)
             task.cancel()
             cancelled_at = time.monotonic()
             with pytest.raises(asyncio.CancelledError):
