@@ -220,6 +220,44 @@ def test_a_killed_queued_waiter_holds_the_others_back_briefly(
     waiter.release()
 
 
+@pytest.mark.timeout(60)
+def test_a_thread_behind_its_process_competitor_waits_without_a_first_attempt(
+    client: redmutex.Client, r: redis.Redis, key_of: KeyOf
+) -> None:
+    """One waiter per process and name queues in Redis; another thread of that process that
+    comes to wait while it does queues in process behind it without asking Redis first (the
+    lock is held, or about to be granted to that waiter), then gets the lock in its turn."""
+    queue = key_of("behind", "queue")
+    holder = redmutex.Lock(client, "behind", ttl=30)
+    assert holder.acquire(timeout=5)
+    first, second = (redmutex.Lock(client, "behind", ttl=30) for _ in range(2))
+    order: list[str] = []
+
+    def waiter(lock: redmutex.Lock, label: str) -> bool:
+        got = lock.acquire(timeout=20)
+        order.append(label)
+        time.sleep(0.05)
+        lock.release()
+        return got
+
+    ahead = _Thread(lambda: waiter(first, "first"))
+    ahead.start()
+    _wait_until(lambda: r.llen(queue) == 1, 10, "the first waiter to queue")
+    before = _calls(r)
+    behind = _Thread(lambda: waiter(second, "second"))
+    behind.start()
+    time.sleep(0.3)
+    ran = _delta(before, _calls(r))
+    # A first attempt (lock_acquire.lua) sends SET NX; the queued waiter's place refreshes
+    # (which may fall in the window) find the lock held and send no SET.
+    assert "set" not in ran, ran
+    assert behind.finished_at is None and r.llen(queue) == 1
+    holder.release()
+    assert ahead.outcome(20) is True
+    assert behind.outcome(20) is True
+    assert order == ["first", "second"]
+
+
 async def _queued_acquire(lock: aio.Lock, r: redis.Redis, queue: bytes) -> asyncio.Future[bool]:
     """Starts `lock.acquire()` in a task and returns it once its waiter is the queue's only one."""
     task = asyncio.ensure_future(lock.acquire(timeout=20))

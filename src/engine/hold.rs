@@ -698,10 +698,32 @@ impl<P: Leased> Holder<P> {
         let token = new_token()?;
         let outcome = {
             let contender = self.primitive.contender(&shared, &token, args)?;
-            let (step, early) = self.first_attempt(&contender, &shared, &token, wait);
-            let (reply, sent_at) =
-                attempt_direct(&shared, executor::script_of(&step)?, || contender.undo())?;
-            self.read_first(&mut pending, &contender, &step, reply, sent_at, wait, early)?
+            // Behind this process's competitor, a waiter waits without a first attempt: it
+            // finds the primitive taken (or granted to that competitor) when its turn comes.
+            let behind = wait != Wait::Once
+                && waiting::behind_own_competitor(&self.primitive.plan(&shared, &token));
+            if behind {
+                None
+            } else {
+                let (step, early) = self.first_attempt(&contender, &shared, &token, wait);
+                let (reply, sent_at) =
+                    attempt_direct(&shared, executor::script_of(&step)?, || contender.undo())?;
+                Some(self.read_first(
+                    &mut pending,
+                    &contender,
+                    &step,
+                    reply,
+                    sent_at,
+                    wait,
+                    early,
+                )?)
+            }
+        };
+        let Some(outcome) = outcome else {
+            self.found_busy.store(true, Ordering::Relaxed);
+            pending.token = Some(token);
+            pending.busy_retry_ms = Some(-1);
+            return Ok(Direct::Wait(pending));
         };
         let busy = pending.busy_retry_ms.is_some();
         self.found_busy.store(busy, Ordering::Relaxed);

@@ -337,6 +337,17 @@ pub fn listen_early<C: Contender>(
     Some(Early { wake, inbox, turn })
 }
 
+/// Whether another waiter of this process competes at `plan`'s gate now, keeping a place in
+/// Redis: a new waiter would only queue in process behind it (see `Plan::gate`), so its first
+/// attempt can tell it nothing worth a round trip (the lock is held, or granted to that waiter).
+pub fn behind_own_competitor(plan: &Plan<'_>) -> bool {
+    plan.queued
+        && plan
+            .gate
+            .as_ref()
+            .is_some_and(|id| plan.shared.locals.get::<Gate>(id).try_lock().is_err())
+}
+
 /// Sends `undo` if dropped while armed.
 struct Cleanup<'a, C: Contender> {
     contender: &'a C,
