@@ -3,8 +3,9 @@
 //! gives the call as bytes, `finish_try` reads the reply like the blocking direct path's first
 //! attempt (`Holder::read_first`), and what must wait goes on through the runtime
 //! (`acquire_waiting`). Like the direct path's, a first attempt that will likely find the
-//! primitive taken listens first and takes the waiter's place in a queue (`listen_early`). Release, extend and `owned` use the steps of `hold.rs`
-//! (`begin_release_step`, ...), shared with the direct path.
+//! primitive taken listens first and takes the waiter's place in a queue (`listen_early`).
+//! Release, extend and `owned` use the steps of `hold.rs` (`begin_release_step`, ...), shared
+//! with the direct path.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -176,13 +177,12 @@ impl<P: Leased> Holder<P> {
     /// Finishes, through the runtime, an acquire that `finish_try` left waiting.
     pub async fn acquire_waiting(
         &self,
-        waiting: Waiting,
+        mut waiting: Waiting,
         wait: Wait,
         listener: Option<OnLost>,
         args: &P::Args,
         ticket: Ticket,
     ) -> Result<bool> {
-        let mut waiting = waiting;
         let pending = Pending {
             holder: self,
             token: waiting.token.take(),
