@@ -700,12 +700,11 @@ impl<P: Leased> Holder<P> {
             let contender = self.primitive.contender(&shared, &token, args)?;
             // Behind this process's competitor, a waiter waits without a first attempt: it
             // finds the primitive taken (or granted to that competitor) when its turn comes.
-            let behind = wait != Wait::Once
-                && waiting::behind_own_competitor(&self.primitive.plan(&shared, &token));
-            if behind {
+            let plan = (wait != Wait::Once).then(|| self.primitive.plan(&shared, &token));
+            if plan.as_ref().is_some_and(waiting::behind_own_competitor) {
                 None
             } else {
-                let (step, early) = self.first_attempt(&contender, &shared, &token, wait);
+                let (step, early) = self.first_attempt(&contender, plan.as_ref());
                 let (reply, sent_at) =
                     attempt_direct(&shared, executor::script_of(&step)?, || contender.undo())?;
                 Some(self.read_first(
@@ -736,27 +735,21 @@ impl<P: Leased> Holder<P> {
     }
 
     /// The step of a first attempt (on the caller's thread, or carried by the caller) and, when
-    /// the caller will wait and the object's last first attempt found the primitive taken, the
-    /// waiter's registrations made before it (`waiting::listen_early`): the step is then the
-    /// joining one, so the wait needs no second look and a queued waiter its place at once.
+    /// the caller will wait (`plan`: its wait's) and the object's last first attempt found the
+    /// primitive taken, the waiter's registrations made before it (`waiting::listen_early`):
+    /// the step is then the joining one, so the wait needs no second look and a queued waiter
+    /// its place at once.
     #[allow(clippy::type_complexity)]
     fn first_attempt<'c>(
         &self,
         contender: &P::Contender<'c>,
-        shared: &Arc<Shared>,
-        token: &str,
-        wait: Wait,
+        plan: Option<&Plan<'_>>,
     ) -> (
         Step<<P::Contender<'c> as Contender>::Reply>,
         Option<waiting::Early>,
     ) {
         let busy_likely = self.found_busy.load(Ordering::Relaxed);
-        let early = (wait != Wait::Once)
-            .then(|| {
-                let plan = self.primitive.plan(shared, token);
-                waiting::listen_early(contender, &plan, busy_likely)
-            })
-            .flatten();
+        let early = plan.and_then(|plan| waiting::listen_early(contender, plan, busy_likely));
         let step = if early.is_some() {
             contender.first_step_joining()
         } else {

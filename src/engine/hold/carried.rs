@@ -76,7 +76,8 @@ impl<P: Leased> Holder<P> {
         let token = new_token()?;
         let (call, early) = {
             let contender = self.primitive.contender(&shared, &token, args)?;
-            let (step, early) = self.first_attempt(&contender, &shared, &token, wait);
+            let plan = (wait != Wait::Once).then(|| self.primitive.plan(&shared, &token));
+            let (step, early) = self.first_attempt(&contender, plan.as_ref());
             (resp::pack(step.call()), early)
         };
         // The `Try` carries the Acquiring state from here on.
