@@ -52,8 +52,11 @@ class Fair:
         r.script_load(JOIN)
         r.script_load(RELEASE)
 
-    def join(self, token: str, lease_ms: int = 10_000, inbox: str = "ab12") -> list[int]:
-        args: list[str | int] = [token, lease_ms, PLACE_MS, "1", inbox, FENCE_TTL_MS]
+    def join(
+        self, token: str, lease_ms: int = 10_000, inbox: str = "ab12", mode: str = "1"
+    ) -> list[int]:
+        """`mode` "1": a fair waiter's join; "b": an unfair waiter's (takes a free lock)."""
+        args: list[str | int] = [token, lease_ms, PLACE_MS, mode, inbox, FENCE_TTL_MS]
         return self._join(keys=KEYS, args=args)  # type: ignore[no-any-return]
 
     def release(self, holder: str | bytes | None = None) -> None:
@@ -235,33 +238,93 @@ def test_the_queue_keys_outlive_every_place_and_get_their_expiry_only_when_short
     assert all(PLACE_MS < ms <= KEEP_MS for ms in expiries()), expiries()
 
 
-def test_a_hand_off_costs_redis_fewer_commands(fair: Fair) -> None:
-    """The fair hand-off of `make bench` (hold, release to a queued waiter, ask again): the
-    release's grant and the former holder's join. Before issue 18 item 3 it took 29 commands
-    (two script calls and 27 commands in them) whether others queued or not; the grant writing
-    over the released lock key instead of deleting it first saves one more."""
+@pytest.mark.parametrize(("mode", "two", "four"), [("1", 22, 22), ("b", 21, 21)])
+def test_a_hand_off_costs_redis_fewer_commands(fair: Fair, mode: str, two: int, four: int) -> None:
+    """The hand-off of `make bench` (hold, release to a queued waiter, ask again), fair ("1")
+    and unfair ("b"): the release's grant and the former holder's join. Before issue 18 item 3
+    it took 29 commands (two script calls and 27 commands in them) whether others queued or not.
+    Since then: the grant writes over the released lock key instead of deleting it first; a
+    grant that empties the queue deletes its three keys in one command; an unfair waiter's
+    join reads the queue only when it keeps a place it had (2 processes: 24 before these two)."""
 
     def hand_off(holder: str, waiting: str) -> int:
         ran = fair.ran(lambda: fair.release(holder))
         assert fair.r.get(LOCK) == waiting.encode()
-        ran_join = fair.ran(lambda: fair.join(holder))
-        assert ran_join["evalsha"] == 1 and ran["evalsha"] == 1 and "del" not in ran, ran
+        alone = not fair.queue()
+        if alone:  # the queue's keys went in one DEL; the lock key was written over
+            assert fair.r.exists(QUEUE, DEADLINES, LEASES) == 0
+            assert ran.get("del") == 1 and not {"lpop", "zrem", "hdel"} & set(ran), ran
+        else:
+            assert "del" not in ran, ran
+        ran_join = fair.ran(lambda: fair.join(holder, mode=mode))
+        assert ran_join["evalsha"] == 1 and ran["evalsha"] == 1, (ran, ran_join)
+        assert ("lindex" in ran_join) == (mode == "1"), ran_join
         return sum(ran.values()) + sum(ran_join.values())
 
     fair.r.set(LOCK, "a", px=10_000)
-    assert fair.join("b")[0] == 0
+    assert fair.join("b", mode=mode)[0] == 0
     # Two processes: the queue is empty when the former holder joins again.
     holder, waiting = "a", "b"
     for _ in range(3):
-        assert hand_off(holder, waiting) == 24
+        assert hand_off(holder, waiting) == two
         holder, waiting = waiting, holder
     # Four processes: two others queued when the former holder joins again.
     for token in ("c", "d"):
-        assert fair.join(token)[0] == 0
+        assert fair.join(token, mode=mode)[0] == 0
     order = [holder, waiting, "c", "d"]
     for _ in range(4):
-        assert hand_off(order[0], order[1]) == 22
+        assert hand_off(order[0], order[1]) == four
         order = order[1:] + order[:1]
+
+
+def test_a_grant_that_empties_the_queue_leaves_no_place_behind(fair: Fair) -> None:
+    """The grant to the only queued waiter deletes the queue's keys: places left in the
+    deadlines or leases alone (in no queue) go with them; with another behind the head, only
+    the head's place goes."""
+    fair.r.set(LOCK, "x", px=10_000)
+    assert fair.join("a")[0] == 0
+    fair.r.zadd(DEADLINES, {"stray": fair.server_ms() + 60_000})
+    fair.r.hset(LEASES, "stray", "10000 ab12")
+    fair.release()
+    assert fair.r.get(LOCK) == b"a"
+    assert fair.r.exists(QUEUE, DEADLINES, LEASES) == 0
+    for token in ("b", "c"):
+        assert fair.join(token)[0] == 0
+    fair.release()
+    assert fair.r.get(LOCK) == b"b"
+    assert fair.queue() == [b"c"]
+    assert fair.r.zrange(DEADLINES, 0, -1) == [b"c"] and fair.r.hkeys(LEASES) == [b"c"]
+
+
+def test_an_unfair_join_reads_the_queue_only_to_keep_a_place(fair: Fair) -> None:
+    fair.r.set(LOCK, "x", px=10_000)
+    # New places: no LINDEX; the first starts the queue (its keys get their expiry).
+    ran = fair.ran(lambda: fair.join("a", mode="b"))
+    assert "lindex" not in ran and ran.get("pexpire") == 3, ran
+    ran = fair.ran(lambda: fair.join("b", mode="b"))
+    assert "lindex" not in ran and "pexpire" not in ran, ran
+    assert fair.queue() == [b"a", b"b"]
+    # A refresh keeps its place (the queue is read: no second entry).
+    ran = fair.ran(lambda: fair.join("a", mode="b"))
+    assert ran.get("lindex") == 1 and "rpush" not in ran, ran
+    assert fair.queue() == [b"a", b"b"]
+    # A place left in the deadlines alone (the queue itself gone): the refresh starts the queue.
+    fair.r.delete(QUEUE)
+    ran = fair.ran(lambda: fair.join("b", mode="b"))
+    assert ran.get("rpush") == 1 and ran.get("pexpire") == 3, ran
+    assert fair.queue() == [b"b"]
+    # The lock free: taken past the queue; a taker that had a place (a resend whose first send
+    # joined) gives it up, and the others keep theirs.
+    assert fair.join("c", mode="b")[0] == 0
+    fair.r.delete(LOCK)
+    assert fair.join("b", mode="b")[0] == 1
+    assert fair.r.get(LOCK) == b"b"
+    assert fair.queue() == [b"c"]
+    assert fair.r.zscore(DEADLINES, "b") is None and not fair.r.hexists(LEASES, "b")
+    # Released: granted to c, the queue's only waiter.
+    fair.release()
+    assert fair.r.get(LOCK) == b"c"
+    assert fair.r.exists(QUEUE, DEADLINES, LEASES) == 0
 
 
 def test_a_release_that_grants_nothing_frees_the_lock(fair: Fair) -> None:

@@ -947,7 +947,7 @@ mod tests {
         // With a queue, the lock key is deleted only when no grant wrote over it.
         let late_delete = source[call..].find("redis.call('DEL', KEYS[1])").unwrap();
         assert!(source[call..call + late_delete].contains("if not granted then"));
-        assert!(source[..prune].contains("local head = redis.call('LINDEX', KEYS[3], 0)"));
+        assert!(source[..prune].contains("local queued = redis.call('LRANGE', KEYS[3], 0, 1)"));
         assert!(!source[..prune].contains("grant_head("));
     }
 

@@ -19,25 +19,39 @@
 -- or the queue is started. While another holds the lock a join prunes nothing: lapsed places
 -- are pruned before they could come first (here, or by the grant, lock_grant.lua), and a
 -- waiter refreshing a place that lapsed unpruned keeps it (nobody was served past it).
-local head = redis.call('LINDEX', KEYS[3], 0)
-local now, now_us
+local barge = ARGV[4] == 'b'
+local head, now, now_us
 
 local owner
-if head == false and set_get then
-  -- Nobody waits: takes the lock if it is free, else reads its owner (see fence_next.lua).
+if barge and set_get then
+  -- An unfair waiter takes a free lock whoever queues, so its first look is the take itself;
+  -- the queue is read only if it keeps a place there (below).
   owner = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
   if owner == false then
+    -- (a resend whose first send joined: the place is given up with the lock taken)
+    if redis.call('ZREM', KEYS[4], ARGV[1]) == 1 then
+      redis.call('LREM', KEYS[3], 1, ARGV[1])
+      redis.call('HDEL', KEYS[5], ARGV[1])
+    end
     return {1, next_fence(KEYS[2], ARGV[6])}
   end
 else
-  owner = redis.call('GET', KEYS[1])
+  head = redis.call('LINDEX', KEYS[3], 0)
+  if head == false and set_get then
+    -- Nobody waits: takes the lock if it is free, else reads its owner (see fence_next.lua).
+    owner = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
+    if owner == false then
+      return {1, next_fence(KEYS[2], ARGV[6])}
+    end
+  else
+    owner = redis.call('GET', KEYS[1])
+  end
 end
 if owner == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, current_fence(KEYS[2], ARGV[6])}
 end
 
-local barge = ARGV[4] == 'b'
 if head and owner == false and not barge then
   now, now_us = server_clock()
   if prune_queue(KEYS[3], KEYS[4], now, KEYS[5]) > 0 then
@@ -60,14 +74,24 @@ if owner == false and (head == false or head == ARGV[1] or barge) then
 end
 
 if ARGV[4] == '1' or barge then
-  -- No head: the queue is empty, so the token is not in it and no place in it can have lapsed
-  -- (a place left in the deadlines alone is pruned with the next lapsed head, or expires with
-  -- the keys): it is started with the token, whatever ZADD finds.
-  local start = not head
+  -- A token whose place ZADD finds is in the queue, unless the queue is empty: then no place in
+  -- it can have lapsed, and a place left in the deadlines alone (pruned with the next lapsed
+  -- head, or gone with the keys) counts for nothing: the queue is started with the token.
   now = now or server_now_ms()
   local place = tonumber(ARGV[3])
-  if redis.call('ZADD', KEYS[4], now + place, ARGV[1]) == 1 or start then
-    redis.call('RPUSH', KEYS[3], ARGV[1])
+  local start
+  if redis.call('ZADD', KEYS[4], now + place, ARGV[1]) == 1 then
+    -- A new place (no token is queued without one): it starts the queue if it comes first.
+    start = redis.call('RPUSH', KEYS[3], ARGV[1]) == 1
+  else
+    -- A place kept (a refresh): the barging waiter has not read the queue yet.
+    if head == nil then
+      head = redis.call('LINDEX', KEYS[3], 0)
+    end
+    start = not head
+    if start then
+      redis.call('RPUSH', KEYS[3], ARGV[1])
+    end
   end
   redis.call('HSET', KEYS[5], ARGV[1], ARGV[2] .. ' ' .. ARGV[5])
   -- The queue keys must outlive every live place (each ends within `place` ms from now). They

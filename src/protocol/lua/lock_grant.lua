@@ -11,13 +11,16 @@
 -- expiry is set to `fence_ttl_ms` (see fence_next.lua). `now`: the server's clock in ms;
 -- `now_us`: the same reading in µs (server_clock in queue_prune.lua), the fence's clock.
 -- `head`: the queue's first token as the caller read it already (optional; else read here).
+-- `alone`: true when the caller saw that nobody queues behind `head` (optional): a grant then
+-- empties the queue, and deletes its three keys in one command instead of taking the head out
+-- of each (what else the deadlines or leases still hold belongs to no place in the queue).
 -- Lapsed places are pruned only when the head's own place lapsed (or is not recorded): a live
 -- head is granted as it is, and places lapsed behind it are pruned before they could come
 -- first (by a later grant, or a join that finds the lock free), or expire with the queue keys.
 -- Reply: true if a message was published; then true if the lock was set to the head's token
 -- (a head that is only woken finds it free).
 local function grant_head(lock_key, fence_key, queue_key, deadline_key, lease_key, channel,
-                          slack_ms, now, fence_ttl_ms, now_us, head)
+                          slack_ms, now, fence_ttl_ms, now_us, head, alone)
   head = head or redis.call('LINDEX', queue_key, 0)
   if not head then
     return false, false
@@ -25,6 +28,7 @@ local function grant_head(lock_key, fence_key, queue_key, deadline_key, lease_ke
   local deadline = tonumber(redis.call('ZSCORE', deadline_key, head))
   if not (deadline and deadline > now) then
     if prune_queue(queue_key, deadline_key, now, lease_key) > 0 then
+      alone = false
       head = redis.call('LINDEX', queue_key, 0)
       if not head then
         return false, false
@@ -41,9 +45,13 @@ local function grant_head(lock_key, fence_key, queue_key, deadline_key, lease_ke
   local place_left = (deadline or now) - now
   local px = math.max(math.min(lease, place_left + slack_ms), 1)
   redis.call('SET', lock_key, head, 'PX', px)
-  redis.call('LPOP', queue_key)
-  redis.call('ZREM', deadline_key, head)
-  redis.call('HDEL', lease_key, head)
+  if alone then
+    redis.call('DEL', queue_key, deadline_key, lease_key)
+  else
+    redis.call('LPOP', queue_key)
+    redis.call('ZREM', deadline_key, head)
+    redis.call('HDEL', lease_key, head)
+  end
   local fence = next_fence(fence_key, fence_ttl_ms, now_us)
   if inbox ~= '' then
     channel = channel .. ':' .. inbox

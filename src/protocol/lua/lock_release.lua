@@ -11,8 +11,10 @@
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
--- The queue's head (false: nobody queues), which the grant goes on from.
-local head = redis.call('LINDEX', KEYS[3], 0)
+-- The queue's first two tokens: the head (nil: nobody queues), which the grant goes on from,
+-- and whether another waits behind it.
+local queued = redis.call('LRANGE', KEYS[3], 0, 1)
+local head = queued[1]
 if not head then
   redis.call('DEL', KEYS[1])
   redis.call('PUBLISH', ARGV[2], '')

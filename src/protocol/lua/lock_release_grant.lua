@@ -4,7 +4,8 @@
 -- else deletes it.
 local now, now_us = server_clock()
 local published, granted = grant_head(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[2],
-                                      tonumber(ARGV[3]), now, ARGV[4], now_us, head)
+                                      tonumber(ARGV[3]), now, ARGV[4], now_us, head,
+                                      #queued == 1)
 if not granted then
   redis.call('DEL', KEYS[1])
 end
