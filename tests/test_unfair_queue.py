@@ -304,11 +304,12 @@ def test_an_asyncio_waiter_is_granted_the_lock(
 def test_an_asyncio_waiter_that_found_the_lock_taken_joins_with_its_first_attempt(
     client: redmutex.Client, r: redis.Redis, key_of: KeyOf
 ) -> None:
-    """Like the blocking API's, an asyncio acquire whose last first attempt found the lock
-    taken listens first and joins the queue with that attempt: granted by the release, it makes
-    no attempt while waiting. Its first acquires do not know yet (the very first may go through
-    the runtime while the loop's connection is made; the next is a plain first attempt): one
-    attempt each, to join. Before, every round made one."""
+    """Like the blocking API's, an asyncio acquire whose object's last acquire found the lock
+    taken listens first and joins the queue with its first attempt: granted by the release, it
+    makes no attempt while waiting. An object's first acquire does not know yet: one attempt, to
+    join. Each event loop's first acquire goes through the runtime while the loop's connection
+    is made; that path notes what it found too, so the object's second acquire joins at once
+    (before, it made one attempt more: [1, 1, 0] in every loop)."""
     holder = redmutex.Lock(client, "aio-early", ttl=30)
     queue = key_of("aio-early", "queue")
 
@@ -316,7 +317,7 @@ def test_an_asyncio_waiter_that_found_the_lock_taken_joins_with_its_first_attemp
         lock = aio.Lock(client, "aio-early", ttl=30)
         loop = asyncio.get_running_loop()
         attempts = []
-        for _ in range(6):
+        for _ in range(3):
             assert await loop.run_in_executor(None, lambda: holder.acquire(timeout=10))
             before = _core._waiting_attempts()
             task = await _queued_acquire(lock, r, queue)
@@ -326,11 +327,12 @@ def test_an_asyncio_waiter_that_found_the_lock_taken_joins_with_its_first_attemp
             await lock.release()
         return attempts
 
-    attempts = asyncio.run(main())
-    assert attempts[0] >= 1, attempts
+    loops = [asyncio.run(main()) for _ in range(3)]
+    assert all(attempts[0] >= 1 for attempts in loops), loops
     # (a rare extra attempt, e.g. a place refresh on a slow machine, is seen on the blocking
     # path too)
-    assert attempts[2:].count(0) >= 3, attempts
+    later = [n for attempts in loops for n in attempts[1:]]
+    assert later.count(0) >= 5, loops
 
 
 @pytest.mark.timeout(60)

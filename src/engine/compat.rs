@@ -224,7 +224,8 @@ impl CompatLock {
         let spec = self.spec_for(req.lease);
         let contender = self.contender(&shared, &spec, token, &req);
         let plan = spec.plan(&shared, token);
-        let Some(granted) = waiting::acquire_from(&contender, &plan, req.wait, first, None).await?
+        let Some(granted) =
+            waiting::acquire_from(&contender, &plan, req.wait, first, None, None).await?
         else {
             return Ok(None);
         };

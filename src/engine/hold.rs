@@ -869,12 +869,25 @@ impl<P: Leased> Holder<P> {
             }
         };
         let plan = self.primitive.plan(shared, token);
-        let early = early.map(|wait| {
-            contender.resume(wait.memo);
-            wait.early
-        });
+        let made_here = busy_retry_ms.is_none();
+        let early = match early {
+            Some(wait) => {
+                contender.resume(wait.memo);
+                Some(wait.early)
+            }
+            // The first attempt is made here, through the runtime (a cluster, or asyncio while
+            // the loop's connection is made): as on the direct path, a waiter whose object's
+            // last first attempt found the primitive taken listens first and joins with it.
+            None if made_here && wait != Wait::Once && contender.joins_first() => {
+                let busy_likely = self.found_busy.load(Ordering::Relaxed);
+                waiting::listen_early(&contender, &plan, busy_likely)
+            }
+            None => None,
+        };
         let first = busy_retry_ms.map(|retry_ms| Outcome::Busy { retry_ms });
-        let grant = waiting::acquire_from(&contender, &plan, wait, first, early).await?;
+        let found_busy = made_here.then_some(&self.found_busy);
+        let grant =
+            waiting::acquire_from(&contender, &plan, wait, first, early, found_busy).await?;
         Ok(grant.map(|grant| self.primitive.held(&contender, grant)))
     }
 

@@ -282,7 +282,7 @@ async fn acquire_from(
         ..LockContender::new(shared, spec, token)
     };
     let plan = spec.waiting_plan(shared, token, contender.queues());
-    waiting::acquire_from(&contender, &plan, wait, first, None).await
+    waiting::acquire_from(&contender, &plan, wait, first, None, None).await
 }
 
 /// Compare-and-delete; `Ok(false)` when the lock was not ours (any more).

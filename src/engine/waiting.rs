@@ -10,7 +10,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -387,19 +387,22 @@ pub async fn acquire<C: Contender>(
     plan: &Plan<'_>,
     wait: Wait,
 ) -> Result<Option<C::Grant>> {
-    acquire_from(contender, plan, wait, None, None).await
+    acquire_from(contender, plan, wait, None, None, None).await
 }
 
 /// `acquire`, given the outcome of a first attempt already made for this contender (on the
 /// caller's thread, see `direct.rs`); None makes that first attempt here. `early`: the waiter's
 /// registrations, subscribed before that first attempt was sent (`listen_early`; the attempt
-/// took the waiter's place if it keeps one).
+/// took the waiter's place if it keeps one), or, when the first attempt is made here, before it
+/// goes out (it then joins, as `Contender::first_step_joining` does). `found_busy`: where to
+/// note whether a first attempt made here found the primitive taken.
 pub async fn acquire_from<C: Contender>(
     contender: &C,
     plan: &Plan<'_>,
     wait: Wait,
     first: Option<Outcome<C::Grant>>,
     early: Option<Early>,
+    found_busy: Option<&AtomicBool>,
 ) -> Result<Option<C::Grant>> {
     let cleanup = Cleanup {
         contender,
@@ -408,8 +411,13 @@ pub async fn acquire_from<C: Contender>(
     };
     let (first, early) = match first {
         Some(outcome) => (outcome, early),
-        None => match contender.attempt(false).await {
-            Ok(outcome) => (outcome, None),
+        None => match contender.attempt(early.is_some()).await {
+            Ok(outcome) => {
+                if let Some(flag) = found_busy {
+                    flag.store(matches!(outcome, Outcome::Busy { .. }), Ordering::Relaxed);
+                }
+                (outcome, early)
+            }
             // Other errors leave `cleanup` armed: the script may have run.
             Err(err) => {
                 if err.took_nothing() {
