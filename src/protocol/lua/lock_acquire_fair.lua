@@ -21,31 +21,26 @@
 -- waiter refreshing a place that lapsed unpruned keeps it (nobody was served past it).
 local barge = ARGV[4] == 'b'
 local head, now, now_us
+-- An unfair waiter takes a free lock whoever queues: where SET can GET, its first look is the
+-- take itself, and it reads the queue only if it keeps a place there (below).
+if not (barge and set_get) then
+  head = redis.call('LINDEX', KEYS[3], 0)
+end
 
 local owner
-if barge and set_get then
-  -- An unfair waiter takes a free lock whoever queues, so its first look is the take itself;
-  -- the queue is read only if it keeps a place there (below).
+if (barge or head == false) and set_get then
+  -- Takes the lock if it is free, else reads its owner (see fence_next.lua).
   owner = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
   if owner == false then
-    -- (a resend whose first send joined: the place is given up with the lock taken)
-    if redis.call('ZREM', KEYS[4], ARGV[1]) == 1 then
+    -- (a barging resend whose first send joined: the place is given up with the lock taken)
+    if barge and redis.call('ZREM', KEYS[4], ARGV[1]) == 1 then
       redis.call('LREM', KEYS[3], 1, ARGV[1])
       redis.call('HDEL', KEYS[5], ARGV[1])
     end
     return {1, next_fence(KEYS[2], ARGV[6])}
   end
 else
-  head = redis.call('LINDEX', KEYS[3], 0)
-  if head == false and set_get then
-    -- Nobody waits: takes the lock if it is free, else reads its owner (see fence_next.lua).
-    owner = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
-    if owner == false then
-      return {1, next_fence(KEYS[2], ARGV[6])}
-    end
-  else
-    owner = redis.call('GET', KEYS[1])
-  end
+  owner = redis.call('GET', KEYS[1])
 end
 if owner == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
