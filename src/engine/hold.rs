@@ -875,9 +875,9 @@ impl<P: Leased> Holder<P> {
                 contender.resume(wait.memo);
                 Some(wait.early)
             }
-            // The first attempt is made here, through the runtime (a cluster, or asyncio while
-            // the loop's connection is made): as on the direct path, a waiter whose object's
-            // last first attempt found the primitive taken listens first and joins with it.
+            // The first attempt is made here, through the runtime (asyncio's while the loop's
+            // connection is made): as on the direct path, a waiter whose object's last first
+            // attempt found the primitive taken listens first and joins with it.
             None if made_here && wait != Wait::Once && contender.joins_first() => {
                 let busy_likely = self.found_busy.load(Ordering::Relaxed);
                 waiting::listen_early(&contender, &plan, busy_likely)
