@@ -357,3 +357,28 @@ def test_a_release_that_grants_nothing_frees_the_lock(fair: Fair) -> None:
         assert heard == [b"", b"old"]
     finally:
         wake.close()
+
+
+MULTI_RELEASE = _source("queue_prune.lua", "fence_next.lua", "lock_grant.lua", "multi_release.lua")
+
+
+def test_a_multilock_release_grants_as_the_lock_release_does(fair: Fair) -> None:
+    """A MultiLock's release hands each name on as lock_release.lua does: to the only queued
+    waiter with the queue's three keys deleted in one command, else taking the head out."""
+    release = fair.r.register_script(MULTI_RELEASE)
+    other = ["t{n}:o", "t{n}:o:fence", "t{n}:o:queue", "t{n}:o:dl", "t{n}:o:leases"]
+    args = ["m", SLACK_MS, FENCE_TTL_MS, CHANNEL, "t{n}:o:wake"]
+    fair.r.set(LOCK, "m", px=10_000)
+    fair.r.set(other[0], "m", px=10_000)
+    assert fair.join("a")[0] == 0
+    ran = fair.ran(lambda: release(keys=[*KEYS, *other], args=args))
+    assert fair.r.get(LOCK) == b"a" and fair.r.get(other[0]) is None
+    assert fair.r.exists(QUEUE, DEADLINES, LEASES) == 0
+    assert ran.get("del") == 2 and not {"lpop", "zrem", "hdel"} & set(ran), ran  # (+1: other)
+    # Two queued: the head is taken out, the other keeps its place.
+    fair.r.set(LOCK, "m", px=10_000)
+    for token in ("b", "c"):
+        assert fair.join(token)[0] == 0
+    assert release(keys=[*KEYS, *other], args=args) == 1
+    assert fair.r.get(LOCK) == b"b" and fair.queue() == [b"c"]
+    assert fair.r.zrange(DEADLINES, 0, -1) == [b"c"] and fair.r.hkeys(LEASES) == [b"c"]

@@ -15,7 +15,10 @@ for i = 1, n do
   if redis.call('GET', KEYS[k + 1]) == ARGV[1] then
     released = released + 1
     local handed, granted = false, false
-    local head = redis.call('LINDEX', KEYS[k + 3], 0)
+    -- The queue's first two tokens: the head, and whether another waits behind it (a grant
+    -- to the only waiter deletes the queue's keys in one command, as lock_release.lua's does).
+    local queued = redis.call('LRANGE', KEYS[k + 3], 0, 1)
+    local head = queued[1]
     if head then
       if not now then
         now, now_us = server_clock()
@@ -23,7 +26,7 @@ for i = 1, n do
       -- (a grant writes over the lock key, still ours: see lock_release_grant.lua)
       handed, granted = grant_head(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4],
                                    KEYS[k + 5], ARGV[3 + i], tonumber(ARGV[2]), now, ARGV[3],
-                                   now_us, head)
+                                   now_us, head, #queued == 1)
     end
     if not granted then
       redis.call('DEL', KEYS[k + 1])
