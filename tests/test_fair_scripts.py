@@ -38,6 +38,8 @@ RELEASE = _source(
     "lock_grant.lua",
     "lock_release_grant.lua",
 )
+# A MultiLock's release: the same grant prelude, for each of its names.
+MULTI_RELEASE = _source("queue_prune.lua", "fence_next.lua", "lock_grant.lua", "multi_release.lua")
 KEYS = ["t{n}:lock", "t{n}:fence", "t{n}:queue", "t{n}:queue:deadlines", "t{n}:queue:leases"]
 LOCK, FENCE, QUEUE, DEADLINES, LEASES = KEYS
 
@@ -357,9 +359,6 @@ def test_a_release_that_grants_nothing_frees_the_lock(fair: Fair) -> None:
         assert heard == [b"", b"old"]
     finally:
         wake.close()
-
-
-MULTI_RELEASE = _source("queue_prune.lua", "fence_next.lua", "lock_grant.lua", "multi_release.lua")
 
 
 def test_a_multilock_release_grants_as_the_lock_release_does(fair: Fair) -> None:
