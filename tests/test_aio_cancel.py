@@ -60,13 +60,13 @@ def make_race(
 
     if kind.startswith("lock"):
         fair = kind == "lock-fair"
-        lock_key, queue = key("lock"), key("queue")
+        lock_key, queue = key("lock"), key("waitlist")
         return Race(
             holder=lambda _i: redmutex.Lock(client, name, ttl=30, fair=fair),
             waiter=lambda: aio.Lock(client, name, ttl=30, fair=fair),
             left=lambda: {"lock": int(r.exists(lock_key)), "queued": int(r.llen(queue))},
             free=lambda: redmutex.Lock(other, name, ttl=5, fair=fair).acquire(timeout=5),
-            keys=[lock_key, queue, key("queue:deadlines"), key("queue:leases")],
+            keys=[lock_key, queue, key("waitlist:places")],
         )
     if kind == "semaphore":
         holders, queue = key("sem:holders"), key("sem:queue")

@@ -122,9 +122,9 @@ def test_status_counts_the_fair_queue(
     threads = [threading.Thread(target=wait_for_it) for _ in range(2)]
     for t in threads:
         t.start()
-    deadlines = (prefix + "{" + name + "}:queue:deadlines").encode()
+    places = (prefix + "{" + name + "}:waitlist:places").encode()
     try:
-        wait_until(lambda: r.zcard(deadlines) == 2)
+        wait_until(lambda: r.hlen(places) == 2)
         code, data = cli_json("status", name, "--redis", redis_url, "--prefix", prefix)
         assert code == 0
         assert data["waiters"] == 2

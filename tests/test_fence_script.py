@@ -31,7 +31,7 @@ def _source(*files: str) -> str:
 
 
 UNFAIR = _source("fence_next.lua", "lock_acquire.lua")
-FAIR = _source("queue_prune.lua", "fence_next.lua", "lock_acquire_fair.lua")
+FAIR = _source("queue_prune.lua", "fence_next.lua", "waitlist.lua", "lock_acquire_fair.lua")
 
 
 def _server_us(r: redis.Redis) -> int:
@@ -47,8 +47,7 @@ class Keys:
     def __init__(self, prefix: str, name: str) -> None:
         base = f"{prefix}{{{name}}}"
         self.lock, self.fence = base + ":lock", base + ":fence"
-        self.queue, self.deadlines = base + ":queue", base + ":queue:deadlines"
-        self.leases = base + ":queue:leases"
+        self.queue, self.places = base + ":waitlist", base + ":waitlist:places"
 
 
 Acquire = Callable[..., list[int]]
@@ -64,7 +63,7 @@ def _scripts(r: redis.Redis, before_7: bool) -> tuple[Acquire, Acquire]:
         return unfair(keys=[k.lock, k.fence], args=args)  # type: ignore[no-any-return]
 
     def acquire_fair(k: Keys, token: str, lease_ms: int = 10_000, join: bool = True) -> list[int]:
-        keys = [k.lock, k.fence, k.queue, k.deadlines, k.leases]
+        keys = [k.lock, k.fence, k.queue, k.places]
         args = [token, lease_ms, 10_000, "1" if join else "0", "", 5000]
         return fair(keys=keys, args=args)  # type: ignore[no-any-return]
 
@@ -169,13 +168,15 @@ def test_the_fair_acquire_keeps_the_queue_order(
     assert acquire(k, "d", join=False)[0] == 0
     granted, fence_b = acquire(k, "b")
     assert granted == 1 and fence_b > fence
-    assert r.lrange(k.queue, 0, -1) == [b"c"] and r.zscore(k.deadlines, "b") is None
+    assert r.lrange(k.queue, 0, -1) == [b"c"] and not r.hexists(k.places, "b")
     r.delete(k.lock)
     # c stops refreshing its place and it lapses: it is pruned, and d, trying once, is granted.
-    r.zadd(k.deadlines, {"c": 1})
+    # (its record's deadline, the second field, passed: see waitlist.lua)
+    lease = r.hget(k.places, "c").split()[0]  # type: ignore[union-attr]
+    r.hset(k.places, "c", lease + b" 1 ")
     granted, fence_d = acquire(k, "d", join=False)
     assert granted == 1 and fence_d > fence_b
-    assert r.llen(k.queue) == 0 and r.zcard(k.deadlines) == 0 and r.hlen(k.leases) == 0
+    assert r.exists(k.queue, k.places) == 0
 
 
 def _commands(r: redis.Redis) -> dict[str, int]:

@@ -231,7 +231,7 @@ def test_one_waiter_sends_constant_commands(quiet_server: tuple[str, redis.Redis
         # try, join, 2 refreshes (a third on a slow machine), leave; a timer-driven poll (every
         # 0.1 s) would show 20+ script calls here
         assert 4 <= scripts <= 6, delta
-        assert delta.get("zadd", 0) <= scripts - 2, delta  # only the join and the refreshes
+        assert delta.get("hset", 0) <= scripts - 2, delta  # only the join and the refreshes
         assert delta.get("subscribe", 0) <= 2, delta
         # each script runs about ten commands of its own
         assert sum(delta.values()) <= 16 * scripts, delta
@@ -264,19 +264,20 @@ def test_an_unfair_waiter_tries_joins_and_is_granted(
             before = _calls(conn)
             thread = _Thread(target=lambda: waiter.acquire(timeout=20))
             thread.start()
-            _wait_until(lambda: conn.llen("q:{once}:queue") == 1, 10, "the waiter to queue")
+            _wait_until(lambda: conn.llen("q:{once}:waitlist") == 1, 10, "the waiter to queue")
             time.sleep(0.2)
             holder.release()
             assert thread.outcome(timeout=20) is True
             delta = _delta(before, _calls(conn))
             # A slow machine may stretch the wait past a place refresh (every 0.67 s), one more
-            # EVALSHA that also ZADDs; a look after the grant would add one that does not.
-            refreshes = delta.get("zadd", 0) - 1
+            # EVALSHA that also HSETs (the place's record); a look after the grant would add one
+            # that does not.
+            refreshes = delta.get("hset", 0) - 1
             assert refreshes >= 0, delta
             assert delta.get("evalsha", 0) == 2 + refreshes, delta
             # busy attempts read the lease left (PTTL): the first attempt (and refreshes)
             assert delta.get("pttl", 0) == 1 + refreshes, delta
-            assert conn.llen("q:{once}:queue") == 0
+            assert conn.llen("q:{once}:waitlist") == 0
             waiter.release()
             assert holder.acquire(timeout=5)
             # The waiter's own release published a wake-up too: on a loaded machine its process
@@ -307,27 +308,28 @@ def test_a_fair_waiter_already_listening_joins_with_its_first_attempt(
         holder.release()
         assert holder.acquire(timeout=5)
         assert waiter.acquire(timeout=0.2) is False
-        assert conn.llen("q:{fair}:queue") == 0
+        assert conn.llen("q:{fair}:waitlist") == 0
         for _ in range(3):
             before = _calls(conn)
             thread = _Thread(target=lambda: waiter.acquire(timeout=20))
             thread.start()
-            _wait_until(lambda: conn.llen("q:{fair}:queue") == 1, 10, "the waiter to queue")
+            _wait_until(lambda: conn.llen("q:{fair}:waitlist") == 1, 10, "the waiter to queue")
             time.sleep(0.2)
             holder.release()
             assert thread.outcome(timeout=20) is True
             delta = _delta(before, _calls(conn))
             # A slow machine may stretch the wait past a place refresh (every 2 s), one more
-            # EVALSHA that also ZADDs; a try before the join would add one that does not.
-            refreshes = delta.get("zadd", 0) - 1
+            # EVALSHA that also HSETs (the place's record); a try before the join would add one
+            # that does not.
+            refreshes = delta.get("hset", 0) - 1
             assert refreshes >= 0, delta
             assert delta.get("evalsha", 0) == 2 + refreshes, delta
-            assert conn.llen("q:{fair}:queue") == 0
+            assert conn.llen("q:{fair}:waitlist") == 0
             waiter.release()
             assert holder.acquire(timeout=5)
         # A waiter that gives up leaves the place its first attempt took.
         assert waiter.acquire(timeout=0.3) is False
-        assert conn.llen("q:{fair}:queue") == 0
+        assert conn.llen("q:{fair}:waitlist") == 0
         holder.release()
     finally:
         holder_client.close()
@@ -356,7 +358,7 @@ def test_steady_waiting_sends_only_place_refreshes(
         print(f"\n{n_threads} waiting thread(s), 2 s window: {delta}")
         scripts = delta.get("evalsha", 0)
         assert scripts <= 4, delta  # 3 refreshes in 2 s, one more on a slow machine
-        assert delta.get("zadd", 0) == scripts, delta  # each of them a refresh
+        assert delta.get("hset", 0) == scripts, delta  # each of them a refresh
         assert sum(delta.values()) <= 3 + 14 * scripts, delta
         for th in threads:
             assert th.finished_at is None, "a waiter returned while the lock was held"
@@ -410,7 +412,7 @@ def test_giving_up_costs_each_thread_at_most_a_join_and_a_leave(
     print(f"\nwaiting until timeout, 1 thread: {one}\n16 threads: {many}")
     # one more refresh of a place is slack; a third script per thread is not
     assert many.get("evalsha", 0) <= one.get("evalsha", 0) + 2 * 15 + 1, (one, many)
-    assert many.get("zadd", 0) <= one.get("zadd", 0) + 15 + 1, (one, many)
+    assert many.get("hset", 0) <= one.get("hset", 0) + 15 + 1, (one, many)
 
 
 def _handoff_commands(url: str, conn: redis.Redis, name: str, n_threads: int) -> dict[str, int]:
@@ -661,7 +663,7 @@ def test_a_woken_waiter_keeps_its_deadline(
     assert 1.4 <= th.finished_at - started < 1.5 + 1.0, th.finished_at - started
     assert waiter.token is None
     assert r.get(key_of("woken-deadline", "lock")) == (holder.token or "").encode()
-    assert r.exists(key_of("woken-deadline", "queue")) == 0
+    assert r.exists(key_of("woken-deadline", "waitlist")) == 0
     attempts = _core._waiting_attempts() - before
     assert attempts >= 1 + 3, attempts  # the join, then one look per wake-up
     got, took, _ = _woken_attempts(holder, waiter, 20)

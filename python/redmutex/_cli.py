@@ -11,8 +11,8 @@ named N starts with `prefix{N}`, followed by
     :lock, :fence                                        Lock (the fence counter expires
                                                          fence_ttl after the last acquisition)
     :lock:holds                                          a re-entered Lock's hold count
-    :queue, :queue:deadlines, :queue:leases              its fair queue: list of tokens, zset of
-                                                         places, hash of the lease each one asks
+    :waitlist, :waitlist:places                          its fair queue: list of tokens, hash
+                                                         of each one's place (lease, deadline)
     :sem:holders, :sem:limit, :sem:queue,                Semaphore (the limit in use)
     :sem:queue:deadlines
     :rw:readers, :rw:writer, :rw:writers_waiting         RWLock
@@ -372,6 +372,17 @@ def _hold_of_string(token: bytes | None, pttl: int) -> Hold | None:
     return Hold(_short(token), _seconds(pttl) if pttl >= 0 else None)
 
 
+def _live_places(records: Iterable[bytes], now_ms: float) -> int:
+    """How many of a lock's waitlist places (values '<lease ms> <deadline ms> <inbox>') are
+    still live."""
+    live = 0
+    for record in records:
+        fields = record.split()
+        if len(fields) >= 2 and fields[1].isdigit() and int(fields[1]) > now_ms:
+            live += 1
+    return live
+
+
 def _live(scored: Iterable[tuple[bytes, float]], now_ms: float) -> list[Hold]:
     """Members of a token -> lease-end zset whose lease is still running, soonest end first."""
     live = [(score, token) for token, score in scored if score > now_ms]
@@ -405,7 +416,7 @@ def read_status(target: Target, node: Node, name: str) -> Status:
     pipe.get(k["lock"])
     pipe.pttl(k["lock"])
     pipe.get(k["fence"])
-    pipe.zrange(k["queue_deadlines"], 0, -1, withscores=True)
+    pipe.hvals(k["queue_places"])
     pipe.zrange(k["semaphore_holders"], 0, -1, withscores=True)
     pipe.zrange(k["semaphore_queue_deadlines"], 0, -1, withscores=True)
     pipe.exists(k["semaphore_holders"], k["semaphore_queue"])
@@ -444,7 +455,7 @@ def read_status(target: Target, node: Node, name: str) -> Status:
         others = _held_with(target, node, lock_token)
         status.multi = sorted(n for n in others if n != name) or None
     status.fence = int(fence) if fence is not None else None
-    status.waiters = len(_live(queue_places, now_ms))
+    status.waiters = _live_places(queue_places, now_ms)
     if sem_keys:
         status.semaphore = {
             "holders": [asdict(h) for h in _live(sem_holders, now_ms)],
@@ -640,7 +651,7 @@ def _describe(node: Node, entries: list[Entry]) -> None:
             if entry.kind == "lock":
                 pipe.pttl(k["lock"])
                 pipe.get(k["fence"])
-                pipe.zrange(k["queue_deadlines"], 0, -1, withscores=True)
+                pipe.hvals(k["queue_places"])
             elif entry.kind == "semaphore":
                 pipe.zrange(k["semaphore_holders"], 0, -1, withscores=True)
                 pipe.zrange(k["semaphore_queue_deadlines"], 0, -1, withscores=True)
@@ -664,7 +675,7 @@ def _describe(node: Node, entries: list[Entry]) -> None:
 def _state(entry: Entry, a: Any, b: Any, c: Any, now_ms: float) -> None:
     if entry.kind == "lock":
         held = a != -2
-        waiting = len(_live(c, now_ms))
+        waiting = _live_places(c, now_ms)
         entry.detail = {
             "held": held,
             "holds": 1 if held else 0,

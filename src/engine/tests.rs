@@ -296,7 +296,7 @@ fn fair_waiters_are_served_in_arrival_order_and_leave_on_timeout() {
         let queued: Vec<Vec<u8>> = shared
             .node
             .query(
-                redis::cmd("LRANGE").arg(b"t4:{f}:queue").arg(0).arg(-1),
+                redis::cmd("LRANGE").arg(b"t4:{f}:waitlist").arg(0).arg(-1),
                 Retry::Never,
             )
             .await
@@ -329,7 +329,7 @@ fn a_cancelled_fair_waiter_leaves_no_trace() {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let queued: i64 = shared
             .node
-            .query(redis::cmd("LLEN").arg(b"t5:{c}:queue"), Retry::Never)
+            .query(redis::cmd("LLEN").arg(b"t5:{c}:waitlist"), Retry::Never)
             .await
             .unwrap();
         assert_eq!(queued, 0);
@@ -660,7 +660,7 @@ fn an_abandoned_acquire_gives_back_what_it_obtains_and_nothing_else() {
         loop {
             let queued: i64 = shared
                 .node
-                .query(redis::cmd("LLEN").arg(b"t13:{g}:queue"), Retry::Never)
+                .query(redis::cmd("LLEN").arg(b"t13:{g}:waitlist"), Retry::Never)
                 .await
                 .unwrap();
             if queued == 1 {

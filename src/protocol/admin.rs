@@ -36,7 +36,7 @@ impl Role {
 pub const KINDS: [&str; 4] = ["lock", "semaphore", "rwlock", "cache"];
 
 /// Every key of a named primitive (not the wake-up channels, which are no keys).
-pub const ROLES: [Role; 15] = [
+pub const ROLES: [Role; 14] = [
     Role {
         kind: "lock",
         role: "lock",
@@ -54,13 +54,8 @@ pub const ROLES: [Role; 15] = [
     },
     Role {
         kind: "lock",
-        role: "queue_deadlines",
-        build: Keys::queue_deadlines,
-    },
-    Role {
-        kind: "lock",
-        role: "queue_leases",
-        build: Keys::queue_leases,
+        role: "queue_places",
+        build: Keys::queue_places,
     },
     Role {
         kind: "semaphore",
@@ -343,7 +338,8 @@ mod tests {
             assert!(KINDS.contains(&role.kind));
         }
         assert_eq!(ROLES[0].suffix(), b":lock");
-        assert_eq!(ROLES[8].suffix(), b":sem:queue:deadlines");
+        assert_eq!(ROLES[3].suffix(), b":waitlist:places");
+        assert_eq!(ROLES[7].suffix(), b":sem:queue:deadlines");
         assert!(split_key(b"p:", b"p:{n}:wake").is_none());
         assert!(split_key(b"p:", b"q:{n}:lock").is_none());
         assert!(split_key(b"p:", b"p:{}:lock").is_none());

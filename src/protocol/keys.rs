@@ -97,19 +97,15 @@ impl Keys {
         self.with_suffix(b":fence")
     }
 
-    /// Fair queue: list of waiting tokens in arrival order.
+    /// Fair queue: the waitlist, a list of waiting tokens in arrival order (`waitlist.lua`).
     pub fn queue(&self) -> Vec<u8> {
-        self.with_suffix(b":queue")
+        self.with_suffix(b":waitlist")
     }
 
-    /// Fair queue: zset of token -> deadline (server ms) of the waiter's place.
-    pub fn queue_deadlines(&self) -> Vec<u8> {
-        self.with_suffix(b":queue:deadlines")
-    }
-
-    /// Fair queue: hash of token -> the waiter's lease in ms, which a release grants it.
-    pub fn queue_leases(&self) -> Vec<u8> {
-        self.with_suffix(b":queue:leases")
+    /// Fair queue: the waitlist's places, a hash of token -> '<lease ms> <place deadline ms>
+    /// <inbox>' (what a release grants the waiter, until when its place holds, where it is told).
+    pub fn queue_places(&self) -> Vec<u8> {
+        self.with_suffix(b":waitlist:places")
     }
 
     /// Semaphore: zset of holder token -> lease end (ms, server clock from `TIME`).
@@ -237,8 +233,7 @@ mod tests {
             keys.lock_holds(),
             keys.fence(),
             keys.queue(),
-            keys.queue_deadlines(),
-            keys.queue_leases(),
+            keys.queue_places(),
             keys.semaphore_holders(),
             keys.semaphore_limit(),
             keys.semaphore_queue(),
@@ -255,7 +250,8 @@ mod tests {
         assert_eq!(keys.lock(), b"redmutex:{acct:1}:lock");
         assert_eq!(keys.fence(), b"redmutex:{acct:1}:fence");
         assert_eq!(keys.lock_holds(), b"redmutex:{acct:1}:lock:holds");
-        assert_eq!(keys.queue_leases(), b"redmutex:{acct:1}:queue:leases");
+        assert_eq!(keys.queue(), b"redmutex:{acct:1}:waitlist");
+        assert_eq!(keys.queue_places(), b"redmutex:{acct:1}:waitlist:places");
         assert_eq!(keys.cache_value(), b"redmutex:{acct:1}:value");
         assert_eq!(keys.cache_fill(), b"redmutex:{acct:1}:fill");
         assert_eq!(keys.semaphore_holders(), b"redmutex:{acct:1}:sem:holders");
@@ -276,8 +272,7 @@ mod tests {
             keys.lock_holds(),
             keys.fence(),
             keys.queue(),
-            keys.queue_deadlines(),
-            keys.queue_leases(),
+            keys.queue_places(),
             keys.semaphore_holders(),
             keys.semaphore_limit(),
             keys.semaphore_queue(),
@@ -314,8 +309,7 @@ mod tests {
                 keys.lock(),
                 keys.fence(),
                 keys.queue(),
-                keys.queue_deadlines(),
-                keys.queue_leases(),
+                keys.queue_places(),
                 keys.semaphore_holders(),
                 keys.semaphore_queue(),
                 keys.semaphore_queue_deadlines(),

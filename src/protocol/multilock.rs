@@ -19,6 +19,7 @@ static MULTI_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         include_str!("lua/queue_prune.lua"),
         include_str!("lua/fence_next.lua"),
+        include_str!("lua/waitlist.lua"),
         include_str!("lua/multi_acquire.lua")
     ))
 });
@@ -26,6 +27,7 @@ static MULTI_RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         include_str!("lua/queue_prune.lua"),
         include_str!("lua/fence_next.lua"),
+        include_str!("lua/waitlist.lua"),
         include_str!("lua/lock_grant.lua"),
         include_str!("lua/multi_release.lua")
     ))
@@ -112,7 +114,7 @@ pub enum MultiAttempt {
 pub fn attempt(keys: &[&Keys], token: &str, lease: Duration) -> Step<MultiAttempt> {
     let mut inv = MULTI_ACQUIRE.prepare_invoke();
     for k in keys {
-        inv.key(k.lock()).key(k.fence()).key(k.queue_deadlines());
+        inv.key(k.lock()).key(k.fence()).key(k.queue_places());
     }
     let fence_ttl = keys.first().map_or(0, |k| k.fence_ttl_ms());
     inv.arg(token).arg(lease::lease_ms(lease)).arg(fence_ttl);
@@ -127,8 +129,7 @@ pub fn release(keys: &[&Keys], token: &str) -> Step<usize> {
         inv.key(k.lock())
             .key(k.fence())
             .key(k.queue())
-            .key(k.queue_deadlines())
-            .key(k.queue_leases());
+            .key(k.queue_places());
     }
     let fence_ttl = keys.first().map_or(0, |k| k.fence_ttl_ms());
     inv.arg(token).arg(GRANT_SLACK_MS).arg(fence_ttl);

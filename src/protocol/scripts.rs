@@ -14,24 +14,26 @@ macro_rules! fence_script {
     };
 }
 
-/// The fair lock's acquire: the queue prelude and the fence prelude in front.
+/// The fair lock's acquire: the clock, fence and waitlist preludes in front.
 macro_rules! fair_script {
     ($file:literal) => {
         concat!(
             include_str!("lua/queue_prune.lua"),
             include_str!("lua/fence_next.lua"),
+            include_str!("lua/waitlist.lua"),
             include_str!($file)
         )
     };
 }
 
-/// The fair lock's release and leave: the queue and fence preludes, then the grant to the
-/// queue's head.
+/// The fair lock's release and leave: the clock, fence and waitlist preludes, then the grant to
+/// the queue's head.
 macro_rules! grant_script {
     ($file:literal) => {
         concat!(
             include_str!("lua/queue_prune.lua"),
             include_str!("lua/fence_next.lua"),
+            include_str!("lua/waitlist.lua"),
             include_str!("lua/lock_grant.lua"),
             include_str!($file)
         )
@@ -56,6 +58,7 @@ const LOCK_RELEASE_SOURCE: &str = concat!(
     include_str!("lua/lock_release.lua"),
     include_str!("lua/queue_prune.lua"),
     include_str!("lua/fence_next.lua"),
+    include_str!("lua/waitlist.lua"),
     include_str!("lua/lock_grant.lua"),
     include_str!("lua/lock_release_grant.lua")
 );
@@ -181,13 +184,7 @@ pub fn acquire_call(
             Call {
                 script: &LOCK_ACQUIRE_FAIR,
                 source: LOCK_ACQUIRE_FAIR_SOURCE,
-                keys: vec![
-                    keys.lock(),
-                    keys.fence(),
-                    keys.queue(),
-                    keys.queue_deadlines(),
-                    keys.queue_leases(),
-                ],
+                keys: vec![keys.lock(), keys.fence(), keys.queue(), keys.queue_places()],
                 args: vec![
                     token.as_bytes().to_vec(),
                     lease_ms.to_string().into_bytes(),
@@ -259,8 +256,7 @@ fn queue_hand_off(inv: &mut ScriptInvocation<'_>, keys: &Keys, token: &str) {
     inv.key(keys.lock())
         .key(keys.fence())
         .key(keys.queue())
-        .key(keys.queue_deadlines())
-        .key(keys.queue_leases())
+        .key(keys.queue_places())
         .arg(token)
         .arg(keys.wake_channel())
         .arg(GRANT_SLACK_MS)
@@ -819,13 +815,7 @@ mod tests {
     #[test]
     fn release_and_leave_grant_with_the_same_keys() {
         let keys = Keys::new(b"p:", b"n");
-        let expected_keys = [
-            keys.lock(),
-            keys.fence(),
-            keys.queue(),
-            keys.queue_deadlines(),
-            keys.queue_leases(),
-        ];
+        let expected_keys = [keys.lock(), keys.fence(), keys.queue(), keys.queue_places()];
         for inv in [release(&keys, "t"), leave_queue(&keys, "t")] {
             let (sent_keys, args) = sent(&inv);
             assert_eq!(sent_keys, expected_keys);
@@ -941,21 +931,29 @@ mod tests {
         let prune = source.find("local function prune_queue").unwrap();
         let fence = source.find("local function next_fence").unwrap();
         let grant = source.find("local function grant_head").unwrap();
-        let call = source.find("= grant_head(").unwrap();
-        assert!(delete < early && early < prune && prune < fence && fence < grant);
-        assert!(grant < call);
+        let waitlist = source.find("local function live_head").unwrap();
+        let call = source.find("if not grant_head(").unwrap();
+        assert!(delete < early && early < prune && prune < fence && fence < waitlist);
+        assert!(waitlist < grant && grant < call);
         // With a queue, the lock key is deleted only when no grant wrote over it.
         let late_delete = source[call..].find("redis.call('DEL', KEYS[1])").unwrap();
-        assert!(source[call..call + late_delete].contains("if not granted then"));
+        assert!(source[call..call + late_delete].contains(") then"));
         assert!(source[..prune].contains("local queued = redis.call('LRANGE', KEYS[3], 0, 1)"));
         assert!(!source[..prune].contains("grant_head("));
     }
 
     #[test]
-    fn queue_scripts_carry_the_prune_prelude() {
+    fn queue_scripts_carry_the_clock_and_waitlist_preludes() {
         for script in [&*LOCK_ACQUIRE_FAIR, &*LOCK_RELEASE, &*QUEUE_LEAVE] {
             let _ = script.get_hash();
         }
-        assert!(fair_script!("lua/lock_acquire_fair.lua").contains("local function prune_queue"));
+        let fair = fair_script!("lua/lock_acquire_fair.lua");
+        assert!(fair.contains("local function server_clock"));
+        assert!(fair.contains("local function live_head"));
+        let grant = grant_script!("lua/queue_leave.lua");
+        assert!(
+            grant.contains("local function live_head")
+                && grant.contains("local function grant_head")
+        );
     }
 }

@@ -119,7 +119,7 @@ def fair_demo(url: str, waiters: int = WAITERS, out: TextIO = sys.stdout) -> int
         _collect(results, "ready", waiters, START_TIMEOUT)
         if not holder.acquire():
             raise RuntimeError("the holder could not take the lock")
-        queue_key = f"{prefix}{{{name}}}:queue"
+        queue_key = f"{prefix}{{{name}}}:waitlist"
         for position, index in enumerate(arrival, start=1):
             gos[index].set()
             _queued(conn, queue_key, position)

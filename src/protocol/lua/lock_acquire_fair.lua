@@ -1,8 +1,6 @@
--- Acquire a lock in FIFO order (appended to queue_prune.lua and fence_next.lua).
--- KEYS[1] lock key   KEYS[2] fence counter   KEYS[3] queue (list of tokens, arrival order)
--- KEYS[4] place deadlines (zset token -> ms, server clock)
--- KEYS[5] queue leases (hash token -> '<lease ms> <inbox>': what a release grants the waiter and
---         where it tells it, lock_grant.lua)
+-- Acquire a lock in FIFO order (after queue_prune.lua, fence_next.lua and waitlist.lua).
+-- KEYS[1] lock key   KEYS[2] fence counter   KEYS[3] waitlist (tokens in arrival order)
+-- KEYS[4] its places (token -> '<lease ms> <place deadline ms> <inbox>'; see waitlist.lua)
 -- ARGV[1] token   ARGV[2] lease in ms   ARGV[3] how long a silent waiter keeps its place, in ms
 -- ARGV[4] '1': join (or stay in) the queue when not granted; '0': try once, never queue;
 --         'b': an unfair lock's waiter: take a free lock even past the queue (as lock_acquire.lua
@@ -14,11 +12,10 @@
 --        {0, ms, fence} not granted; ms = when to look again at the latest: the holder's lease
 --        end, or, while the lock is free but another live waiter is first, when that waiter's
 --        place lapses; fence = the fence counter now (a grant with a larger fence came later).
--- Lapsed places are pruned before the queue's head decides who may take a free lock; with no
--- queue (nobody waiting: the common case) there is nothing to prune before the lock is taken
--- or the queue is started. While another holds the lock a join prunes nothing: lapsed places
--- are pruned before they could come first (here, or by the grant, lock_grant.lua), and a
--- waiter refreshing a place that lapsed unpruned keeps it (nobody was served past it).
+-- Lapsed places are dropped from the front before the queue's head decides who may take a free
+-- lock; with no queue (nobody waiting: the common case) there is nothing to drop before the lock
+-- is taken or the queue is started. While another holds the lock a join drops nothing: lapsed
+-- places are dropped before they could come first (here, or by the grant, lock_grant.lua).
 local barge = ARGV[4] == 'b'
 local head, now, now_us
 -- An unfair waiter takes a free lock whoever queues: where SET can GET, its first look is the
@@ -33,9 +30,8 @@ if (barge or head == false) and set_get then
   owner = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
   if owner == false then
     -- (a barging resend whose first send joined: the place is given up with the lock taken)
-    if barge and redis.call('ZREM', KEYS[4], ARGV[1]) == 1 then
+    if barge and redis.call('HDEL', KEYS[4], ARGV[1]) == 1 then
       redis.call('LREM', KEYS[3], 1, ARGV[1])
-      redis.call('HDEL', KEYS[5], ARGV[1])
     end
     return {1, next_fence(KEYS[2], ARGV[6])}
   end
@@ -47,39 +43,41 @@ if owner == ARGV[1] then
   return {1, current_fence(KEYS[2], ARGV[6])}
 end
 
+-- The free lock's next owner is the first live waiter: the deadline of its place tells the
+-- others when to look again.
+local head_deadline
 if head and owner == false and not barge then
   now, now_us = server_clock()
-  if prune_queue(KEYS[3], KEYS[4], now, KEYS[5]) > 0 then
-    head = redis.call('LINDEX', KEYS[3], 0)
-  end
+  local _
+  head, _, head_deadline = live_head(KEYS[3], KEYS[4], now, head)
+  head = head or false
 end
 
 if owner == false and (head == false or head == ARGV[1] or barge) then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   if head == ARGV[1] then
     redis.call('LPOP', KEYS[3])
-    redis.call('ZREM', KEYS[4], ARGV[1])
-    redis.call('HDEL', KEYS[5], ARGV[1])
-  elseif head and barge and redis.call('ZREM', KEYS[4], ARGV[1]) == 1 then
+    redis.call('HDEL', KEYS[4], ARGV[1])
+  elseif head and barge and redis.call('HDEL', KEYS[4], ARGV[1]) == 1 then
     -- (a resend whose first send joined: the place is given up with the lock taken)
     redis.call('LREM', KEYS[3], 1, ARGV[1])
-    redis.call('HDEL', KEYS[5], ARGV[1])
   end
   return {1, next_fence(KEYS[2], ARGV[6], now_us)}
 end
 
 if ARGV[4] == '1' or barge then
-  -- A token whose place ZADD finds is in the queue, unless the queue is empty: then no place in
-  -- it can have lapsed, and a place left in the deadlines alone (pruned with the next lapsed
-  -- head, or gone with the keys) counts for nothing: the queue is started with the token.
+  -- The place's record is written on every join; a token it is new for (no place yet, or its
+  -- lapsed place was dropped) goes to the end of the waitlist, and one that finds its place
+  -- keeps it (a refresh).
   now = now or server_now_ms()
   local place = tonumber(ARGV[3])
+  local record = ARGV[2] .. ' ' .. string.format('%d', now + place) .. ' ' .. ARGV[5]
   local start
-  if redis.call('ZADD', KEYS[4], now + place, ARGV[1]) == 1 then
-    -- A new place (no token is queued without one): it starts the queue if it comes first.
+  if redis.call('HSET', KEYS[4], ARGV[1], record) == 1 then
     start = redis.call('RPUSH', KEYS[3], ARGV[1]) == 1
   else
-    -- A place kept (a refresh): the barging waiter has not read the queue yet.
+    -- A refresh (the barging waiter has not read the waitlist yet). A record without a waitlist
+    -- (none of the scripts leaves one) starts it again rather than stand for a place in none.
     if head == nil then
       head = redis.call('LINDEX', KEYS[3], 0)
     end
@@ -88,18 +86,14 @@ if ARGV[4] == '1' or barge then
       redis.call('RPUSH', KEYS[3], ARGV[1])
     end
   end
-  redis.call('HSET', KEYS[5], ARGV[1], ARGV[2] .. ' ' .. ARGV[5])
-  -- The queue keys must outlive every live place (each ends within `place` ms from now). They
-  -- are given half a place more than that, so that most joins find them lasting long enough
-  -- already (one PTTL instead of three PEXPIREs); they are set together, so the leases' hash
-  -- (the one a join may create anew while the others exist) tells for all three. (A client
-  -- from before the leases hash sets only the other two, to one place: with one in the queue,
-  -- a place may lapse with the keys before its end; its waiter's next refresh queues it again.)
-  if start or redis.call('PTTL', KEYS[5]) < place then
+  -- Both keys must outlive every live place (each ends within `place` ms from now). They are
+  -- given half a place more than that, so that most joins find them lasting long enough
+  -- already (one PTTL instead of two PEXPIREs); they are set together, so the places' hash tells
+  -- for both.
+  if start or redis.call('PTTL', KEYS[4]) < place then
     local keep = place + math.floor(place / 2)
     redis.call('PEXPIRE', KEYS[3], keep)
     redis.call('PEXPIRE', KEYS[4], keep)
-    redis.call('PEXPIRE', KEYS[5], keep)
   end
 end
 
@@ -107,6 +101,5 @@ local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
 if owner then
   return {0, redis.call('PTTL', KEYS[1]), fence}
 end
--- Here another waiter is first (else the lock was granted), so the queue was pruned: `now` is set.
-local head_deadline = tonumber(redis.call('ZSCORE', KEYS[4], head) or now)
+-- Here another live waiter is first (else the lock was granted): live_head read its deadline.
 return {0, math.max(head_deadline - now, 1), fence}

@@ -1,8 +1,8 @@
 -- Release a lock if ARGV[1] owns it, and hand it on. Without a fair queue it ends here (the
--- common case: the grant preludes that follow, queue_prune.lua, fence_next.lua and
--- lock_grant.lua, are then not run at all); with one, lock_release_grant.lua goes on.
--- KEYS[1] lock key   KEYS[2] fence counter   KEYS[3] queue   KEYS[4] place deadlines
--- KEYS[5] queue leases (hash token -> lease ms)
+-- common case: the grant preludes that follow, queue_prune.lua, fence_next.lua, waitlist.lua
+-- and lock_grant.lua, are then not run at all); with one, lock_release_grant.lua goes on.
+-- KEYS[1] lock key   KEYS[2] fence counter   KEYS[3] waitlist   KEYS[4] its places (see
+-- waitlist.lua)
 -- ARGV[1] token   ARGV[2] wake-up channel   ARGV[3] grant slack in ms (see lock_grant.lua)
 -- ARGV[4] fence counter's ttl in ms (see fence_next.lua)
 -- Reply: 1 released; 0 not ours (the lease ended, or another owner holds it): nothing touched.

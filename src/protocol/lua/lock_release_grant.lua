@@ -3,13 +3,9 @@
 -- lock key is still ours here: a grant writes over it (one DEL less per hand-off), anything
 -- else deletes it.
 local now, now_us = server_clock()
-local published, granted = grant_head(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[2],
-                                      tonumber(ARGV[3]), now, ARGV[4], now_us, head,
-                                      #queued == 1)
-if not granted then
+if not grant_head(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2], tonumber(ARGV[3]), now, ARGV[4],
+                  now_us, head, #queued == 1) then
   redis.call('DEL', KEYS[1])
-end
-if not published then
   redis.call('PUBLISH', ARGV[2], '')
 end
 return 1

@@ -1,9 +1,9 @@
--- Acquire several locks at once, all or none (after queue_prune.lua and fence_next.lua): the
--- names of a MultiLock on one server, or one run of them that shares a cluster hash slot. They
--- are the names of `Lock` (same keys), so a MultiLock and single Locks exclude each other.
+-- Acquire several locks at once, all or none (after queue_prune.lua, fence_next.lua and
+-- waitlist.lua): the names of a MultiLock on one server, or one run of them that shares a
+-- cluster hash slot. They are the names of `Lock` (same keys), so a MultiLock and single Locks
+-- exclude each other.
 -- KEYS: three per name i (1-based): KEYS[3i-2] lock key (string: owner token, as lock_acquire.lua)
---       KEYS[3i-1] fence counter   KEYS[3i] the name's fair-queue place deadlines (zset
---       token -> ms, server clock; see lock_acquire_fair.lua)
+--       KEYS[3i-1] fence counter   KEYS[3i] the places of the name's waitlist (see waitlist.lua)
 -- ARGV[1] token   ARGV[2] lease in ms   ARGV[3] fence counter's ttl in ms (see fence_next.lua)
 -- A name counts as free when nobody holds it and no live waiter keeps a place in its fair queue
 -- (a MultiLock never jumps a fair queue); a name ARGV[1] holds already (a resend after a dropped
@@ -25,10 +25,9 @@ for i = 1, n do
       return {0, redis.call('PTTL', KEYS[3 * i - 2]), i}
     end
     now = now or server_now_ms()
-    local first = redis.call('ZRANGEBYSCORE', KEYS[3 * i], '(' .. now, '+inf', 'WITHSCORES',
-                             'LIMIT', 0, 1)
-    if #first > 0 then
-      return {0, math.max(tonumber(first[2]) - now, 1), i}
+    local lapse = first_live_lapse(KEYS[3 * i], now)
+    if lapse then
+      return {0, math.max(lapse - now, 1), i}
     end
   end
 end
