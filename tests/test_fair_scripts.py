@@ -228,6 +228,7 @@ def test_a_join_behind_a_held_lock_drops_nothing_and_a_lapsed_place_goes_when_it
     fair.r.delete(LOCK)
     busy, ms, _ = fair.join("e", inbox="")
     assert busy == 0 and 0 < ms <= PLACE_MS
+    assert fair.r.exists(LOCK) == 0  # the take was given back: the lock is left to b
     assert fair.queue() == [b"b", b"c", b"d", b"e"]
     assert fair.deadline("a") is None
     fair.r.set(LOCK, "x", px=10_000)
@@ -267,16 +268,18 @@ def test_the_queue_keys_outlive_every_place_and_get_their_expiry_only_when_short
     assert all(PLACE_MS < ms <= KEEP_MS for ms in expiries()), expiries()
 
 
-@pytest.mark.parametrize(("mode", "two", "four"), [("1", 19, 19), ("b", 18, 18)])
-def test_a_hand_off_costs_redis_fewer_commands(fair: Fair, mode: str, two: int, four: int) -> None:
+@pytest.mark.parametrize("mode", ["1", "b"])
+def test_a_hand_off_costs_redis_fewer_commands(fair: Fair, mode: str) -> None:
     """The hand-off of `make bench` (hold, release to a queued waiter, ask again), fair ("1")
     and unfair ("b"): the release's grant and the former holder's join. Before issue 18 item 3
     it took 29 commands (two script calls and 27 commands in them) whether others queued or not.
     Since then: the grant writes over the released lock key instead of deleting it first; a
     grant that empties the queue deletes its keys in one command; an unfair waiter's join reads
     the queue only when it keeps a place it had (2 processes: 24 before these two); the place's
-    deadline rides in its record, so the hand-off writes and reads no deadlines zset (22 fair,
-    21 unfair before)."""
+    deadline rides in its record, so the hand-off writes and reads no deadlines zset; and a
+    fair waiter's join, like an unfair one's, starts with the take, which finds the lock held,
+    and reads the queue only to refresh a place (22 fair, 21 unfair before these two: 18 now,
+    with one waiter or several)."""
 
     def hand_off(holder: str, waiting: str) -> int:
         ran = fair.ran(lambda: fair.release(holder))
@@ -289,7 +292,7 @@ def test_a_hand_off_costs_redis_fewer_commands(fair: Fair, mode: str, two: int, 
             assert "del" not in ran, ran
         ran_join = fair.ran(lambda: fair.join(holder, mode=mode))
         assert ran_join["evalsha"] == 1 and ran["evalsha"] == 1, (ran, ran_join)
-        assert ("lindex" in ran_join) == (mode == "1"), ran_join
+        assert "lindex" not in ran_join, ran_join
         assert not {"zadd", "zscore", "zrem"} & (set(ran) | set(ran_join)), (ran, ran_join)
         return sum(ran.values()) + sum(ran_join.values())
 
@@ -298,14 +301,14 @@ def test_a_hand_off_costs_redis_fewer_commands(fair: Fair, mode: str, two: int, 
     # Two processes: the queue is empty when the former holder joins again.
     holder, waiting = "a", "b"
     for _ in range(3):
-        assert hand_off(holder, waiting) == two
+        assert hand_off(holder, waiting) == 18
         holder, waiting = waiting, holder
     # Four processes: two others queued when the former holder joins again.
     for token in ("c", "d"):
         assert fair.join(token, mode=mode)[0] == 0
     order = [holder, waiting, "c", "d"]
     for _ in range(4):
-        assert hand_off(order[0], order[1]) == four
+        assert hand_off(order[0], order[1]) == 18
         order = order[1:] + order[:1]
 
 

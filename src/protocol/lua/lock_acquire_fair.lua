@@ -17,24 +17,17 @@
 -- is taken or the queue is started. While another holds the lock a join drops nothing: lapsed
 -- places are dropped before they could come first (here, or by the grant, lock_grant.lua).
 local barge = ARGV[4] == 'b'
-local head, now, now_us
--- An unfair waiter takes a free lock whoever queues: where SET can GET, its first look is the
--- take itself, and it reads the queue only if it keeps a place there (below).
-if not (barge and set_get) then
-  head = redis.call('LINDEX', KEYS[3], 0)
-end
+local head, now, now_us, head_deadline
 
-local owner
-if (barge or head == false) and set_get then
-  -- Takes the lock if it is free, else reads its owner (see fence_next.lua).
+-- Where SET can GET, the first look is the take itself: it takes a free lock, else reads the
+-- owner (see fence_next.lua). While another holds the lock (what a waiter finds), the queue is
+-- read only to refresh a place (below); a fair waiter that took a free lock checks the queue
+-- then, and gives the lock back if a live waiter is ahead of it (rare: a grant on release
+-- leaves a lock free while a live waiter queues only when a holder's lease ran out).
+local owner, took
+if set_get then
   owner = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
-  if owner == false then
-    -- (a barging resend whose first send joined: the place is given up with the lock taken)
-    if barge and redis.call('HDEL', KEYS[4], ARGV[1]) == 1 then
-      redis.call('LREM', KEYS[3], 1, ARGV[1])
-    end
-    return {1, next_fence(KEYS[2], ARGV[6])}
-  end
+  took = owner == false
 else
   owner = redis.call('GET', KEYS[1])
 end
@@ -43,26 +36,36 @@ if owner == ARGV[1] then
   return {1, current_fence(KEYS[2], ARGV[6])}
 end
 
--- The free lock's next owner is the first live waiter: the deadline of its place tells the
--- others when to look again.
-local head_deadline
-if head and owner == false and not barge then
-  now, now_us = server_clock()
-  local _
-  head, _, head_deadline = live_head(KEYS[3], KEYS[4], now, head)
-  head = head or false
-end
-
-if owner == false and (head == false or head == ARGV[1] or barge) then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  if head == ARGV[1] then
-    redis.call('LPOP', KEYS[3])
-    redis.call('HDEL', KEYS[4], ARGV[1])
-  elseif head and barge and redis.call('HDEL', KEYS[4], ARGV[1]) == 1 then
-    -- (a resend whose first send joined: the place is given up with the lock taken)
-    redis.call('LREM', KEYS[3], 1, ARGV[1])
+if owner == false then
+  -- The lock is free. An unfair waiter takes it whoever queues; a fair one only when no live
+  -- waiter comes first (lapsed places in front are dropped): the first live waiter's place
+  -- deadline tells the others when to look again.
+  if not barge then
+    head = redis.call('LINDEX', KEYS[3], 0)
+    if head then
+      now, now_us = server_clock()
+      local _
+      head, _, head_deadline = live_head(KEYS[3], KEYS[4], now, head)
+      head = head or false
+    end
   end
-  return {1, next_fence(KEYS[2], ARGV[6], now_us)}
+  if barge or not head or head == ARGV[1] then
+    if not took then
+      redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+    end
+    if head == ARGV[1] then
+      redis.call('LPOP', KEYS[3])
+      redis.call('HDEL', KEYS[4], ARGV[1])
+    elseif barge and redis.call('HDEL', KEYS[4], ARGV[1]) == 1 then
+      -- (a resend whose first send joined: the place is given up with the lock taken)
+      redis.call('LREM', KEYS[3], 1, ARGV[1])
+    end
+    return {1, next_fence(KEYS[2], ARGV[6], now_us)}
+  end
+  if took then
+    -- Not this waiter's to take: left free, as it was, for the one first in the queue.
+    redis.call('DEL', KEYS[1])
+  end
 end
 
 if ARGV[4] == '1' or barge then
@@ -76,8 +79,9 @@ if ARGV[4] == '1' or barge then
   if redis.call('HSET', KEYS[4], ARGV[1], record) == 1 then
     start = redis.call('RPUSH', KEYS[3], ARGV[1]) == 1
   else
-    -- A refresh (the barging waiter has not read the waitlist yet). A record without a waitlist
-    -- (none of the scripts leaves one) starts it again rather than stand for a place in none.
+    -- A refresh (a waiter that found the lock held has not read the waitlist yet). A record
+    -- without a waitlist (none of the scripts leaves one) starts it again rather than stand for
+    -- a place in none.
     if head == nil then
       head = redis.call('LINDEX', KEYS[3], 0)
     end

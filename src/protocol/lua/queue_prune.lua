@@ -1,9 +1,9 @@
--- Shared prelude of the fair-queue scripts (prepended to them, not run alone).
--- Drops waiters whose place in the queue lapsed (they stopped refreshing it: died or left),
--- using the server's clock so client clocks never matter. Needs `queue_key` (list of tokens in
--- arrival order) and `deadline_key` (zset token -> place deadline in ms) to be set by the caller;
--- `lease_key` (the fair lock's hash token -> lease in ms) is optional. Returns how many places
--- lapsed.
+-- Shared prelude of the queue scripts (prepended to them, not run alone): the server's clock,
+-- for every queue (the lock's waitlist.lua uses it too), and the pruning of a queue kept as a list
+-- plus a deadlines zset (the semaphore's, the read-write lock's writers'): drops waiters whose
+-- place lapsed (they stopped refreshing it: died or left), using the server's clock so client
+-- clocks never matter. Needs `queue_key` (list of tokens in arrival order) and `deadline_key`
+-- (zset token -> place deadline in ms) to be set by the caller. Returns how many places lapsed.
 local function server_now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -17,13 +17,10 @@ local function server_clock()
     tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
-local function prune_queue(queue_key, deadline_key, now, lease_key)
+local function prune_queue(queue_key, deadline_key, now)
   local lapsed = redis.call('ZRANGEBYSCORE', deadline_key, '-inf', now)
   for _, token in ipairs(lapsed) do
     redis.call('LREM', queue_key, 1, token)
-    if lease_key then
-      redis.call('HDEL', lease_key, token)
-    end
   end
   if #lapsed > 0 then
     redis.call('ZREMRANGEBYSCORE', deadline_key, '-inf', now)
