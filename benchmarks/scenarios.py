@@ -39,6 +39,7 @@ class Sizes:
     benchmark_requests: int  # requests per redis-benchmark run (physical limit)
     max_seconds: float  # an in-process timed run stops after this long, pairs done or not
     process_rounds: int  # rounds of the multi-process scenarios
+    cpu_rounds: int  # rounds of the hand-off and contended ones (server CPU compared by round)
     process_seconds: float  # timed window of one multi-process run
     command_seconds: float  # timed window of one commands-per-hand-off run (one round)
     warmup_seconds: float  # warm-up of the workers before a multi-process run
@@ -55,6 +56,7 @@ QUICK = Sizes(
     benchmark_requests=20_000,
     max_seconds=0.5,
     process_rounds=1,
+    cpu_rounds=2,
     process_seconds=0.8,
     command_seconds=0.5,
     warmup_seconds=0.1,
@@ -69,6 +71,7 @@ DEFAULT = Sizes(
     benchmark_requests=100_000,
     max_seconds=1.5,
     process_rounds=2,
+    cpu_rounds=4,
     process_seconds=2.0,
     command_seconds=1.2,
     warmup_seconds=0.3,
@@ -429,7 +432,7 @@ for _p in (2, 4):
             run=handoff(_p),
             kind="handoff",
             reference="raw-handoff",
-            rounds="process_rounds",
+            rounds="cpu_rounds",
             processes=_p,
         )
     )
@@ -443,7 +446,7 @@ for _p in (4, 8):
             unit="section",
             run=contended(_p),
             kind="contended",
-            rounds="process_rounds",
+            rounds="cpu_rounds",
             processes=_p,
         )
     )

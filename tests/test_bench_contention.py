@@ -3,6 +3,7 @@ hand-made timelines: no server, no timing."""
 
 from __future__ import annotations
 
+import statistics
 import sys
 from pathlib import Path
 
@@ -73,3 +74,44 @@ def test_server_work_per_section() -> None:
     # No reads (a peer run without the hooks) or no sections: nothing to report.
     assert scenarios._per_section({}, 25) == {}
     assert scenarios._per_section(seen, 0) == {}
+
+
+def test_server_cpu_targets_pair_the_rounds() -> None:
+    """Item 3's server CPU targets compare the peers round by round (both run in each round, one
+    right after the other) and judge the median of those ratios, not the ratio of each peer's
+    median round, which pairs figures taken minutes apart on a machine whose speed drifts."""
+    import report
+
+    def row(peer: str, cpu: list[float]) -> dict[str, object]:
+        return {
+            "scenario": "handoff2",
+            "title": "hand-off, 2 processes",
+            "peer": peer,
+            "server_cpu_us_per_section": statistics.median(cpu),
+            "rounds": [{"server_cpu_us_per_section": c} for c in cpu],
+        }
+
+    # Each peer's median round is 200 µs (1.00x), but round by round the fair lock costs 0.33x,
+    # 2x and 1.5x python-redis-lock's: median 1.5x, not met; the unfair lock 1.2x redis-py-1ms's
+    # in every round: met.
+    by_key = {
+        ("handoff2", "redmutex"): row("redmutex", [120, 240, 360]),
+        ("handoff2", "redis-py-1ms"): row("redis-py-1ms", [100, 200, 300]),
+        ("handoff2", "redmutex-fair"): row("redmutex-fair", [100, 200, 300]),
+        ("handoff2", "python-redis-lock"): row("python-redis-lock", [300, 100, 200]),
+    }
+    record = {"physical_limit": {}, "results": list(by_key.values())}
+    targets = report._targets(record, by_key)
+    cpu = {t["where"]: t for t in targets if t["target"].startswith("server CPU per section")}
+    unfair = cpu["redmutex, hand-off, 2 processes"]
+    assert unfair["met"] is True
+    assert "1.20× (median of 3 rounds, 1.20–1.20)" in unfair["measured"], unfair
+    fair = cpu["redmutex-fair, hand-off, 2 processes"]
+    assert fair["met"] is False
+    assert "200.0 vs 200.0 µs; 1.50× (median of 3 rounds, 0.33–2.00)" in fair["measured"], fair
+    # No rounds recorded (one measurement): the ratio of the two figures.
+    single = {k: {**v, "rounds": []} for k, v in by_key.items()}
+    targets = report._targets({"physical_limit": {}, "results": list(single.values())}, single)
+    cpu = {t["where"]: t for t in targets if t["target"].startswith("server CPU per section")}
+    assert cpu["redmutex-fair, hand-off, 2 processes"]["met"] is True
+    assert "(median of" not in cpu["redmutex-fair, hand-off, 2 processes"]["measured"]
