@@ -19,13 +19,15 @@
 local barge = ARGV[4] == 'b'
 local head, now, now_us, head_deadline
 
--- Where SET can GET, the first look is the take itself: it takes a free lock, else reads the
--- owner (see fence_next.lua). While another holds the lock (what a waiter finds), the queue is
--- read only to refresh a place (below); a fair waiter that took a free lock checks the queue
+-- A fair attempt's first look, where SET can GET, is the take itself: it takes a free lock, else
+-- reads the owner (see fence_next.lua); a fair waiter that took a free lock checks the queue
 -- then, and gives the lock back if a live waiter is ahead of it (rare: a grant on release
--- leaves a lock free while a live waiter queues only when a holder's lease ran out).
+-- leaves a lock free while a live waiter queues only when a holder's lease ran out). An unfair
+-- waiter's join comes after its first attempt found the lock held, and mostly finds it held
+-- again: a plain read costs Redis less there than a SET that does not take. While another holds
+-- the lock, the queue is read only to refresh a place (below).
 local owner, took
-if set_get then
+if set_get and not barge then
   owner = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
   took = owner == false
 else
