@@ -891,7 +891,7 @@ mod tests {
             while let Some(at) = rest.find("'GET')") {
                 // Inside the branch of the gate: no `else` or `end` since its `then`.
                 let before = &rest[..at];
-                let branch = before.rfind("set_get then").unwrap();
+                let branch = before.rfind("if set_get").unwrap();
                 let closed = before[branch..]
                     .lines()
                     .any(|line| matches!(line.trim(), "else" | "end"));
