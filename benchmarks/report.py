@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -54,12 +55,6 @@ def _paired_cpu_ratios(row: dict[str, Any] | None, reference: dict[str, Any] | N
     mine = [r.get("server_cpu_us_per_section") for r in (row or {}).get("rounds") or []]
     theirs = [r.get("server_cpu_us_per_section") for r in (reference or {}).get("rounds") or []]
     return [a / b for a, b in zip(mine, theirs) if a is not None and b]
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def _is_subject(peer: str) -> bool:
@@ -220,7 +215,7 @@ def _targets(
             # The verdict is the median of the rounds' paired ratios where there are rounds to
             # pair; the medians of the rounds' µs are shown beside it.
             ratios = _paired_cpu_ratios(rows[peer], rows[against])
-            ratio = _median(ratios) if ratios else mine / theirs
+            ratio = statistics.median(ratios) if ratios else mine / theirs
             spread = (
                 f" (median of {len(ratios)} rounds, {min(ratios):.2f}–{max(ratios):.2f})"
                 if len(ratios) > 1

@@ -76,7 +76,7 @@ if ARGV[4] == '1' or barge then
   -- keeps it (a refresh).
   now = now or server_now_ms()
   local place = tonumber(ARGV[3])
-  local record = ARGV[2] .. ' ' .. string.format('%d', now + place) .. ' ' .. ARGV[5]
+  local record = place_record(ARGV[2], now + place, ARGV[5])
   local start
   if redis.call('HSET', KEYS[4], ARGV[1], record) == 1 then
     start = redis.call('RPUSH', KEYS[3], ARGV[1]) == 1

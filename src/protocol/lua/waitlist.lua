@@ -8,14 +8,23 @@
 -- they get the same expiry. (Two keys, not three: the deadline rides in the place's record,
 -- which every join writes anyway, so a hand-off neither writes nor reads a deadlines zset.)
 
+-- A place's record, as a join writes it and the others read it (the one place of its format).
+local function place_record(lease_ms, deadline_ms, inbox)
+  return lease_ms .. ' ' .. string.format('%d', deadline_ms) .. ' ' .. inbox
+end
+
+local function parse_place(record)
+  local lease, deadline, inbox = string.match(record, '^(%d+) (%d+) ?(%x*)$')
+  return tonumber(lease), tonumber(deadline), inbox
+end
+
 -- A place's record: lease ms, deadline ms, inbox; nil when the token has none.
 local function place_of(places_key, token)
   local record = redis.call('HGET', places_key, token)
   if not record then
     return nil
   end
-  local lease, deadline, inbox = string.match(record, '^(%d+) (%d+) ?(%x*)$')
-  return tonumber(lease), tonumber(deadline), inbox
+  return parse_place(record)
 end
 
 -- The first token of the waitlist whose place is live at `now`, with its record; the lapsed
@@ -42,7 +51,7 @@ end
 local function first_live_lapse(places_key, now)
   local first
   for _, record in ipairs(redis.call('HVALS', places_key)) do
-    local deadline = tonumber(string.match(record, '^%d+ (%d+)'))
+    local _, deadline = parse_place(record)
     if deadline and deadline > now and (not first or deadline < first) then
       first = deadline
     end
