@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: all deps redis-server venv build test test-rust test-python demo bench bench-quick lint soak-faults \
+.PHONY: all deps redis-server valgrind venv build test test-rust test-python demo bench bench-quick lint soak-faults \
 	lint-types fmt package package-check clean
 
 all: build
@@ -19,6 +19,12 @@ redis-server:
 	  echo "installing openssl (the TLS tests make their certificates with it) with apt-get"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null; }
 
+# benchmarks/server_work.py counts the server's instructions with valgrind's callgrind.
+valgrind:
+	@command -v valgrind >/dev/null && command -v callgrind_control >/dev/null || { \
+	  echo "installing valgrind with apt-get"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null; }
+
 $(VENV)/.deps: requirements-dev.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -27,7 +33,7 @@ $(VENV)/.deps: requirements-dev.txt
 
 venv: $(VENV)/.deps
 
-deps: redis-server venv
+deps: redis-server valgrind venv
 
 build: venv
 	$(VENV)/bin/maturin develop --release -q
@@ -59,6 +65,7 @@ bench: deps build
 	$(PY) benchmarks/bench_scale.py
 	$(PY) benchmarks/bench_aio.py --json benchmarks/results/aio-latest.json
 	$(PY) benchmarks/bench_multilock.py
+	$(PY) benchmarks/server_work.py
 
 bench-quick: deps build
 	$(PY) benchmarks/run.py --quick
@@ -66,6 +73,7 @@ bench-quick: deps build
 	$(PY) benchmarks/bench_scale.py --quick
 	$(PY) benchmarks/bench_aio.py --quick
 	$(PY) benchmarks/bench_multilock.py --quick
+	$(PY) benchmarks/server_work.py
 
 lint: venv
 	cargo fmt --check
