@@ -34,7 +34,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -42,27 +41,15 @@ from pathlib import Path
 from typing import Any
 
 import redis
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "python"))
+from redmutex._server import RedisServer
 
 COLLECT = "processCommand"  # top-level commands only: a script's inner calls do not re-enter it
 _TOTALS = re.compile(r"^(?:totals|summary):\s*(\d+)", re.MULTILINE)
 
 
-class CountingServer:
-    """redis-server under callgrind on a free loopback port; `stop()` ends exactly that process."""
-
-    def __init__(self) -> None:
-        from redmutex._server import free_port
-
-        self.port = free_port()
-        self.dir = tempfile.mkdtemp(prefix="redmutex-server-work-")
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+class CountingServer(RedisServer):
+    """redis-server under callgrind on a free loopback port; `stop()` (RedisServer's) ends exactly
+    that process."""
 
     def start(self, wait: float = 90.0) -> CountingServer:
         args = [
@@ -113,14 +100,7 @@ class CountingServer:
         raise RuntimeError("callgrind wrote no dump")
 
     def stop(self) -> None:
-        process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=10)
+        super().stop()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
