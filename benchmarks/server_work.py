@@ -131,10 +131,11 @@ def lock_figures(
 ) -> dict[str, float]:
     """A redmutex Lock's pair and hand-off, unfair or fair."""
     import redmutex
+    from redmutex import _core
 
     kind = "fair" if fair else "unfair"
     name = f"work-{kind}"
-    waitlist = f"redmutex:{{{name}}}:waitlist"
+    waitlist = _core._keys("redmutex:", name)["queue"]  # the key layout's one home (keys.rs)
     with redmutex.Client(server.url) as a, redmutex.Client(server.url) as b:
         lock_a = redmutex.Lock(a, name, ttl=60, fair=fair)
         lock_b = redmutex.Lock(b, name, ttl=60, fair=fair)
