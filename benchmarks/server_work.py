@@ -135,7 +135,7 @@ def lock_figures(
 
     kind = "fair" if fair else "unfair"
     name = f"work-{kind}"
-    waitlist = _core._keys("redmutex:", name)["queue"]  # the key layout's one home (keys.rs)
+    queue = _core._keys("redmutex:", name)["queue"]  # the key layout's one home (keys.rs)
     with redmutex.Client(server.url) as a, redmutex.Client(server.url) as b:
         lock_a = redmutex.Lock(a, name, ttl=60, fair=fair)
         lock_b = redmutex.Lock(b, name, ttl=60, fair=fair)
@@ -151,7 +151,7 @@ def lock_figures(
             lock_a.acquire()
             waiter = threading.Thread(target=lock_b.acquire)
             waiter.start()
-            probes += wait_until(lambda: plain.llen(waitlist) >= 1)
+            probes += wait_until(lambda: plain.hlen(queue) >= 1)
             lock_a.release()
             waiter.join(timeout=120)
             if waiter.is_alive() or not lock_b.owned():
@@ -175,9 +175,9 @@ def lock_figures(
 def redmutex_figures(server: CountingServer, cycles: int) -> dict[str, float]:
     plain = redis.Redis(port=server.port)
     # The hand-off cycle's probe is a command too: its cost is measured and taken out.
-    plain.rpush("probe:list", "x")
-    probe_cost = per_op(server, lambda: plain.llen("probe:list"), cycles)
-    out = {"probe LLEN (taken out of the cycles)": probe_cost}
+    plain.hset("probe:queue", "x", "y")
+    probe_cost = per_op(server, lambda: plain.hlen("probe:queue"), cycles)
+    out = {"probe HLEN (taken out of the cycles)": probe_cost}
     for fair in (False, True):
         out.update(lock_figures(server, plain, probe_cost, fair, cycles))
     return out

@@ -60,13 +60,13 @@ def make_race(
 
     if kind.startswith("lock"):
         fair = kind == "lock-fair"
-        lock_key, queue = key("lock"), key("waitlist")
+        lock_key, queue = key("lock"), key("lock:queue")
         return Race(
             holder=lambda _i: redmutex.Lock(client, name, ttl=30, fair=fair),
             waiter=lambda: aio.Lock(client, name, ttl=30, fair=fair),
-            left=lambda: {"lock": int(r.exists(lock_key)), "queued": int(r.llen(queue))},
+            left=lambda: {"lock": int(r.exists(lock_key)), "queued": int(r.hlen(queue))},
             free=lambda: redmutex.Lock(other, name, ttl=5, fair=fair).acquire(timeout=5),
-            keys=[lock_key, queue, key("waitlist:places")],
+            keys=[lock_key, queue],
         )
     if kind == "semaphore":
         holders, queue = key("sem:holders"), key("sem:queue")

@@ -185,5 +185,5 @@ def test_the_replay_catches_an_acquire_and_a_release_on_a_fresh_server(
     assert replay is not None
     acquire, release = replay
     assert acquire != release
-    assert b"waitlist" not in acquire and b"waitlist" in release  # only the release names it
+    assert b":lock:queue" not in acquire and b":lock:queue" in release  # only the release names it
     client.close()

@@ -122,7 +122,7 @@ def test_status_counts_the_fair_queue(
     threads = [threading.Thread(target=wait_for_it) for _ in range(2)]
     for t in threads:
         t.start()
-    places = (prefix + "{" + name + "}:waitlist:places").encode()
+    places = (prefix + "{" + name + "}:lock:queue").encode()
     try:
         wait_until(lambda: r.hlen(places) == 2)
         code, data = cli_json("status", name, "--redis", redis_url, "--prefix", prefix)

@@ -36,10 +36,10 @@ def _name_keys(r: redis.Redis, prefix: str, name: str) -> set[bytes]:
 
 @pytest.fixture
 def queue_len(r: redis.Redis, key_of: KeyOf) -> Callable[[str], int]:
-    """queue_len(name): waiters in the Redis queue `prefix{name}:waitlist`."""
+    """queue_len(name): waiters in the Redis queue `prefix{name}:lock:queue`."""
 
     def _len(name: str) -> int:
-        return int(r.llen(key_of(name, "waitlist")))
+        return int(r.hlen(key_of(name, "lock:queue")))
 
     return _len
 
@@ -270,7 +270,7 @@ def test_timed_out_waiter_leaves_queue_at_once(
     assert q_th.outcome(20) is False
     # acquire() returned: its place is gone already, the stayer's is left
     assert queue_len("gone") == 1
-    assert r.hlen(key_of("gone", "waitlist:places")) == 1
+    assert r.hlen(key_of("gone", "lock:queue")) == 1
     assert quitter.token is None
     time.sleep(0.2)
     released_at = time.monotonic()
@@ -492,10 +492,11 @@ def test_waiters_timing_out_as_they_are_granted_leave_nothing_behind(
         patient = redmutex.Lock(client, name, ttl=10, fair=True)
         q_th = _Thread(lambda quick=quick: quick.acquire(timeout=0.15))  # type: ignore[misc]
         q_th.start()
-        _wait_until(lambda name=name: r.llen(key_of(name, "waitlist")) == 1, 20, "the quick one")  # type: ignore[misc]
+        queue = key_of(name, "lock:queue")
+        _wait_until(lambda queue=queue: r.hlen(queue) == 1, 20, "the quick one")  # type: ignore[misc]
         p_th = _Thread(lambda patient=patient: patient.acquire(timeout=20))  # type: ignore[misc]
         p_th.start()
-        _wait_until(lambda name=name: r.llen(key_of(name, "waitlist")) == 2, 20, "the patient one")  # type: ignore[misc]
+        _wait_until(lambda queue=queue: r.hlen(queue) == 2, 20, "the patient one")  # type: ignore[misc]
         # Release around the quick one's deadline (it started waiting a little earlier).
         time.sleep(0.08 + 0.004 * (i % 20))
         holder.release()
@@ -583,7 +584,7 @@ def test_waiters_cancelled_as_they_are_granted_leave_nothing_behind(
             assert await holder.acquire(timeout=5)
             waiter = aio.Lock(client, name, ttl=10, fair=True)
             task = asyncio.create_task(waiter.acquire(timeout=10))
-            while r.llen(key_of(name, "waitlist")) == 0:
+            while r.hlen(key_of(name, "lock:queue")) == 0:
                 await asyncio.sleep(0.001)
             release = asyncio.create_task(holder.release())
             # Cancel before the release ran, about when the grant arrives, or after.

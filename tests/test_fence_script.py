@@ -31,7 +31,7 @@ def _source(*files: str) -> str:
 
 
 UNFAIR = _source("fence_next.lua", "lock_acquire.lua")
-FAIR = _source("queue_prune.lua", "fence_next.lua", "waitlist.lua", "lock_acquire_fair.lua")
+FAIR = _source("clock.lua", "fence_next.lua", "waitlist.lua", "lock_acquire_fair.lua")
 
 
 def _server_us(r: redis.Redis) -> int:
@@ -47,10 +47,16 @@ class Keys:
     def __init__(self, prefix: str, name: str) -> None:
         base = f"{prefix}{{{name}}}"
         self.lock, self.fence = base + ":lock", base + ":fence"
-        self.queue, self.places = base + ":waitlist", base + ":waitlist:places"
+        self.queue = base + ":lock:queue"
 
 
 Acquire = Callable[..., list[int]]
+
+
+def _in_line(r: redis.Redis, k: Keys) -> list[bytes]:
+    """The queued tokens in turn: by their records, which open with the place's seq."""
+    places: dict[bytes, bytes] = r.hgetall(k.queue)  # type: ignore[assignment]
+    return [token for token, _ in sorted(places.items(), key=lambda item: item[1])]
 
 
 def _scripts(r: redis.Redis, before_7: bool) -> tuple[Acquire, Acquire]:
@@ -63,7 +69,7 @@ def _scripts(r: redis.Redis, before_7: bool) -> tuple[Acquire, Acquire]:
         return unfair(keys=[k.lock, k.fence], args=args)  # type: ignore[no-any-return]
 
     def acquire_fair(k: Keys, token: str, lease_ms: int = 10_000, join: bool = True) -> list[int]:
-        keys = [k.lock, k.fence, k.queue, k.places]
+        keys = [k.lock, k.fence, k.queue]
         args = [token, lease_ms, 10_000, "1" if join else "0", "", 5000]
         return fair(keys=keys, args=args)  # type: ignore[no-any-return]
 
@@ -157,26 +163,26 @@ def test_the_fair_acquire_keeps_the_queue_order(
     # Busy: b and c queue in order, d only tries.
     for token in ("b", "c"):
         busy, ms, seen = acquire(k, token)
-        assert busy == 0 and 0 < ms <= 10_000 and seen == fence
+        assert busy == 0 and 0 < ms <= 10_000 and int(seen) == fence
     busy, _, _ = acquire(k, "d", join=False)
     assert busy == 0
-    assert r.lrange(k.queue, 0, -1) == [b"b", b"c"]
+    assert _in_line(r, k) == [b"b", b"c"]
     r.delete(k.lock)
     # Free, but b is first: c waits for b's place (not longer than it lasts), d is refused.
     busy, ms, seen = acquire(k, "c")
-    assert busy == 0 and 0 < ms <= 10_000 and seen == fence
+    assert busy == 0 and 0 < ms <= 10_000 and int(seen) == fence
     assert acquire(k, "d", join=False)[0] == 0
     granted, fence_b = acquire(k, "b")
     assert granted == 1 and fence_b > fence
-    assert r.lrange(k.queue, 0, -1) == [b"c"] and not r.hexists(k.places, "b")
+    assert _in_line(r, k) == [b"c"]
     r.delete(k.lock)
     # c stops refreshing its place and it lapses: it is pruned, and d, trying once, is granted.
     # (its record's deadline, the second field, passed: see waitlist.lua)
-    lease = r.hget(k.places, "c").split()[0]  # type: ignore[union-attr]
-    r.hset(k.places, "c", lease + b" 1 ")
+    seq, _, lease, inbox = r.hget(k.queue, "c").split(b" ")  # type: ignore[union-attr]
+    r.hset(k.queue, "c", b" ".join([seq, b"1", lease, inbox]))
     granted, fence_d = acquire(k, "d", join=False)
     assert granted == 1 and fence_d > fence_b
-    assert r.exists(k.queue, k.places) == 0
+    assert r.exists(k.queue) == 0
 
 
 def _commands(r: redis.Redis) -> dict[str, int]:
@@ -205,6 +211,6 @@ def test_an_uncontended_acquire_reads_and_writes_in_one_call_on_redis_7(
     # The lock taken (SET NX GET), the clock read (TIME), the counter swapped (SET GET).
     expected = {"evalsha": 1, "set": 2, "time": 1}
     if fair:
-        expected["lindex"] = 1  # nobody queued: nothing to prune
+        expected["hgetall"] = 1  # nobody queued: nothing to drop
     assert ran == expected
     r.close()

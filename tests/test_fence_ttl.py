@@ -96,7 +96,7 @@ def test_a_fair_grant_on_release_refreshes_the_counter(
     thread = threading.Thread(target=lambda: got.append(waiter.acquire(timeout=20)))
     thread.start()
     deadline = time.monotonic() + 10
-    while r.llen(f"{prefix}{{granted}}:waitlist") == 0 and time.monotonic() < deadline:
+    while r.hlen(f"{prefix}{{granted}}:lock:queue") == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
     holder.release()  # grants the lock to the waiter, issuing its fence in Redis
     thread.join(20)

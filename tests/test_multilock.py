@@ -151,14 +151,15 @@ def test_a_fair_queue_counts_as_busy_and_is_served_on_release(
 ) -> None:
     multi = redmutex.MultiLock(client, ["q1", "q2"], ttl=10)
     # A live waiter in q1's fair queue (its place lasts 5 s): a MultiLock does not jump it.
-    # (A place's record: '<lease ms> <place deadline ms> <inbox>', src/protocol/lua/waitlist.lua.)
+    # (A place's record: '<seq> <place deadline ms> <lease ms> <inbox>', seq the server's clock
+    # in µs when the place was taken: src/protocol/lua/waitlist.lua.)
     now_ms = int(r.time()[0]) * 1000
-    places = key_of("q1", "waitlist:places")
-    r.hset(places, "someone", f"10000 {now_ms + 5000} ab12")
+    places = key_of("q1", "lock:queue")
+    r.hset(places, "someone", f"{now_ms * 1000} {now_ms + 5000} 10000 ab12")
     assert multi.acquire(blocking=False) is False
     r.hdel(places, "someone")
     # A lapsed place does not count.
-    r.hset(places, "gone", f"10000 {now_ms - 5000} ab12")
+    r.hset(places, "gone", f"{now_ms * 1000 - 9000000} {now_ms - 5000} 10000 ab12")
     assert multi.acquire(blocking=False)
     # A fair Lock waiting behind the MultiLock is granted the name on its release, at once.
     fair = redmutex.Lock(client, "q1", ttl=10, fair=True)

@@ -17,7 +17,7 @@ import redis
 from test_fence_script import AS_BEFORE_7
 
 LUA = Path(__file__).resolve().parents[1] / "src" / "protocol" / "lua"
-READ = "".join((LUA / f).read_text() for f in ("queue_prune.lua", "leases.lua"))
+READ = "".join((LUA / f).read_text() for f in ("clock.lua", "queue_prune.lua", "leases.lua"))
 READ += (LUA / "rw_read_acquire.lua").read_text()
 
 

@@ -90,13 +90,13 @@ def test_the_releaser_does_not_take_back_the_lock_from_a_queued_waiter(
     out_recv, out_send = ctx.Pipe(duplex=False)
     rounds = 10
     child = mp_procs.start(_queued_waiter, redis_url, prefix, "fifo", rounds, go_recv, out_send)
-    queue = key_of("fifo", "waitlist")
+    queue = key_of("fifo", "lock:queue")
     holder = redmutex.Lock(client, "fifo", ttl=30)
     barged = 0
     for _ in range(rounds):
         assert holder.acquire(timeout=20)  # the child may still be releasing the last round
         go_send.send(True)
-        _wait_until(lambda: r.llen(queue) == 1, 10, "the waiter to queue")
+        _wait_until(lambda: r.hlen(queue) == 1, 10, "the waiter to queue")
         holder.release()
         # (the waiter holds what it was granted until told: this try cannot find it released)
         if holder.acquire(blocking=False):
@@ -141,7 +141,7 @@ def test_a_blocking_reacquire_queues_behind_the_waiter(
         switches = sum(1 for x, y in itertools.pairwise(order) if x != y)
         # Once both wait, every hand-off switches owner; a few at the start may not.
         assert switches >= len(order) - 4, order
-        assert r.exists(key_of("alternate", "waitlist")) == 0
+        assert r.exists(key_of("alternate", "lock:queue")) == 0
     finally:
         other.close()
 
@@ -155,13 +155,13 @@ def test_a_waiter_that_times_out_leaves_the_queue_and_a_try_never_joins(
     holder = redmutex.Lock(client, "leave", ttl=30)
     assert holder.acquire(timeout=5)
     waiter = redmutex.Lock(client, "leave", ttl=30)
-    queue = key_of("leave", "waitlist")
+    queue = key_of("leave", "lock:queue")
     th = _Thread(lambda: waiter.acquire(timeout=1.0))
     th.start()
-    _wait_until(lambda: r.llen(queue) == 1, 10, "the waiter to queue")
+    _wait_until(lambda: r.hlen(queue) == 1, 10, "the waiter to queue")
     assert th.outcome(20) is False
-    assert r.llen(queue) == 0
-    assert r.exists(key_of("leave", "waitlist:places")) == 0
+    assert r.hlen(queue) == 0
+    assert r.exists(key_of("leave", "lock:queue")) == 0
     # Non-blocking and zero-timeout attempts only try: no HSET (a place taken) reaches Redis.
     before = _calls(r)
     assert waiter.acquire(blocking=False) is False
@@ -197,16 +197,16 @@ def test_a_killed_queued_waiter_holds_the_others_back_briefly(
     lock within the dead one's place + the grant slack (plus a margin), not a lease or 9 s."""
     holder = redmutex.Lock(client, "dead-waiter", ttl=30)
     assert holder.acquire(timeout=5)
-    queue = key_of("dead-waiter", "waitlist")
+    queue = key_of("dead-waiter", "lock:queue")
     recv, send = mp_procs.ctx("fork").Pipe(duplex=False)
     dying = mp_procs.start(_dying_waiter, redis_url, prefix, "dead-waiter", send)
     assert recv.poll(30)
-    _wait_until(lambda: r.llen(queue) == 1, 20, "the doomed waiter to queue")
+    _wait_until(lambda: r.hlen(queue) == 1, 20, "the doomed waiter to queue")
     other = other_client_factory()
     waiter = redmutex.Lock(other, "dead-waiter", ttl=30)
     th = _Thread(lambda: waiter.acquire(timeout=60))
     th.start()
-    _wait_until(lambda: r.llen(queue) == 2, 20, "the second waiter to queue behind")
+    _wait_until(lambda: r.hlen(queue) == 2, 20, "the second waiter to queue behind")
     mp_procs.kill(dying)
     released_at = time.monotonic()
     holder.release()
@@ -226,7 +226,7 @@ def test_a_thread_behind_its_process_competitor_waits_without_a_first_attempt(
     """One waiter per process and name queues in Redis; another thread of that process that
     comes to wait while it does queues in process behind it without asking Redis first (the
     lock is held, or about to be granted to that waiter), then gets the lock in its turn."""
-    queue = key_of("behind", "waitlist")
+    queue = key_of("behind", "lock:queue")
     holder = redmutex.Lock(client, "behind", ttl=30)
     assert holder.acquire(timeout=5)
     first, second = (redmutex.Lock(client, "behind", ttl=30) for _ in range(2))
@@ -241,7 +241,7 @@ def test_a_thread_behind_its_process_competitor_waits_without_a_first_attempt(
 
     ahead = _Thread(lambda: waiter(first, "first"))
     ahead.start()
-    _wait_until(lambda: r.llen(queue) == 1, 10, "the first waiter to queue")
+    _wait_until(lambda: r.hlen(queue) == 1, 10, "the first waiter to queue")
     before = _calls(r)
     behind = _Thread(lambda: waiter(second, "second"))
     behind.start()
@@ -250,7 +250,7 @@ def test_a_thread_behind_its_process_competitor_waits_without_a_first_attempt(
     # A first attempt (lock_acquire.lua) sends SET NX; the queued waiter's place refreshes
     # (which may fall in the window) find the lock held and send no SET.
     assert "set" not in ran, ran
-    assert behind.finished_at is None and r.llen(queue) == 1
+    assert behind.finished_at is None and r.hlen(queue) == 1
     holder.release()
     assert ahead.outcome(20) is True
     assert behind.outcome(20) is True
@@ -261,7 +261,7 @@ async def _queued_acquire(lock: aio.Lock, r: redis.Redis, queue: bytes) -> async
     """Starts `lock.acquire()` in a task and returns it once its waiter is the queue's only one."""
     task = asyncio.ensure_future(lock.acquire(timeout=20))
     deadline = time.monotonic() + 10
-    while r.llen(queue) != 1:
+    while r.hlen(queue) != 1:
         assert time.monotonic() < deadline, "the asyncio waiter did not queue"
         await asyncio.sleep(0.005)
     return task
@@ -274,7 +274,7 @@ def test_an_asyncio_waiter_is_granted_the_lock(
     """redmutex.aio.Lock goes the same way: queued, granted by the release; the releaser's
     immediate try does not take it back."""
     holder = redmutex.Lock(client, "aio-queue", ttl=30)
-    queue = key_of("aio-queue", "waitlist")
+    queue = key_of("aio-queue", "lock:queue")
 
     async def main() -> int:
         lock = aio.Lock(client, "aio-queue", ttl=30)
@@ -310,7 +310,7 @@ def test_an_asyncio_waiter_that_found_the_lock_taken_joins_with_its_first_attemp
     is made; that path notes what it found too, so the object's second acquire joins at once
     (before, it made one attempt more: [1, 1, 0] in every loop)."""
     holder = redmutex.Lock(client, "aio-early", ttl=30)
-    queue = key_of("aio-early", "waitlist")
+    queue = key_of("aio-early", "lock:queue")
 
     async def main() -> list[int]:
         lock = aio.Lock(client, "aio-early", ttl=30)
@@ -341,7 +341,7 @@ def test_a_cancelled_asyncio_waiter_leaves_the_place_its_first_attempt_took(
     """Cancelled once its first attempt joined the queue, an asyncio acquire leaves the queue
     at once (well before its place would lapse, 2 s) and the lock goes to nobody else."""
     holder = redmutex.Lock(client, "aio-early-cancel", ttl=30)
-    queue = key_of("aio-early-cancel", "waitlist")
+    queue = key_of("aio-early-cancel", "lock:queue")
 
     async def main() -> list[float]:
         lock = aio.Lock(client, "aio-early-cancel", ttl=30)
@@ -398,7 +398,7 @@ def test_mixed_waiters_all_get_the_lock(
     threads = [_Thread(lambda: queued(False)), _Thread(lambda: queued(True)), _Thread(racing)]
     for th in threads:
         th.start()
-    _wait_until(lambda: r.llen(key_of("mixed", "waitlist")) == 2, 10, "two waiters to queue")
+    _wait_until(lambda: r.hlen(key_of("mixed", "lock:queue")) == 2, 10, "two waiters to queue")
     time.sleep(0.2)
     started = time.monotonic()
     holder.release()
@@ -408,4 +408,4 @@ def test_mixed_waiters_all_get_the_lock(
     assert sorted(got) == ["fair", "racing", "unfair"]
     # Released within moments of each other: nobody waited for a lease to end.
     assert took < 5.0, took
-    assert r.exists(key_of("mixed", "waitlist")) == 0
+    assert r.exists(key_of("mixed", "lock:queue")) == 0

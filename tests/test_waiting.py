@@ -264,20 +264,21 @@ def test_an_unfair_waiter_tries_joins_and_is_granted(
             before = _calls(conn)
             thread = _Thread(target=lambda: waiter.acquire(timeout=20))
             thread.start()
-            _wait_until(lambda: conn.llen("q:{once}:waitlist") == 1, 10, "the waiter to queue")
+            _wait_until(lambda: conn.hlen("q:{once}:lock:queue") == 1, 10, "the waiter to queue")
             time.sleep(0.2)
             holder.release()
             assert thread.outcome(timeout=20) is True
             delta = _delta(before, _calls(conn))
             # A slow machine may stretch the wait past a place refresh (every 0.67 s), one more
-            # EVALSHA that also HSETs (the place's record); a look after the grant would add one
-            # that does not.
-            refreshes = delta.get("hset", 0) - 1
-            assert refreshes >= 0, delta
+            # EVALSHA that also offers a place (HSETNX) and rewrites its own (HSET); a look
+            # after the grant would add one that does neither.
+            refreshes = delta.get("hset", 0)
+            assert delta.get("hsetnx", 0) == 1 + refreshes, delta
             assert delta.get("evalsha", 0) == 2 + refreshes, delta
-            # busy attempts read the lease left (PTTL): the first attempt (and refreshes)
-            assert delta.get("pttl", 0) == 1 + refreshes, delta
-            assert conn.llen("q:{once}:waitlist") == 0
+            # busy attempts read the lease left (PTTL): the first attempt (and refreshes, which
+            # also read the queue's expiry; the first place set it on the queue it started)
+            assert delta.get("pttl", 0) == 1 + 2 * refreshes, delta
+            assert conn.hlen("q:{once}:lock:queue") == 0
             waiter.release()
             assert holder.acquire(timeout=5)
             # The waiter's own release published a wake-up too: on a loaded machine its process
@@ -308,28 +309,28 @@ def test_a_fair_waiter_already_listening_joins_with_its_first_attempt(
         holder.release()
         assert holder.acquire(timeout=5)
         assert waiter.acquire(timeout=0.2) is False
-        assert conn.llen("q:{fair}:waitlist") == 0
+        assert conn.hlen("q:{fair}:lock:queue") == 0
         for _ in range(3):
             before = _calls(conn)
             thread = _Thread(target=lambda: waiter.acquire(timeout=20))
             thread.start()
-            _wait_until(lambda: conn.llen("q:{fair}:waitlist") == 1, 10, "the waiter to queue")
+            _wait_until(lambda: conn.hlen("q:{fair}:lock:queue") == 1, 10, "the waiter to queue")
             time.sleep(0.2)
             holder.release()
             assert thread.outcome(timeout=20) is True
             delta = _delta(before, _calls(conn))
             # A slow machine may stretch the wait past a place refresh (every 2 s), one more
-            # EVALSHA that also HSETs (the place's record); a try before the join would add one
-            # that does not.
-            refreshes = delta.get("hset", 0) - 1
-            assert refreshes >= 0, delta
+            # EVALSHA that also offers a place (HSETNX) and rewrites its own (HSET); a try
+            # before the join would add one that does neither.
+            refreshes = delta.get("hset", 0)
+            assert delta.get("hsetnx", 0) == 1 + refreshes, delta
             assert delta.get("evalsha", 0) == 2 + refreshes, delta
-            assert conn.llen("q:{fair}:waitlist") == 0
+            assert conn.hlen("q:{fair}:lock:queue") == 0
             waiter.release()
             assert holder.acquire(timeout=5)
         # A waiter that gives up leaves the place its first attempt took.
         assert waiter.acquire(timeout=0.3) is False
-        assert conn.llen("q:{fair}:waitlist") == 0
+        assert conn.hlen("q:{fair}:lock:queue") == 0
         holder.release()
     finally:
         holder_client.close()
@@ -663,7 +664,7 @@ def test_a_woken_waiter_keeps_its_deadline(
     assert 1.4 <= th.finished_at - started < 1.5 + 1.0, th.finished_at - started
     assert waiter.token is None
     assert r.get(key_of("woken-deadline", "lock")) == (holder.token or "").encode()
-    assert r.exists(key_of("woken-deadline", "waitlist")) == 0
+    assert r.exists(key_of("woken-deadline", "lock:queue")) == 0
     attempts = _core._waiting_attempts() - before
     assert attempts >= 1 + 3, attempts  # the join, then one look per wake-up
     got, took, _ = _woken_attempts(holder, waiter, 20)

@@ -11,8 +11,8 @@ named N starts with `prefix{N}`, followed by
     :lock, :fence                                        Lock (the fence counter expires
                                                          fence_ttl after the last acquisition)
     :lock:holds                                          a re-entered Lock's hold count
-    :waitlist, :waitlist:places                          its fair queue: list of tokens, hash
-                                                         of each one's place (lease, deadline)
+    :lock:queue                                          its waiters: hash of each one's place
+                                                         (turn, deadline, lease, inbox)
     :sem:holders, :sem:limit, :sem:queue,                Semaphore (the limit in use)
     :sem:queue:deadlines
     :rw:readers, :rw:writer, :rw:writers_waiting         RWLock
@@ -373,12 +373,12 @@ def _hold_of_string(token: bytes | None, pttl: int) -> Hold | None:
 
 
 def _live_places(records: Iterable[bytes], now_ms: float) -> int:
-    """How many of a lock's waitlist places (values '<lease ms> <deadline ms> <inbox>') are
-    still live."""
+    """How many of a lock's queue places (values '<seq> <deadline ms> <lease ms> <inbox>',
+    src/protocol/lua/waitlist.lua) are still live."""
     live = 0
     for record in records:
         fields = record.split()
-        if len(fields) >= 2 and fields[1].isdigit() and int(fields[1]) > now_ms:
+        if len(fields) >= 3 and fields[1].isdigit() and int(fields[1]) > now_ms:
             live += 1
     return live
 
@@ -416,7 +416,7 @@ def read_status(target: Target, node: Node, name: str) -> Status:
     pipe.get(k["lock"])
     pipe.pttl(k["lock"])
     pipe.get(k["fence"])
-    pipe.hvals(k["queue_places"])
+    pipe.hvals(k["queue"])
     pipe.zrange(k["semaphore_holders"], 0, -1, withscores=True)
     pipe.zrange(k["semaphore_queue_deadlines"], 0, -1, withscores=True)
     pipe.exists(k["semaphore_holders"], k["semaphore_queue"])
@@ -433,7 +433,7 @@ def read_status(target: Target, node: Node, name: str) -> Status:
         lock_token,
         lock_pttl,
         fence,
-        queue_places,
+        lock_queue,
         sem_holders,
         sem_places,
         sem_keys,
@@ -455,7 +455,7 @@ def read_status(target: Target, node: Node, name: str) -> Status:
         others = _held_with(target, node, lock_token)
         status.multi = sorted(n for n in others if n != name) or None
     status.fence = int(fence) if fence is not None else None
-    status.waiters = _live_places(queue_places, now_ms)
+    status.waiters = _live_places(lock_queue, now_ms)
     if sem_keys:
         status.semaphore = {
             "holders": [asdict(h) for h in _live(sem_holders, now_ms)],
@@ -651,7 +651,7 @@ def _describe(node: Node, entries: list[Entry]) -> None:
             if entry.kind == "lock":
                 pipe.pttl(k["lock"])
                 pipe.get(k["fence"])
-                pipe.hvals(k["queue_places"])
+                pipe.hvals(k["queue"])
             elif entry.kind == "semaphore":
                 pipe.zrange(k["semaphore_holders"], 0, -1, withscores=True)
                 pipe.zrange(k["semaphore_queue_deadlines"], 0, -1, withscores=True)

@@ -293,15 +293,12 @@ fn fair_waiters_are_served_in_arrival_order_and_leave_on_timeout() {
     .unwrap());
     block_on(async {
         let shared = client.shared().unwrap();
-        let queued: Vec<Vec<u8>> = shared
+        let queued: i64 = shared
             .node
-            .query(
-                redis::cmd("LRANGE").arg(b"t4:{f}:waitlist").arg(0).arg(-1),
-                Retry::Never,
-            )
+            .query(redis::cmd("HLEN").arg(b"t4:{f}:lock:queue"), Retry::Never)
             .await
             .unwrap();
-        assert_eq!(queued.len(), 4, "the quitter is gone, the four others wait");
+        assert_eq!(queued, 4, "the quitter is gone, the four others wait");
     });
     block_on(holder.holder().release()).unwrap();
     for t in threads {
@@ -329,7 +326,7 @@ fn a_cancelled_fair_waiter_leaves_no_trace() {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let queued: i64 = shared
             .node
-            .query(redis::cmd("LLEN").arg(b"t5:{c}:waitlist"), Retry::Never)
+            .query(redis::cmd("HLEN").arg(b"t5:{c}:lock:queue"), Retry::Never)
             .await
             .unwrap();
         assert_eq!(queued, 0);
@@ -373,42 +370,42 @@ fn an_unfair_first_attempt_barges_and_joins_only_when_busy() {
             let shared = shared.clone();
             async move { parse_attempt(&shared.node.invoke(&inv, Retry::Never).await.unwrap()).unwrap() }
         };
-        let llen = || {
+        let queued = || {
             let shared = shared.clone();
             let queue = keys.queue();
             async move {
                 shared
                     .node
-                    .query::<i64>(redis::cmd("LLEN").arg(queue), Retry::Never)
+                    .query::<i64>(redis::cmd("HLEN").arg(queue), Retry::Never)
                     .await
                     .unwrap()
             }
         };
         // Free, no queue: taken, nothing queued.
         assert!(matches!(run("a", barge).await, Attempt::Granted { .. }));
-        assert_eq!(llen().await, 0);
+        assert_eq!(queued().await, 0);
         // Taken: b and c join, in that order (the busy answer carries the fence seen).
         assert!(matches!(
             run("b", barge).await,
             Attempt::Busy { fence: Some(_), .. }
         ));
         assert!(matches!(run("c", barge).await, Attempt::Busy { .. }));
-        assert_eq!(llen().await, 2);
+        assert_eq!(queued().await, 2);
         // The release grants b; the releaser's own try (the plain script) is refused.
         assert!(lock::release(&shared, &keys, "a").await.unwrap());
         assert!(matches!(run("a", None).await, Attempt::Busy { .. }));
         assert!(matches!(run("b", join).await, Attempt::Granted { .. }));
-        assert_eq!(llen().await, 1);
+        assert_eq!(queued().await, 1);
         // A lock left free with c still queued (b's lease ended: here, deleted) is taken by a
         // barging first attempt past c, and c stays first in line.
         let mut del = redis::cmd("DEL");
         del.arg(keys.lock());
         let _: i64 = shared.node.query(&del, Retry::Never).await.unwrap();
         assert!(matches!(run("d", barge).await, Attempt::Granted { .. }));
-        assert_eq!(llen().await, 1);
+        assert_eq!(queued().await, 1);
         assert!(lock::release(&shared, &keys, "d").await.unwrap());
         assert!(matches!(run("c", join).await, Attempt::Granted { .. }));
-        assert_eq!(llen().await, 0);
+        assert_eq!(queued().await, 0);
     });
 }
 
@@ -660,7 +657,7 @@ fn an_abandoned_acquire_gives_back_what_it_obtains_and_nothing_else() {
         loop {
             let queued: i64 = shared
                 .node
-                .query(redis::cmd("LLEN").arg(b"t13:{g}:waitlist"), Retry::Never)
+                .query(redis::cmd("HLEN").arg(b"t13:{g}:lock:queue"), Retry::Never)
                 .await
                 .unwrap();
             if queued == 1 {

@@ -36,7 +36,7 @@ impl Role {
 pub const KINDS: [&str; 4] = ["lock", "semaphore", "rwlock", "cache"];
 
 /// Every key of a named primitive (not the wake-up channels, which are no keys).
-pub const ROLES: [Role; 14] = [
+pub const ROLES: [Role; 13] = [
     Role {
         kind: "lock",
         role: "lock",
@@ -51,11 +51,6 @@ pub const ROLES: [Role; 14] = [
         kind: "lock",
         role: "queue",
         build: Keys::queue,
-    },
-    Role {
-        kind: "lock",
-        role: "queue_places",
-        build: Keys::queue_places,
     },
     Role {
         kind: "semaphore",
@@ -338,8 +333,8 @@ mod tests {
             assert!(KINDS.contains(&role.kind));
         }
         assert_eq!(ROLES[0].suffix(), b":lock");
-        assert_eq!(ROLES[3].suffix(), b":waitlist:places");
-        assert_eq!(ROLES[7].suffix(), b":sem:queue:deadlines");
+        assert_eq!(ROLES[2].suffix(), b":lock:queue");
+        assert_eq!(ROLES[6].suffix(), b":sem:queue:deadlines");
         assert!(split_key(b"p:", b"p:{n}:wake").is_none());
         assert!(split_key(b"p:", b"q:{n}:lock").is_none());
         assert!(split_key(b"p:", b"p:{}:lock").is_none());

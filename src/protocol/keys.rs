@@ -97,15 +97,12 @@ impl Keys {
         self.with_suffix(b":fence")
     }
 
-    /// Fair queue: the waitlist, a list of waiting tokens in arrival order (`waitlist.lua`).
+    /// The lock's queue (its fair waiters, and an unfair lock's waiters that wait): a hash of
+    /// token -> '<seq> <place deadline ms> <lease ms> <inbox>' (its turn, until when its place
+    /// holds, what a release grants the waiter, where it is told; `waitlist.lua`). Not the
+    /// `:queue` list of 0.1.0 (its queue was three keys), so the two never meet in one key.
     pub fn queue(&self) -> Vec<u8> {
-        self.with_suffix(b":waitlist")
-    }
-
-    /// Fair queue: the waitlist's places, a hash of token -> '<lease ms> <place deadline ms>
-    /// <inbox>' (what a release grants the waiter, until when its place holds, where it is told).
-    pub fn queue_places(&self) -> Vec<u8> {
-        self.with_suffix(b":waitlist:places")
+        self.with_suffix(b":lock:queue")
     }
 
     /// Semaphore: zset of holder token -> lease end (ms, server clock from `TIME`).
@@ -233,7 +230,6 @@ mod tests {
             keys.lock_holds(),
             keys.fence(),
             keys.queue(),
-            keys.queue_places(),
             keys.semaphore_holders(),
             keys.semaphore_limit(),
             keys.semaphore_queue(),
@@ -250,8 +246,7 @@ mod tests {
         assert_eq!(keys.lock(), b"redmutex:{acct:1}:lock");
         assert_eq!(keys.fence(), b"redmutex:{acct:1}:fence");
         assert_eq!(keys.lock_holds(), b"redmutex:{acct:1}:lock:holds");
-        assert_eq!(keys.queue(), b"redmutex:{acct:1}:waitlist");
-        assert_eq!(keys.queue_places(), b"redmutex:{acct:1}:waitlist:places");
+        assert_eq!(keys.queue(), b"redmutex:{acct:1}:lock:queue");
         assert_eq!(keys.cache_value(), b"redmutex:{acct:1}:value");
         assert_eq!(keys.cache_fill(), b"redmutex:{acct:1}:fill");
         assert_eq!(keys.semaphore_holders(), b"redmutex:{acct:1}:sem:holders");
@@ -272,7 +267,6 @@ mod tests {
             keys.lock_holds(),
             keys.fence(),
             keys.queue(),
-            keys.queue_places(),
             keys.semaphore_holders(),
             keys.semaphore_limit(),
             keys.semaphore_queue(),
@@ -309,7 +303,6 @@ mod tests {
                 keys.lock(),
                 keys.fence(),
                 keys.queue(),
-                keys.queue_places(),
                 keys.semaphore_holders(),
                 keys.semaphore_queue(),
                 keys.semaphore_queue_deadlines(),

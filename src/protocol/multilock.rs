@@ -17,7 +17,7 @@ use super::step::Step;
 
 static MULTI_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
-        include_str!("lua/queue_prune.lua"),
+        include_str!("lua/clock.lua"),
         include_str!("lua/fence_next.lua"),
         include_str!("lua/waitlist.lua"),
         include_str!("lua/multi_acquire.lua")
@@ -25,7 +25,7 @@ static MULTI_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
 });
 static MULTI_RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
-        include_str!("lua/queue_prune.lua"),
+        include_str!("lua/clock.lua"),
         include_str!("lua/fence_next.lua"),
         include_str!("lua/waitlist.lua"),
         include_str!("lua/lock_grant.lua"),
@@ -114,7 +114,7 @@ pub enum MultiAttempt {
 pub fn attempt(keys: &[&Keys], token: &str, lease: Duration) -> Step<MultiAttempt> {
     let mut inv = MULTI_ACQUIRE.prepare_invoke();
     for k in keys {
-        inv.key(k.lock()).key(k.fence()).key(k.queue_places());
+        inv.key(k.lock()).key(k.fence()).key(k.queue());
     }
     let fence_ttl = keys.first().map_or(0, |k| k.fence_ttl_ms());
     inv.arg(token).arg(lease::lease_ms(lease)).arg(fence_ttl);
@@ -126,10 +126,7 @@ pub fn attempt(keys: &[&Keys], token: &str, lease: Duration) -> Step<MultiAttemp
 pub fn release(keys: &[&Keys], token: &str) -> Step<usize> {
     let mut inv: ScriptInvocation<'static> = MULTI_RELEASE.prepare_invoke();
     for k in keys {
-        inv.key(k.lock())
-            .key(k.fence())
-            .key(k.queue())
-            .key(k.queue_places());
+        inv.key(k.lock()).key(k.fence()).key(k.queue());
     }
     let fence_ttl = keys.first().map_or(0, |k| k.fence_ttl_ms());
     inv.arg(token).arg(GRANT_SLACK_MS).arg(fence_ttl);

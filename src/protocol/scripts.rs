@@ -14,11 +14,11 @@ macro_rules! fence_script {
     };
 }
 
-/// The fair lock's acquire: the clock, fence and waitlist preludes in front.
+/// The queued lock's acquire: the clock, fence and waitlist preludes in front.
 macro_rules! fair_script {
     ($file:literal) => {
         concat!(
-            include_str!("lua/queue_prune.lua"),
+            include_str!("lua/clock.lua"),
             include_str!("lua/fence_next.lua"),
             include_str!("lua/waitlist.lua"),
             include_str!($file)
@@ -26,12 +26,11 @@ macro_rules! fair_script {
     };
 }
 
-/// The fair lock's release and leave: the clock, fence and waitlist preludes, then the grant to
-/// the queue's head.
+/// The lock's leave: the clock, fence and waitlist preludes, then the grant to the queue's head.
 macro_rules! grant_script {
     ($file:literal) => {
         concat!(
-            include_str!("lua/queue_prune.lua"),
+            include_str!("lua/clock.lua"),
             include_str!("lua/fence_next.lua"),
             include_str!("lua/waitlist.lua"),
             include_str!("lua/lock_grant.lua"),
@@ -40,10 +39,12 @@ macro_rules! grant_script {
     };
 }
 
-/// Scripts that keep leases in a zset (semaphore, read-write lock): both preludes in front.
+/// Scripts that keep leases in a zset (semaphore, read-write lock): the clock, queue and leases
+/// preludes in front.
 macro_rules! leases_script {
     ($file:literal) => {
         concat!(
+            include_str!("lua/clock.lua"),
             include_str!("lua/queue_prune.lua"),
             include_str!("lua/leases.lua"),
             include_str!($file)
@@ -52,11 +53,11 @@ macro_rules! leases_script {
 }
 
 const LOCK_ACQUIRE_SOURCE: &str = fence_script!("lua/lock_acquire.lua");
-/// The release: its compare-and-delete, and for a name without a fair queue the wake-up, come
+/// The release: its compare-and-delete, and for a name nobody queues for the wake-up, come
 /// before the grant preludes, so the common release returns before defining what it never uses.
 const LOCK_RELEASE_SOURCE: &str = concat!(
     include_str!("lua/lock_release.lua"),
-    include_str!("lua/queue_prune.lua"),
+    include_str!("lua/clock.lua"),
     include_str!("lua/fence_next.lua"),
     include_str!("lua/waitlist.lua"),
     include_str!("lua/lock_grant.lua"),
@@ -184,7 +185,7 @@ pub fn acquire_call(
             Call {
                 script: &LOCK_ACQUIRE_FAIR,
                 source: LOCK_ACQUIRE_FAIR_SOURCE,
-                keys: vec![keys.lock(), keys.fence(), keys.queue(), keys.queue_places()],
+                keys: vec![keys.lock(), keys.fence(), keys.queue()],
                 args: vec![
                     token.as_bytes().to_vec(),
                     lease_ms.to_string().into_bytes(),
@@ -256,7 +257,6 @@ fn queue_hand_off(inv: &mut ScriptInvocation<'_>, keys: &Keys, token: &str) {
     inv.key(keys.lock())
         .key(keys.fence())
         .key(keys.queue())
-        .key(keys.queue_places())
         .arg(token)
         .arg(keys.wake_channel())
         .arg(GRANT_SLACK_MS)
@@ -815,7 +815,7 @@ mod tests {
     #[test]
     fn release_and_leave_grant_with_the_same_keys() {
         let keys = Keys::new(b"p:", b"n");
-        let expected_keys = [keys.lock(), keys.fence(), keys.queue(), keys.queue_places()];
+        let expected_keys = [keys.lock(), keys.fence(), keys.queue()];
         for inv in [release(&keys, "t"), leave_queue(&keys, "t")] {
             let (sent_keys, args) = sent(&inv);
             assert_eq!(sent_keys, expected_keys);
@@ -915,31 +915,33 @@ mod tests {
     #[test]
     fn grant_scripts_carry_both_preludes_in_order() {
         let source = grant_script!("lua/queue_leave.lua");
-        let prune = source.find("local function prune_queue").unwrap();
+        let clock = source.find("local function server_clock").unwrap();
         let grant = source.find("local function grant_head").unwrap();
         let body = source.find("ARGV[3] grant slack").unwrap();
-        assert!(prune < grant && grant < body);
+        assert!(clock < grant && grant < body);
+        // The lock's scripts define only what they use: no list-queue pruning.
+        assert!(!source.contains("local function prune_queue"));
     }
 
-    /// The release without a fair queue returns before the preludes; with one, the grant runs
+    /// The release without a queue returns before the preludes; with one, the grant runs
     /// after them (a call before its `local function` would find no function).
     #[test]
     fn the_release_returns_before_the_grant_preludes_without_a_queue() {
         let source = LOCK_RELEASE_SOURCE;
         let delete = source.find("redis.call('DEL', KEYS[1])").unwrap();
         let early = source.find("return 1").unwrap();
-        let prune = source.find("local function prune_queue").unwrap();
+        let clock = source.find("local function server_clock").unwrap();
         let fence = source.find("local function next_fence").unwrap();
         let grant = source.find("local function grant_head").unwrap();
         let waitlist = source.find("local function live_head").unwrap();
         let call = source.find("if not grant_head(").unwrap();
-        assert!(delete < early && early < prune && prune < fence && fence < waitlist);
+        assert!(delete < early && early < clock && clock < fence && fence < waitlist);
         assert!(waitlist < grant && grant < call);
         // With a queue, the lock key is deleted only when no grant wrote over it.
         let late_delete = source[call..].find("redis.call('DEL', KEYS[1])").unwrap();
         assert!(source[call..call + late_delete].contains(") then"));
-        assert!(source[..prune].contains("local queued = redis.call('LRANGE', KEYS[3], 0, 1)"));
-        assert!(!source[..prune].contains("grant_head("));
+        assert!(source[..clock].contains("local queued = redis.call('HGETALL', KEYS[3])"));
+        assert!(!source[..clock].contains("grant_head("));
     }
 
     #[test]

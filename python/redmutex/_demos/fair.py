@@ -78,7 +78,7 @@ def _queued(conn: Any, key: str, count: int) -> None:
     """Returns once the fair queue holds `count` waiters (or after QUEUED_WAIT as a fallback)."""
     deadline = time.monotonic() + QUEUED_WAIT
     while time.monotonic() < deadline:
-        if int(conn.llen(key)) >= count:
+        if int(conn.hlen(key)) >= count:
             return
         time.sleep(0.005)
 
@@ -119,7 +119,7 @@ def fair_demo(url: str, waiters: int = WAITERS, out: TextIO = sys.stdout) -> int
         _collect(results, "ready", waiters, START_TIMEOUT)
         if not holder.acquire():
             raise RuntimeError("the holder could not take the lock")
-        queue_key = f"{prefix}{{{name}}}:waitlist"
+        queue_key = f"{prefix}{{{name}}}:lock:queue"
         for position, index in enumerate(arrival, start=1):
             gos[index].set()
             _queued(conn, queue_key, position)

@@ -12,30 +12,33 @@ local set_get = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
 -- The clock is read on every fence, not only when the counter is missing: a counter that a
 -- failover set back (writes lost with the old master) is then overtaken by the clock at once.
 -- `now_us`: the server's clock in µs as this script read it already (optional; else read here).
+-- Returns the fence and its decimal text (what a grant publishes), so it is written out once.
 local function next_fence(fence_key, ttl_ms, now_us)
   if not now_us then
     local t = redis.call('TIME')
-    now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    now_us = t[1] * 1000000 + t[2]
   end
+  local text = string.format('%d', now_us)
   local counter
   if set_get then
     -- The clock is ahead of the counter (the usual case): writing it is the whole step.
-    counter = redis.call('SET', fence_key, string.format('%d', now_us), 'PX', ttl_ms, 'GET')
+    counter = redis.call('SET', fence_key, text, 'PX', ttl_ms, 'GET')
     counter = tonumber(counter or '0') or 0
     if counter < now_us then
-      return now_us
+      return now_us, text
     end
   else
     counter = tonumber(redis.call('GET', fence_key) or '0') or 0
     if counter < now_us then
-      redis.call('SET', fence_key, string.format('%d', now_us), 'PX', ttl_ms)
-      return now_us
+      redis.call('SET', fence_key, text, 'PX', ttl_ms)
+      return now_us, text
     end
   end
   -- The counter is ahead of the clock (more than one fence in a µs, or the clock stepped back).
   local fence = counter + 1
-  redis.call('SET', fence_key, string.format('%d', fence), 'PX', ttl_ms)
-  return fence
+  text = string.format('%d', fence)
+  redis.call('SET', fence_key, text, 'PX', ttl_ms)
+  return fence, text
 end
 
 -- The fence of a hold already in place (a resent acquire, or a grant by a release): the
@@ -45,5 +48,5 @@ local function current_fence(fence_key, ttl_ms)
   if counter then
     return counter
   end
-  return next_fence(fence_key, ttl_ms)
+  return (next_fence(fence_key, ttl_ms))
 end

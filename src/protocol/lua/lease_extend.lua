@@ -1,5 +1,6 @@
 -- Extend a lease kept in a zset if ARGV[1] holds a live one: compare-and-extend (appended to
--- queue_prune.lua and leases.lua). Used for semaphore holders and read-write lock readers.
+-- clock.lua, queue_prune.lua and leases.lua). Used for semaphore holders and read-write lock
+-- readers.
 -- KEYS[1] leases (zset token -> lease end, server ms)   ARGV[1] token
 -- KEYS[2] (semaphores only) the live limit: its expiry is stretched to the leases' if shorter
 -- ARGV[2] new lease in ms, counted from now (server clock)

@@ -1,7 +1,7 @@
 -- Shared prelude of the scripts that keep leases in a zset (token -> lease end in ms, server clock):
--- semaphore holders and read-write lock readers. Appended to queue_prune.lua (for server_now_ms and
--- prune_queue) and prepended to each of those scripts, not run alone. A lease counts while its end
--- lies after the server's `now`; no client clock is ever used.
+-- semaphore holders and read-write lock readers. Appended to clock.lua (for server_now_ms) and
+-- queue_prune.lua (for prune_queue) and prepended to each of those scripts, not run alone. A
+-- lease counts while its end lies after the server's `now`; no client clock is ever used.
 
 -- An integer as the decimal string Redis expects (Lua would print a large number with an exponent).
 local function int(x)

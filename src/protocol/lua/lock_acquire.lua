@@ -14,13 +14,13 @@ if set_get then
   -- Takes the lock if it is free, else reads its owner (see fence_next.lua).
   owner = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
   if owner == false then
-    return {1, next_fence(KEYS[2], ARGV[3])}
+    return {1, (next_fence(KEYS[2], ARGV[3]))}
   end
 else
   owner = redis.call('GET', KEYS[1])
   if owner == false then
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-    return {1, next_fence(KEYS[2], ARGV[3])}
+    return {1, (next_fence(KEYS[2], ARGV[3]))}
   end
 end
 if owner == ARGV[1] and ARGV[#ARGV] ~= 'first' then

@@ -1,6 +1,5 @@
--- Acquire a lock in FIFO order (after queue_prune.lua, fence_next.lua and waitlist.lua).
--- KEYS[1] lock key   KEYS[2] fence counter   KEYS[3] waitlist (tokens in arrival order)
--- KEYS[4] its places (token -> '<lease ms> <place deadline ms> <inbox>'; see waitlist.lua)
+-- Acquire a lock in FIFO order (after clock.lua, fence_next.lua and waitlist.lua).
+-- KEYS[1] lock key   KEYS[2] fence counter   KEYS[3] the queue's places (see waitlist.lua)
 -- ARGV[1] token   ARGV[2] lease in ms   ARGV[3] how long a silent waiter keeps its place, in ms
 -- ARGV[4] '1': join (or stay in) the queue when not granted; '0': try once, never queue;
 --         'b': an unfair lock's waiter: take a free lock even past the queue (as lock_acquire.lua
@@ -25,7 +24,7 @@ local head, now, now_us, head_deadline
 -- leaves a lock free while a live waiter queues only when a holder's lease ran out). An unfair
 -- waiter's join comes after its first attempt found the lock held, and mostly finds it held
 -- again: a plain read costs Redis less there than a SET that does not take. While another holds
--- the lock, the queue is read only to refresh a place (below).
+-- the lock, the queue is not read.
 local owner, took
 if set_get and not barge then
   owner = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
@@ -43,26 +42,23 @@ if owner == false then
   -- waiter comes first (lapsed places in front are dropped): the first live waiter's place
   -- deadline tells the others when to look again.
   if not barge then
-    head = redis.call('LINDEX', KEYS[3], 0)
-    if head then
+    local places = redis.call('HGETALL', KEYS[3])
+    if #places > 0 then
       now, now_us = server_clock()
       local _
-      head, _, head_deadline = live_head(KEYS[3], KEYS[4], now, head)
-      head = head or false
+      head, _, head_deadline = live_head(KEYS[3], now, places)
     end
+    head = head or false
   end
   if barge or not head or head == ARGV[1] then
     if not took then
       redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
     end
-    if head == ARGV[1] then
-      redis.call('LPOP', KEYS[3])
-      redis.call('HDEL', KEYS[4], ARGV[1])
-    elseif barge and redis.call('HDEL', KEYS[4], ARGV[1]) == 1 then
-      -- (a resend whose first send joined: the place is given up with the lock taken)
-      redis.call('LREM', KEYS[3], 1, ARGV[1])
+    -- (a barging resend whose first send joined gives its place up with the lock taken)
+    if head == ARGV[1] or barge then
+      redis.call('HDEL', KEYS[3], ARGV[1])
     end
-    return {1, next_fence(KEYS[2], ARGV[6], now_us)}
+    return {1, (next_fence(KEYS[2], ARGV[6], now_us))}
   end
   if took then
     -- Not this waiter's to take: left free, as it was, for the one first in the queue.
@@ -71,39 +67,38 @@ if owner == false then
 end
 
 if ARGV[4] == '1' or barge then
-  -- The place's record is written on every join; a token it is new for (no place yet, or its
-  -- lapsed place was dropped) goes to the end of the waitlist, and one that finds its place
-  -- keeps it (a refresh).
-  now = now or server_now_ms()
-  local place = tonumber(ARGV[3])
-  local record = place_record(ARGV[2], now + place, ARGV[5])
-  local start
-  if redis.call('HSET', KEYS[4], ARGV[1], record) == 1 then
-    start = redis.call('RPUSH', KEYS[3], ARGV[1]) == 1
-  else
-    -- A refresh (a waiter that found the lock held has not read the waitlist yet). A record
-    -- without a waitlist (none of the scripts leaves one) starts it again rather than stand for
-    -- a place in none.
-    if head == nil then
-      head = redis.call('LINDEX', KEYS[3], 0)
-    end
-    start = not head
-    if start then
-      redis.call('RPUSH', KEYS[3], ARGV[1])
-    end
+  -- A token new to the queue (no place yet, or its lapsed place was dropped) takes the last
+  -- place (its seq is now); one that finds its place keeps its seq, with a new deadline, lease
+  -- and inbox (a refresh).
+  if not now then
+    now, now_us = server_clock()
   end
-  -- Both keys must outlive every live place (each ends within `place` ms from now). They are
-  -- given half a place more than that, so that most joins find them lasting long enough
-  -- already (one PTTL instead of two PEXPIREs); they are set together, so the places' hash tells
-  -- for both.
-  if start or redis.call('PTTL', KEYS[4]) < place then
-    local keep = place + math.floor(place / 2)
+  local place = ARGV[3] + 0
+  local deadline = now + place
+  -- The key must outlive every live place (each ends within `place` ms from now, or, for another
+  -- waiter's, within its own place time of its last refresh, which set the expiry as this
+  -- does). It is given half a place more, so that most refreshes find it lasting long enough
+  -- already (one PTTL, no PEXPIRE). A new place in a new queue (the common join: nobody else
+  -- waits) sets the expiry of the key it created (NX: it has none yet) without reading it.
+  local keep = string.format('%d', place + (place - place % 2) / 2)
+  local expiring = 0
+  if redis.call('HSETNX', KEYS[3], ARGV[1],
+                place_record(string.format('%d', now_us), deadline, ARGV[2], ARGV[5])) == 1 then
+    if set_get then
+      -- (PEXPIRE takes NX since Redis 7.0, as SET takes GET: see fence_next.lua)
+      expiring = redis.call('PEXPIRE', KEYS[3], keep, 'NX')
+    end
+  else
+    local seq = parse_place(redis.call('HGET', KEYS[3], ARGV[1]))
+    redis.call('HSET', KEYS[3], ARGV[1],
+               place_record(seq or string.format('%d', now_us), deadline, ARGV[2], ARGV[5]))
+  end
+  if expiring == 0 and redis.call('PTTL', KEYS[3]) < place then
     redis.call('PEXPIRE', KEYS[3], keep)
-    redis.call('PEXPIRE', KEYS[4], keep)
   end
 end
 
-local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
+local fence = redis.call('GET', KEYS[2]) or '0'
 if owner then
   return {0, redis.call('PTTL', KEYS[1]), fence}
 end

@@ -1,9 +1,9 @@
--- Acquire several locks at once, all or none (after queue_prune.lua, fence_next.lua and
+-- Acquire several locks at once, all or none (after clock.lua, fence_next.lua and
 -- waitlist.lua): the names of a MultiLock on one server, or one run of them that shares a
 -- cluster hash slot. They are the names of `Lock` (same keys), so a MultiLock and single Locks
 -- exclude each other.
 -- KEYS: three per name i (1-based): KEYS[3i-2] lock key (string: owner token, as lock_acquire.lua)
---       KEYS[3i-1] fence counter   KEYS[3i] the places of the name's waitlist (see waitlist.lua)
+--       KEYS[3i-1] fence counter   KEYS[3i] the name's queue places (see waitlist.lua)
 -- ARGV[1] token   ARGV[2] lease in ms   ARGV[3] fence counter's ttl in ms (see fence_next.lua)
 -- A name counts as free when nobody holds it and no live waiter keeps a place in its fair queue
 -- (a MultiLock never jumps a fair queue); a name ARGV[1] holds already (a resend after a dropped
@@ -38,7 +38,7 @@ for i = 1, n do
     reply[i + 1] = current_fence(KEYS[3 * i - 1], ARGV[3])
   else
     redis.call('SET', KEYS[3 * i - 2], ARGV[1], 'PX', ARGV[2])
-    reply[i + 1] = next_fence(KEYS[3 * i - 1], ARGV[3])
+    reply[i + 1] = (next_fence(KEYS[3 * i - 1], ARGV[3]))
   end
 end
 return reply

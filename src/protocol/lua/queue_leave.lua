@@ -1,14 +1,12 @@
--- A fair waiter gives up: leave the queue at once (after queue_prune.lua, fence_next.lua,
--- waitlist.lua and lock_grant.lua).
--- KEYS[1] lock key   KEYS[2] fence counter   KEYS[3] waitlist   KEYS[4] its places (see
--- waitlist.lua)
+-- A waiter gives up: leave the queue at once (after clock.lua, fence_next.lua, waitlist.lua and
+-- lock_grant.lua).
+-- KEYS[1] lock key   KEYS[2] fence counter   KEYS[3] the queue's places (see waitlist.lua)
 -- ARGV[1] token   ARGV[2] wake-up channel   ARGV[3] grant slack in ms (see lock_grant.lua)
 -- ARGV[4] fence counter's ttl in ms (see fence_next.lua)
 -- Reply: 1 if the token was queued or had been granted the lock, else 0. A grant that came
 -- while the waiter was giving up is given back. When the lock is free, it goes to the new head,
 -- which may have been waiting behind the one that left.
-local removed = redis.call('LREM', KEYS[3], 1, ARGV[1])
-redis.call('HDEL', KEYS[4], ARGV[1])
+local removed = redis.call('HDEL', KEYS[3], ARGV[1])
 local owner = redis.call('GET', KEYS[1])
 if owner == ARGV[1] then
   redis.call('DEL', KEYS[1])
@@ -17,7 +15,6 @@ if owner == ARGV[1] then
 end
 if owner == false then
   local now, now_us = server_clock()
-  grant_head(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2], tonumber(ARGV[3]), now, ARGV[4],
-             now_us)
+  grant_head(KEYS[1], KEYS[2], KEYS[3], ARGV[2], ARGV[3] + 0, now, ARGV[4], now_us)
 end
 return removed

@@ -1,53 +1,60 @@
--- Shared prelude of the lock's fair-queue scripts (after queue_prune.lua, whose clock they use;
--- not run alone). A lock's queue is two keys:
---   the waitlist: a list of waiting tokens in arrival order;
---   its places: a hash token -> '<lease ms> <place deadline ms> <inbox>', what a release grants
---     the waiter, until when (server clock) its place holds without a refresh, and where the
---     grant is told (lock_grant.lua).
--- A token is in both or in neither: every script adds, removes or deletes them together, and
--- they get the same expiry. (Two keys, not three: the deadline rides in the place's record,
--- which every join writes anyway, so a hand-off neither writes nor reads a deadlines zset.)
+-- Shared prelude of the lock's queue scripts (after clock.lua; not run alone). A lock's queue
+-- (its fair waiters, and an unfair lock's waiters that wait) is one hash, its places:
+--   token -> '<seq> <deadline ms> <lease ms> <inbox>'
+-- seq: the server's clock in µs when the token took its place (16 digits from 2001 to 2286), so
+-- the records sort as strings in arrival order and the first place is the smallest record;
+-- deadline: until when (server clock) the place holds without a refresh; lease: what a grant
+-- gives the waiter; inbox: where the grant is told (lock_grant.lua).
+-- One key, not a list of tokens beside a hash of records: a join writes one field, a grant reads
+-- one reply and removes one field (a hash goes with its last field), and one expiry covers it.
+-- The order is the server clock's: a Redis host whose clock steps back by d serves a place taken
+-- within d after the step before those taken within d before it (mutual exclusion never depends
+-- on it).
 
 -- A place's record, as a join writes it and the others read it (the one place of its format).
-local function place_record(lease_ms, deadline_ms, inbox)
-  return lease_ms .. ' ' .. string.format('%d', deadline_ms) .. ' ' .. inbox
+local function place_record(seq, deadline_ms, lease_ms, inbox)
+  return seq .. ' ' .. string.format('%d', deadline_ms) .. ' ' .. lease_ms .. ' ' .. inbox
 end
 
+-- seq (text), deadline and lease (numbers) and inbox of a record; nil for a record of another
+-- format (not one of ours: it never counts as a live place).
 local function parse_place(record)
-  local lease, deadline, inbox = string.match(record, '^(%d+) (%d+) ?(%x*)$')
-  return tonumber(lease), tonumber(deadline), inbox
-end
-
--- A place's record: lease ms, deadline ms, inbox; nil when the token has none.
-local function place_of(places_key, token)
-  local record = redis.call('HGET', places_key, token)
-  if not record then
+  local seq, deadline, lease, inbox = string.match(record, '^(%d+) (%d+) (%d+) (%x*)$')
+  if not seq then
     return nil
   end
-  return parse_place(record)
+  return seq, deadline + 0, lease + 0, inbox
 end
 
--- The first token of the waitlist whose place is live at `now`, with its record; the lapsed
--- places before it are dropped. nil when no live place is left. `head`: the first token as the
--- caller read it already (optional). Places that lapsed behind a live head are left: they are
--- dropped before they could come first, or expire with the keys; a waiter that refreshes such a
--- place keeps it (nobody was served past it).
-local function live_head(waitlist_key, places_key, now, head)
-  head = head or redis.call('LINDEX', waitlist_key, 0)
-  while head do
-    local lease, deadline, inbox = place_of(places_key, head)
-    if deadline and deadline > now then
-      return head, lease, deadline, inbox
+-- The first place that is live at `now`: its token, lease, deadline and inbox; the lapsed places
+-- before it are dropped. nil when no place is live. `all`: the places as HGETALL read them
+-- (optional; else read here). Places that lapsed behind a live one are left: they are dropped
+-- before they could come first, or expire with the key; a waiter that refreshes such a place
+-- keeps it (nobody was served past it).
+local function live_head(places_key, now, all)
+  all = all or redis.call('HGETALL', places_key)
+  local left = #all / 2
+  while left > 0 do
+    local first, at
+    for i = 2, #all, 2 do
+      local record = all[i]
+      if record and (not first or record < first) then
+        first, at = record, i
+      end
     end
-    redis.call('LPOP', waitlist_key)
-    redis.call('HDEL', places_key, head)
-    head = redis.call('LINDEX', waitlist_key, 0)
+    local _, deadline, lease, inbox = parse_place(first)
+    if deadline and deadline > now then
+      return all[at - 1], lease, deadline, inbox
+    end
+    redis.call('HDEL', places_key, all[at - 1])
+    all[at] = false
+    left = left - 1
   end
   return nil
 end
 
--- The earliest deadline of a live place (after `now`) among a waitlist's places, nil when none
--- is live (read only: a MultiLock's look at whether a fair waiter keeps a place).
+-- The earliest deadline of a live place (after `now`) among a queue's places, nil when none is
+-- live (read only: a MultiLock's look at whether a fair waiter keeps a place).
 local function first_live_lapse(places_key, now)
   local first
   for _, record in ipairs(redis.call('HVALS', places_key)) do
