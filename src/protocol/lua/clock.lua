@@ -2,13 +2,6 @@
 -- server's TIME, so client clocks never matter. TIME's two strings go into arithmetic as they
 -- are (Lua converts them): a tonumber call on each costs Redis more.
 
--- The server's clock in ms.
-local function server_now_ms()
-  local t = redis.call('TIME')
-  local us = t[2] + 0
-  return t[1] * 1000 + (us - us % 1000) / 1000
-end
-
 -- The server's clock in ms and the same reading in µs, for a script that also issues a fence
 -- (next_fence in fence_next.lua takes the µs) or orders places (waitlist.lua): one TIME call
 -- serves the whole script.
@@ -16,4 +9,9 @@ local function server_clock()
   local t = redis.call('TIME')
   local s, us = t[1] + 0, t[2] + 0
   return s * 1000 + (us - us % 1000) / 1000, s * 1000000 + us
+end
+
+-- The server's clock in ms.
+local function server_now_ms()
+  return (server_clock())
 end
