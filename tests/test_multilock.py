@@ -389,7 +389,11 @@ def test_cluster_keeps_the_names_it_waits_with_alive(
 
     t = threading.Thread(target=wait)
     t.start()
-    # The waiter holds `a` while it waits for `b`, for longer than its 0.6 s lease: renewed.
+    # Once the waiter took `a` (its thread may start late on a loaded machine), it holds it while
+    # it waits for `b`, for longer than its 0.6 s lease: renewed.
+    deadline = time.monotonic() + 10
+    while cget(cluster, a) is None and time.monotonic() < deadline:
+        time.sleep(0.005)
     deadline = time.monotonic() + 1.5
     seen = set()
     while time.monotonic() < deadline:
