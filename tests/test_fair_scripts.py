@@ -31,7 +31,9 @@ def _source(*files: str) -> str:
     return "".join((LUA / f).read_text() for f in files)
 
 
-JOIN = _source("clock.lua", "fence_next.lua", "waitlist.lua", "lock_acquire_fair.lua")
+JOIN = _source(
+    "clock.lua", "fence_next.lua", "fence_current.lua", "waitlist.lua", "lock_acquire_fair.lua"
+)
 # The release as scripts.rs builds it: lock_release.lua's compare, and once it found a queue, the
 # grant after the preludes.
 RELEASE = _source(

@@ -30,8 +30,10 @@ def _source(*files: str) -> str:
     return "".join((LUA / f).read_text() for f in files)
 
 
-UNFAIR = _source("fence_next.lua", "lock_acquire.lua")
-FAIR = _source("clock.lua", "fence_next.lua", "waitlist.lua", "lock_acquire_fair.lua")
+UNFAIR = _source("fence_next.lua", "fence_current.lua", "lock_acquire.lua")
+FAIR = _source(
+    "clock.lua", "fence_next.lua", "fence_current.lua", "waitlist.lua", "lock_acquire_fair.lua"
+)
 
 
 def _server_us(r: redis.Redis) -> int:

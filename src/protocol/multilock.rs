@@ -19,6 +19,7 @@ static MULTI_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         include_str!("lua/clock.lua"),
         include_str!("lua/fence_next.lua"),
+        include_str!("lua/fence_current.lua"),
         include_str!("lua/waitlist.lua"),
         include_str!("lua/multi_acquire.lua")
     ))

@@ -40,13 +40,3 @@ local function next_fence(fence_key, ttl_ms, now_us)
   redis.call('SET', fence_key, text, 'PX', ttl_ms)
   return fence, text
 end
-
--- The fence of a hold already in place (a resent acquire, or a grant by a release): the
--- counter, or a new fence if the counter expired meanwhile (a hold longer than the ttl).
-local function current_fence(fence_key, ttl_ms)
-  local counter = tonumber(redis.call('GET', fence_key) or '')
-  if counter then
-    return counter
-  end
-  return (next_fence(fence_key, ttl_ms))
-end

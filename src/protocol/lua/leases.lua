@@ -1,7 +1,12 @@
 -- Shared prelude of the scripts that keep leases in a zset (token -> lease end in ms, server clock):
--- semaphore holders and read-write lock readers. Appended to clock.lua (for server_now_ms) and
+-- semaphore holders and read-write lock readers. Appended to clock.lua (for server_clock) and
 -- queue_prune.lua (for prune_queue) and prepended to each of those scripts, not run alone. A
 -- lease counts while its end lies after the server's `now`; no client clock is ever used.
+
+-- The server's clock in ms (server_clock's first reading).
+local function server_now_ms()
+  return (server_clock())
+end
 
 -- An integer as the decimal string Redis expects (Lua would print a large number with an exponent).
 local function int(x)

@@ -1,5 +1,5 @@
 -- Acquire a lock (no queue): SET NX PX and the next fence in one atomic step (after
--- fence_next.lua).
+-- fence_next.lua and fence_current.lua).
 -- KEYS[1] lock key (string: owner token)   KEYS[2] fence counter
 -- ARGV[1] token   ARGV[2] lease in ms   ARGV[3] fence counter's ttl in ms (after the last fence)
 -- ARGV[#ARGV] 'first' (optional, always the last argument, after ARGV[3]): the first send of an

@@ -1,4 +1,5 @@
--- Acquire a lock in FIFO order (after clock.lua, fence_next.lua and waitlist.lua).
+-- Acquire a lock in FIFO order (after clock.lua, fence_next.lua, fence_current.lua and
+-- waitlist.lua).
 -- KEYS[1] lock key   KEYS[2] fence counter   KEYS[3] the queue's places (see waitlist.lua)
 -- ARGV[1] token   ARGV[2] lease in ms   ARGV[3] how long a silent waiter keeps its place, in ms
 -- ARGV[4] '1': join (or stay in) the queue when not granted; '0': try once, never queue;
@@ -15,6 +16,12 @@
 -- lock; with no queue (nobody waiting: the common case) there is nothing to drop before the lock
 -- is taken or the queue is started. While another holds the lock a join drops nothing: lapsed
 -- places are dropped before they could come first (here, or by the grant, lock_grant.lua).
+
+-- A place's record (the format is waitlist.lua's; parse_place there reads it).
+local function place_record(seq, deadline_ms, lease_ms, inbox)
+  return seq .. ' ' .. string.format('%d', deadline_ms) .. ' ' .. lease_ms .. ' ' .. inbox
+end
+
 local barge = ARGV[4] == 'b'
 local head, now, now_us, head_deadline
 

@@ -11,13 +11,9 @@
 -- within d after the step before those taken within d before it (mutual exclusion never depends
 -- on it).
 
--- A place's record, as a join writes it and the others read it (the one place of its format).
-local function place_record(seq, deadline_ms, lease_ms, inbox)
-  return seq .. ' ' .. string.format('%d', deadline_ms) .. ' ' .. lease_ms .. ' ' .. inbox
-end
-
--- seq (text), deadline and lease (numbers) and inbox of a record; nil for a record of another
--- format (not one of ours: it never counts as a live place).
+-- seq (text), deadline and lease (numbers) and inbox of a record (lock_acquire_fair.lua's
+-- place_record, the one writer of the format); nil for a record of another format (not one of
+-- ours: it never counts as a live place).
 local function parse_place(record)
   local seq, deadline, lease, inbox = string.match(record, '^(%d+) (%d+) (%d+) (%x*)$')
   if not seq then
@@ -51,17 +47,4 @@ local function live_head(places_key, now, all)
     left = left - 1
   end
   return nil
-end
-
--- The earliest deadline of a live place (after `now`) among a queue's places, nil when none is
--- live (read only: a MultiLock's look at whether a fair waiter keeps a place).
-local function first_live_lapse(places_key, now)
-  local first
-  for _, record in ipairs(redis.call('HVALS', places_key)) do
-    local _, deadline = parse_place(record)
-    if deadline and deadline > now and (not first or deadline < first) then
-      first = deadline
-    end
-  end
-  return first
 end
