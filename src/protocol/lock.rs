@@ -196,8 +196,7 @@ mod tests {
             queued: false,
         };
         let step = attempt(&spec, "t", None, "");
-        let granted = Value::Array(vec![Value::Int(1), Value::Int(7)]);
-        assert_eq!(step.parse(granted), Ok(Attempt::Granted { fence: 7 }));
+        assert_eq!(step.parse(Value::Int(7)), Ok(Attempt::Granted { fence: 7 }));
         let busy = Value::Array(vec![Value::Int(0), Value::Int(250)]);
         assert_eq!(
             step.parse(busy),
@@ -206,6 +205,6 @@ mod tests {
                 fence: None
             })
         );
-        assert!(step.parse(Value::Int(1)).is_err());
+        assert!(step.parse(Value::Nil).is_err());
     }
 }

@@ -59,20 +59,21 @@ pub fn as_int(value: &Value) -> Option<i64> {
     }
 }
 
-/// `{1, fence}`, `{0, retry_ms}` or (fair) `{0, retry_ms, fence}`.
+/// `fence` (an integer: granted), `{0, retry_ms}` or (fair) `{0, retry_ms, fence}`.
 pub fn parse_attempt(value: &Value) -> Result<Attempt, UnexpectedReply> {
+    if let Value::Int(fence) = value {
+        return Ok(Attempt::Granted { fence: *fence });
+    }
     if let Value::Array(items) = value {
         match items.as_slice() {
-            [flag, n] => match (as_int(flag), as_int(n)) {
-                (Some(1), Some(fence)) => return Ok(Attempt::Granted { fence }),
-                (Some(0), Some(retry_ms)) => {
+            [flag, n] => {
+                if let (Some(0), Some(retry_ms)) = (as_int(flag), as_int(n)) {
                     return Ok(Attempt::Busy {
                         retry_ms,
                         fence: None,
-                    })
+                    });
                 }
-                _ => {}
-            },
+            }
             [flag, n, f] => {
                 if let (Some(0), Some(retry_ms), Some(fence)) = (as_int(flag), as_int(n), as_int(f))
                 {
@@ -197,8 +198,13 @@ mod tests {
 
     #[test]
     fn attempts_parse() {
-        let granted = Value::Array(vec![Value::Int(1), Value::Int(42)]);
-        assert_eq!(parse_attempt(&granted), Ok(Attempt::Granted { fence: 42 }));
+        assert_eq!(
+            parse_attempt(&Value::Int(42)),
+            Ok(Attempt::Granted { fence: 42 })
+        );
+        // (the table a grant was before: no longer one)
+        let table = Value::Array(vec![Value::Int(1), Value::Int(42)]);
+        assert!(parse_attempt(&table).is_err());
         let busy = Value::Array(vec![Value::Int(0), Value::Int(-1)]);
         assert_eq!(
             parse_attempt(&busy),
@@ -217,7 +223,7 @@ mod tests {
         );
         let bad = Value::Array(vec![Value::Int(1), Value::Int(250), Value::Int(7)]);
         assert!(parse_attempt(&bad).is_err());
-        assert!(parse_attempt(&Value::Int(1)).is_err());
+        assert!(parse_attempt(&Value::BulkString(b"7".to_vec())).is_err());
         assert!(parse_attempt(&Value::Array(vec![Value::Int(2), Value::Int(0)])).is_err());
     }
 

@@ -7,8 +7,9 @@
 --         does), and only when it is taken, join the queue as '1' does
 -- ARGV[5] the waiter's inbox: hex id of the process's subscriber, or '' (see lock_grant.lua)
 -- ARGV[6] fence counter's ttl in ms (after the last fence; see fence_next.lua)
--- Reply: {1, fence} granted (also when the token holds the lock already: a retry, or a grant
---        by a release; its lease is then renewed to ARGV[2] from now);
+-- Reply: the fence (an integer, as lock_acquire.lua's) granted (also when the token holds the
+--        lock already: a retry, or a grant by a release; its lease is then renewed to ARGV[2]
+--        from now);
 --        {0, ms, fence} not granted; ms = when to look again at the latest: the holder's lease
 --        end, or, while the lock is free but another live waiter is first, when that waiter's
 --        place lapses; fence = the fence counter now (a grant with a larger fence came later).
@@ -41,7 +42,7 @@ else
 end
 if owner == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, current_fence(KEYS[2], ARGV[6])}
+  return current_fence(KEYS[2], ARGV[6])
 end
 
 if owner == false then
@@ -65,7 +66,7 @@ if owner == false then
     if head == ARGV[1] or barge then
       redis.call('HDEL', KEYS[3], ARGV[1])
     end
-    return {1, (next_fence(KEYS[2], ARGV[6], now_us))}
+    return (next_fence(KEYS[2], ARGV[6], now_us))
   end
   if took then
     -- Not this waiter's to take: left free, as it was, for the one first in the queue.
