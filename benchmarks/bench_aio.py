@@ -2,9 +2,12 @@
 
 Starts its own redis-server (``redmutex._server.RedisServer``) and prints Markdown tables.
 
-* Uncontended: one task acquires and releases one name as fast as it can: pairs/s (the best of
-  several short runs, contenders interleaved so that other load on the machine penalises all
-  alike) and the per-pair latency p50/p99 of the best run.
+* Uncontended: one task acquires and releases one name as fast as it can, in short windows taken
+  in turn by the contenders (the order reversed every other cycle): pairs/s of the median
+  window, and the ratio to redis-py as the median of each window ÷ redis-py's window of the same
+  cycle, so that the machine's speed, which changes by 2x within minutes, falls on both sides of
+  every ratio alike (the best windows of runs taken seconds apart once put one redis-py code
+  path 1.36x ahead of itself); latency p50/p99 pooled over the windows.
 * 8 tasks on 8 names in one event loop: pairs/s of all tasks together (one connection
   multiplexed for redmutex; redis-py's pool opens one per concurrent task).
 * Hand-off: 2 and 4 processes, each running an event loop, loop acquire -> hold 1 ms -> release
@@ -34,6 +37,7 @@ import math
 import multiprocessing
 import os
 import platform
+import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -90,6 +94,8 @@ CONTENDERS: dict[str, Maker] = {
     "redis-py asyncio": _redis_py(0.1),
     "redis-py asyncio sleep=1ms": _redis_py(0.001),
 }
+# What the ratios divide by.
+REFERENCE = "redis-py asyncio"
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -118,13 +124,30 @@ async def _pairs(pair: Pair, seconds: float, latencies: list[int] | None) -> int
     return n
 
 
-async def _uncontended(make: Maker, url: str, name: str, seconds: float) -> tuple[float, list[int]]:
-    pair = make(url, name)
-    await _pairs(pair, min(seconds, 0.2), None)  # warm-up: connections, scripts
-    latencies: list[int] = []
-    started = time.perf_counter()
-    n = await _pairs(pair, seconds, latencies)
-    return n / (time.perf_counter() - started), latencies
+async def _uncontended_windows(
+    url: str, cycles: int, seconds: float
+) -> dict[str, tuple[list[float], list[int]]]:
+    """One task per contender on a name of its own, timed in short windows taken in turn: every
+    cycle runs each contender's window once, the order reversed every other cycle, so that a
+    change of the machine's speed falls on all of them alike. Each contender's window rates
+    (one per cycle, in cycle order) and its pairs' latencies in ns."""
+    pairs = {label: make(url, "u:" + label) for label, make in CONTENDERS.items()}
+    for pair in pairs.values():
+        await _pairs(pair, 0.2, None)  # warm-up: connections, scripts
+    found: dict[str, tuple[list[float], list[int]]] = {label: ([], []) for label in pairs}
+    order = list(pairs)
+    for cycle in range(cycles):
+        for label in order if cycle % 2 == 0 else reversed(order):
+            rates, latencies = found[label]
+            started = time.perf_counter()
+            n = await _pairs(pairs[label], seconds, latencies)
+            rates.append(n / (time.perf_counter() - started))
+    return found
+
+
+def same_cycle_ratios(rates: list[float], base: list[float]) -> list[float]:
+    """Each cycle's window rate ÷ the reference's window of the same cycle."""
+    return [r / b for r, b in zip(rates, base, strict=True) if b > 0]
 
 
 async def _tasks_on_names(make: Maker, url: str, tasks: int, seconds: float) -> float:
@@ -135,28 +158,37 @@ async def _tasks_on_names(make: Maker, url: str, tasks: int, seconds: float) -> 
     return sum(counts) / (time.perf_counter() - started)
 
 
-def in_loop(url: str, repeats: int, seconds: float) -> list[dict[str, Any]]:
-    best: dict[str, dict[str, Any]] = {}
+def in_loop(
+    url: str, cycles: int, window: float, repeats: int, seconds: float
+) -> list[dict[str, Any]]:
+    """Uncontended: `cycles` interleaved windows of `window` s per contender (see
+    `_uncontended_windows`); 8 tasks on 8 names: the best of `repeats` runs of `seconds`."""
+    rows: dict[str, dict[str, Any]] = {}
 
     async def main() -> None:
-        for _ in range(repeats):
-            for label, make in CONTENDERS.items():
-                rate, lat = await _uncontended(make, url, "u:" + label, seconds)
-                row = best.setdefault(label, {"label": label, "pairs_per_s": 0.0, "tasks8": 0.0})
-                if rate > row["pairs_per_s"]:
-                    row.update(
-                        pairs_per_s=rate,
-                        p50_us=percentile([x / 1e3 for x in lat], 50),
-                        p99_us=percentile([x / 1e3 for x in lat], 99),
-                    )
+        found = await _uncontended_windows(url, cycles, window)
+        base = found[REFERENCE][0]
+        for label, (rates, latencies) in found.items():
+            ratios = same_cycle_ratios(rates, base)
+            rows[label] = {
+                "label": label,
+                "pairs_per_s": statistics.median(rates),
+                "best_pairs_per_s": max(rates),
+                "p50_us": percentile([x / 1e3 for x in latencies], 50),
+                "p99_us": percentile([x / 1e3 for x in latencies], 99),
+                "ratio_median": statistics.median(ratios),
+                "ratio_min": min(ratios),
+                "ratio_max": max(ratios),
+                "windows": len(rates),
+                "tasks8": 0.0,
+            }
         for _ in range(repeats):
             for label, make in CONTENDERS.items():
                 rate = await _tasks_on_names(make, url, 8, seconds)
-                row = best[label]
-                row["tasks8"] = max(row["tasks8"], rate)
+                rows[label]["tasks8"] = max(rows[label]["tasks8"], rate)
 
     asyncio.run(main())
-    return list(best.values())
+    return list(rows.values())
 
 
 # --------------------------------------------------------------------------------------------
@@ -309,19 +341,28 @@ def report(result: dict[str, Any]) -> str:
     lines = ["## asyncio: redmutex.aio vs redis-py asyncio Lock", ""]
     lines += [f"_{json.dumps(result['conditions_start'])} -> load {result['load_end']}_", ""]
     rows = result["in_loop"]
-    base = next((r["pairs_per_s"] for r in rows if r["label"] == "redis-py asyncio"), math.nan)
-    base8 = next((r["tasks8"] for r in rows if r["label"] == "redis-py asyncio"), math.nan)
+    base8 = next((r["tasks8"] for r in rows if r["label"] == REFERENCE), math.nan)
+    windows = rows[0]["windows"] if rows else 0
     lines += [
         (
-            "| contender | uncontended pairs/s | p50 µs | p99 µs | × redis-py | "
-            "8 tasks on 8 names pairs/s | × redis-py |"
+            f"Uncontended, one task: {windows} windows per contender, taken in turn (the order "
+            "reversed every other cycle); pairs/s is the median window, × redis-py the median "
+            "of each window ÷ redis-py asyncio's window of the same cycle (min–max over the "
+            "cycles); latencies pooled over the windows."
         ),
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "",
+        (
+            "| contender | uncontended pairs/s | best window | p50 µs | p99 µs | × redis-py, "
+            "same cycle | 8 tasks on 8 names pairs/s | × redis-py |"
+        ),
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['label']} | {r['pairs_per_s']:,.0f} | {r['p50_us']:.0f} | {r['p99_us']:.0f} | "
-            f"{r['pairs_per_s'] / base:.2f} | {r['tasks8']:,.0f} | {r['tasks8'] / base8:.2f} |"
+            f"| {r['label']} | {r['pairs_per_s']:,.0f} | {r['best_pairs_per_s']:,.0f} | "
+            f"{r['p50_us']:.0f} | {r['p99_us']:.0f} | {r['ratio_median']:.2f} "
+            f"({r['ratio_min']:.2f}–{r['ratio_max']:.2f}) | {r['tasks8']:,.0f} | "
+            f"{r['tasks8'] / base8:.2f} |"
         )
     lines += [
         "",
@@ -363,9 +404,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     seconds = args.seconds or (0.3 if args.quick else 1.0)
     repeats = 2 if args.quick else 4
+    cycles = 4 if args.quick else 12
     result: dict[str, Any] = {"conditions_start": conditions()}
     with RedisServer() as server:
-        result["in_loop"] = in_loop(server.url, repeats, seconds)
+        result["in_loop"] = in_loop(server.url, cycles, seconds / 4, repeats, seconds)
         result["handoff"] = [
             handoff(label, server.url, processes, seconds * 2)
             for processes in (2, 4)

@@ -24,3 +24,11 @@ def test_handoff_is_measured_from_the_release_call_so_never_negative() -> None:
     assert contention.handoff_latencies(sections, 0, 100) == [-4]
     assert bench_aio.handoff_latencies(sections, 0, 100) == [6]
     assert bench_aio.handoff_latencies(sections, 30, 100) == []  # outside the window
+
+
+def test_ratios_pair_each_window_with_the_reference_window_of_its_cycle() -> None:
+    # The machine slows down 2x after the first cycle: the ratio stays what it is in each cycle.
+    rates = [200.0, 100.0, 100.0]
+    base = [100.0, 50.0, 50.0]
+    assert bench_aio.same_cycle_ratios(rates, base) == [2.0, 2.0, 2.0]
+    assert bench_aio.same_cycle_ratios([10.0], [0.0]) == []  # an empty reference window
