@@ -169,7 +169,7 @@ def in_loop(
         found = await _uncontended_windows(url, cycles, window)
         base = found[REFERENCE][0]
         for label, (rates, latencies) in found.items():
-            ratios = same_cycle_ratios(rates, base)
+            ratios = same_cycle_ratios(rates, base) or [math.nan]  # (no reference window)
             rows[label] = {
                 "label": label,
                 "pairs_per_s": statistics.median(rates),

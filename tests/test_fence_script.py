@@ -134,7 +134,9 @@ def test_every_state_of_the_counter_gives_a_larger_fence(
 
 
 @pytest.mark.parametrize("before_7", [False, True], ids=["redis7", "before7"])
-def test_the_unfair_acquire_replies_as_before(r: redis.Redis, prefix: str, before_7: bool) -> None:
+def test_the_unfair_acquire_replies_with_the_fence_or_the_lease_left(
+    r: redis.Redis, prefix: str, before_7: bool
+) -> None:
     acquire, _ = _scripts(r, before_7)
     k = Keys(prefix, "unfair")
     fence = _fence(acquire(k, "a", lease_ms=8000))

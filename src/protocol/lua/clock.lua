@@ -1,8 +1,9 @@
 -- Shared prelude (prepended to the scripts that read the server's clock, not run alone): the
 -- server's TIME, so client clocks never matter. TIME's two strings go into arithmetic as they
 -- are (Lua converts them): a tonumber call on each costs Redis more.
--- The preludes define only what the scripts that include them call: a script's chunk runs on
--- every call, and each `local function` in it costs Redis a new closure each time.
+-- The lock's preludes hold what the lock's scripts call (a test in scripts.rs checks it): a
+-- script's chunk runs on every call, and each `local function` in it costs Redis a new closure
+-- each time.
 
 -- The server's clock in ms and the same reading in µs, for a script that also issues a fence
 -- (next_fence in fence_next.lua takes the µs) or orders places (waitlist.lua): one TIME call
