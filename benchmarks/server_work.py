@@ -13,7 +13,8 @@ event loop or the protocol parsing), and drives real operations through it:
   between two clients (A acquires; B's acquire queues; A's release grants B; B releases). The
   hand-off's own share is the cycle less an uncontended pair;
 - redis-py's `Lock`: a pair, and a failed attempt (what each 1 ms poll of a waiter costs);
-- python-redis-lock's `Lock` (when installed): a pair.
+- python-redis-lock's `Lock` (when installed): a pair;
+- redmutex's `RWLock` (a read pair, a write pair) and `Semaphore` (a pair), uncontended.
 
 Counts are per operation, averaged over `--cycles` runs after a warm-up; keep `--cycles` a
 multiple of 50, since Redis runs a step of Lua's garbage collector every 50 script calls (a
@@ -183,6 +184,33 @@ def redmutex_figures(server: CountingServer, cycles: int) -> dict[str, float]:
     return out
 
 
+def primitive_figures(server: CountingServer, cycles: int) -> dict[str, float]:
+    """The other primitives' uncontended pairs: RWLock's read and write sides, a Semaphore's."""
+    import redmutex
+
+    with redmutex.Client(server.url) as client:
+        rw = redmutex.RWLock(client, "work-rw", ttl=60)
+        sem = redmutex.Semaphore(client, "work-sem", 2, ttl=60)
+
+        def read_pair() -> None:
+            with rw.read():
+                pass
+
+        def write_pair() -> None:
+            with rw.write():
+                pass
+
+        def sem_pair() -> None:
+            with sem:
+                pass
+
+        return {
+            "redmutex RWLock: read acquire+release pair": per_op(server, read_pair, cycles),
+            "redmutex RWLock: write acquire+release pair": per_op(server, write_pair, cycles),
+            "redmutex Semaphore (limit 2): acquire+release pair": per_op(server, sem_pair, cycles),
+        }
+
+
 def peer_figures(server: CountingServer, cycles: int) -> dict[str, float]:
     client = redis.Redis(port=server.port)
     out: dict[str, float] = {}
@@ -228,7 +256,11 @@ def main(argv: list[str] | None = None) -> int:
     server = CountingServer().start()
     try:
         version = redis.Redis(port=server.port).info("server")["redis_version"]
-        figures = {**redmutex_figures(server, args.cycles), **peer_figures(server, args.cycles)}
+        figures = {
+            **redmutex_figures(server, args.cycles),
+            **primitive_figures(server, args.cycles),
+            **peer_figures(server, args.cycles),
+        }
     finally:
         server.stop()
     print(f"Instructions redis-server {version} executes per operation (in {COLLECT}),")

@@ -33,7 +33,12 @@ def _source(*files: str) -> str:
 
 
 JOIN = _source(
-    "clock.lua", "fence_next.lua", "fence_current.lua", "waitlist.lua", "lock_acquire_fair.lua"
+    "clock.lua",
+    "fence_next.lua",
+    "fence_current.lua",
+    "waitlist.lua",
+    "waitlist_head.lua",
+    "lock_acquire_fair.lua",
 )
 # The release as scripts.rs builds it: lock_release.lua's compare, and once it found a queue, the
 # grant after the preludes.
@@ -42,12 +47,18 @@ RELEASE = _source(
     "clock.lua",
     "fence_next.lua",
     "waitlist.lua",
+    "waitlist_head.lua",
     "lock_grant.lua",
     "lock_release_grant.lua",
 )
 # A MultiLock's release: the same grant prelude, for each of its names.
 MULTI_RELEASE = _source(
-    "clock.lua", "fence_next.lua", "waitlist.lua", "lock_grant.lua", "multi_release.lua"
+    "clock.lua",
+    "fence_next.lua",
+    "waitlist.lua",
+    "waitlist_head.lua",
+    "lock_grant.lua",
+    "multi_release.lua",
 )
 KEYS = ["t{n}:lock", "t{n}:fence", "t{n}:lock:queue"]
 LOCK, FENCE, QUEUE = KEYS

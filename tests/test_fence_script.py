@@ -33,7 +33,12 @@ def _source(*files: str) -> str:
 
 UNFAIR = _source("fence_next.lua", "fence_current.lua", "lock_acquire.lua")
 FAIR = _source(
-    "clock.lua", "fence_next.lua", "fence_current.lua", "waitlist.lua", "lock_acquire_fair.lua"
+    "clock.lua",
+    "fence_next.lua",
+    "fence_current.lua",
+    "waitlist.lua",
+    "waitlist_head.lua",
+    "lock_acquire_fair.lua",
 )
 
 

@@ -17,8 +17,17 @@ import redis
 from test_fence_script import AS_BEFORE_7
 
 LUA = Path(__file__).resolve().parents[1] / "src" / "protocol" / "lua"
-READ = "".join((LUA / f).read_text() for f in ("clock.lua", "queue_prune.lua", "leases.lua"))
-READ += (LUA / "rw_read_acquire.lua").read_text()
+# The read acquire as scripts.rs builds it: its preludes, then its own file.
+READ = "".join(
+    (LUA / f).read_text()
+    for f in (
+        "clock.lua",
+        "leases.lua",
+        "leases_prune.lua",
+        "leases_grant.lua",
+        "rw_read_acquire.lua",
+    )
+)
 
 
 def _now_ms(r: redis.Redis) -> int:

@@ -12,6 +12,8 @@ pub mod quorum;
 pub mod replies;
 pub mod resp;
 pub mod rwlock;
+#[cfg(test)]
+mod script_check;
 pub mod scripts;
 pub mod semaphore;
 pub mod sha1;

@@ -26,6 +26,7 @@ macro_rules! fair_script {
             include_str!("lua/fence_next.lua"),
             include_str!("lua/fence_current.lua"),
             include_str!("lua/waitlist.lua"),
+            include_str!("lua/waitlist_head.lua"),
             include_str!($file)
         )
     };
@@ -38,22 +39,19 @@ macro_rules! grant_script {
             include_str!("lua/clock.lua"),
             include_str!("lua/fence_next.lua"),
             include_str!("lua/waitlist.lua"),
+            include_str!("lua/waitlist_head.lua"),
             include_str!("lua/lock_grant.lua"),
             include_str!($file)
         )
     };
 }
 
-/// Scripts that keep leases in a zset (semaphore, read-write lock): the clock, queue and leases
-/// preludes in front.
-macro_rules! leases_script {
-    ($file:literal) => {
-        concat!(
-            include_str!("lua/clock.lua"),
-            include_str!("lua/queue_prune.lua"),
-            include_str!("lua/leases.lua"),
-            include_str!($file)
-        )
+/// A script from its files under lua/: the preludes whose functions it calls (each after the
+/// ones it calls in turn), then its own. A script takes no prelude it does not call: each
+/// `local function` costs Redis a closure on every call (a test below checks every script).
+macro_rules! lua {
+    ($($file:literal),+ $(,)?) => {
+        concat!($(include_str!(concat!("lua/", $file))),+)
     };
 }
 
@@ -65,6 +63,7 @@ const LOCK_RELEASE_SOURCE: &str = concat!(
     include_str!("lua/clock.lua"),
     include_str!("lua/fence_next.lua"),
     include_str!("lua/waitlist.lua"),
+    include_str!("lua/waitlist_head.lua"),
     include_str!("lua/lock_grant.lua"),
     include_str!("lua/lock_release_grant.lua")
 );
@@ -84,34 +83,91 @@ pub static QUEUE_LEAVE: LazyLock<Script> =
 pub static FENCE_RAISE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/fence_raise.lua")));
 
-pub static SEM_ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(leases_script!("lua/sem_acquire.lua")));
-pub static SEM_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(leases_script!("lua/sem_release.lua")));
-pub static SEM_LEAVE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(leases_script!("lua/sem_leave.lua")));
-pub static LEASE_EXTEND: LazyLock<Script> =
-    LazyLock::new(|| Script::new(leases_script!("lua/lease_extend.lua")));
-pub static LEASE_ALIVE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(leases_script!("lua/lease_alive.lua")));
-pub static LEASE_COUNT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(leases_script!("lua/lease_count.lua")));
+const SEM_ACQUIRE_SOURCE: &str = lua!(
+    "clock.lua",
+    "queue_prune.lua",
+    "leases.lua",
+    "leases_prune.lua",
+    "leases_grant.lua",
+    "leases_soonest.lua",
+    "sem_acquire.lua"
+);
+pub static SEM_ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(SEM_ACQUIRE_SOURCE));
+const SEM_RELEASE_SOURCE: &str = lua!(
+    "clock.lua",
+    "queue_prune.lua",
+    "leases.lua",
+    "leases_prune.lua",
+    "semaphore_wake.lua",
+    "sem_release.lua"
+);
+pub static SEM_RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(SEM_RELEASE_SOURCE));
+const SEM_LEAVE_SOURCE: &str = lua!(
+    "clock.lua",
+    "queue_prune.lua",
+    "leases.lua",
+    "leases_prune.lua",
+    "semaphore_wake.lua",
+    "sem_leave.lua"
+);
+pub static SEM_LEAVE: LazyLock<Script> = LazyLock::new(|| Script::new(SEM_LEAVE_SOURCE));
+const LEASE_EXTEND_SOURCE: &str = lua!(
+    "clock.lua",
+    "leases.lua",
+    "leases_grant.lua",
+    "lease_extend.lua"
+);
+pub static LEASE_EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(LEASE_EXTEND_SOURCE));
+const LEASE_ALIVE_SOURCE: &str = lua!("clock.lua", "lease_alive.lua");
+pub static LEASE_ALIVE: LazyLock<Script> = LazyLock::new(|| Script::new(LEASE_ALIVE_SOURCE));
+const LEASE_COUNT_SOURCE: &str = lua!("clock.lua", "leases.lua", "lease_count.lua");
+pub static LEASE_COUNT: LazyLock<Script> = LazyLock::new(|| Script::new(LEASE_COUNT_SOURCE));
+const SEM_SLOT_ACQUIRE_SOURCE: &str = lua!(
+    "clock.lua",
+    "leases.lua",
+    "leases_prune.lua",
+    "leases_grant.lua",
+    "sem_slot_acquire.lua"
+);
 pub static SEM_SLOT_ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(leases_script!("lua/sem_slot_acquire.lua")));
+    LazyLock::new(|| Script::new(SEM_SLOT_ACQUIRE_SOURCE));
+const SEM_SLOT_RELEASE_SOURCE: &str = lua!(
+    "clock.lua",
+    "leases.lua",
+    "leases_prune.lua",
+    "sem_slot_release.lua"
+);
 pub static SEM_SLOT_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(leases_script!("lua/sem_slot_release.lua")));
+    LazyLock::new(|| Script::new(SEM_SLOT_RELEASE_SOURCE));
+const RW_READ_ACQUIRE_SOURCE: &str = lua!(
+    "clock.lua",
+    "leases.lua",
+    "leases_prune.lua",
+    "leases_grant.lua",
+    "rw_read_acquire.lua"
+);
 pub static RW_READ_ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(leases_script!("lua/rw_read_acquire.lua")));
+    LazyLock::new(|| Script::new(RW_READ_ACQUIRE_SOURCE));
+const RW_WRITE_ACQUIRE_SOURCE: &str = lua!(
+    "clock.lua",
+    "leases.lua",
+    "leases_prune.lua",
+    "leases_soonest.lua",
+    "rw_write_acquire.lua"
+);
 pub static RW_WRITE_ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(leases_script!("lua/rw_write_acquire.lua")));
+    LazyLock::new(|| Script::new(RW_WRITE_ACQUIRE_SOURCE));
+const RW_READ_RELEASE_SOURCE: &str = lua!("clock.lua", "leases.lua", "rw_read_release.lua");
 pub static RW_READ_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(leases_script!("lua/rw_read_release.lua")));
+    LazyLock::new(|| Script::new(RW_READ_RELEASE_SOURCE));
+const RW_WRITE_RELEASE_SOURCE: &str = lua!("rw_write_release.lua");
 pub static RW_WRITE_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("lua/rw_write_release.lua")));
+    LazyLock::new(|| Script::new(RW_WRITE_RELEASE_SOURCE));
+const RW_WRITER_LEAVE_SOURCE: &str = lua!("clock.lua", "leases.lua", "rw_writer_leave.lua");
 pub static RW_WRITER_LEAVE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(leases_script!("lua/rw_writer_leave.lua")));
-pub static RW_STATE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(leases_script!("lua/rw_state.lua")));
+    LazyLock::new(|| Script::new(RW_WRITER_LEAVE_SOURCE));
+const RW_STATE_SOURCE: &str = lua!("clock.lua", "leases.lua", "rw_state.lua");
+pub static RW_STATE: LazyLock<Script> = LazyLock::new(|| Script::new(RW_STATE_SOURCE));
 
 pub static CACHE_GET_OR_CLAIM: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/cache_get_or_claim.lua")));
@@ -597,6 +653,7 @@ pub fn cache_invalidate<'a>(keys: &Keys) -> ScriptInvocation<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::script_check::uncalled_functions;
 
     #[test]
     fn every_script_documents_its_interface() {
@@ -644,43 +701,35 @@ mod tests {
         }
     }
 
-    /// The local functions a script's source defines that it never calls (each costs Redis a
-    /// closure on every call of the script, see clock.lua); comments do not count as calls.
-    fn uncalled_functions(source: &str) -> Vec<String> {
-        let code = source
-            .lines()
-            .map(|line| line.split("--").next().unwrap_or(""))
-            .collect::<Vec<_>>()
-            .join("\n");
-        code.match_indices("local function ")
-            .filter_map(|(at, head)| {
-                let rest = &code[at + head.len()..];
-                let name = &rest[..rest.find('(')?];
-                let called = code.matches(&format!("{name}(")).count() > 1;
-                (!called).then(|| name.to_string())
-            })
-            .collect()
-    }
-
     #[test]
-    fn the_lock_scripts_define_only_what_they_call() {
+    fn every_script_defines_only_what_it_calls() {
         for (script, source) in [
             ("lock_acquire", LOCK_ACQUIRE_SOURCE),
             ("lock_acquire_fair", LOCK_ACQUIRE_FAIR_SOURCE),
             ("lock_release", LOCK_RELEASE_SOURCE),
             ("queue_leave", grant_script!("lua/queue_leave.lua")),
+            ("sem_acquire", SEM_ACQUIRE_SOURCE),
+            ("sem_release", SEM_RELEASE_SOURCE),
+            ("sem_leave", SEM_LEAVE_SOURCE),
+            ("lease_extend", LEASE_EXTEND_SOURCE),
+            ("lease_alive", LEASE_ALIVE_SOURCE),
+            ("lease_count", LEASE_COUNT_SOURCE),
+            ("sem_slot_acquire", SEM_SLOT_ACQUIRE_SOURCE),
+            ("sem_slot_release", SEM_SLOT_RELEASE_SOURCE),
+            ("rw_read_acquire", RW_READ_ACQUIRE_SOURCE),
+            ("rw_write_acquire", RW_WRITE_ACQUIRE_SOURCE),
+            ("rw_read_release", RW_READ_RELEASE_SOURCE),
+            ("rw_write_release", RW_WRITE_RELEASE_SOURCE),
+            ("rw_writer_leave", RW_WRITER_LEAVE_SOURCE),
+            ("rw_state", RW_STATE_SOURCE),
         ] {
             assert_eq!(uncalled_functions(source), Vec::<String>::new(), "{script}");
         }
-        // The check sees a function that nobody calls, also when a comment names it.
-        let unused =
-            "local function a()\nend\nlocal function b()\nend\n-- b() is not called\nreturn a()";
-        assert_eq!(uncalled_functions(unused), vec!["b".to_string()]);
     }
 
     #[test]
     fn lease_scripts_carry_both_preludes_in_order() {
-        let source = leases_script!("lua/sem_acquire.lua");
+        let source = SEM_ACQUIRE_SOURCE;
         let prune = source.find("local function prune_queue");
         let leases = source.find("local function prune_leases");
         let body = source.find("-- Take a permit of a semaphore");

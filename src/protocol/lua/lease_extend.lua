@@ -1,5 +1,5 @@
--- Extend a lease kept in a zset if ARGV[1] holds a live one: compare-and-extend (appended to
--- clock.lua, queue_prune.lua and leases.lua). Used for semaphore holders and read-write lock
+-- Extend a lease kept in a zset if ARGV[1] holds a live one: compare-and-extend (after the
+-- preludes scripts.rs puts before it). Used for semaphore holders and read-write lock
 -- readers.
 -- KEYS[1] leases (zset token -> lease end, server ms)   ARGV[1] token
 -- KEYS[2] (semaphores only) the live limit: its expiry is stretched to the leases' if shorter

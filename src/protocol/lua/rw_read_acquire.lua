@@ -1,4 +1,4 @@
--- Take a read lock of a read-write lock (appended to clock.lua, queue_prune.lua and leases.lua).
+-- Take a read lock of a read-write lock (after the preludes scripts.rs puts before it).
 -- KEYS[1] readers (zset token -> lease end, server ms)   KEYS[2] writer (string: token, PX lease)
 -- KEYS[3] waiting writers (zset token -> place deadline, server ms)
 -- ARGV[1] token   ARGV[2] lease in ms

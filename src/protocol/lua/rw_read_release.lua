@@ -1,4 +1,4 @@
--- Release a read lock if ARGV[1] holds one (appended to clock.lua, queue_prune.lua and leases.lua).
+-- Release a read lock if ARGV[1] holds one (after the preludes scripts.rs puts before it).
 -- KEYS[1] readers (zset token -> lease end, server ms)   KEYS[2] waiting writers (zset)
 -- ARGV[1] token   ARGV[2] wake-up channel
 -- Reply: 1 released; 0 not ours (its lease had ended, or it never held one).

@@ -1,5 +1,5 @@
--- A waiting writer gives up: take its place back at once (appended to clock.lua,
--- queue_prune.lua and leases.lua).
+-- A waiting writer gives up: take its place back at once (after the preludes scripts.rs puts
+-- before it).
 -- KEYS[1] writer (string)   KEYS[2] waiting writers (zset token -> place deadline, server ms)
 -- ARGV[1] token   ARGV[2] wake-up channel
 -- Reply: 1 if the token was waiting, else 0. When it was the last waiting writer and no writer

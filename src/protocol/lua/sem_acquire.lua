@@ -1,4 +1,4 @@
--- Take a permit of a semaphore (appended to clock.lua, queue_prune.lua and leases.lua).
+-- Take a permit of a semaphore (after the preludes scripts.rs puts before it).
 -- KEYS[1] holders (zset token -> lease end, server ms)   KEYS[2] queue (list of waiting tokens in
 -- arrival order)   KEYS[3] place deadlines (zset token -> ms, server clock)
 -- KEYS[4] the live limit (string), kept as long as the holders and the queue

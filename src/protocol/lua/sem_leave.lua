@@ -1,5 +1,5 @@
--- A fair semaphore waiter gives up: leave the queue at once (appended to clock.lua,
--- queue_prune.lua and leases.lua).
+-- A fair semaphore waiter gives up: leave the queue at once (after the preludes scripts.rs
+-- puts before it).
 -- KEYS[1] holders   KEYS[2] queue   KEYS[3] place deadlines
 -- KEYS[4] the live limit (see sem_acquire.lua): dropped with the last holder and waiter
 -- ARGV[1] token   ARGV[2] limit   ARGV[3] wake-up channel

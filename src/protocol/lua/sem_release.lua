@@ -1,5 +1,5 @@
--- Give back a permit if ARGV[1] holds one, and wake the waiters it lets in (appended to
--- clock.lua, queue_prune.lua and leases.lua).
+-- Give back a permit if ARGV[1] holds one, and wake the waiters it lets in (after the preludes
+-- scripts.rs puts before it).
 -- KEYS[1] holders (zset token -> lease end, server ms)   KEYS[2] queue   KEYS[3] place deadlines
 -- KEYS[4] the live limit (see sem_acquire.lua): dropped with the last holder and waiter
 -- ARGV[1] token   ARGV[2] limit   ARGV[3] wake-up channel

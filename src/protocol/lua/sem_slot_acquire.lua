@@ -1,5 +1,5 @@
--- Take one slot of a semaphore on one Redlock master (appended to clock.lua, queue_prune.lua and
--- leases.lua).
+-- Take one slot of a semaphore on one Redlock master (after the preludes scripts.rs puts
+-- before it).
 -- On Redlock a permit is a slot (0 .. limit-1) won on a majority of the masters: each slot is a
 -- mutex kept by majority, so at most `limit` holders can each hold a majority (docs/scale-out.md).
 -- KEYS[1] holders (zset token -> lease end, server ms), as on one server

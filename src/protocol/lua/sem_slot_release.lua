@@ -1,5 +1,5 @@
--- Give back the semaphore slot of ARGV[1] on one Redlock master, and wake the waiters (appended to
--- clock.lua, queue_prune.lua and leases.lua).
+-- Give back the semaphore slot of ARGV[1] on one Redlock master, and wake the waiters (after
+-- the preludes scripts.rs puts before it).
 -- KEYS[1] holders (zset token -> lease end, server ms)   KEYS[2] slots (see sem_slot_acquire.lua)
 -- ARGV[1] token   ARGV[2] wake-up channel
 -- Reply: 1 released; 0 not ours (its lease had ended, or it never held a slot here).

@@ -1,0 +1,16 @@
+-- Shared prelude (after leases.lua; not run alone): grant a lease, and keep its zset exactly as
+-- long as its last lease.
+
+-- The key lives exactly as long as its longest lease, so a holder that dies leaves nothing behind.
+local function expire_with_leases(key, now)
+  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if #last == 2 then
+    redis.call('PEXPIRE', key, int(math.max(tonumber(last[2]) - now, 1)))
+  end
+end
+
+-- Gives `token` a lease ending `lease_ms` from now (a new one, or a new end for its own).
+local function grant_lease(key, token, lease_ms, now)
+  redis.call('ZADD', key, int(now + lease_ms), token)
+  expire_with_leases(key, now)
+end
