@@ -97,7 +97,6 @@ const SEM_RELEASE_SOURCE: &str = lua!(
     "clock.lua",
     "queue_prune.lua",
     "leases.lua",
-    "leases_prune.lua",
     "semaphore_wake.lua",
     "sem_release.lua"
 );

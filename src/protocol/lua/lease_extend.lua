@@ -14,9 +14,8 @@ if tonumber(lease_end) <= now then
   redis.call('ZREM', KEYS[1], ARGV[1])
   return 0
 end
-grant_lease(KEYS[1], ARGV[1], tonumber(ARGV[2]), now)
+local ms = grant_lease(KEYS[1], ARGV[1], tonumber(ARGV[2]), now)
 if KEYS[2] then
-  local ms = redis.call('PTTL', KEYS[1])
   local left = redis.call('PTTL', KEYS[2])
   if left ~= -2 and left < ms then
     redis.call('PEXPIRE', KEYS[2], ms)

@@ -16,7 +16,7 @@
 local now = server_now_ms()
 local token = ARGV[1]
 local held = prune_leases(KEYS[1], now)
-if redis.call('ZSCORE', KEYS[1], token) then
+if held > 0 and redis.call('ZSCORE', KEYS[1], token) then
   return {1, held}
 end
 
@@ -28,9 +28,8 @@ if live and live ~= ARGV[3] then
   end
 end
 
--- The limit lives as long as the holders and the place deadlines, whichever is longer.
-local function keep_limit()
-  local ms = math.max(redis.call('PTTL', KEYS[1]), redis.call('PTTL', KEYS[3]))
+-- The limit lives as long as the holders and the place deadlines, whichever is longer: `ms`.
+local function keep_limit(ms)
   if ms > 0 then
     redis.call('SET', KEYS[4], ARGV[3], 'PX', ms)
   end
@@ -38,29 +37,49 @@ end
 
 local free = tonumber(ARGV[3]) - held
 local mode = ARGV[4]
-local admitted = false
+-- queued: whether anybody queues (nil: not read); placed: whether this token does.
+local admitted, queued, placed = false, nil, false
 if free > 0 then
   if mode == '0' then
     admitted = true
   else
-    prune_queue(KEYS[2], KEYS[3], now)
     -- FIFO: the first `free` waiters may enter; anybody else only if all waiters fit before it.
+    -- Lapsed places are dropped first (with nobody queued, there are none).
     local first = redis.call('LRANGE', KEYS[2], 0, int(free - 1))
+    if #first > 0 and prune_queue(KEYS[2], KEYS[3], now) > 0 then
+      first = redis.call('LRANGE', KEYS[2], 0, int(free - 1))
+    end
+    queued = #first > 0
     admitted = #first < free
     for _, waiting in ipairs(first) do
       if waiting == token then
-        admitted = true
+        admitted, placed = true, true
       end
     end
   end
 end
 
 if admitted then
-  grant_lease(KEYS[1], token, tonumber(ARGV[2]), now)
-  if mode ~= '0' and redis.call('ZREM', KEYS[3], token) == 1 then
+  local lease = tonumber(ARGV[2])
+  local holders_ms = lease
+  if held == 0 then
+    -- The only lease: the key lives exactly as long (what grant_lease would find out).
+    redis.call('ZADD', KEYS[1], int(now + lease), token)
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  else
+    holders_ms = grant_lease(KEYS[1], token, lease, now)
+  end
+  -- (A token admitted while not among the first `free` places has none: the queue was shorter.)
+  if placed then
+    redis.call('ZREM', KEYS[3], token)
     redis.call('LREM', KEYS[2], 1, token)
   end
-  keep_limit()
+  -- With nobody queued, the place deadlines are gone too (each place is in both keys).
+  if queued == false then
+    keep_limit(holders_ms)
+  else
+    keep_limit(math.max(holders_ms, redis.call('PTTL', KEYS[3])))
+  end
   return {1, held + 1}
 end
 
@@ -72,7 +91,7 @@ if mode == '2' then
   -- Every live place ends within `place` ms from now, so the queue keys may too.
   redis.call('PEXPIRE', KEYS[2], place)
   redis.call('PEXPIRE', KEYS[3], place)
-  keep_limit()
+  keep_limit(math.max(redis.call('PTTL', KEYS[1]), place))
 end
 
 if free > 0 then

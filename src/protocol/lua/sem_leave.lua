@@ -9,7 +9,8 @@ local removed = redis.call('LREM', KEYS[2], 1, ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
 if removed > 0 then
   local now = server_now_ms()
-  wake_semaphore(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[2]), ARGV[3], now, false)
-  drop_unused_limit(KEYS[4], KEYS[1], KEYS[2], now)
+  local held = prune_leases(KEYS[1], now)
+  local queued = wake_semaphore(KEYS[2], KEYS[3], tonumber(ARGV[2]) - held, ARGV[3], now, false)
+  drop_unused_limit(KEYS[4], held, KEYS[2], queued)
 end
 return removed

@@ -7,16 +7,15 @@
 -- The wake-up messages name the waiters at the head of the fair queue that the free permits let
 -- in, or are '' (wake all) when nobody is queued.
 local now = server_now_ms()
-local lease_end = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not lease_end then
+-- Ended leases go first, so the token is still there only if it held a live permit.
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', int(now))
+local released = redis.call('ZREM', KEYS[1], ARGV[1])
+local held = redis.call('ZCARD', KEYS[1])
+if released == 0 then
+  -- Not ours, or its lease had ended (waiters were told to look again by then): nobody to wake.
+  drop_unused_limit(KEYS[4], held, KEYS[2])
   return 0
 end
-redis.call('ZREM', KEYS[1], ARGV[1])
-if tonumber(lease_end) <= now then
-  -- It stopped counting when its lease ended; waiters were told to look again by then.
-  drop_unused_limit(KEYS[4], KEYS[1], KEYS[2], now)
-  return 0
-end
-wake_semaphore(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[2]), ARGV[3], now, true)
-drop_unused_limit(KEYS[4], KEYS[1], KEYS[2], now)
+local queued = wake_semaphore(KEYS[2], KEYS[3], tonumber(ARGV[2]) - held, ARGV[3], now, true)
+drop_unused_limit(KEYS[4], held, KEYS[2], queued)
 return 1

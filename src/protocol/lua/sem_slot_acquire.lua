@@ -40,8 +40,7 @@ if not holder then
     redis.call('HDEL', KEYS[2], 't' .. stale)
   end
   redis.call('HSET', KEYS[2], 's' .. slot, token, 't' .. token, slot, 'limit', ARGV[3])
-  grant_lease(KEYS[1], token, tonumber(ARGV[2]), now)
-  local ms = redis.call('PTTL', KEYS[1])
+  local ms = grant_lease(KEYS[1], token, tonumber(ARGV[2]), now)
   if redis.call('PTTL', KEYS[2]) < ms then
     redis.call('PEXPIRE', KEYS[2], ms)
   end

@@ -1,12 +1,12 @@
--- Shared prelude of the scripts that free a semaphore's permits (after queue_prune.lua,
--- leases.lua and leases_prune.lua; not run alone): who is woken, and when the live limit goes.
+-- Shared prelude of the scripts that free a semaphore's permits (after queue_prune.lua and
+-- leases.lua; not run alone): who is woken, and when the live limit goes.
 
--- Wakes the semaphore waiters that the free permits let in: the first `free` tokens of the fair
--- queue by name, or, when nobody is queued and `or_all` is set, everybody ('').
-local function wake_semaphore(holders, queue, deadlines, limit, channel, now, or_all)
-  local free = limit - prune_leases(holders, now)
+-- Wakes the semaphore waiters that `free` permits let in: the first `free` tokens of the fair
+-- queue by name, or, when nobody is queued and `or_all` is set, everybody (''). Returns whether
+-- anybody still queues (nil when no permit is free: the queue is not read then).
+local function wake_semaphore(queue, deadlines, free, channel, now, or_all)
   if free < 1 then
-    return
+    return nil
   end
   if redis.call('EXISTS', queue) == 1 then
     prune_queue(queue, deadlines, now)
@@ -15,17 +15,25 @@ local function wake_semaphore(holders, queue, deadlines, limit, channel, now, or
       redis.call('PUBLISH', channel, token)
     end
     if #first > 0 then
-      return
+      return true
     end
   end
   if or_all then
     redis.call('PUBLISH', channel, '')
   end
+  return false
 end
 
 -- A semaphore's live limit goes with its last holder and waiter (otherwise it expires with them).
-local function drop_unused_limit(limit_key, holders, queue, now)
-  if limit_key and prune_leases(holders, now) == 0 and redis.call('EXISTS', queue) == 0 then
+-- `held`: the live holders; `queued`: whether anybody queues (nil: not known, read here).
+local function drop_unused_limit(limit_key, held, queue, queued)
+  if not limit_key or held > 0 then
+    return
+  end
+  if queued == nil then
+    queued = redis.call('EXISTS', queue) == 1
+  end
+  if not queued then
     redis.call('DEL', limit_key)
   end
 end
