@@ -12,14 +12,12 @@ place."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from redmutex._core import _script_source
 from redmutex._server import RedisServer
-
-LUA = Path(__file__).resolve().parents[1] / "src" / "protocol" / "lua"
 
 PLACE_MS = 6000  # how long a silent waiter keeps its place (engine::waiting::QUEUE_PLACE)
 KEEP_MS = PLACE_MS + PLACE_MS // 2  # how long a join makes the queue last
@@ -28,38 +26,12 @@ FENCE_TTL_MS = 5000
 CHANNEL = "t{n}:wake"
 
 
-def _source(*files: str) -> str:
-    return "".join((LUA / f).read_text() for f in files)
-
-
-JOIN = _source(
-    "clock.lua",
-    "fence_next.lua",
-    "fence_current.lua",
-    "waitlist.lua",
-    "waitlist_head.lua",
-    "lock_acquire_fair.lua",
-)
-# The release as scripts.rs builds it: lock_release.lua's compare, and once it found a queue, the
-# grant after the preludes.
-RELEASE = _source(
-    "lock_release.lua",
-    "clock.lua",
-    "fence_next.lua",
-    "waitlist.lua",
-    "waitlist_head.lua",
-    "lock_grant.lua",
-    "lock_release_grant.lua",
-)
+# The scripts as the Rust core sends them (their preludes included).
+JOIN = _script_source("lock_acquire_fair")
+# The release: lock_release.lua's compare, and once it found a queue, the grant after the preludes.
+RELEASE = _script_source("lock_release")
 # A MultiLock's release: the same grant prelude, for each of its names.
-MULTI_RELEASE = _source(
-    "clock.lua",
-    "fence_next.lua",
-    "waitlist.lua",
-    "waitlist_head.lua",
-    "lock_grant.lua",
-    "multi_release.lua",
-)
+MULTI_RELEASE = _script_source("multi_release")
 KEYS = ["t{n}:lock", "t{n}:fence", "t{n}:lock:queue"]
 LOCK, FENCE, QUEUE = KEYS
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import redis
 import redmutex
+from redmutex._core import _script_source
 from redmutex._server import RedisServer
 
 LUA = Path(__file__).resolve().parents[1] / "src" / "protocol" / "lua"
@@ -27,19 +28,9 @@ AS_BEFORE_7 = (
 )
 
 
-def _source(*files: str) -> str:
-    return "".join((LUA / f).read_text() for f in files)
-
-
-UNFAIR = _source("fence_next.lua", "fence_current.lua", "lock_acquire.lua")
-FAIR = _source(
-    "clock.lua",
-    "fence_next.lua",
-    "fence_current.lua",
-    "waitlist.lua",
-    "waitlist_head.lua",
-    "lock_acquire_fair.lua",
-)
+# The scripts as the Rust core sends them (their preludes included).
+UNFAIR = _script_source("lock_acquire")
+FAIR = _script_source("lock_acquire_fair")
 
 
 def _server_us(r: redis.Redis) -> int:
@@ -91,7 +82,7 @@ def _scripts(r: redis.Redis, before_7: bool) -> tuple[Acquire, Acquire]:
 
 
 def test_the_gate_follows_the_servers_version(r: redis.Redis) -> None:
-    gate = _source("fence_next.lua") + "return set_get and 1 or 0"
+    gate = (LUA / "fence_next.lua").read_text() + "return set_get and 1 or 0"
     assert r.eval(AS_BEFORE_7 + gate, 0) == 0
     assert r.eval(gate, 0) == (1 if _version(r) >= (7, 0) else 0)
 

@@ -10,24 +10,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import redis
+from redmutex._core import _script_source
 from test_fence_script import AS_BEFORE_7
 
-LUA = Path(__file__).resolve().parents[1] / "src" / "protocol" / "lua"
-# The read acquire as scripts.rs builds it: its preludes, then its own file.
-READ = "".join(
-    (LUA / f).read_text()
-    for f in (
-        "clock.lua",
-        "leases.lua",
-        "leases_prune.lua",
-        "leases_grant.lua",
-        "rw_read_acquire.lua",
-    )
-)
+# The read acquire as the Rust core sends it (its preludes included).
+READ = _script_source("rw_read_acquire")
 
 
 def _now_ms(r: redis.Redis) -> int:

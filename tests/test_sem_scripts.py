@@ -11,32 +11,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from redmutex._core import _script_source
 
-LUA = Path(__file__).resolve().parents[1] / "src" / "protocol" / "lua"
-
-
-def _source(*files: str) -> str:
-    return "".join((LUA / f).read_text() for f in files)
-
-
-# As scripts.rs builds them: the preludes each calls, then its own file.
-ACQUIRE = _source(
-    "clock.lua",
-    "queue_prune.lua",
-    "leases.lua",
-    "leases_prune.lua",
-    "leases_grant.lua",
-    "leases_soonest.lua",
-    "sem_acquire.lua",
-)
-RELEASE = _source(
-    "clock.lua", "queue_prune.lua", "leases.lua", "semaphore_wake.lua", "sem_release.lua"
-)
+# The scripts as the Rust core sends them (their preludes included).
+ACQUIRE = _script_source("sem_acquire")
+RELEASE = _script_source("sem_release")
 LEASE_MS, PLACE_MS = 10_000, 30_000
 
 

@@ -39,6 +39,7 @@ __all__ = [
     "_redact_text",
     "_redact_url",
     "_scan_pattern",
+    "_script_source",
     "_split_key",
     "_waiting_attempts",
     "acquire_token",
@@ -614,6 +615,9 @@ _Freed: TypeAlias = tuple[bytes | None, int, bytes | None, int, bytes | None]
 
 def _keys(prefix: str, name: str | bytes) -> dict[str, bytes]:
     """`{role: key}` of every key of `name` under `prefix`, plus "wake_channel"."""
+
+def _script_source(name: str) -> str:
+    """The exact source of the script `name` (its file's stem under src/protocol/lua/), as sent."""
 
 def _split_key(prefix: str, key: bytes) -> tuple[bytes, str, str] | None:
     """(name, kind, role) of a key of redmutex under `prefix`, or None."""

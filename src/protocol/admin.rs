@@ -274,8 +274,8 @@ pub enum ForceRelease {
     HolderChanged,
 }
 
-static FORCE_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("lua/force_release.lua")));
+pub(crate) const FORCE_RELEASE_SOURCE: &str = include_str!("lua/force_release.lua");
+static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(FORCE_RELEASE_SOURCE));
 
 /// Frees everything held under one name, whoever holds it, and wakes its waiters; the lock only
 /// while `expected` holds it (empty: whoever does). See `lua/force_release.lua`.

@@ -10,12 +10,13 @@ use super::keys::Keys;
 use super::replies::{parse_int, UnexpectedReply};
 use super::step::Step;
 
+pub(crate) const COMPAT_SIGNAL_RELEASE_SOURCE: &str = include_str!("lua/compat_signal_release.lua");
 pub static COMPAT_SIGNAL_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("lua/compat_signal_release.lua")));
-pub static COMPAT_EXTEND: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("lua/compat_extend.lua")));
-pub static COMPAT_RESET: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("lua/compat_reset.lua")));
+    LazyLock::new(|| Script::new(COMPAT_SIGNAL_RELEASE_SOURCE));
+pub(crate) const COMPAT_EXTEND_SOURCE: &str = include_str!("lua/compat_extend.lua");
+pub static COMPAT_EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(COMPAT_EXTEND_SOURCE));
+pub(crate) const COMPAT_RESET_SOURCE: &str = include_str!("lua/compat_reset.lua");
+pub static COMPAT_RESET: LazyLock<Script> = LazyLock::new(|| Script::new(COMPAT_RESET_SOURCE));
 
 /// The release of keys with a signal list (`Keys::with_signal`): compare-and-delete, then the
 /// signal push and the wake-up. Reply 1 released, 0 not ours.

@@ -14,6 +14,7 @@ pub mod resp;
 pub mod rwlock;
 #[cfg(test)]
 mod script_check;
+pub mod script_sources;
 pub mod scripts;
 pub mod semaphore;
 pub mod sha1;

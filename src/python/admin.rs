@@ -39,6 +39,14 @@ pub fn _keys<'py>(
     Ok(found)
 }
 
+/// The exact source of the script `name` (its file's stem under src/protocol/lua/), preludes
+/// included, as it is sent: for tests that run a script on its own.
+#[pyfunction]
+pub fn _script_source(name: &str) -> PyResult<&'static str> {
+    crate::protocol::script_sources::source(name)
+        .ok_or_else(|| value_error("name", &format!("{name:?} is no script's name")))
+}
+
 /// `(name, kind, role)` of a key of redmutex under `prefix` (the name's bytes as found), or
 /// None for a key of something else.
 #[pyfunction]
@@ -160,6 +168,7 @@ pub fn _force_release<'py>(
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_keys, m)?)?;
     m.add_function(wrap_pyfunction!(_split_key, m)?)?;
+    m.add_function(wrap_pyfunction!(_script_source, m)?)?;
     m.add_function(wrap_pyfunction!(_kinds, m)?)?;
     m.add_function(wrap_pyfunction!(_hold_count, m)?)?;
     m.add_function(wrap_pyfunction!(_scan_pattern, m)?)?;
