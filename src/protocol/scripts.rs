@@ -151,7 +151,6 @@ pub static RW_READ_ACQUIRE: LazyLock<Script> =
 pub(crate) const RW_WRITE_ACQUIRE_SOURCE: &str = lua!(
     "clock.lua",
     "leases.lua",
-    "leases_prune.lua",
     "leases_soonest.lua",
     "rw_write_acquire.lua"
 );
