@@ -9,7 +9,6 @@ its head by name."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -139,20 +138,42 @@ def test_a_live_head_place_keeps_a_newcomer_out(
     assert not r.exists(sem.holders)
 
 
+@pytest.mark.parametrize("other_holder", [False, True])
 def test_the_release_of_an_ended_lease_wakes_nobody_and_drops_an_unused_limit(
-    make_sem: Callable[[int], Sem], r: redis.Redis
+    make_sem: Callable[[int], Sem], r: redis.Redis, other_holder: bool
 ) -> None:
     sem = make_sem(2)
-    assert sem.acquire("a", lease_ms=100) == [1, 1]
+    assert sem.acquire("a") == [1, 1]
+    if other_holder:
+        assert sem.acquire("b") == [1, 2]
+    # "a"'s lease ends while its keys live on (as when its holder stalled past its ttl).
+    r.zadd(sem.holders, {"a": _now_ms(r) - 1})
+    assert r.pttl(sem.holders) > 1_000 and r.pttl(sem.live) > 1_000
     pubsub = _subscribed(r, sem.channel)
     try:
-        time.sleep(0.2)
         assert sem.release("a") == 0
         assert sem.release("never-held") == 0
         assert pubsub.get_message(timeout=0.3) is None
     finally:
         pubsub.close()
-    assert not r.exists(sem.holders, sem.live)
+    assert r.zscore(sem.holders, "a") is None
+    if other_holder:
+        # A live holder keeps the limit (and the holders' key).
+        assert r.get(sem.live) == b"2" and r.zrange(sem.holders, 0, -1) == [b"b"]
+    else:
+        assert not r.exists(sem.holders, sem.live)
+
+
+def test_an_entry_past_waiting_places_keeps_the_limit_for_them(
+    make_sem: Callable[[int], Sem], r: redis.Redis
+) -> None:
+    sem = make_sem(3)
+    sem.place("w", _now_ms(r) + PLACE_MS)
+    # Three free permits and one place: a newcomer enters past it, with a short lease; the
+    # limit must outlive that lease as long as the place does.
+    assert sem.acquire("x", mode="1", lease_ms=1_000) == [1, 1]
+    assert r.lrange(sem.queue, 0, -1) == [b"w"]
+    assert PLACE_MS - 1_000 < r.pttl(sem.live) <= PLACE_MS
 
 
 def test_a_release_wakes_the_queue_head_by_name_and_keeps_the_limit_for_it(
