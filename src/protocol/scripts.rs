@@ -48,7 +48,7 @@ macro_rules! grant_script {
 
 /// A script from its files under lua/: the preludes whose functions it calls (each after the
 /// ones it calls in turn), then its own. A script takes no prelude it does not call: each
-/// `local function` costs Redis a closure on every call (a test below checks every script).
+/// `local function` costs Redis a closure on every call (script_sources.rs checks every script).
 macro_rules! lua {
     ($($file:literal),+ $(,)?) => {
         concat!($(include_str!(concat!("lua/", $file))),+)

@@ -1,7 +1,7 @@
 -- Shared prelude (prepended to the scripts that read the server's clock, not run alone): the
 -- server's TIME, so client clocks never matter. TIME's two strings go into arithmetic as they
 -- are (Lua converts them): a tonumber call on each costs Redis more.
--- The lock's preludes hold what the lock's scripts call (a test in scripts.rs checks it): a
+-- Every script's preludes hold only what it calls (a test in script_sources.rs checks it): a
 -- script's chunk runs on every call, and each `local function` in it costs Redis a new closure
 -- each time.
 

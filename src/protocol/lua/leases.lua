@@ -2,7 +2,7 @@
 -- semaphore holders and read-write lock readers. After clock.lua (for server_clock), before the
 -- other leases_*.lua preludes a script needs; not run alone. A lease counts while its end lies
 -- after the server's `now`; no client clock is ever used. Each script takes only the preludes
--- whose functions it calls (a test in scripts.rs checks it; see clock.lua).
+-- whose functions it calls (a test in script_sources.rs checks it; see clock.lua).
 
 -- The server's clock in ms (server_clock's first reading).
 local function server_now_ms()
