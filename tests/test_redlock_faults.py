@@ -3,13 +3,16 @@ item 7 (one server listed twice under two names is refused)."""
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 
 import pytest
 import redmutex
+from _proxy import FaultProxy
 from _scale_servers import Masters
+from redmutex._core import CacheStore, FillClaim
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -174,3 +177,82 @@ def test_one_address_twice_is_refused_at_construction(masters: Masters) -> None:
     ):
         with pytest.raises(ValueError, match="url"):
             redmutex.Client(urls)
+
+
+# ------------------------------------------------- a call that timed out must not run out of turn
+
+
+def _occupy(masters: Masters, key: str, indices: tuple[int, ...]) -> None:
+    for i in indices:
+        with masters.conn(i) as r:
+            r.set(key, "someone-else", px=60_000)
+
+
+def _free(masters: Masters, key: str, indices: tuple[int, ...]) -> None:
+    for i in indices:
+        with masters.conn(i) as r:
+            r.delete(key)
+
+
+@pytest.mark.parametrize("primitive", ["lock", "cache"])
+def test_a_give_back_that_timed_out_never_lands_after_the_next_vote(
+    masters: Masters, primitive: str
+) -> None:
+    """Master 3's requests reach it 0.6 s late while the command timeout is 0.3 s. X's first round
+    is refused by masters 0, 1, 2 and 4 (held by someone else), so its vote on master 3 is given
+    back; that give-back times out and waits in the network. Then master 3 is fast again and 2
+    and 4 are freed: X's next round wins {2, 3, 4}, its vote on master 3 going on a new connection.
+    The old give-back must not land after that vote and delete X's grant (it did: then a second
+    caller took 0, 1 and 3, a majority, while X held)."""
+    proxies = [FaultProxy(s.port).start() for s in masters.servers]
+    try:
+        c = redmutex.Client(
+            [p.url for p in proxies], prefix="t:", connect_timeout=1.0, command_timeout=0.3
+        )
+        n = name()
+        if primitive == "lock":
+            key = f"t:{{{n}}}:lock"
+            x = redmutex.Lock(c, n, ttl=30)
+            assert x.acquire(blocking=False)  # the scripts are loaded everywhere
+            x.release()
+        else:
+            key = f"t:{{{n}}}:fill"
+            store = CacheStore(c, ttl=30, lock_ttl=30)
+            warm = store.fetch(n + "-warm", timeout=0)
+            assert isinstance(warm, FillClaim)
+            warm.abandon()
+        _occupy(masters, key, (0, 1, 2, 4))
+        proxies[3].set_latency(0.6, "c2s")
+        outcome: dict[str, object] = {}
+
+        def take() -> None:
+            if primitive == "lock":
+                outcome["x"] = x.acquire(timeout=5)
+            else:
+                outcome["x"] = store.fetch(n, timeout=5)
+
+        taker = threading.Thread(target=take)
+        taker.start()
+        time.sleep(0.35)  # X's first round is over; its give-back on master 3 timed out
+        proxies[3].set_latency(0.0, "c2s")
+        _free(masters, key, (4, 2))
+        with masters.conn(2) as r:
+            r.publish(f"t:{{{n}}}:wake", "")
+        taker.join(10)
+        assert not taker.is_alive()
+        # X holds the lock (or the fill claim) on a majority.
+        assert outcome["x"] is True or isinstance(outcome["x"], FillClaim), outcome
+        time.sleep(0.6)  # the old give-back, if still under way, has landed by now
+        if primitive == "lock":
+            assert x.owned(), "X's grant on master 3 was deleted under it"
+        _free(masters, key, (0, 1))
+        other = redmutex.Client(masters.urls, prefix="t:", **FAST)
+        if primitive == "lock":
+            second = redmutex.Lock(other, n, ttl=30).acquire(blocking=False)
+        else:
+            second = CacheStore(other, ttl=30, lock_ttl=30).fetch(n, timeout=0)
+        took = second is True or isinstance(second, FillClaim)
+        assert not took, "a second caller took a majority while X held"
+    finally:
+        for p in proxies:
+            p.stop()

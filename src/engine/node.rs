@@ -256,6 +256,10 @@ pub struct Node {
     /// Calls to a Sentinel-managed master that cannot be reached are tried again until the
     /// command timeout (its replica may be taking over); off for a Redlock master.
     ride_failover: bool,
+    /// Every call waits for the calls that timed out before it (`wait_for_overdue`), so that
+    /// calls run in the order they were sent across reconnects: on a Redlock master a round's
+    /// give-back must never run after the same token's next vote, nor a vote after the release.
+    in_order: bool,
 }
 
 /// How long a connection whose call timed out is kept for `Node::overdue_calls`: the undo of a
@@ -359,6 +363,15 @@ impl Node {
             overdue: Arc::default(),
             handed: std::sync::atomic::AtomicU64::new(0),
             ride_failover: false,
+            in_order: false,
+        }
+    }
+
+    /// Every call of this node runs after the ones that timed out before it (see `in_order`).
+    pub fn in_order(self) -> Self {
+        Node {
+            in_order: true,
+            ..self
         }
     }
 
@@ -515,6 +528,35 @@ impl Node {
         }
     }
 
+    /// Waits until the calls that timed out on this node have been answered (or their
+    /// connections ended), at most the command timeout, then forgets them: nothing sent after
+    /// this can overtake them. An error when one is still unanswered: the caller's call is not
+    /// sent (it counts as failed, like the master that has not answered yet).
+    async fn wait_for_overdue(&self) -> Result<()> {
+        let overdue: Vec<(Kept, MultiplexedConnection)> = self
+            .overdue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if overdue.is_empty() {
+            return Ok(());
+        }
+        let calls = OverdueCalls {
+            conns: overdue.iter().map(|(_, conn)| conn.clone()).collect(),
+        };
+        if !calls.settle(self.timeouts.command).await {
+            return Err(timed_out(
+                self.timeouts.command,
+                "waiting for an earlier call that timed out",
+            ));
+        }
+        self.overdue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(kept, _)| !overdue.iter().any(|(settled, _)| settled == kept));
+        Ok(())
+    }
+
     /// Forgets the current connection, whichever it is (the master changed under it).
     pub fn reset(&self) {
         let mut guard = self.current.lock().unwrap_or_else(|p| p.into_inner());
@@ -628,6 +670,9 @@ impl Node {
                 }
                 Err(err) => return Err(err),
             };
+            if self.in_order {
+                self.wait_for_overdue().await?;
+            }
             let err = match tokio::time::timeout(self.timeouts.command, op(live.conn.clone())).await
             {
                 Ok(Ok(value)) => return Ok((value, live.identity)),

@@ -88,9 +88,10 @@ impl Shared {
             } else {
                 Node::new(target.clone(), timeouts)
             };
-            // One keyspace rides out a failover; a Redlock master (`identify`) fails at once.
+            // One keyspace rides out a failover; a Redlock master (`identify`) fails at once, and
+            // its calls run in the order sent (a round's give-back never after the next vote).
             let node = if identify {
-                node
+                node.in_order()
             } else {
                 node.riding_failover()
             };
