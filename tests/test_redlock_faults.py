@@ -3,6 +3,7 @@ item 7 (one server listed twice under two names is refused)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -253,6 +254,54 @@ def test_a_give_back_that_timed_out_never_lands_after_the_next_vote(
             second = CacheStore(other, ttl=30, lock_ttl=30).fetch(n, timeout=0)
         took = second is True or isinstance(second, FillClaim)
         assert not took, "a second caller took a majority while X held"
+    finally:
+        for p in proxies:
+            p.stop()
+
+
+def test_a_value_on_too_few_masters_waits_for_the_silent_ones_before_a_refill(
+    masters: Masters,
+) -> None:
+    """A holds the fill claim on masters 0, 1, 2; its store reaches 0 and 1 at once but master
+    2 only 0.45 s later (the command timeout is 0.3 s). B, woken by the store, sees the value on
+    two masters, its own claims on 3 and 4, and no answer from 2. The value may still be
+    confirmed there, so B must wait for it instead of counting it as absent and filling again
+    (it did: the fill ran twice, one after the other)."""
+    proxies = [FaultProxy(s.port).start() for s in masters.servers]
+    try:
+        urls = [p.url for p in proxies]
+        timeouts = {"connect_timeout": 1.0, "command_timeout": 0.3}
+        a = CacheStore(redmutex.Client(urls, prefix="t:", **timeouts), ttl=30, lock_ttl=30)
+        b = CacheStore(redmutex.Client(urls, prefix="t:", **timeouts), ttl=30, lock_ttl=30)
+        n = name()
+        for store in (a, b):  # every script is loaded (a store sent once stays NOSCRIPT)
+            warm = store.fetch(n + "-warm", timeout=0)
+            assert isinstance(warm, FillClaim)
+            warm.abandon()
+            warm = store.fetch(n + "-warm", timeout=0)
+            assert isinstance(warm, FillClaim)
+            warm.store(b"warm")
+            store.invalidate(n + "-warm")
+        key = f"t:{{{n}}}:fill"
+        _occupy(masters, key, (3, 4))
+        claim = a.fetch(n, timeout=0)
+        assert isinstance(claim, FillClaim)  # on 0, 1 and 2
+        _free(masters, key, (3, 4))
+        found: dict[str, object] = {}
+        waiter = threading.Thread(target=lambda: found.update(b=b.fetch(n, timeout=8)))
+        waiter.start()
+        time.sleep(0.2)  # B waits for A's fill
+        proxies[2].set_latency(0.45, "c2s")
+        with contextlib.suppress(redmutex.QuorumError):
+            claim.store(b"filled once")  # its answer from master 2 times out: no majority says
+        proxies[2].set_latency(0.0, "c2s")
+        waiter.join(10)
+        assert not waiter.is_alive()
+        got = found["b"]
+        if isinstance(got, FillClaim):
+            got.abandon()
+        assert not isinstance(got, FillClaim), "B filled again while A's value was on its way"
+        assert got is not None and got.payload == b"filled once"
     finally:
         for p in proxies:
             p.stop()

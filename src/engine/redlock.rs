@@ -227,6 +227,15 @@ impl Redlock {
         self.masters.len()
     }
 
+    /// The longest command timeout of the masters' connections (one client's: all the same).
+    pub fn command_timeout(&self) -> Duration {
+        self.masters
+            .iter()
+            .map(|m| m.shared.node.timeouts().command)
+            .max()
+            .unwrap_or_default()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.masters.is_empty()
     }

@@ -14,6 +14,9 @@
 //!   on a minority (a store or an invalidation that missed a master) is never served.
 //! - A value found on some masters but no majority, while nobody else fills, is counted as
 //!   absent in the next round (by its SHA-1, as the caller's `skip`), so it is refilled once.
+//!   While masters that have not answered could still confirm it (the filler's store may be on
+//!   its way there), only once it has been seen so for `MINORITY_GRACE_TIMEOUTS` command
+//!   timeouts: the store then has failed or landed.
 //! - **Abandon** and **invalidate** run on every master, decided by majority. The claim is
 //!   extended on every master every third of its lease while the fill runs.
 
@@ -35,6 +38,11 @@ use crate::protocol::replies::Lookup;
 use crate::protocol::sha1::sha1_hex;
 use crate::protocol::step::Step;
 
+/// How many command timeouts a value held by too few masters is waited for while masters that
+/// have not answered could still confirm it: a store waits at most one for the calls that timed
+/// out before it on a master (`Node::in_order`) and one for its own answer.
+const MINORITY_GRACE_TIMEOUTS: u32 = 2;
+
 /// What `fetch` found on a majority.
 pub enum Fetched {
     Hit(Hit),
@@ -52,6 +60,29 @@ struct LookupQuorum<'a> {
     skip: Mutex<Option<String>>,
     /// The value a majority holds, once a round found one.
     hit: Mutex<Option<Hit>>,
+    /// How long a value on too few masters is waited for while others are silent.
+    grace: Duration,
+    /// The SHA-1 hex of such a value and when it was first seen so.
+    minority_since: Mutex<Option<(String, Instant)>>,
+}
+
+impl LookupQuorum<'_> {
+    /// Whether the value with SHA-1 `digest` has been seen on too few masters for `grace` now
+    /// (the first sighting starts the clock).
+    fn minority_lasted(&self, digest: &str) -> bool {
+        let now = Instant::now();
+        let mut since = self
+            .minority_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match &*since {
+            Some((seen, at)) if seen == digest => now.duration_since(*at) >= self.grace,
+            _ => {
+                *since = Some((digest.to_string(), now));
+                false
+            }
+        }
+    }
 }
 
 impl QuorumContender for LookupQuorum<'_> {
@@ -65,8 +96,9 @@ impl QuorumContender for LookupQuorum<'_> {
 
     /// A value held by some masters but no majority (a store or an invalidation that missed a
     /// master), while nobody else fills: it is never served, so the next round counts it as
-    /// absent, claims those masters too, and refills.
-    fn retry_now(&self, _n: usize, replies: &[Lookup]) -> bool {
+    /// absent, claims those masters too, and refills; if the masters that did not answer could
+    /// still confirm it, only after `grace` (the round's caller waits and looks again).
+    fn retry_now(&self, n: usize, replies: &[Lookup]) -> bool {
         if replies.iter().any(|r| matches!(r, Lookup::Busy { .. })) {
             return false;
         }
@@ -84,6 +116,11 @@ impl QuorumContender for LookupQuorum<'_> {
             return false;
         };
         let digest = sha1_hex(most);
+        let copies = hits.iter().filter(|p| *p == most).count();
+        let silent = n.saturating_sub(replies.len());
+        if copies + silent >= quorum::quorum(n) && !self.minority_lasted(&digest) {
+            return false;
+        }
         let mut skip = self.skip.lock().unwrap_or_else(|p| p.into_inner());
         if skip.as_deref() == Some(digest.as_str()) {
             return false;
@@ -176,6 +213,8 @@ pub async fn fetch(
         token: &token,
         skip: Mutex::new(skip.map(str::to_string)),
         hit: Mutex::new(None),
+        grace: redlock.command_timeout() * MINORITY_GRACE_TIMEOUTS,
+        minority_since: Mutex::new(None),
     };
     let claimed = redlock_lease::acquire(redlock, &contender, &token, wait).await?;
     if let Some(start) = claimed {
