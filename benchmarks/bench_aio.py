@@ -8,6 +8,10 @@ Starts its own redis-server (``redmutex._server.RedisServer``) and prints Markdo
   cycle, so that the machine's speed, which changes by 2x within minutes, falls on both sides of
   every ratio alike (the best windows of runs taken seconds apart once put one redis-py code
   path 1.36x ahead of itself); latency p50/p99 pooled over the windows.
+* The asyncio round-trip limit, in the same windows: one task sends two PINGs, each awaited, on
+  a bare ``asyncio.Protocol`` (nothing parsed, no pool, no script): the least two round trips
+  cost an event loop's task, as the blocking-socket limit is for threads (``run.py``). Every
+  uncontended row is also given as a ratio to it, same cycle.
 * 8 tasks on 8 names in one event loop: pairs/s of all tasks together (one connection
   multiplexed for redmutex; redis-py's pool opens one per concurrent task).
 * Hand-off: 2 and 4 processes, each running an event loop, loop acquire -> hold 1 ms -> release
@@ -42,7 +46,8 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+from urllib.parse import urlsplit
 
 import redis
 import redis.asyncio
@@ -88,6 +93,51 @@ def _redis_py(sleep: float) -> Maker:
     return make
 
 
+class _PingProtocol(asyncio.Protocol):
+    """One connection of the round-trip limit: writes a PING, resolves the waiter on its reply."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.waiter: asyncio.Future[None] | None = None
+        self.pending = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.pending += data
+        if self.pending.endswith(b"\r\n") and self.waiter is not None and not self.waiter.done():
+            self.pending = b""
+            self.waiter.set_result(None)
+
+    async def ping(self) -> None:
+        assert self.transport is not None
+        self.waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(b"*1\r\n$4\r\nPING\r\n")
+        await self.waiter
+
+
+def _round_trip_limit(url: str, name: str) -> Pair:
+    """Two awaited PINGs on a bare protocol, opened on first use (see the module docstring)."""
+    parsed = urlsplit(url)
+    protocol: _PingProtocol | None = None
+
+    async def ping() -> None:
+        nonlocal protocol
+        if protocol is None:
+            loop = asyncio.get_running_loop()
+            _, opened = await loop.create_connection(
+                _PingProtocol, parsed.hostname or "127.0.0.1", parsed.port or 6379
+            )
+            protocol = opened
+        await protocol.ping()
+
+    return ping, ping
+
+
+# The limit row of the uncontended table (not a contender: it takes no lock).
+LIMIT = "asyncio round-trip limit (2 PINGs)"
+
 CONTENDERS: dict[str, Maker] = {
     "redmutex.aio": _redmutex(fair=False),
     "redmutex.aio fair": _redmutex(fair=True),
@@ -131,7 +181,8 @@ async def _uncontended_windows(
     cycle runs each contender's window once, the order reversed every other cycle, so that a
     change of the machine's speed falls on all of them alike. Each contender's window rates
     (one per cycle, in cycle order) and its pairs' latencies in ns."""
-    pairs = {label: make(url, "u:" + label) for label, make in CONTENDERS.items()}
+    makers: dict[str, Maker] = {**CONTENDERS, LIMIT: _round_trip_limit}
+    pairs = {label: make(url, "u:" + label) for label, make in makers.items()}
     for pair in pairs.values():
         await _pairs(pair, 0.2, None)  # warm-up: connections, scripts
     found: dict[str, tuple[list[float], list[int]]] = {label: ([], []) for label in pairs}
@@ -168,8 +219,10 @@ def in_loop(
     async def main() -> None:
         found = await _uncontended_windows(url, cycles, window)
         base = found[REFERENCE][0]
+        limit = found[LIMIT][0]
         for label, (rates, latencies) in found.items():
             ratios = same_cycle_ratios(rates, base) or [math.nan]  # (no reference window)
+            to_limit = same_cycle_ratios(rates, limit) or [math.nan]
             rows[label] = {
                 "label": label,
                 "pairs_per_s": statistics.median(rates),
@@ -179,6 +232,7 @@ def in_loop(
                 "ratio_median": statistics.median(ratios),
                 "ratio_min": min(ratios),
                 "ratio_max": max(ratios),
+                "limit_ratio_median": statistics.median(to_limit),
                 "windows": len(rates),
                 "tasks8": 0.0,
             }
@@ -348,21 +402,25 @@ def report(result: dict[str, Any]) -> str:
             f"Uncontended, one task: {windows} windows per contender, taken in turn (the order "
             "reversed every other cycle); pairs/s is the median window, × redis-py the median "
             "of each window ÷ redis-py asyncio's window of the same cycle (min–max over the "
-            "cycles); latencies pooled over the windows."
+            "cycles); × limit likewise against the asyncio round-trip limit (two PINGs on a bare "
+            "asyncio protocol, no lock); latencies pooled over the windows."
         ),
         "",
         (
             "| contender | uncontended pairs/s | best window | p50 µs | p99 µs | × redis-py, "
-            "same cycle | 8 tasks on 8 names pairs/s | × redis-py |"
+            "same cycle | × limit | 8 tasks on 8 names pairs/s | × redis-py |"
         ),
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        limit_row = r["label"] == LIMIT
+        tasks8 = "—" if limit_row else f"{r['tasks8']:,.0f}"
+        tasks8_ratio = "—" if limit_row else f"{r['tasks8'] / base8:.2f}"
         lines.append(
             f"| {r['label']} | {r['pairs_per_s']:,.0f} | {r['best_pairs_per_s']:,.0f} | "
             f"{r['p50_us']:.0f} | {r['p99_us']:.0f} | {r['ratio_median']:.2f} "
-            f"({r['ratio_min']:.2f}–{r['ratio_max']:.2f}) | {r['tasks8']:,.0f} | "
-            f"{r['tasks8'] / base8:.2f} |"
+            f"({r['ratio_min']:.2f}–{r['ratio_max']:.2f}) | {r['limit_ratio_median']:.2f} | "
+            f"{tasks8} | {tasks8_ratio} |"
         )
     lines += [
         "",
