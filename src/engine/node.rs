@@ -250,7 +250,9 @@ pub struct Node {
     seen: Arc<ServerSeen>,
     /// Connections on which a call timed out, kept open (never used for a call again) for
     /// `OVERDUE_KEEP`: their requests may still run, and an undo must run after them.
-    overdue: Arc<Mutex<Vec<(Kept, MultiplexedConnection)>>>,
+    overdue: Arc<Mutex<Vec<OverdueEntry>>>,
+    /// Stamps each `keep` (see `OverdueEntry::stamp`).
+    stamps: std::sync::atomic::AtomicU64,
     /// Numbers the connections handed in by `keep_overdue_conn` (see `Kept::Handed`).
     handed: std::sync::atomic::AtomicU64,
     /// Calls to a Sentinel-managed master that cannot be reached are tried again until the
@@ -267,6 +269,14 @@ pub struct Node {
 const OVERDUE_KEEP: Duration = Duration::from_secs(10);
 /// At most this many such connections are kept per node (the oldest closes first).
 const OVERDUE_KEPT: usize = 8;
+
+/// A connection on which a call timed out. `stamp` is fresh on every call that timed out on it,
+/// so that its timer, or a wait that settled the calls before it, never forgets a later one.
+struct OverdueEntry {
+    kept: Kept,
+    stamp: u64,
+    conn: MultiplexedConnection,
+}
 
 /// Which connection an overdue entry is: the node's own of that generation, or one handed in
 /// from outside (a connection of the exclusive pool), numbered.
@@ -361,6 +371,7 @@ impl Node {
             drops: std::sync::atomic::AtomicU64::new(0),
             seen: Arc::default(),
             overdue: Arc::default(),
+            stamps: std::sync::atomic::AtomicU64::new(0),
             handed: std::sync::atomic::AtomicU64::new(0),
             ride_failover: false,
             in_order: false,
@@ -497,15 +508,19 @@ impl Node {
         let Conn::Plain(conn) = conn else {
             return;
         };
+        let stamp = self
+            .stamps
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         {
             let mut overdue = self.overdue.lock().unwrap_or_else(|p| p.into_inner());
-            if overdue.iter().any(|(other, _)| *other == kept) {
-                return;
+            if let Some(listed) = overdue.iter_mut().find(|e| e.kept == kept) {
+                listed.stamp = stamp;
+            } else {
+                if overdue.len() >= OVERDUE_KEPT {
+                    overdue.remove(0);
+                }
+                overdue.push(OverdueEntry { kept, stamp, conn });
             }
-            if overdue.len() >= OVERDUE_KEPT {
-                overdue.remove(0);
-            }
-            overdue.push((kept, conn));
         }
         let overdue = Arc::downgrade(&self.overdue);
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
@@ -513,7 +528,7 @@ impl Node {
                 tokio::time::sleep(OVERDUE_KEEP).await;
                 if let Some(overdue) = overdue.upgrade() {
                     let mut overdue = overdue.lock().unwrap_or_else(|p| p.into_inner());
-                    overdue.retain(|(other, _)| *other != kept);
+                    overdue.retain(|e| e.kept != kept || e.stamp != stamp);
                 }
             });
         }
@@ -524,7 +539,7 @@ impl Node {
     pub fn overdue_calls(&self) -> OverdueCalls {
         let overdue = self.overdue.lock().unwrap_or_else(|p| p.into_inner());
         OverdueCalls {
-            conns: overdue.iter().map(|(_, conn)| conn.clone()).collect(),
+            conns: overdue.iter().map(|e| e.conn.clone()).collect(),
         }
     }
 
@@ -533,17 +548,17 @@ impl Node {
     /// this can overtake them. An error when one is still unanswered: the caller's call is not
     /// sent (it counts as failed, like the master that has not answered yet).
     async fn wait_for_overdue(&self) -> Result<()> {
-        let overdue: Vec<(Kept, MultiplexedConnection)> = self
+        let (calls, stamps): (Vec<MultiplexedConnection>, Vec<(Kept, u64)>) = self
             .overdue
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        if overdue.is_empty() {
+            .iter()
+            .map(|e| (e.conn.clone(), (e.kept, e.stamp)))
+            .unzip();
+        if calls.is_empty() {
             return Ok(());
         }
-        let calls = OverdueCalls {
-            conns: overdue.iter().map(|(_, conn)| conn.clone()).collect(),
-        };
+        let calls = OverdueCalls { conns: calls };
         if !calls.settle(self.timeouts.command).await {
             return Err(timed_out(
                 self.timeouts.command,
@@ -553,7 +568,7 @@ impl Node {
         self.overdue
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .retain(|(kept, _)| !overdue.iter().any(|(settled, _)| settled == kept));
+            .retain(|e| !stamps.contains(&(e.kept, e.stamp)));
         Ok(())
     }
 
@@ -657,6 +672,7 @@ impl Node {
             && (self.target.is_cluster()
                 || (self.ride_failover && matches!(*self.target, Target::Sentinel(_)))))
         .then(|| Instant::now() + self.timeouts.command);
+        let mut reconnected = false;
         loop {
             let (generation, live) = match self.connection().await {
                 Ok(found) => found,
@@ -672,6 +688,11 @@ impl Node {
             };
             if self.in_order {
                 self.wait_for_overdue().await?;
+                // A call that timed out on this connection meanwhile: go on a fresh one (once).
+                if !reconnected && self.cached().map(|(g, _)| g) != Some(generation) {
+                    reconnected = true;
+                    continue;
+                }
             }
             let err = match tokio::time::timeout(self.timeouts.command, op(live.conn.clone())).await
             {
@@ -680,8 +701,9 @@ impl Node {
                 Err(_) => {
                     // The request may still run: its connection stays open, unused, so that an
                     // undo can wait for its answer instead of overtaking it on a new one.
-                    self.invalidate(generation);
+                    // Kept before it is forgotten, so that no call finds neither.
                     self.keep_overdue(generation, live.conn);
+                    self.invalidate(generation);
                     return Err(timed_out(self.timeouts.command, "waiting for an answer"));
                 }
             };

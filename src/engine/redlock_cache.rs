@@ -15,8 +15,10 @@
 //! - A value found on some masters but no majority, while nobody else fills, is counted as
 //!   absent in the next round (by its SHA-1, as the caller's `skip`), so it is refilled once.
 //!   While masters that have not answered could still confirm it (the filler's store may be on
-//!   its way there), only once it has been seen so for `MINORITY_GRACE_TIMEOUTS` command
-//!   timeouts: the store then has failed or landed.
+//!   its way there), only once it has been seen so, round after round, for
+//!   `MINORITY_GRACE_TIMEOUTS` command timeouts: long enough for a store that is merely slow
+//!   (not a bound: a store may land later still, and a master that is down also counts as not
+//!   answering, so a minority value then waits out the grace before it is refilled).
 //! - **Abandon** and **invalidate** run on every master, decided by majority. The claim is
 //!   extended on every master every third of its lease while the fill runs.
 
@@ -39,8 +41,8 @@ use crate::protocol::sha1::sha1_hex;
 use crate::protocol::step::Step;
 
 /// How many command timeouts a value held by too few masters is waited for while masters that
-/// have not answered could still confirm it: a store waits at most one for the calls that timed
-/// out before it on a master (`Node::in_order`) and one for its own answer.
+/// have not answered could still confirm it: a store's call waits up to one for the calls that
+/// timed out before it on a master (`Node::in_order`) and one for its own answer.
 const MINORITY_GRACE_TIMEOUTS: u32 = 2;
 
 /// What `fetch` found on a majority.
@@ -67,8 +69,17 @@ struct LookupQuorum<'a> {
 }
 
 impl LookupQuorum<'_> {
-    /// Whether the value with SHA-1 `digest` has been seen on too few masters for `grace` now
-    /// (the first sighting starts the clock).
+    /// A round that did not find a value on too few masters with others silent: the next
+    /// sighting starts the clock anew.
+    fn minority_ends(&self) {
+        *self
+            .minority_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// Whether the value with SHA-1 `digest` has been seen on too few masters, in every round
+    /// since the first sighting, for `grace` now (the first sighting starts the clock).
     fn minority_lasted(&self, digest: &str) -> bool {
         let now = Instant::now();
         let mut since = self
@@ -100,6 +111,7 @@ impl QuorumContender for LookupQuorum<'_> {
     /// still confirm it, only after `grace` (the round's caller waits and looks again).
     fn retry_now(&self, n: usize, replies: &[Lookup]) -> bool {
         if replies.iter().any(|r| matches!(r, Lookup::Busy { .. })) {
+            self.minority_ends();
             return false;
         }
         let hits: Vec<&[u8]> = replies
@@ -113,6 +125,7 @@ impl QuorumContender for LookupQuorum<'_> {
             .iter()
             .max_by_key(|p| hits.iter().filter(|q| q == p).count())
         else {
+            self.minority_ends();
             return false;
         };
         let digest = sha1_hex(most);
@@ -121,6 +134,7 @@ impl QuorumContender for LookupQuorum<'_> {
         if copies + silent >= quorum::quorum(n) && !self.minority_lasted(&digest) {
             return false;
         }
+        self.minority_ends();
         let mut skip = self.skip.lock().unwrap_or_else(|p| p.into_inner());
         if skip.as_deref() == Some(digest.as_str()) {
             return false;
