@@ -14,11 +14,10 @@
 //!   on a minority (a store or an invalidation that missed a master) is never served.
 //! - A value found on some masters but no majority, while nobody else fills, is counted as
 //!   absent in the next round (by its SHA-1, as the caller's `skip`), so it is refilled once.
-//!   While masters that have not answered could still confirm it (the filler's store may be on
-//!   its way there), only once it has been seen so, round after round, for
-//!   `MINORITY_GRACE_TIMEOUTS` command timeouts: long enough for a store that is merely slow
-//!   (not a bound: a store may land later still, and a master that is down also counts as not
-//!   answering, so a minority value then waits out the grace before it is refilled).
+//!   While masters that have not answered could still confirm it, not if it was stored less than
+//!   `MINORITY_GRACE_TIMEOUTS` command timeouts ago (its ms left, against this caller's ttl): its
+//!   filler's store may still be on its way there. Time for a store that is merely slow, not a
+//!   bound (a store may land later still); an older value on too few masters is refilled at once.
 //! - **Abandon** and **invalidate** run on every master, decided by majority. The claim is
 //!   extended on every master every third of its lease while the fill runs.
 
@@ -40,9 +39,9 @@ use crate::protocol::replies::Lookup;
 use crate::protocol::sha1::sha1_hex;
 use crate::protocol::step::Step;
 
-/// How many command timeouts a value held by too few masters is waited for while masters that
-/// have not answered could still confirm it: a store's call waits up to one for the calls that
-/// timed out before it on a master (`Node::in_order`) and one for its own answer.
+/// How many command timeouts after it was stored a value held by too few masters is waited for
+/// while masters that have not answered could still confirm it: a store's call waits up to one
+/// for the calls that timed out before it on a master (`Node::in_order`) and one for its answer.
 const MINORITY_GRACE_TIMEOUTS: u32 = 2;
 
 /// What `fetch` found on a majority.
@@ -62,37 +61,24 @@ struct LookupQuorum<'a> {
     skip: Mutex<Option<String>>,
     /// The value a majority holds, once a round found one.
     hit: Mutex<Option<Hit>>,
-    /// How long a value on too few masters is waited for while others are silent.
+    /// How long after it was stored a value on too few masters is waited for while others are
+    /// silent.
     grace: Duration,
-    /// The SHA-1 hex of such a value and when it was first seen so.
-    minority_since: Mutex<Option<(String, Instant)>>,
+    /// The ttl this caller stores values with.
+    value_ttl: Duration,
 }
 
 impl LookupQuorum<'_> {
-    /// A round that did not find a value on too few masters with others silent: the next
-    /// sighting starts the clock anew.
-    fn minority_ends(&self) {
-        *self
-            .minority_since
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = None;
-    }
-
-    /// Whether the value with SHA-1 `digest` has been seen on too few masters, in every round
-    /// since the first sighting, for `grace` now (the first sighting starts the clock).
-    fn minority_lasted(&self, digest: &str) -> bool {
-        let now = Instant::now();
-        let mut since = self
-            .minority_since
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        match &*since {
-            Some((seen, at)) if seen == digest => now.duration_since(*at) >= self.grace,
-            _ => {
-                *since = Some((digest.to_string(), now));
-                false
-            }
-        }
+    /// Whether the youngest of these copies (the ms each has left) was stored less than `grace`
+    /// ago by a store with this caller's ttl: its filler's store may still be on its way to the
+    /// masters that have not answered. A copy without expiry, or with more left than this
+    /// caller's ttl (another caller's ttl), tells nothing: not counted.
+    fn just_stored(&self, copies_left_ms: &[i64]) -> bool {
+        let ttl = i64::try_from(lease::lease_ms(self.value_ttl)).unwrap_or(i64::MAX);
+        let grace = i64::try_from(lease::lease_ms(self.grace)).unwrap_or(i64::MAX);
+        copies_left_ms
+            .iter()
+            .any(|&left| (0..=ttl).contains(&left) && ttl - left < grace)
     }
 }
 
@@ -108,33 +94,28 @@ impl QuorumContender for LookupQuorum<'_> {
     /// A value held by some masters but no majority (a store or an invalidation that missed a
     /// master), while nobody else fills: it is never served, so the next round counts it as
     /// absent, claims those masters too, and refills; if the masters that did not answer could
-    /// still confirm it, only after `grace` (the round's caller waits and looks again).
+    /// still confirm it, not while it was `just_stored` (the caller waits and looks again).
     fn retry_now(&self, n: usize, replies: &[Lookup]) -> bool {
         if replies.iter().any(|r| matches!(r, Lookup::Busy { .. })) {
-            self.minority_ends();
             return false;
         }
-        let hits: Vec<&[u8]> = replies
+        let hits: Vec<(&[u8], i64)> = hits(replies).collect();
+        let Some(&(most, _)) = hits
             .iter()
-            .filter_map(|r| match r {
-                Lookup::Hit { payload, .. } => Some(payload.as_slice()),
-                _ => None,
-            })
-            .collect();
-        let Some(most) = hits
-            .iter()
-            .max_by_key(|p| hits.iter().filter(|q| q == p).count())
+            .max_by_key(|(p, _)| hits.iter().filter(|(q, _)| q == p).count())
         else {
-            self.minority_ends();
             return false;
         };
-        let digest = sha1_hex(most);
-        let copies = hits.iter().filter(|p| *p == most).count();
+        let copies_left_ms: Vec<i64> = hits
+            .iter()
+            .filter(|(p, _)| *p == most)
+            .map(|&(_, left)| left)
+            .collect();
         let silent = n.saturating_sub(replies.len());
-        if copies + silent >= quorum::quorum(n) && !self.minority_lasted(&digest) {
+        if copies_left_ms.len() + silent >= quorum::quorum(n) && self.just_stored(&copies_left_ms) {
             return false;
         }
-        self.minority_ends();
+        let digest = sha1_hex(most);
         let mut skip = self.skip.lock().unwrap_or_else(|p| p.into_inner());
         if skip.as_deref() == Some(digest.as_str()) {
             return false;
@@ -228,7 +209,7 @@ pub async fn fetch(
         skip: Mutex::new(skip.map(str::to_string)),
         hit: Mutex::new(None),
         grace: redlock.command_timeout() * MINORITY_GRACE_TIMEOUTS,
-        minority_since: Mutex::new(None),
+        value_ttl: spec.value_ttl,
     };
     let claimed = redlock_lease::acquire(redlock, &contender, &token, wait).await?;
     if let Some(start) = claimed {
