@@ -261,6 +261,8 @@ pub struct Node {
     /// Every call waits for the calls that timed out before it (`wait_for_overdue`), so that
     /// calls run in the order they were sent across reconnects: on a Redlock master a round's
     /// give-back must never run after the same token's next vote, nor a vote after the release.
+    /// Within `OVERDUE_KEEP` of the timeout: a request the network holds back longer than that
+    /// is forgotten and may still land out of turn (Redlock assumes delays shorter than leases).
     in_order: bool,
 }
 
