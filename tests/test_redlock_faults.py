@@ -263,14 +263,14 @@ def test_a_value_on_too_few_masters_waits_for_the_silent_ones_before_a_refill(
     masters: Masters,
 ) -> None:
     """A holds the fill claim on masters 0, 1, 2; its store reaches 0 and 1 at once but master
-    2 only 0.45 s later (the command timeout is 0.3 s). B, woken by the store, sees the value on
-    two masters, its own claims on 3 and 4, and no answer from 2. The value may still be
-    confirmed there, so B must wait for it instead of counting it as absent and filling again
-    (it did: the fill ran twice, one after the other)."""
+    2 only 0.7 s later (the command timeout is 0.5 s, so a young value's grace is 1 s). B, woken
+    by the store, sees the value on two masters, its own claims on 3 and 4, and no answer from 2.
+    The value may still be confirmed there, so B must wait for it instead of counting it as
+    absent and filling again (it did: the fill ran twice, one after the other)."""
     proxies = [FaultProxy(s.port).start() for s in masters.servers]
     try:
         urls = [p.url for p in proxies]
-        timeouts = {"connect_timeout": 1.0, "command_timeout": 0.3}
+        timeouts = {"connect_timeout": 1.0, "command_timeout": 0.5}
         a = CacheStore(redmutex.Client(urls, prefix="t:", **timeouts), ttl=30, lock_ttl=30)
         b = CacheStore(redmutex.Client(urls, prefix="t:", **timeouts), ttl=30, lock_ttl=30)
         n = name()
@@ -291,7 +291,7 @@ def test_a_value_on_too_few_masters_waits_for_the_silent_ones_before_a_refill(
         waiter = threading.Thread(target=lambda: found.update(b=b.fetch(n, timeout=8)))
         waiter.start()
         time.sleep(0.2)  # B waits for A's fill
-        proxies[2].set_latency(0.45, "c2s")
+        proxies[2].set_latency(0.7, "c2s")
         with contextlib.suppress(redmutex.QuorumError):
             claim.store(b"filled once")  # its answer from master 2 times out: no majority says
         proxies[2].set_latency(0.0, "c2s")
