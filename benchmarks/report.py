@@ -241,14 +241,30 @@ def _targets(
             )
     lock_rate = (by_key.get(("uncontended", SUBJECT)) or {}).get("per_second")
     for scenario in ("rwlock-read", "rwlock-write"):
-        rate = (by_key.get((scenario, SUBJECT)) or {}).get("per_second")
-        ratio = _ratio(rate, lock_rate)
-        if ratio is not None:
+        row = by_key.get((scenario, SUBJECT)) or {}
+        rate = row.get("per_second")
+        # Judged by the rounds' own Lock runs (just before and after each, seconds apart); the
+        # uncontended scenario's Lock, minutes earlier, is shown beside it for reference.
+        ratios = [r["vs_lock"] for r in row.get("rounds") or [] if r.get("vs_lock")]
+        earlier = _ratio(rate, lock_rate)
+        if ratios:
+            ratio = statistics.median(ratios)
+            add(
+                f"RWLock pairs/s ≥ {RW_VS_LOCK:g}× Lock's (uncontended, separate scenarios,"
+                " Lock run before and after each round)",
+                f"{SUBJECT}, {scenario}",
+                f"{_num(rate)} vs {_num(row.get('lock_per_second'))} pairs/s;"
+                f" {ratio:.2f}× (median of {len(ratios)} rounds,"
+                f" {min(ratios):.2f}–{max(ratios):.2f}); vs the uncontended scenario's"
+                f" {_num(lock_rate)}: {_num(earlier, 2)}×",
+                ratio >= RW_VS_LOCK,
+            )
+        elif earlier is not None:
             add(
                 f"RWLock pairs/s ≥ {RW_VS_LOCK:g}× Lock's (uncontended, separate scenarios)",
                 f"{SUBJECT}, {scenario}",
-                f"{_num(rate)} vs {_num(lock_rate)} pairs/s = {ratio:.2f}×",
-                ratio >= RW_VS_LOCK,
+                f"{_num(rate)} vs {_num(lock_rate)} pairs/s = {earlier:.2f}×",
+                earlier >= RW_VS_LOCK,
             )
     for peer in (SUBJECT, FAIR_PEER):
         points = sorted(

@@ -156,16 +156,45 @@ def _single_thread(make: Callable[[Session, Context], LockHandle]) -> Callable[.
     """One thread, one name, one reused object: N acquire+release pairs back to back."""
 
     def run(session: Session, ctx: Context) -> Measurement:
-        lock = make(session, ctx)
-        _pairs(lock, ctx.sizes.warmup, None, _deadline(ctx.sizes.max_seconds / 4))
-        latencies: list[int] = []
-        with gc_paused():
-            start = time.perf_counter_ns()
-            done = _pairs(
-                lock, ctx.sizes.pairs, latencies, start + int(ctx.sizes.max_seconds * 1e9)
-            )
-            elapsed = time.perf_counter_ns() - start
-        return Measurement(done, elapsed, latencies)
+        return _timed_pairs(make(session, ctx), ctx, ctx.sizes.max_seconds)
+
+    return run
+
+
+def _timed_pairs(lock: LockHandle, ctx: Context, seconds: float) -> Measurement:
+    """Warm-up, then up to `ctx.sizes.pairs` timed pairs, at most `seconds` long."""
+    _pairs(lock, ctx.sizes.warmup, None, _deadline(seconds / 4))
+    latencies: list[int] = []
+    with gc_paused():
+        start = time.perf_counter_ns()
+        done = _pairs(lock, ctx.sizes.pairs, latencies, start + int(seconds * 1e9))
+        elapsed = time.perf_counter_ns() - start
+    return Measurement(done, elapsed, latencies)
+
+
+def _single_thread_beside_lock(
+    make: Callable[[Session, Context], LockHandle],
+) -> Callable[..., Measurement]:
+    """As `_single_thread`, framed by the same session's Lock: a Lock run of half the length just
+    before and just after, on a name of its own. `vs_lock` is this run's pairs/s over those two
+    Lock runs' together: the ratio within seconds, which the machine's speed changing between
+    scenarios minutes apart (up to 2x on this kind of VM) cannot move."""
+
+    def run(session: Session, ctx: Context) -> Measurement:
+        lock = session.lock(ctx.name("beside-lock"), TTL)
+        subject = make(session, ctx)
+        half = ctx.sizes.max_seconds / 2
+        before = _timed_pairs(lock, ctx, half)
+        measured = _timed_pairs(subject, ctx, ctx.sizes.max_seconds)
+        after = _timed_pairs(lock, ctx, half)
+        lock_rate = Measurement(
+            before.operations + after.operations, before.elapsed_ns + after.elapsed_ns
+        ).per_second
+        measured.extra.update(
+            lock_per_second=round(lock_rate, 1),
+            vs_lock=round(measured.per_second / lock_rate, 3) if lock_rate else None,
+        )
+        return measured
 
     return run
 
@@ -521,7 +550,9 @@ register(
         title="RWLock read, uncontended",
         needs="rwlock",
         unit="pair",
-        run=_single_thread(lambda s, ctx: s.rwlock_read(ctx.name("rwlock-read"), TTL)),  # type: ignore[attr-defined]
+        run=_single_thread_beside_lock(
+            lambda s, ctx: s.rwlock_read(ctx.name("rwlock-read"), TTL)  # type: ignore[attr-defined]
+        ),
         single_connection=True,
     )
 )
@@ -532,7 +563,9 @@ register(
         title="RWLock write, uncontended",
         needs="rwlock",
         unit="pair",
-        run=_single_thread(lambda s, ctx: s.rwlock_write(ctx.name("rwlock-write"), TTL)),  # type: ignore[attr-defined]
+        run=_single_thread_beside_lock(
+            lambda s, ctx: s.rwlock_write(ctx.name("rwlock-write"), TTL)  # type: ignore[attr-defined]
+        ),
         single_connection=True,
     )
 )
