@@ -3,18 +3,21 @@
 -- ARGV[1] token   ARGV[2] wake-up channel
 -- Reply: 1 released; 0 not ours (its lease had ended, or it never held one).
 -- When the last live reader leaves, each waiting writer is woken by name.
-local now = server_now_ms()
 local lease_end = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not lease_end then
   return 0
 end
 redis.call('ZREM', KEYS[1], ARGV[1])
--- Lapsed leases and places are skipped, not dropped (acquires and leaving writers drop them;
--- the keys expire with their last entry).
-local writers = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. int(now), '+inf')
-if #writers > 0 and redis.call('ZCOUNT', KEYS[1], '(' .. int(now), '+inf') == 0 then
-  for _, writer in ipairs(writers) do
-    redis.call('PUBLISH', ARGV[2], writer)
+local now = server_now_ms()
+-- Nobody waits to write (the common case): nothing to wake, and no range to read.
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  -- Lapsed leases and places are skipped, not dropped (acquires and leaving writers drop them;
+  -- the keys expire with their last entry).
+  local writers = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. int(now), '+inf')
+  if #writers > 0 and redis.call('ZCOUNT', KEYS[1], '(' .. int(now), '+inf') == 0 then
+    for _, writer in ipairs(writers) do
+      redis.call('PUBLISH', ARGV[2], writer)
+    end
   end
 end
 if tonumber(lease_end) <= now then
