@@ -84,30 +84,30 @@ def test_an_uncontended_acquire_keeps_keys_as_long_as_the_lease(
     make_sem: Callable[[int], Sem], r: redis.Redis
 ) -> None:
     sem = make_sem(2)
-    assert sem.acquire("a") == [1, 1]
+    assert sem.acquire("a") == 1
     assert LEASE_MS - 1_000 < r.pttl(sem.holders) <= LEASE_MS
     assert LEASE_MS - 1_000 < r.pttl(sem.live) <= LEASE_MS
     assert r.get(sem.live) == b"2"
     assert not r.exists(sem.queue, sem.deadlines)
     # A second holder with a longer lease: both keys follow the longest lease.
-    assert sem.acquire("b", lease_ms=3 * LEASE_MS) == [1, 2]
+    assert sem.acquire("b", lease_ms=3 * LEASE_MS) == 2
     assert 3 * LEASE_MS - 1_000 < r.pttl(sem.holders) <= 3 * LEASE_MS
     assert 3 * LEASE_MS - 1_000 < r.pttl(sem.live) <= 3 * LEASE_MS
     # A retry of a holder is admitted again without a second permit.
-    assert sem.acquire("a") == [1, 2]
+    assert sem.acquire("a") == 2
 
 
 def test_the_limit_outlives_a_short_lease_while_somebody_queues(
     make_sem: Callable[[int], Sem], r: redis.Redis
 ) -> None:
     sem = make_sem(1)
-    assert sem.acquire("a", lease_ms=1_000) == [1, 1]
+    assert sem.acquire("a", lease_ms=1_000) == 1
     granted, _ = sem.acquire("w")  # queues behind "a"
     assert granted == 0 and r.lrange(sem.queue, 0, -1) == [b"w"]
     assert PLACE_MS - 1_000 < r.pttl(sem.live) <= PLACE_MS
     # "a" gives back its permit: "w" is first, enters, and its place goes from both keys.
     assert sem.release("a") == 1
-    assert sem.acquire("w", lease_ms=1_000) == [1, 1]
+    assert sem.acquire("w", lease_ms=1_000) == 1
     assert not r.exists(sem.queue, sem.deadlines)
     assert 0 < r.pttl(sem.live) <= 1_000
 
@@ -122,7 +122,7 @@ def test_lapsed_places_at_the_head_do_not_keep_a_newcomer_out(
     if limit == 2:
         sem.place("alive", now + PLACE_MS)
     # One free permit per place: the newcomer is admitted once the lapsed place is dropped.
-    assert sem.acquire("new", mode="1") == [1, 1]
+    assert sem.acquire("new", mode="1") == 1
     assert r.zscore(sem.deadlines, "dead") is None
     assert b"dead" not in r.lrange(sem.queue, 0, -1)
     assert r.lrange(sem.queue, 0, -1) == ([b"alive"] if limit == 2 else [])
@@ -143,9 +143,9 @@ def test_the_release_of_an_ended_lease_wakes_nobody_and_drops_an_unused_limit(
     make_sem: Callable[[int], Sem], r: redis.Redis, other_holder: bool
 ) -> None:
     sem = make_sem(2)
-    assert sem.acquire("a") == [1, 1]
+    assert sem.acquire("a") == 1
     if other_holder:
-        assert sem.acquire("b") == [1, 2]
+        assert sem.acquire("b") == 2
     # "a"'s lease ends while its keys live on (as when its holder stalled past its ttl).
     r.zadd(sem.holders, {"a": _now_ms(r) - 1})
     assert r.pttl(sem.holders) > 1_000 and r.pttl(sem.live) > 1_000
@@ -171,7 +171,7 @@ def test_an_entry_past_waiting_places_keeps_the_limit_for_them(
     sem.place("w", _now_ms(r) + PLACE_MS)
     # Three free permits and one place: a newcomer enters past it, with a short lease; the
     # limit must outlive that lease as long as the place does.
-    assert sem.acquire("x", mode="1", lease_ms=1_000) == [1, 1]
+    assert sem.acquire("x", mode="1", lease_ms=1_000) == 1
     assert r.lrange(sem.queue, 0, -1) == [b"w"]
     assert PLACE_MS - 1_000 < r.pttl(sem.live) <= PLACE_MS
 
@@ -180,7 +180,7 @@ def test_a_release_wakes_the_queue_head_by_name_and_keeps_the_limit_for_it(
     make_sem: Callable[[int], Sem], r: redis.Redis
 ) -> None:
     sem = make_sem(1)
-    assert sem.acquire("a") == [1, 1]
+    assert sem.acquire("a") == 1
     assert sem.acquire("w")[0] == 0
     pubsub = _subscribed(r, sem.channel)
     try:
@@ -192,6 +192,6 @@ def test_a_release_wakes_the_queue_head_by_name_and_keeps_the_limit_for_it(
     assert r.get(sem.live) == b"1"  # "w" still queues: the limit stays
     # Nobody queues or holds any more: the last release drops the limit, and wakes all ('').
     r.delete(sem.queue, sem.deadlines)
-    assert sem.acquire("b") == [1, 1]
+    assert sem.acquire("b") == 1
     assert sem.release("b") == 1
     assert not r.exists(sem.holders, sem.live)

@@ -89,16 +89,19 @@ pub fn parse_attempt(value: &Value) -> Result<Attempt, UnexpectedReply> {
     Err(UnexpectedReply(format!("{value:?}")))
 }
 
-/// `{1, count}` or `{0, retry_ms}`.
+/// `count` (an integer: admitted; a script's table reply costs Redis more to convert than an
+/// integer) or `{0, retry_ms}`.
 pub fn parse_admission(value: &Value) -> Result<Admission, UnexpectedReply> {
-    if let Value::Array(items) = value {
-        if let [flag, n] = items.as_slice() {
-            match (as_int(flag), as_int(n)) {
-                (Some(1), Some(count)) if count >= 0 => return Ok(Admission::Admitted { count }),
-                (Some(0), Some(retry_ms)) => return Ok(Admission::Busy { retry_ms }),
-                _ => {}
+    match value {
+        Value::Int(count @ 0..) => return Ok(Admission::Admitted { count: *count }),
+        Value::Array(items) => {
+            if let [flag, retry_ms] = items.as_slice() {
+                if let (Some(0), Some(retry_ms)) = (as_int(flag), as_int(retry_ms)) {
+                    return Ok(Admission::Busy { retry_ms });
+                }
             }
         }
+        _ => {}
     }
     Err(UnexpectedReply(format!("{value:?}")))
 }
@@ -257,9 +260,8 @@ mod tests {
 
     #[test]
     fn admissions_parse() {
-        let admitted = Value::Array(vec![Value::Int(1), Value::Int(3)]);
         assert_eq!(
-            parse_admission(&admitted),
+            parse_admission(&Value::Int(3)),
             Ok(Admission::Admitted { count: 3 })
         );
         let busy = Value::Array(vec![Value::Int(0), Value::Int(1500)]);
@@ -273,13 +275,15 @@ mod tests {
             Ok(Admission::Busy { retry_ms: -1 })
         );
         let bulk = Value::Array(vec![
-            Value::BulkString(b"1".to_vec()),
-            Value::BulkString(b"2".to_vec()),
+            Value::BulkString(b"0".to_vec()),
+            Value::BulkString(b"20".to_vec()),
         ]);
-        assert_eq!(parse_admission(&bulk), Ok(Admission::Admitted { count: 2 }));
+        assert_eq!(parse_admission(&bulk), Ok(Admission::Busy { retry_ms: 20 }));
         for bad in [
-            Value::Int(1),
+            Value::Int(-1),
+            Value::BulkString(b"1".to_vec()),
             Value::Nil,
+            Value::Array(vec![Value::Int(1), Value::Int(3)]),
             Value::Array(vec![Value::Int(1), Value::Int(-1)]),
             Value::Array(vec![Value::Int(2), Value::Int(0)]),
             Value::Array(vec![Value::Int(1)]),

@@ -4,8 +4,8 @@
 -- ARGV[1] token   ARGV[2] lease in ms
 -- ARGV[3] '1': the caller already holds a read lock of this read-write lock, so waiting writers do
 --         not hold it back (they wait for that read lock: holding back would deadlock); else '0'
--- Reply: {1, readers} granted (also for a retry that finds its own live lease); readers = live
---        readers now, this one included;
+-- Reply: readers (an integer) granted (also for a retry that finds its own live lease); readers =
+--        live readers now, this one included (a bare integer: a table costs Redis more to convert);
 --        {0, ms} not granted; ms = when to look again at the latest: the writer's lease end (-1: it
 --        has no lease), or, when a waiting writer holds new readers back, the soonest lapse of a
 --        waiting writer's place.
@@ -34,7 +34,7 @@ if redis.call('EXISTS', KEYS[2], KEYS[3]) > 0 then
       -- A retry of ours granted before that writer started waiting keeps its read lock.
       local own = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
       if own and own > now then
-        return {1, redis.call('ZCOUNT', KEYS[1], '(' .. int(now), '+inf')}
+        return redis.call('ZCOUNT', KEYS[1], '(' .. int(now), '+inf')
       end
       return {0, math.max(tonumber(first[2]) - now, 1)}
     end
@@ -44,23 +44,23 @@ if expire_options then
   redis.call('ZADD', KEYS[1], int(now + tonumber(ARGV[2])), ARGV[1])
   -- A key without expiry was created just now (every lease's key has one): the only lease.
   if redis.call('PEXPIRE', KEYS[1], ARGV[2], 'NX') == 1 then
-    return {1, 1}
+    return 1
   end
   -- Other leases keep the key: drop the lapsed ones; the key lives as long as the longest.
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', int(now))
   redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
-  return {1, redis.call('ZCARD', KEYS[1])}
+  return redis.call('ZCARD', KEYS[1])
 end
 local readers = prune_leases(KEYS[1], now)
 if readers == 0 then
   -- The only lease: the key lives exactly as long (what grant_lease would find out).
   redis.call('ZADD', KEYS[1], int(now + tonumber(ARGV[2])), ARGV[1])
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, 1}
+  return 1
 end
 local own = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
 grant_lease(KEYS[1], ARGV[1], tonumber(ARGV[2]), now)
 if own and own > now then
-  return {1, readers}
+  return readers
 end
-return {1, readers + 1}
+return readers + 1

@@ -6,8 +6,8 @@
 -- ARGV[4] '0': unfair, any free permit will do (the queue is ignored); '1': fair, try once without
 --         queueing; '2': fair, and join (or stay in) the queue when not admitted
 -- ARGV[5] how long a silent waiter keeps its place in the queue, in ms
--- Reply: {1, holders} admitted (also for a retry that finds its own live permit); holders = live
---        holders now, this one included;
+-- Reply: holders (an integer) admitted (also for a retry that finds its own live permit); holders
+--        = live holders now, this one included (a bare integer: a table costs Redis more to convert);
 --        {0, ms} not admitted; ms = when to look again at the latest: the soonest lease end when every
 --        permit is taken, or, while permits are free but earlier waiters come first, the soonest
 --        lapse of a waiter's place;
@@ -17,7 +17,7 @@ local now = server_now_ms()
 local token = ARGV[1]
 local held = prune_leases(KEYS[1], now)
 if held > 0 and redis.call('ZSCORE', KEYS[1], token) then
-  return {1, held}
+  return held
 end
 
 local live = redis.call('GET', KEYS[4])
@@ -80,7 +80,7 @@ if admitted then
   else
     keep_limit(math.max(holders_ms, redis.call('PTTL', KEYS[3])))
   end
-  return {1, held + 1}
+  return held + 1
 end
 
 if mode == '2' then
