@@ -574,10 +574,15 @@ impl Node {
         Ok(())
     }
 
-    /// Forgets the current connection, whichever it is (the master changed under it).
+    /// Forgets the current connection, whichever it is (the master changed under it), and the
+    /// calls that timed out on the old master: nothing sent to the new one can overtake them
+    /// there, and waiting for an old master that stopped answering would only fail new calls.
     pub fn reset(&self) {
-        let mut guard = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        guard.1 = None;
+        self.current.lock().unwrap_or_else(|p| p.into_inner()).1 = None;
+        self.overdue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
     }
 
     /// Runs a script (EVALSHA, loading it on NOSCRIPT), retrying once on a dropped connection

@@ -1161,3 +1161,35 @@ fn a_reentrant_holder_counts_its_acquires_in_redis() {
     // Not re-entrant by default.
     assert!(block_on(other.holder().acquire(Wait::Once, None, &())).is_err());
 }
+
+#[test]
+fn a_reset_forgets_the_calls_that_timed_out_on_the_old_master() {
+    use super::node::{Node, Target};
+    use redis::Value;
+    let server = Server::start();
+    let timeouts = Timeouts {
+        connect: Duration::from_secs(2),
+        command: Duration::from_millis(200),
+    };
+    let target = Target::Direct(redis::Client::open(server.url()).unwrap());
+    // A Redlock master's node: every call waits for the calls that timed out before it.
+    let node = Node::new(Arc::new(target), timeouts).in_order();
+    block_on(async {
+        // A call that never answers (a BLPOP on a key nobody pushes) times out and stays due.
+        let mut blpop = redis::cmd("BLPOP");
+        blpop.arg("t-reset:never").arg(0);
+        let err = node.query::<Value>(&blpop, Retry::Never).await.unwrap_err();
+        assert!(err.to_string().contains("waiting for an answer"), "{err}");
+        // While it is due, the next call cannot be sent after it: it fails.
+        let err = node
+            .query::<String>(&redis::cmd("PING"), Retry::Never)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("earlier call"), "{err}");
+        // The master changed (Sentinel named another): the old one's calls no longer order the
+        // new one's, so a call goes out at once.
+        node.reset();
+        let pong: String = node.query(&redis::cmd("PING"), Retry::Never).await.unwrap();
+        assert_eq!(pong, "PONG");
+    });
+}
