@@ -255,6 +255,10 @@ pub struct Node {
     stamps: std::sync::atomic::AtomicU64,
     /// Numbers the connections handed in by `keep_overdue_conn` (see `Kept::Handed`).
     handed: std::sync::atomic::AtomicU64,
+    /// The last generation of the master before the latest `reset` (0: none): a call on one of
+    /// its connections that times out afterwards is not kept (it cannot order the new master's).
+    /// Written and read under the `overdue` lock.
+    reset_generation: std::sync::atomic::AtomicU64,
     /// Calls to a Sentinel-managed master that cannot be reached are tried again until the
     /// command timeout (its replica may be taking over); off for a Redlock master.
     ride_failover: bool,
@@ -375,6 +379,7 @@ impl Node {
             overdue: Arc::default(),
             stamps: std::sync::atomic::AtomicU64::new(0),
             handed: std::sync::atomic::AtomicU64::new(0),
+            reset_generation: std::sync::atomic::AtomicU64::new(0),
             ride_failover: false,
             in_order: false,
         }
@@ -515,6 +520,12 @@ impl Node {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         {
             let mut overdue = self.overdue.lock().unwrap_or_else(|p| p.into_inner());
+            if let Kept::Generation(generation) = kept {
+                let reset = self.reset_generation.load(Ordering::Relaxed);
+                if generation <= reset {
+                    return;
+                }
+            }
             if let Some(listed) = overdue.iter_mut().find(|e| e.kept == kept) {
                 listed.stamp = stamp;
             } else {
@@ -577,12 +588,13 @@ impl Node {
     /// Forgets the current connection, whichever it is (the master changed under it), and the
     /// calls that timed out on the old master: nothing sent to the new one can overtake them
     /// there, and waiting for an old master that stopped answering would only fail new calls.
+    /// A call still in flight on the old master that times out later is not kept either.
     pub fn reset(&self) {
-        self.current.lock().unwrap_or_else(|p| p.into_inner()).1 = None;
-        self.overdue
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        current.1 = None;
+        let mut overdue = self.overdue.lock().unwrap_or_else(|p| p.into_inner());
+        self.reset_generation.store(current.0, Ordering::Relaxed);
+        overdue.clear();
     }
 
     /// Runs a script (EVALSHA, loading it on NOSCRIPT), retrying once on a dropped connection

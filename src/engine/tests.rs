@@ -1193,3 +1193,34 @@ fn a_reset_forgets_the_calls_that_timed_out_on_the_old_master() {
         assert_eq!(pong, "PONG");
     });
 }
+
+#[test]
+fn a_call_on_the_old_master_that_times_out_after_a_reset_is_not_waited_for() {
+    use super::node::{Node, Target};
+    use redis::Value;
+    let server = Server::start();
+    let timeouts = Timeouts {
+        connect: Duration::from_secs(2),
+        command: Duration::from_millis(300),
+    };
+    let target = Target::Direct(redis::Client::open(server.url()).unwrap());
+    let node = Arc::new(Node::new(Arc::new(target), timeouts).in_order());
+    block_on(async {
+        // A call on the old master, still unanswered when the failover is announced.
+        let in_flight = {
+            let node = node.clone();
+            tokio::spawn(async move {
+                let mut blpop = redis::cmd("BLPOP");
+                blpop.arg("t-reset-late:never").arg(0);
+                node.query::<Value>(&blpop, Retry::Never).await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        node.reset();
+        let err = in_flight.await.unwrap().unwrap_err();
+        assert!(err.to_string().contains("waiting for an answer"), "{err}");
+        // Its timeout came after the reset: the new master's calls do not wait for it.
+        let pong: String = node.query(&redis::cmd("PING"), Retry::Never).await.unwrap();
+        assert_eq!(pong, "PONG");
+    });
+}
