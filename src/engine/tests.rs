@@ -1162,23 +1162,32 @@ fn a_reentrant_holder_counts_its_acquires_in_redis() {
     assert!(block_on(other.holder().acquire(Wait::Once, None, &())).is_err());
 }
 
-#[test]
-fn a_reset_forgets_the_calls_that_timed_out_on_the_old_master() {
+/// A Redlock master's node on `server` (every call waits for the calls that timed out before
+/// it), with a short command timeout, and a call that never answers (a BLPOP on a key nobody
+/// pushes) for it to time out on.
+fn in_order_node(server: &Server, command_ms: u64) -> (Arc<super::node::Node>, redis::Cmd) {
     use super::node::{Node, Target};
-    use redis::Value;
-    let server = Server::start();
     let timeouts = Timeouts {
         connect: Duration::from_secs(2),
-        command: Duration::from_millis(200),
+        command: Duration::from_millis(command_ms),
     };
     let target = Target::Direct(redis::Client::open(server.url()).unwrap());
-    // A Redlock master's node: every call waits for the calls that timed out before it.
-    let node = Node::new(Arc::new(target), timeouts).in_order();
+    let mut never = redis::cmd("BLPOP");
+    never.arg("t-reset:never").arg(0);
+    (
+        Arc::new(Node::new(Arc::new(target), timeouts).in_order()),
+        never,
+    )
+}
+
+#[test]
+fn a_reset_forgets_the_calls_that_timed_out_on_the_old_master() {
+    use redis::Value;
+    let server = Server::start();
+    let (node, never) = in_order_node(&server, 200);
     block_on(async {
-        // A call that never answers (a BLPOP on a key nobody pushes) times out and stays due.
-        let mut blpop = redis::cmd("BLPOP");
-        blpop.arg("t-reset:never").arg(0);
-        let err = node.query::<Value>(&blpop, Retry::Never).await.unwrap_err();
+        // A call that never answers times out and stays due.
+        let err = node.query::<Value>(&never, Retry::Never).await.unwrap_err();
         assert!(err.to_string().contains("waiting for an answer"), "{err}");
         // While it is due, the next call cannot be sent after it: it fails.
         let err = node
@@ -1196,24 +1205,14 @@ fn a_reset_forgets_the_calls_that_timed_out_on_the_old_master() {
 
 #[test]
 fn a_call_on_the_old_master_that_times_out_after_a_reset_is_not_waited_for() {
-    use super::node::{Node, Target};
     use redis::Value;
     let server = Server::start();
-    let timeouts = Timeouts {
-        connect: Duration::from_secs(2),
-        command: Duration::from_millis(300),
-    };
-    let target = Target::Direct(redis::Client::open(server.url()).unwrap());
-    let node = Arc::new(Node::new(Arc::new(target), timeouts).in_order());
+    let (node, never) = in_order_node(&server, 300);
     block_on(async {
         // A call on the old master, still unanswered when the failover is announced.
         let in_flight = {
             let node = node.clone();
-            tokio::spawn(async move {
-                let mut blpop = redis::cmd("BLPOP");
-                blpop.arg("t-reset-late:never").arg(0);
-                node.query::<Value>(&blpop, Retry::Never).await
-            })
+            tokio::spawn(async move { node.query::<Value>(&never, Retry::Never).await })
         };
         tokio::time::sleep(Duration::from_millis(100)).await;
         node.reset();
