@@ -9,7 +9,7 @@ use std::time::Duration;
 use redis::{FromRedisValue, Pipeline};
 
 use super::error::{timed_out, Error, Result};
-use super::node::{Conn, Target, Timeouts};
+use super::node::{Conn, Resets, Target, Timeouts};
 
 /// Idle connections kept for reuse.
 const KEPT: usize = 8;
@@ -17,16 +17,19 @@ const KEPT: usize = 8;
 pub struct ExclusivePool {
     target: Arc<Target>,
     timeouts: Timeouts,
-    idle: Mutex<Vec<Conn>>,
+    /// The node's resets (see `Resets`): each connection is kept with the count it opened at.
+    resets: Resets,
+    idle: Mutex<Vec<(u64, Conn)>>,
 }
 
 impl ExclusivePool {
     /// On a cluster each connection is a cluster connection of its own: the pipeline goes to the
     /// node of its first key, WAIT with it. Through Sentinel, each opens on the current master.
-    pub fn new(target: Arc<Target>, timeouts: Timeouts) -> Self {
+    pub fn new(target: Arc<Target>, timeouts: Timeouts, resets: Resets) -> Self {
         ExclusivePool {
             target,
             timeouts,
+            resets,
             idle: Mutex::new(Vec::new()),
         }
     }
@@ -40,39 +43,63 @@ impl ExclusivePool {
         self.timeouts
     }
 
-    async fn take(&self) -> Result<Conn> {
-        if let Some(conn) = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop() {
-            return Ok(conn);
+    #[cfg(test)]
+    pub fn idle_count(&self) -> usize {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// A connection and the resets count it was opened at.
+    async fn take(&self) -> Result<(u64, Conn)> {
+        {
+            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+            let now = self.resets.count();
+            idle.retain(|(opened, _)| *opened == now);
+            if let Some(kept) = idle.pop() {
+                return Ok(kept);
+            }
         }
         let limit = self.timeouts.connect + self.timeouts.command;
-        tokio::time::timeout(limit, self.target.connect(self.timeouts))
-            .await
-            .map_err(|_| timed_out(limit, "waiting for the connection"))?
+        let connect = || async {
+            let opened = self.resets.count();
+            tokio::time::timeout(limit, self.target.connect(self.timeouts))
+                .await
+                .map_err(|_| timed_out(limit, "waiting for the connection"))?
+                .map(|conn| (opened, conn))
+        };
+        let (opened, conn) = connect().await?;
+        // A failover announced while it opened: it may be either master's; open another.
+        if opened != self.resets.count() {
+            return connect().await;
+        }
+        Ok((opened, conn))
     }
 
     /// Sends `pipe` on a connection of its own, once, waiting at most `limit` for the replies.
     /// A connection that failed is dropped, never reused; one that timed out is given to
-    /// `on_timeout` (its request may still run: an undo must wait for it).
+    /// `on_timeout` with the resets count it was opened at (its request may still run: an undo
+    /// must wait for it).
     pub(crate) async fn pipeline<T: FromRedisValue + Send>(
         &self,
         pipe: &Pipeline,
         limit: Duration,
-        on_timeout: impl FnOnce(Conn),
+        on_timeout: impl FnOnce(Conn, u64),
     ) -> Result<T> {
         let endpoint = || self.target.endpoint();
-        let mut conn = self.take().await.map_err(|err| err.at(&endpoint()))?;
+        let (opened, mut conn) = self.take().await.map_err(|err| err.at(&endpoint()))?;
         let outcome = tokio::time::timeout(limit, pipe.query_async::<T>(&mut conn)).await;
         match outcome {
             Ok(Ok(value)) => {
+                // One opened before a reset may be the old master's: not kept. (`Shared` resets
+                // the node, then this pool: a reset between this check and the push clears it.)
                 let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-                if idle.len() < KEPT {
-                    idle.push(conn);
+                if idle.len() < KEPT && opened == self.resets.count() {
+                    idle.push((opened, conn));
                 }
                 Ok(value)
             }
             Ok(Err(err)) if !err.is_timeout() => Err(Error::from(err).at(&endpoint())),
             Ok(Err(_)) | Err(_) => {
-                on_timeout(conn);
+                on_timeout(conn, opened);
                 Err(timed_out(limit, "waiting for a pipeline").at(&endpoint()))
             }
         }

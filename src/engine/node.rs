@@ -259,6 +259,8 @@ pub struct Node {
     /// its connections that times out afterwards is not kept (it cannot order the new master's).
     /// Written and read under the `overdue` lock.
     reset_generation: std::sync::atomic::AtomicU64,
+    /// How many times the node was reset; bumped under the `overdue` lock.
+    resets: Resets,
     /// Calls to a Sentinel-managed master that cannot be reached are tried again until the
     /// command timeout (its replica may be taking over); off for a Redlock master.
     ride_failover: bool,
@@ -276,6 +278,21 @@ const OVERDUE_KEEP: Duration = Duration::from_secs(10);
 /// At most this many such connections are kept per node (the oldest closes first).
 const OVERDUE_KEPT: usize = 8;
 
+/// How many times a node was reset (its master moved). The exclusive pool tags each connection
+/// it opens with the count, so that one of an old master is neither reused nor waited for.
+#[derive(Clone, Default)]
+pub struct Resets(Arc<std::sync::atomic::AtomicU64>);
+
+impl Resets {
+    pub fn count(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    fn bump(&self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
 /// A connection on which a call timed out. `stamp` is fresh on every call that timed out on it,
 /// so that its timer, or a wait that settled the calls before it, never forgets a later one.
 struct OverdueEntry {
@@ -289,7 +306,7 @@ struct OverdueEntry {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kept {
     Generation(u64),
-    Handed(u64),
+    Handed { serial: u64, opened: u64 },
 }
 
 /// The calls that had timed out on a node's connections when this was taken, still due.
@@ -380,6 +397,7 @@ impl Node {
             stamps: std::sync::atomic::AtomicU64::new(0),
             handed: std::sync::atomic::AtomicU64::new(0),
             reset_generation: std::sync::atomic::AtomicU64::new(0),
+            resets: Resets::default(),
             ride_failover: false,
             in_order: false,
         }
@@ -502,12 +520,18 @@ impl Node {
     }
 
     /// Keeps a connection of the same server on which a call timed out (the exclusive pool's,
-    /// which carries a lock attempt with its WAIT), so an undo waits for it too.
-    pub(crate) fn keep_overdue_conn(&self, conn: Conn) {
+    /// which carries a lock attempt with its WAIT), so an undo waits for it too; `opened`: the
+    /// `resets` count when it was opened (one of an old master is not kept).
+    pub(crate) fn keep_overdue_conn(&self, conn: Conn, opened: u64) {
         let serial = self
             .handed
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.keep(Kept::Handed(serial), conn);
+        self.keep(Kept::Handed { serial, opened }, conn);
+    }
+
+    /// The count of this node's resets, which the exclusive pool tags its connections with.
+    pub fn resets(&self) -> Resets {
+        self.resets.clone()
     }
 
     fn keep(&self, kept: Kept, conn: Conn) {
@@ -520,11 +544,16 @@ impl Node {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         {
             let mut overdue = self.overdue.lock().unwrap_or_else(|p| p.into_inner());
-            if let Kept::Generation(generation) = kept {
-                let reset = self.reset_generation.load(Ordering::Relaxed);
-                if generation <= reset {
-                    return;
+            // A connection of the master before the latest reset: its calls cannot overtake
+            // the new master's.
+            let old_master = match kept {
+                Kept::Generation(generation) => {
+                    generation <= self.reset_generation.load(Ordering::Relaxed)
                 }
+                Kept::Handed { opened, .. } => opened != self.resets.count(),
+            };
+            if old_master {
+                return;
             }
             if let Some(listed) = overdue.iter_mut().find(|e| e.kept == kept) {
                 listed.stamp = stamp;
@@ -594,6 +623,7 @@ impl Node {
         current.1 = None;
         let mut overdue = self.overdue.lock().unwrap_or_else(|p| p.into_inner());
         self.reset_generation.store(current.0, Ordering::Relaxed);
+        self.resets.bump();
         overdue.clear();
     }
 

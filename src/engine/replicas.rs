@@ -35,8 +35,8 @@ pub async fn attempt_with_replicas(
         .arg(lease::lease_ms(limit));
     let (reply, acked): (redis::Value, i64) = shared
         .exclusive
-        .pipeline(&pipe, limit + Duration::from_secs(1), |conn| {
-            shared.node.keep_overdue_conn(conn)
+        .pipeline(&pipe, limit + Duration::from_secs(1), |conn, opened| {
+            shared.node.keep_overdue_conn(conn, opened)
         })
         .await?;
     let attempt = parse_attempt(&reply)?;

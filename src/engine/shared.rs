@@ -111,9 +111,10 @@ impl Shared {
                     None => DirectPool::unavailable(timeouts),
                 },
             };
+            let resets = node.resets();
             Shared {
                 node,
-                exclusive: ExclusivePool::new(target.clone(), timeouts),
+                exclusive: ExclusivePool::new(target.clone(), timeouts, resets),
                 direct,
                 hub: WakeHub::new(target, timeouts, !identify),
                 locals: Locals::default(),

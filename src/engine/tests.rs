@@ -1223,3 +1223,78 @@ fn a_call_on_the_old_master_that_times_out_after_a_reset_is_not_waited_for() {
         assert_eq!(pong, "PONG");
     });
 }
+
+/// A node and an exclusive pool on `server` as `Shared` pairs them (the pool reads the node's
+/// resets), with a command timeout of `command_ms`.
+fn node_and_exclusive_pool(
+    server: &Server,
+    command_ms: u64,
+) -> (Arc<super::node::Node>, Arc<super::exclusive::ExclusivePool>) {
+    use super::exclusive::ExclusivePool;
+    let (node, _) = in_order_node(server, command_ms);
+    let pool = ExclusivePool::new(node.target().clone(), node.timeouts(), node.resets());
+    (node, Arc::new(pool))
+}
+
+#[test]
+fn an_exclusive_call_on_the_old_master_that_times_out_after_a_reset_is_not_waited_for() {
+    use redis::Value;
+    let server = Server::start();
+    let (node, pool) = node_and_exclusive_pool(&server, 300);
+    block_on(async {
+        // A replica-acknowledged attempt's pipeline on the old master, unanswered when the
+        // failover is announced.
+        let in_flight = {
+            let (node, pool) = (node.clone(), pool.clone());
+            tokio::spawn(async move {
+                let mut pipe = redis::pipe();
+                pipe.cmd("BLPOP").arg("t-reset:never").arg(0);
+                pool.pipeline::<Value>(&pipe, Duration::from_millis(300), |conn, opened| {
+                    node.keep_overdue_conn(conn, opened)
+                })
+                .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        node.reset();
+        pool.reset();
+        let err = in_flight.await.unwrap().unwrap_err();
+        assert!(err.to_string().contains("waiting for a pipeline"), "{err}");
+        // It timed out after the reset: the new master's calls do not wait for it.
+        let pong: String = node.query(&redis::cmd("PING"), Retry::Never).await.unwrap();
+        assert_eq!(pong, "PONG");
+    });
+}
+
+#[test]
+fn an_exclusive_connection_of_the_old_master_is_not_reused_after_a_reset() {
+    use redis::Value;
+    let server = Server::start();
+    let (node, pool) = node_and_exclusive_pool(&server, 2_000);
+    block_on(async {
+        // A pipeline on the old master answers after the failover was announced.
+        let in_flight = {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                let mut pipe = redis::pipe();
+                pipe.cmd("BLPOP").arg("t-reset:empty").arg(0.3);
+                pool.pipeline::<Value>(&pipe, Duration::from_secs(2), |_, _| {})
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        node.reset();
+        pool.reset();
+        in_flight.await.unwrap().unwrap();
+        // Its connection is not kept for the next attempt (it would go to the old master).
+        assert_eq!(pool.idle_count(), 0);
+        // One opened after the reset is.
+        let mut pipe = redis::pipe();
+        pipe.cmd("PING");
+        let _: Value = pool
+            .pipeline(&pipe, Duration::from_secs(2), |_, _| {})
+            .await
+            .unwrap();
+        assert_eq!(pool.idle_count(), 1);
+    });
+}
