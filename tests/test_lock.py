@@ -1023,3 +1023,36 @@ def test_mutual_exclusion_processes(
     assert overlaps == 0
     fences = [f for _, _, f in spans]
     assert all(a < b for a, b in itertools.pairwise(fences))
+
+
+def test_acquire_takes_an_int_for_blocking_as_threading_does(client: redmutex.Client) -> None:
+    lock = redmutex.Lock(client, "int-blocking")
+    other = redmutex.Lock(client, "int-blocking")
+    assert lock.acquire(1)
+    started = time.monotonic()
+    assert other.acquire(0) is False  # tries once, as acquire(blocking=False)
+    assert time.monotonic() - started < 2
+    lock.release()
+    with pytest.raises(TypeError, match="blocking"):
+        lock.acquire("yes")  # type: ignore[arg-type]
+
+
+def test_integer_arguments_of_other_types_are_taken(client: redmutex.Client) -> None:
+    class Count:
+        """An integer of another type (as numpy's), with __index__."""
+
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def __index__(self) -> int:
+            return self.n
+
+    sem = redmutex.Semaphore(client, "index-limit", Count(2))  # type: ignore[arg-type]
+    with sem:
+        assert sem.holders() == 1
+    lock = redmutex.Lock(client, "index-ttl", ttl=Count(5))  # type: ignore[arg-type]
+    with lock:
+        remaining = lock.remaining()
+        assert remaining is not None and 3 < remaining <= 5
+    with pytest.raises(TypeError, match="limit"):
+        redmutex.Semaphore(client, "index-limit", 2.0)  # type: ignore[arg-type]

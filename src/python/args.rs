@@ -13,7 +13,23 @@ use crate::protocol::lease::MAX_MS;
 /// The longest time accepted (in seconds): what the wire can carry as milliseconds.
 const MAX_SECONDS: f64 = (MAX_MS / 1000) as f64;
 
-/// A number of seconds as f64; ints of any size and floats, not bools or anything else.
+/// `value` as a Python int: an int, or an integer of another type (numpy's, anything with
+/// `__index__`, as `range()` takes); None for a bool or anything else.
+fn integer<'py>(value: &Bound<'py, PyAny>) -> Option<Bound<'py, PyInt>> {
+    if value.is_instance_of::<PyBool>() {
+        return None;
+    }
+    if let Ok(int) = value.cast::<PyInt>() {
+        return Some(int.clone());
+    }
+    if !value.hasattr("__index__").unwrap_or(false) {
+        return None;
+    }
+    let index = value.call_method0("__index__").ok()?;
+    index.cast_into::<PyInt>().ok()
+}
+
+/// A number of seconds as f64; integers of any size and floats, not bools or anything else.
 fn number(arg: &str, value: &Bound<'_, PyAny>) -> PyResult<f64> {
     if value.is_instance_of::<PyBool>() {
         return Err(type_error(arg, "a number of seconds", value));
@@ -21,8 +37,8 @@ fn number(arg: &str, value: &Bound<'_, PyAny>) -> PyResult<f64> {
     if value.is_instance_of::<PyFloat>() {
         return value.extract::<f64>();
     }
-    if value.is_instance_of::<PyInt>() {
-        return match value.extract::<i64>() {
+    if let Some(int) = integer(value) {
+        return match int.extract::<i64>() {
             Ok(n) => Ok(n as f64),
             Err(_) => Err(value_error(arg, "too large")),
         };
@@ -126,10 +142,10 @@ pub fn name(arg: &str, value: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
 
 /// A whole number within `0..=max`.
 pub fn count(arg: &str, value: &Bound<'_, PyAny>, min: u64, max: u64) -> PyResult<u64> {
-    if value.is_instance_of::<PyBool>() || !value.is_instance_of::<PyInt>() {
+    let Some(int) = integer(value) else {
         return Err(type_error(arg, "an int", value));
-    }
-    match value.extract::<i64>() {
+    };
+    match int.extract::<i64>() {
         Ok(n) if n >= min as i64 && (n as u64) <= max => Ok(n as u64),
         _ => Err(value_error(
             arg,
@@ -138,10 +154,19 @@ pub fn count(arg: &str, value: &Bound<'_, PyAny>, min: u64, max: u64) -> PyResul
     }
 }
 
-/// A bool (strictly).
+/// A bool (strictly: an option given as 1 is more likely a slip than a choice).
 pub fn flag(arg: &str, value: &Bound<'_, PyAny>) -> PyResult<bool> {
     value
         .cast::<PyBool>()
         .map(|b| b.is_true())
         .map_err(|_| type_error(arg, "a bool", value))
+}
+
+/// `acquire`'s `blocking`: a bool, or an int standing for one (`acquire(0)`, as
+/// `threading.Lock.acquire` takes it).
+pub fn blocking(value: &Bound<'_, PyAny>) -> PyResult<bool> {
+    match integer(value) {
+        Some(int) => int.is_truthy(),
+        None => flag("blocking", value),
+    }
 }

@@ -33,7 +33,7 @@ fn wait_for(
     timeout: Option<&Bound<'_, PyAny>>,
     default: Option<Duration>,
 ) -> PyResult<Wait> {
-    let blocking = blocking.map_or(Ok(true), |b| args::flag("blocking", b))?;
+    let blocking = blocking.map_or(Ok(true), args::blocking)?;
     let given = args::timeout("timeout", timeout)?;
     if !blocking {
         if given.is_some() {
