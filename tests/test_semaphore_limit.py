@@ -38,6 +38,7 @@ def test_another_limit_is_refused_while_the_old_one_has_holders(
     assert time.monotonic() - started < 3
     message = str(caught.value)
     assert "'s'" in message and "limit 5" in message and "limit 1" in message, message
+    assert message.count("semaphore 's'") == 1, message  # named once
     assert five.holders() == 1 and five.token is None
     with pytest.raises(SemaphoreLimitError), five:
         pass

@@ -54,10 +54,10 @@ impl QuorumContender for SlotContender<'_> {
             SlotReply::Busy { retry_ms, .. } => Ballot::Busy {
                 retry_ms: *retry_ms,
             },
+            // (The binding names the semaphore before the message.)
             SlotReply::OtherLimit(live) => Ballot::Refused(Error::Limit(format!(
-                "semaphore '{}': limit {} differs from the limit {live} its holders use (kept \
-                 in Redis); a new limit takes effect once none of them remains",
-                String::from_utf8_lossy(&self.spec.name),
+                "limit {} differs from the limit {live} its holders use (kept in Redis); a new \
+                 limit takes effect once none of them remains",
                 self.spec.limit
             ))),
         }

@@ -84,10 +84,10 @@ impl Contender for SemaphoreContender<'_> {
 fn admitted(spec: &SemaphoreSpec, admit: Admit) -> Result<Admission> {
     match admit {
         Admit::Answered(admission) => Ok(admission),
+        // (The binding names the semaphore before the message.)
         Admit::OtherLimit(live) => Err(Error::Limit(format!(
-            "semaphore '{}': limit {} differs from the limit {live} its holders or waiters use \
-             (kept in Redis); a new limit takes effect once none of them remains",
-            String::from_utf8_lossy(&spec.name),
+            "limit {} differs from the limit {live} its holders or waiters use (kept in Redis); \
+             a new limit takes effect once none of them remains",
             spec.limit
         ))),
     }
