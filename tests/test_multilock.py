@@ -470,3 +470,16 @@ def test_cli_shows_multi_holds(redis_url: str, client: redmutex.Client, prefix: 
         )
         done = cli("status", "acct:9", "--json")
         assert json.loads(done.stdout)["multi"] is None
+
+
+def test_errors_list_the_names_and_have_no_single_name(client: redmutex.Client) -> None:
+    multi = redmutex.MultiLock(client, ["err-a", "err-b"])
+    with pytest.raises(redmutex.LockNotOwnedError) as caught:
+        multi.release()
+    assert "err-a" in str(caught.value) and "err-b" in str(caught.value)
+    assert caught.value.name is None  # several names: none of them is *the* name
+    busy = redmutex.MultiLock(client, ["err-a", "err-b"], timeout=0)
+    with redmutex.Lock(client, "err-b"):
+        with pytest.raises(redmutex.LockTimeoutError) as timed_out, busy:
+            pass
+    assert "err-a" in str(timed_out.value) and timed_out.value.name is None

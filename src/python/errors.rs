@@ -53,6 +53,8 @@ pub struct About {
     /// "lock", "semaphore", "read lock", "write lock".
     kind: &'static str,
     name: Arc<str>,
+    /// False for a primitive of several names (a MultiLock, `name` lists them): `.name` is None.
+    single: bool,
 }
 
 impl About {
@@ -60,6 +62,15 @@ impl About {
         About {
             kind,
             name: name.into(),
+            single: true,
+        }
+    }
+
+    /// A primitive of several names, listed in `names` for the message; no single `.name`.
+    pub fn several(kind: &'static str, names: &str) -> Self {
+        About {
+            single: false,
+            ..About::new(kind, names)
         }
     }
 
@@ -67,7 +78,7 @@ impl About {
     pub fn as_kind(&self, kind: &'static str) -> Self {
         About {
             kind,
-            name: self.name.clone(),
+            ..self.clone()
         }
     }
 
@@ -96,7 +107,7 @@ impl About {
         let py = class.py();
         let kwargs = PyDict::new(py);
         let made = kwargs
-            .set_item("name", &*self.name)
+            .set_item("name", self.single.then_some(&*self.name))
             .and_then(|()| class.call((message,), Some(&kwargs)));
         match made {
             Ok(exc) => PyErr::from_value(exc),

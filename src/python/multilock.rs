@@ -5,7 +5,7 @@ use pyo3::types::{PyBytes, PyDict, PyString, PyTuple};
 
 use super::args;
 use super::client::{coerce_client, PyClient};
-use super::errors::{type_error, value_error};
+use super::errors::{type_error, value_error, About};
 use super::hold::{self, lock_like_methods, Held, HoldCore, LockLike};
 use crate::engine::hold::Holder;
 use crate::engine::multilock::{distinct, MultiLockHandle, MultiSpec};
@@ -105,8 +105,12 @@ lock_like_methods! {
         let label = shown.join(", ");
         let handle =
             MultiLockHandle::new(client.get().inner.clone(), names, ttl, auto_renew)?;
+        let mut core =
+            HoldCore::new(handle, "multilock", label.as_bytes(), ttl, default_timeout, on_lost);
+        // Its errors are about several names: the message lists them, `.name` is None.
+        core.about = About::several("multilock", &label);
         Ok(PyMultiLock {
-            core: HoldCore::new(handle, "multilock", label.as_bytes(), ttl, default_timeout, on_lost),
+            core,
             client,
             names: shown,
         })
