@@ -326,9 +326,10 @@ def test_timeout_waiting_for_another_fill(client: redmutex.Client) -> None:
     assert filling.wait(10)
     try:
         started = time.monotonic()
-        with pytest.raises(redmutex.LockTimeoutError, match="busy"):
+        with pytest.raises(redmutex.LockTimeoutError, match="busy") as caught:
             redmutex.get_or_fill(client, "busy", lambda: "mine", ttl=30, timeout=0.3)
         assert 0.25 < time.monotonic() - started < 3
+        assert caught.value.name == "busy"  # the key, like any primitive's name
         started = time.monotonic()
         with pytest.raises(TimeoutError):  # LockTimeoutError is a TimeoutError too
             redmutex.get_or_fill(client, "busy", lambda: "mine", ttl=30, timeout=0)
@@ -1033,3 +1034,17 @@ def test_on_a_redis_cluster() -> None:
         assert stats.invalidate("mon") is True
         with pytest.raises(ValueError, match="hash slot"):
             redmutex.get_or_fill(client, "}bad", lambda: 1, ttl=30)
+
+
+def test_an_async_fill_is_refused_with_a_pointer_to_aio(client: redmutex.Client) -> None:
+    async def fetch() -> str:
+        return "async"
+
+    with pytest.raises(TypeError, match="redmutex.aio.get_or_fill"):
+        redmutex.get_or_fill(client, "async-fill", fetch, ttl=30)
+    # A plain callable that returns a coroutine: refused once called, its claim given back.
+    with pytest.raises(TypeError, match="awaitable"):
+        redmutex.get_or_fill(client, "async-fill", lambda: fetch(), ttl=30)
+    started = time.monotonic()
+    assert redmutex.get_or_fill(client, "async-fill", lambda: "sync", ttl=30, timeout=5) == "sync"
+    assert time.monotonic() - started < 2  # nobody's claim was left behind

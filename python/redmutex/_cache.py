@@ -454,7 +454,8 @@ def _digest(payload: bytes) -> str:
 
 def _timeout_error(settings: _Settings, key: str) -> LockTimeoutError:
     return LockTimeoutError(
-        f"cache entry {key!r}: another caller's fill did not finish within {settings.timeout} s"
+        f"cache entry {key!r}: another caller's fill did not finish within {settings.timeout} s",
+        name=key,
     )
 
 
@@ -463,7 +464,17 @@ def _run_fill(settings: _Settings, key: str, fill: Callable[[], T]) -> T:
     entry = (settings.client_id, key)
     entries.add(entry)
     try:
-        return fill()
+        value = fill()
+        if inspect.isawaitable(value):
+            # An async fill given to the blocking helper (a lambda around a coroutine function,
+            # say): refused like a fill that raised, its claim given back.
+            close = getattr(value, "close", None)
+            if close is not None:
+                close()
+            raise TypeError(
+                f"fill for {key!r} returned an awaitable; use redmutex.aio.get_or_fill"
+            )
+        return value
     finally:
         entries.discard(entry)
 
@@ -527,6 +538,11 @@ def get_or_fill(
     """
     if not callable(fill):
         raise TypeError(f"fill: expected a callable, not {type(fill).__name__}")
+    if inspect.iscoroutinefunction(fill):
+        raise TypeError(
+            f"fill: {getattr(fill, '__qualname__', fill)!r} is an async function; "
+            "use redmutex.aio.get_or_fill"
+        )
     settings = _Settings(client, ttl, lock_ttl, timeout, serializer, secret, beta)
     return _get(settings, key, fill)
 

@@ -365,7 +365,7 @@ class RWLockSide(_Hold):
         return (_current_task_id(),)
 
     async def locked(self) -> bool:
-        """True when a writer holds the RWLock."""
+        """True when somebody holds the RWLock: a writer, or at least one live reader."""
         return bool(await self._core.rwlock._locked_async())
 
     @property
@@ -419,7 +419,7 @@ class RWLock:
         return self._side(self._core.write())
 
     async def locked(self) -> bool:
-        """True when a writer holds it."""
+        """True when somebody holds the RWLock: a writer, or at least one live reader."""
         return bool(await self._core._locked_async())
 
     async def readers(self) -> int:
