@@ -479,7 +479,6 @@ def test_errors_list_the_names_and_have_no_single_name(client: redmutex.Client) 
     assert "err-a" in str(caught.value) and "err-b" in str(caught.value)
     assert caught.value.name is None  # several names: none of them is *the* name
     busy = redmutex.MultiLock(client, ["err-a", "err-b"], timeout=0)
-    with redmutex.Lock(client, "err-b"):
-        with pytest.raises(redmutex.LockTimeoutError) as timed_out, busy:
-            pass
+    with redmutex.Lock(client, "err-b"), pytest.raises(redmutex.LockTimeoutError) as timed_out:
+        busy.__enter__()
     assert "err-a" in str(timed_out.value) and timed_out.value.name is None

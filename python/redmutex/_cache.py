@@ -471,9 +471,7 @@ def _run_fill(settings: _Settings, key: str, fill: Callable[[], T]) -> T:
             close = getattr(value, "close", None)
             if close is not None:
                 close()
-            raise TypeError(
-                f"fill for {key!r} returned an awaitable; use redmutex.aio.get_or_fill"
-            )
+            raise TypeError(f"fill for {key!r} returned an awaitable; use redmutex.aio.get_or_fill")
         return value
     finally:
         entries.discard(entry)
