@@ -64,6 +64,36 @@ def test_constructor_checks(r: redis.Redis, name: str) -> None:
         Lock(r, name, expire=-1)
 
 
+def test_sub_second_expire_is_refused_and_extend_never_deletes(r: redis.Redis, name: str) -> None:
+    # python-redis-lock counts whole seconds: int(0.5) is 0, which Redis refuses at acquire.
+    with pytest.raises(redis.ResponseError, match="invalid expire"):
+        original_redis_lock.Lock(r, name + "-orig", expire=0.5).acquire()
+    for expire in (0.5, 0.999, -0.5):
+        with pytest.raises(ValueError, match="expire"):
+            Lock(r, name, expire=expire)
+        with pytest.raises(ValueError, match="expire"):
+            Lock(r, name, expire=expire, auto_renewal=True)
+    # A falsy expire (0, 0.0, None) is no expiry, as in the original (which then fails on
+    # auto_renewal too).
+    with pytest.raises(ValueError, match="expire"):
+        Lock(r, name, expire=0, auto_renewal=True)
+    for falsy in (0, 0.0, None):
+        forever = Lock(r, name, expire=falsy)
+        assert forever.acquire()
+        with pytest.raises(NotExpirable):
+            forever.extend(5)
+        forever.release()
+    lk = Lock(r, name, expire=2)
+    assert lk.acquire()
+    for expire in (0.5, -0.5):
+        with pytest.raises(ValueError, match="expire"):
+            lk.extend(expire)
+        assert r.get(f"lock:{name}") == lk.id.encode()
+    lk.extend()
+    assert 1000 < r.pttl(f"lock:{name}") <= 2000
+    lk.release()
+
+
 def test_acquire_errors(r: redis.Redis, name: str) -> None:
     lk = Lock(r, name, expire=5)
     with pytest.raises(TimeoutNotUsable):

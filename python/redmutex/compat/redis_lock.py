@@ -23,7 +23,16 @@ from typing import TYPE_CHECKING, Any
 from redis import StrictRedis
 
 from .._core import _CompatHold, _CompatLock
-from ._common import NO_EXPIRY_LEASE, client_of, token_text
+from ._common import (
+    NO_EXPIRY_LEASE,
+    client_of,
+    keep_renewing,
+    renews,
+    server_of,
+    stop_renewing,
+    stop_renewing_key,
+    token_text,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -75,6 +84,22 @@ class NotExpirable(RuntimeError):
     pass
 
 
+def _whole_seconds(expire: Any) -> int:
+    """A given `expire` as python-redis-lock uses it: whole seconds, at least 1 (the original
+    sends int(expire) to Redis, which refuses 0 at acquire, and whose EXPIRE 0 in extend()
+    deletes the lock)."""
+    seconds = int(expire)
+    if seconds < 0:
+        raise ValueError("A negative expire is not acceptable.")
+    if seconds == 0:
+        raise ValueError(
+            f"expire: {expire!r} is less than 1 second; python-redis-lock counts whole seconds "
+            "(int(expire) would be 0, which Redis refuses); use at least 1, or None/0 for no "
+            "expiry"
+        )
+    return seconds
+
+
 class Lock:
     """python-redis-lock's `Lock` (see its docs): a lock held by this instance, keyed by id."""
 
@@ -99,10 +124,14 @@ class Lock:
         self._client = redis_client
         expire_s: int | None
         if expire:
-            expire_s = int(expire)
-            if expire_s < 0:
-                raise ValueError("A negative expire is not acceptable.")
+            expire_s = _whole_seconds(expire)
         else:
+            # python-redis-lock: a falsy expire (None, 0) is no expiry.
+            if auto_renewal:
+                raise ValueError(
+                    f"expire: {expire!r} means no expiry, which auto_renewal cannot renew "
+                    "(the original fails on it too); give at least 1 second"
+                )
             expire_s = None
         self._expire = expire_s
         self._signal_expire = signal_expire
@@ -121,8 +150,10 @@ class Lock:
         self._signal = "lock-signal:" + name
         self._lock_renewal_interval = float(expire_s or 0) * 2 / 3 if auto_renewal else None
         self.blocking = blocking
+        client = client_of(redis_client)
+        self._server = server_of(client)
         self._core = _CompatLock(
-            client_of(redis_client),
+            client,
             self._name,
             self._name.encode(),
             signal=self._signal.encode(),
@@ -155,8 +186,14 @@ class Lock:
         owner = self._core.owner()
         return None if owner is None else owner.decode("ascii", "replace")
 
+    @property
+    def _where(self) -> tuple[str, bytes, str]:
+        """The registry's key of this lock's hold by this id (see `_common.keep_renewing`)."""
+        return self._server, self._name.encode(), self._id
+
     def reset(self) -> None:
         """Forcibly deletes the lock, waking its waiters. Use this with care."""
+        stop_renewing_key(self._server, self._name.encode())
         self._core.reset()
 
     def _renews(self) -> bool:
@@ -171,6 +208,10 @@ class Lock:
             return False
         with self._state:
             previous, self._hold = self._hold, hold
+        if self._expire is None:
+            # Held until released through any Lock with this id, as the original's key is:
+            # the renewal outlives this object.
+            keep_renewing(self._where, hold, self._core)
         if previous is not None and self._lock_renewal_interval is not None:
             previous.stop()
             raise AlreadyStarted("Lock refresh thread already started")
@@ -220,9 +261,7 @@ class Lock:
     def extend(self, expire: float | None = None) -> None:
         """Sets the lease to ``expire`` seconds (default: the lock's own) from now."""
         if expire:
-            expire = int(expire)
-            if expire < 0:
-                raise ValueError("A negative expire is not acceptable.")
+            expire = _whole_seconds(expire)
         elif self._expire is not None:
             expire = self._expire
         else:
@@ -230,12 +269,15 @@ class Lock:
                 "To extend a lock 'expire' must be provided as an argument to extend() method "
                 "or at initialization time."
             )
-        if self._expire is None and self._hold is not None:
+        if renews(self._where) or (self._expire is None and self._hold is not None):
             # Held "without expiry" (a renewed lease here): the original cannot extend it.
             if not self._held:
                 raise NotAcquired(f"Lock {self._name} is not acquired or it already expired.")
             raise NotExpirable(f"Lock {self._name} has no assigned expiration time")
-        code = self._core.extend(token_text(self._id.encode(), "id"), int(expire) * 1000, True)
+        ms = int(expire) * 1000
+        if ms <= 0:  # an expiry of 0 would delete the lock
+            raise ValueError(f"expire: must be at least 1 second, not {expire!r}")
+        code = self._core.extend(token_text(self._id.encode(), "id"), ms, True)
         if code == -1:
             raise NotAcquired(f"Lock {self._name} is not acquired or it already expired.")
         if code == -2:
@@ -247,6 +289,7 @@ class Lock:
             hold, self._hold = self._hold, None
         if hold is not None:
             hold.stop()
+        stop_renewing(self._where)  # held without expiry, by whichever Lock with this id
         if not self._core.release(token_text(self._id.encode(), "id")):
             raise NotAcquired(f"Lock({self._name}) is not acquired or it already expired.")
 
@@ -278,10 +321,11 @@ class Lock:
 
 def reset_all(redis_client: Any) -> None:
     """Forcibly deletes every `lock:*` lock, waking their waiters. Use this with care."""
+    client = client_of(redis_client)
+    server = server_of(client)
     for key in redis_client.scan_iter(match="lock:*", count=1000):
         raw = key if isinstance(key, bytes) else str(key).encode()
         name = raw.decode("utf-8", "backslashreplace")
         signal = b"lock-signal:" + raw[len(b"lock:") :]
-        _CompatLock(
-            client_of(redis_client), name, raw, signal=signal, signal_expire_ms=1000
-        ).reset()
+        stop_renewing_key(server, raw)
+        _CompatLock(client, name, raw, signal=signal, signal_expire_ms=1000).reset()

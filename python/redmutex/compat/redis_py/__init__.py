@@ -94,7 +94,7 @@ class Lock(LockBase):
         hold = self._core.acquire(token_text(raw), lease, wait, chosen, renew, poll=_poll(sleep))
         if hold is None:
             return False
-        self._set(raw, hold)
+        self._set(raw, hold, renew)
         return True
 
     def do_acquire(self, token: str | bytes) -> bool:
@@ -104,7 +104,7 @@ class Lock(LockBase):
         hold = self._core.acquire(token_text(raw), lease, 0.0, True, renew)
         if hold is None:
             return False
-        self._set(raw, hold)
+        self._set(raw, hold, renew)
         return True
 
     # -- state -----------------------------------------------------------------------------
@@ -133,6 +133,7 @@ class Lock(LockBase):
 
     def do_release(self, expected_token: str | bytes) -> None:
         raw = encode(self.redis, expected_token)
+        self._stop_renewal(raw)  # a hold without timeout, whichever object (thread) took it
         if not self._core.release(token_text(raw)):
             raise LockNotOwnedError(
                 "Cannot release a lock that's no longer owned", lock_name=self.name

@@ -9,7 +9,16 @@ from types import SimpleNamespace
 from typing import Any, ClassVar
 
 from ..._core import _CompatHold, _CompatLock
-from .._common import NO_EXPIRY_LEASE, client_of, encode, key_name
+from .._common import (
+    NO_EXPIRY_LEASE,
+    client_of,
+    encode,
+    keep_renewing,
+    key_name,
+    server_of,
+    stop_renewing,
+    token_text,
+)
 
 Number = int | float
 
@@ -43,7 +52,9 @@ class LockBase:
         self.local: Any = self._local_class() if self.thread_local else SimpleNamespace()
         self.local.token = None
         self._key = encode(redis, name)
-        self._core = _CompatLock(client_of(redis), key_name(self._key), self._key)
+        client = client_of(redis)
+        self._server = server_of(client)
+        self._core = _CompatLock(client, key_name(self._key), self._key)
 
     def _lease(self) -> tuple[float, bool]:
         """The lease of an acquire and whether it is renewed (redis-py: no timeout, no expiry)."""
@@ -72,12 +83,36 @@ class LockBase:
     def _hold(self) -> _CompatHold | None:
         return getattr(self.local, "hold", None)
 
-    def _set(self, token: bytes | None, hold: _CompatHold | None) -> None:
+    def _where(self, token: str | bytes) -> tuple[str, bytes, str] | None:
+        """The registry's key of this lock's hold for `token` (see `_common.keep_renewing`);
+        None for a token the shim never holds with (not UTF-8)."""
+        try:
+            return self._server, self._key, token_text(encode(self.redis, token))
+        except ValueError:
+            return None
+
+    def _set(self, token: bytes | None, hold: _CompatHold | None, renew: bool = False) -> None:
+        """Records the hold of this thread (task); a renewed one (no timeout) is also kept in
+        the process's registry, so it outlives this object and its thread until released."""
         previous = self._hold()
+        previous_token = self.local.token
         if previous is not None and previous is not hold:
             previous.stop()
+            where = None if previous_token is None else self._where(previous_token)
+            if where is not None:
+                stop_renewing(where, only=previous)
         self.local.token = token
         self.local.hold = hold
+        if hold is not None and token is not None and renew:
+            where = self._where(token)
+            if where is not None:
+                keep_renewing(where, hold, self._core)
+
+    def _stop_renewal(self, token: bytes) -> None:
+        """Stops the renewal of `token`'s hold on this lock, whichever object took it."""
+        where = self._where(token)
+        if where is not None:
+            stop_renewing(where)
 
     @property
     def fence(self) -> int | None:

@@ -100,7 +100,7 @@ class Lock(LockBase):
         )
         if hold is None:
             return False
-        self._set(raw, hold)
+        self._set(raw, hold, renew)
         return True
 
     async def do_acquire(self, token: str | bytes) -> bool:
@@ -110,7 +110,7 @@ class Lock(LockBase):
         hold = await self._core._acquire_async(token_text(raw), lease, 0.0, True, renew)
         if hold is None:
             return False
-        self._set(raw, hold)
+        self._set(raw, hold, renew)
         return True
 
     async def locked(self) -> bool:
@@ -142,6 +142,7 @@ class Lock(LockBase):
 
     async def do_release(self, expected_token: bytes) -> None:
         raw = encode(self.redis, expected_token)
+        self._stop_renewal(raw)  # a hold without timeout, whichever object (task) took it
         if not await self._core._release_async(token_text(raw)):
             raise LockNotOwnedError("Cannot release a lock that's no longer owned")
 
