@@ -112,18 +112,49 @@ def test_default_stays_non_reentrant(client: redmutex.Client) -> None:
         assert lock._depth == 1
 
 
-def test_another_lock_object_in_the_same_thread_is_another_owner(
-    client: redmutex.Client,
+def test_another_lock_object_of_the_name_in_the_same_thread_re_enters(
+    client: redmutex.Client, prefix: str, r: redis.Redis
 ) -> None:
-    # As with two threading.RLock objects: re-entry is per object, so a second object of the
-    # same name waits for the first (here: times out) instead of re-entering its hold.
+    # The owner is the thread, and a lock is its name (not the object, unlike threading.RLock):
+    # a function that makes its own Lock on each call may call itself, or another function doing
+    # the same, while it holds, and re-enters instead of waiting for itself forever.
+    def nested(depth: int, tokens: list[str | None]) -> None:
+        lock = redmutex.Lock(client, "two-objects", ttl=5, reentrant=True)
+        with lock:
+            tokens.append(lock.token)
+            assert lock._depth == len(tokens)
+            if depth > 1:
+                nested(depth - 1, tokens)
+            assert lock.owned()
+
+    tokens: list[str | None] = []
+    worker = threading.Thread(target=nested, args=(3, tokens), daemon=True)
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive(), "a second Lock object of the name waited for its own thread"
+    assert len(tokens) == 3 and tokens[0] is not None and len(set(tokens)) == 1  # one hold
+    assert not r.exists(lock_key(prefix, "two-objects"))  # free after the outermost release
+
     first = redmutex.Lock(client, "two-objects", ttl=5, reentrant=True)
     second = redmutex.Lock(client, "two-objects", ttl=5, reentrant=True)
+    plain = redmutex.Lock(client, "two-objects", ttl=5)
     with first:
-        assert not second.acquire(timeout=0.2)
-        assert second.token is None
-    with second:
-        assert not first.acquire(blocking=False)
+        assert second.acquire(timeout=0)  # re-entry, through the other object
+        assert second.token == first.token and second.fence == first.fence
+        assert second._depth == first._depth == 2
+        assert not plain.acquire(blocking=False)  # a non-re-entrant object is another owner
+        first.release()  # either object releases the thread's hold, one level each
+        assert second.owned() and first.owned()
+    assert first.token is None and second.token is None and not second.owned()
+    with pytest.raises(redmutex.LockNotOwnedError):
+        second.release()
+    # Another thread is another owner, whichever object it uses.
+    with first:
+        other: list[bool] = []
+        t = threading.Thread(target=lambda: other.append(second.acquire(timeout=0.2)))
+        t.start()
+        t.join(10)
+        assert other == [False]
 
 
 # ------------------------------------------------------------------- other threads and tasks
@@ -214,6 +245,39 @@ def test_other_tasks_are_excluded(client: redmutex.Client, prefix: str) -> None:
         assert lock.token is None
         with pytest.raises(redmutex.LockNotOwnedError):
             await lock.release()
+
+    asyncio.run(main())
+
+
+def test_another_aio_lock_object_of_the_name_in_the_same_task_re_enters(
+    client: redmutex.Client,
+) -> None:
+    async def nested(depth: int, tokens: list[str | None]) -> None:
+        lock = redmutex.aio.Lock(client, "aio-two-objects", ttl=5, reentrant=True)
+        async with lock:
+            tokens.append(lock.token)
+            if depth > 1:
+                await nested(depth - 1, tokens)
+            assert await lock.owned()
+
+    async def main() -> None:
+        tokens: list[str | None] = []
+        await asyncio.wait_for(nested(3, tokens), 10)  # never waits for its own task
+        assert len(tokens) == 3 and tokens[0] is not None and len(set(tokens)) == 1
+        first = redmutex.aio.Lock(client, "aio-two-objects", ttl=5, reentrant=True)
+        second = redmutex.aio.Lock(client, "aio-two-objects", ttl=5, reentrant=True)
+        async with first:
+            assert await second.acquire(timeout=0)
+            assert second.token == first.token and second.fence == first.fence
+
+            async def other_task() -> bool:
+                return await second.acquire(timeout=0.2)
+
+            assert await asyncio.create_task(other_task()) is False  # another task: another owner
+            await second.release()
+            assert await first.owned()
+        assert first.token is None and second.token is None
+        assert not await first.locked()
 
     asyncio.run(main())
 

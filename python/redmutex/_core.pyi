@@ -134,8 +134,10 @@ class Lock:
     background thread, when renewal (or the top-up of a lease granted short) finds it lost.
     `reentrant=False`: ownership belongs to this object, and a second acquire raises LockError.
     With True the owner is the calling thread: the thread that holds may acquire again (each
-    acquire needs its release; the lock is free after the last), another thread waits like any
-    other waiter; the hold count lives in Redis with the hold. Waiters are woken, never poll.
+    acquire needs its release; the lock is free after the last), through this object or any
+    other re-entrant Lock of the same client and name (a re-entry acts on the hold as it was
+    taken); another thread waits like any other waiter; the hold count lives in Redis with the
+    hold. Waiters are woken, never poll.
     """
 
     def __new__(

@@ -150,12 +150,32 @@ class _Hold:
         return f"aio.{self._core!r}"
 
 
+#: Every re-entrant aio.Lock's core of each task, by (client, name): the owner is the task, so
+#: a task that holds a name through one object re-enters that hold through any other of the same
+#: client and name (as `redmutex.Lock` does for threads). Dropped with the task.
+_task_cores: weakref.WeakKeyDictionary[
+    asyncio.Task[Any], dict[tuple[int, str], list[weakref.ref[Any]]]
+] = weakref.WeakKeyDictionary()
+
+
+def _held_by_task(task: asyncio.Task[Any], key: tuple[int, str], core: Any | None) -> Any:
+    """The core through which `task` holds `key` now, another object's or `core` (which is
+    listed for the others; None: only look)."""
+    cores = _task_cores.setdefault(task, {}).setdefault(key, [])
+    live = [c for c in (ref() for ref in cores) if c is not None]
+    if core is not None and not any(c is core for c in live):
+        live.append(core)
+    cores[:] = [weakref.ref(c) for c in live]
+    return next((c for c in live if c.token is not None), core)
+
+
 class Lock(_Hold):
     """`redmutex.Lock` for asyncio: `await lock.acquire()`, `async with lock: ...`.
 
     Same arguments and defaults as `redmutex.Lock` (`ttl=10.0`; `timeout=None` waits forever).
     With `reentrant=True` the owner is the asyncio task: the task that holds may acquire again
-    (one release per acquire); another task of the same object waits like any other waiter.
+    (one release per acquire), through this object or any other re-entrant aio.Lock of the same
+    client and name; another task waits like any other waiter.
     Before Python 3.12 `asyncio.wait_for` runs its awaitable in a task of its own (another
     owner): bound a re-entry with `acquire(timeout=...)` or `asyncio.timeout` instead.
     """
@@ -190,6 +210,7 @@ class Lock(_Hold):
         # Re-entrant: one core object per task (each re-entrant for the event loop's thread),
         # dropped with its task; `_own` serves calls made outside any task.
         self._make = make
+        self._key = (id(self._own.client), name)
         self._by_task: weakref.WeakKeyDictionary[asyncio.Task[Any], Any] | None = (
             weakref.WeakKeyDictionary() if self._own.reentrant else None
         )
@@ -205,17 +226,24 @@ class Lock(_Hold):
         core = self._by_task.get(task)
         if core is None:
             core = self._by_task[task] = self._make()
-        return core
+        if core.token is not None:
+            return core
+        return _held_by_task(task, self._key, core)
 
     def _shown(self) -> Any:
         """What `token`, `fence`, `lost` and `remaining()` describe: the calling task's hold (or
-        the loss of its last one), else the hold another task has, else a lost one."""
+        the loss of its last one), also through another object, else the hold another task
+        has, else a lost one."""
         if self._by_task is None:
             return self._own
         task = asyncio.current_task()
         mine = self._by_task.get(task) if task is not None else self._own
         if mine is not None and (mine.token is not None or mine.lost):
             return mine
+        if task is not None:
+            held = _held_by_task(task, self._key, mine)
+            if held is not None and held.token is not None:
+                return held
         cores = [self._own, *self._by_task.values()]
         for core in cores:
             if core.token is not None:

@@ -421,6 +421,11 @@ pub trait LockLike: PyClass<Frozen = True> + Sync {
     fn owner_core(&self) -> CoreRef<'_, Self::Handle> {
         CoreRef::Own(self.core())
     }
+    /// The core an asyncio call acts on (the owner is the task): `owner_core` unless the object
+    /// keeps one hold per owner (a re-entrant Lock: never another object's, see `PyLock`).
+    fn task_core(&self) -> CoreRef<'_, Self::Handle> {
+        self.owner_core()
+    }
     /// The core that `token`, `lost` and `remaining()` describe (see `owner_core`).
     fn view(&self) -> CoreRef<'_, Self::Handle> {
         self.owner_core()
@@ -433,8 +438,10 @@ pub trait LockLike: PyClass<Frozen = True> + Sync {
 /// Renewal's listener for the object, when anything may extend its hold in the background
 /// (auto-renewal, the top-up of a hold granted by a release): made once per core, since every
 /// blocking acquire of a default lock needs one and making it (a weakref, the label) costs.
-fn listener_for<C: LockLike>(slf: &Bound<'_, C>) -> PyResult<Option<OnLost>> {
-    let core = slf.get().owner_core();
+fn listener_for<C: LockLike>(
+    slf: &Bound<'_, C>,
+    core: &HoldCore<C::Handle>,
+) -> PyResult<Option<OnLost>> {
     if !core.handle.renews() {
         return Ok(None);
     }
@@ -448,8 +455,8 @@ fn listener_for<C: LockLike>(slf: &Bound<'_, C>) -> PyResult<Option<OnLost>> {
 /// The blocking acquire: the engine makes one direct attempt on this thread when the hold
 /// offers it; the runtime (interruptible by signals) only to wait.
 fn acquire_with<C: LockLike>(slf: &Bound<'_, C>, wait: Wait) -> PyResult<bool> {
-    let listener = listener_for(slf)?;
     let core = slf.get().owner_core();
+    let listener = listener_for(slf, &core)?;
     let holder = core.holder();
     let context = C::blocking_context();
     core.call(slf.py(), || {
@@ -516,8 +523,8 @@ fn spawn_acquire<'py, C: LockLike>(
     context: Context<C::Handle>,
     settle: impl for<'a> FnOnce(Python<'a>, bool) -> PyResult<Bound<'a, PyAny>> + Send + 'static,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let listener = listener_for(slf)?;
-    let core = slf.get().owner_core();
+    let core = slf.get().task_core();
+    let listener = listener_for(slf, &core)?;
     if let Some(conn) = loop_hold::conn_for(slf.py(), &core.handle)? {
         let about = core.about.clone();
         return loop_hold::acquire(
@@ -566,7 +573,7 @@ pub fn enter_async<'py, C: LockLike>(
     slf: &Bound<'py, C>,
     context: Context<C::Handle>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let core = slf.get().owner_core();
+    let core = slf.get().task_core();
     let wait = Wait::from_timeout(core.default_timeout);
     let timeout_error = enter_timeout(slf.py(), &core.about, core.default_timeout);
     spawn_acquire(slf, wait, context, move |py, acquired| {
@@ -696,13 +703,13 @@ macro_rules! lock_like_methods {
             }
 
             fn _release_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-                self.owner_core().release_async(py)
+                self.task_core().release_async(py)
             }
 
             /// Gives back the hold with `token` at once (released in Redis in the background), if this
             /// object still has it: an acquire that succeeded after its task was cancelled.
             fn _give_back(&self, token: &str) -> bool {
-                self.owner_core().give_back(token)
+                self.task_core().give_back(token)
             }
 
             #[pyo3(signature = (ttl=None))]
@@ -711,15 +718,15 @@ macro_rules! lock_like_methods {
                 py: Python<'py>,
                 ttl: Option<&Bound<'py, PyAny>>,
             ) -> PyResult<Bound<'py, PyAny>> {
-                self.owner_core().extend_async(py, ttl)
+                self.task_core().extend_async(py, ttl)
             }
 
             fn _owned_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-                self.owner_core().owned_async(py)
+                self.task_core().owned_async(py)
             }
 
             fn _exit_async<'py>(&self, py: Python<'py>, body_raised: bool) -> PyResult<Bound<'py, PyAny>> {
-                self.owner_core().exit_async(py, body_raised)
+                self.task_core().exit_async(py, body_raised)
             }
 
             $($own)*

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use pyo3::prelude::*;
@@ -22,7 +22,8 @@ use crate::engine::Client;
 /// holds). `timeout: float | None = None` is the default wait of `acquire()` and `with`: None
 /// waits forever, 0 tries once. Options: `auto_renew=False`, `fair=False`, `replicas=0`,
 /// `on_lost=None`, `reentrant=False`. Ownership belongs to this object; with `reentrant=True`
-/// to the calling thread, which may acquire again while it holds (one release per acquire).
+/// to the calling thread, which may acquire again while it holds (one release per acquire),
+/// through this object or another re-entrant Lock of the same client and name.
 #[pyclass(frozen, weakref, module = "redmutex", name = "Lock")]
 pub struct PyLock {
     client: Py<PyClient>,
@@ -32,7 +33,8 @@ pub struct PyLock {
 }
 
 /// The holds of a re-entrant Lock object, one per owning thread, made as threads first use it:
-/// another thread of the same object is another owner and waits like any other waiter.
+/// another thread of the same object is another owner and waits like any other waiter (the
+/// same thread's hold through another object is found in `ThreadHolds`).
 struct Owners {
     client: Arc<Client>,
     name: Vec<u8>,
@@ -48,6 +50,28 @@ static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
 thread_local! {
     /// This thread as an owner: never reused within the process (Python's idents can be).
     static THREAD: u64 = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+}
+
+/// (the engine client's address, the name, the thread: `THREAD`)
+type ThreadKey = (usize, Vec<u8>, u64);
+
+/// Every re-entrant Lock object's core for each thread, by (engine client, name, thread): the
+/// owner is the thread, not the object, so a thread that holds a name through one object
+/// re-enters that hold through any other re-entrant Lock of the same client and name (a
+/// recursive function making its own `Lock(..., reentrant=True)` on each call).
+#[derive(Default)]
+struct ThreadHolds {
+    cores: HashMap<ThreadKey, Vec<Weak<HoldCore<LockHandle>>>>,
+    /// When the map grows to this many names, those whose objects are all gone are dropped.
+    sweep_at: usize,
+}
+
+fn thread_holds() -> std::sync::MutexGuard<'static, ThreadHolds> {
+    static HOLDS: OnceLock<Mutex<ThreadHolds>> = OnceLock::new();
+    HOLDS
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
 }
 
 /// Whether nobody uses `core` now (no call under way) and it holds nothing.
@@ -92,18 +116,72 @@ impl Owners {
         Ok(core)
     }
 
+    fn thread_key(&self, thread: u64) -> ThreadKey {
+        (
+            Arc::as_ptr(&self.client) as usize,
+            self.name.clone(),
+            thread,
+        )
+    }
+
+    /// The calling thread's hold of this name through any re-entrant Lock object of the same
+    /// client (see `ThreadHolds`), else this object's core for the thread (`mine`), which is
+    /// listed there for the other objects.
+    fn thread_owner(&self, template: &HoldCore<LockHandle>) -> PyResult<Arc<HoldCore<LockHandle>>> {
+        let own = self.mine(template)?;
+        if own.holder().token().is_some() {
+            return Ok(own);
+        }
+        let key = self.thread_key(THREAD.with(|t| *t));
+        let mut holds = thread_holds();
+        if !holds.cores.contains_key(&key) && holds.cores.len() >= holds.sweep_at {
+            holds
+                .cores
+                .retain(|_, cores| cores.iter().any(|c| c.strong_count() > 0));
+            holds.sweep_at = (holds.cores.len() * 2).max(64);
+        }
+        let cores = holds.cores.entry(key).or_default();
+        cores.retain(|c| c.strong_count() > 0);
+        let held = cores
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find(|c| c.holder().token().is_some());
+        if !cores
+            .iter()
+            .any(|c| std::ptr::eq(c.as_ptr(), Arc::as_ptr(&own)))
+        {
+            cores.push(Arc::downgrade(&own));
+        }
+        Ok(held.unwrap_or(own))
+    }
+
+    /// The calling thread's hold of this name through another object (see `ThreadHolds`).
+    fn held_elsewhere(&self) -> Option<Arc<HoldCore<LockHandle>>> {
+        let key = self.thread_key(THREAD.with(|t| *t));
+        let holds = thread_holds();
+        holds
+            .cores
+            .get(&key)?
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find(|c| c.holder().token().is_some())
+    }
+
     /// What the object's state shows to the calling thread: its own hold (or the loss of its
-    /// last one); else the hold another thread has (at most one holds at a time), else a lost
-    /// one; None when there is nothing to show.
+    /// last one), or the one it has through another object; else the hold another thread has
+    /// (at most one holds at a time), else a lost one; None when there is nothing to show.
     fn shown(&self) -> Option<Arc<HoldCore<LockHandle>>> {
         let me = THREAD.with(|t| *t);
-        let map = self.map();
         let shows = |core: &Arc<HoldCore<LockHandle>>| {
             core.holder().token().is_some() || core.holder().lost()
         };
-        if let Some(core) = map.get(&me).filter(|c| shows(c)) {
-            return Some(core.clone());
+        let own = self.map().get(&me).filter(|c| shows(c)).cloned();
+        // (The map's lock is not held while the registry's is taken: `thread_owner` takes them
+        // one after the other too.)
+        if let Some(core) = own.or_else(|| self.held_elsewhere()) {
+            return Some(core);
         }
+        let map = self.map();
         let mut cores: Vec<_> = map.values().collect();
         cores.sort_by_key(|c| c.holder().token().is_none());
         cores.into_iter().find(|c| shows(c)).cloned()
@@ -120,13 +198,30 @@ impl LockLike for PyLock {
             // Making a core fails only when the client cannot name the lock, which it did
             // already for the object's own core: that one is then as good as any.
             Some(owners) => owners
+                .thread_owner(&self.core)
+                .map_or(CoreRef::Own(&self.core), CoreRef::Owner),
+            None => CoreRef::Own(&self.core),
+        }
+    }
+    /// redmutex.aio keeps one object per task (the owner): a task's calls never act on a hold
+    /// of another object, even one of the same thread.
+    fn task_core(&self) -> CoreRef<'_, LockHandle> {
+        match &self.owners {
+            Some(owners) => owners
                 .mine(&self.core)
                 .map_or(CoreRef::Own(&self.core), CoreRef::Owner),
             None => CoreRef::Own(&self.core),
         }
     }
     fn view(&self) -> CoreRef<'_, LockHandle> {
-        match self.owners.as_ref().and_then(Owners::shown) {
+        let shown = self.owners.as_ref().and_then(|owners| {
+            let mine = owners.mine(&self.core).ok();
+            match mine.filter(|c| c.holder().token().is_some() || c.holder().lost()) {
+                Some(core) => Some(core),
+                None => owners.held_elsewhere().or_else(|| owners.shown()),
+            }
+        });
+        match shown {
             Some(core) => CoreRef::Owner(core),
             None => CoreRef::Own(&self.core),
         }
