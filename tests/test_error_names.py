@@ -141,6 +141,29 @@ def test_stopped_server_times_out_with_the_limit(
         os.kill(server.process.pid, signal.SIGCONT)
 
 
+def test_timeouts_say_so_without_a_password_too(
+    silent: int, make_server: Callable[..., RedisServer]
+) -> None:
+    # Without AUTH in the handshake, the first request on a new connection is the one that
+    # reads the server's identity: its timeout names the limit like any other.
+    client = redmutex.Client(f"redis://127.0.0.1:{silent}/0", **FAST)
+    err = connection_error(lambda: redmutex.Lock(client, "quiet").acquire())
+    assert "timed out after" in str(err) and "os error" not in str(err), err
+    server = make_server()
+    assert server.process is not None
+    client = redmutex.Client(server.url, connect_timeout=0.5, command_timeout=0.3)
+    lock = redmutex.Lock(client, "stopped")
+    assert lock.acquire()
+    os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        # The first call times out on its connection; the next ones open new connections.
+        for call in (lock.owned, lambda: redmutex.Lock(client, "other").locked(), lock.release):
+            err = connection_error(call)
+            assert "timed out after 0.3 s" in str(err) and "os error" not in str(err), err
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+
+
 def test_redlock_names_the_masters(redis_url: str) -> None:
     ports = [refused_port(), refused_port()]
     client = redmutex.Client(

@@ -313,7 +313,18 @@ impl DirectPool {
         conn.set_read_timeout(Some(self.timeouts.command))?;
         conn.set_write_timeout(Some(self.timeouts.command))?;
         if let Some(seen) = &self.seen {
-            let info: String = redis::cmd("INFO").arg("server").query(&mut conn)?;
+            let command = self.timeouts.command;
+            let info: String =
+                redis::cmd("INFO")
+                    .arg("server")
+                    .query(&mut conn)
+                    .map_err(|err| {
+                        if err.is_timeout() {
+                            timed_out(command, "waiting for an answer")
+                        } else {
+                            Error::from(err)
+                        }
+                    })?;
             if let Some((run_id, _)) = parse_server_info(&info) {
                 seen.note(&run_id);
             }
