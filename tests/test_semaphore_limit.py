@@ -1,6 +1,7 @@
 """A Semaphore's limit is kept with it in Redis (API.md, "Semaphore"): an acquire whose limit
 differs from the live one raises SemaphoreLimitError (a LockError) naming both limits; a new
-limit takes effect once no holder or queued waiter of the old one remains."""
+limit takes effect once no holder or waiter of the old one remains (an unfair waiter too: it
+keeps a place in Redis while it waits, though it takes no turn by it)."""
 
 from __future__ import annotations
 
@@ -79,6 +80,45 @@ def test_a_queued_waiter_keeps_the_old_limit_live(
     three = redmutex.Semaphore(client, "q", 3)
     assert three.acquire(timeout=0)
     three.release()
+
+
+def test_an_unfair_waiter_keeps_the_old_limit_live(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
+    holder = redmutex.Semaphore(client, "u", 1, ttl=10, fair=False)
+    assert holder.acquire(timeout=0)
+    waiter = redmutex.Semaphore(client, "u", 1, ttl=10, fair=False)
+    got: list[bool] = []
+    thread = threading.Thread(target=lambda: got.append(waiter.acquire(timeout=20)))
+    thread.start()
+    try:
+        places = f"{prefix}{{u}}:sem:queue:deadlines"
+        deadline = time.monotonic() + 10
+        while r.zcard(places) == 0:  # the waiter's place: no turn, but a waiter of limit 1
+            assert time.monotonic() < deadline, "the unfair waiter left no trace in Redis"
+            time.sleep(0.01)
+        holder.release()
+        # At once, before the woken waiter looks again: its limit still holds.
+        with pytest.raises(SemaphoreLimitError, match="limit 1"):
+            redmutex.Semaphore(client, "u", 5, fair=False).acquire(timeout=0)
+    finally:
+        thread.join(20)
+    assert got == [True]
+    waiter.release()
+    assert r.zcard(places) == 0  # admitted: its place is gone
+    five = redmutex.Semaphore(client, "u", 5, fair=False)
+    assert five.acquire(timeout=0)  # nobody of the old limit remains
+    # A waiter that gives up takes its place along at once.
+    with redmutex.Semaphore(client, "u", 5, ttl=10, fair=False) as other:
+        assert other.holders() == 2
+        more = [redmutex.Semaphore(client, "u", 5, ttl=10, fair=False) for _ in range(3)]
+        assert all(m.acquire(timeout=0) for m in more)
+        assert not redmutex.Semaphore(client, "u", 5, fair=False).acquire(timeout=0.5)
+        assert r.zcard(places) == 0
+        for m in more:
+            m.release()
+    five.release()
+    assert list(r.scan_iter(match=f"{prefix}{{u}}*")) == []
 
 
 @pytest.mark.parametrize("fair", [False, True])

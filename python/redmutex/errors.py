@@ -53,7 +53,7 @@ class SemaphoreLimitError(LockError):
     """A Semaphore acquire whose limit differs from the one its live holders or waiters use.
 
     The limit is kept with the semaphore in Redis; a new limit takes effect once no holder or
-    queued waiter of the old one remains.
+    waiter (fair or unfair) of the old one remains.
     """
 
 

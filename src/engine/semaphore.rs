@@ -44,6 +44,21 @@ impl Contender for SemaphoreContender<'_> {
         self.step(Queueing::TryOnly)
     }
 
+    /// An unfair waiter's place only tells that it waits: its first attempt may take it (a
+    /// fair one's would be a turn in the queue, which the wait that follows a refusal takes).
+    fn joins_first(&self) -> bool {
+        !self.spec.fair
+    }
+
+    fn first_step_joining(&self) -> Step<Admit> {
+        let queueing = if self.spec.fair {
+            Queueing::TryOnly
+        } else {
+            waiting::queueing(true)
+        };
+        self.step(queueing)
+    }
+
     fn read(&self, admit: Admit, sent_at: Instant) -> Result<Outcome<Instant>> {
         Ok(waiting::admission(admitted(self.spec, admit)?, sent_at))
     }
@@ -66,10 +81,7 @@ impl Contender for SemaphoreContender<'_> {
             let (shared, spec, token) = (shared.clone(), spec.clone(), token.clone());
             Box::pin(async move {
                 executor::run(&shared, &steps::release(&spec, &token)).await?;
-                if spec.fair {
-                    executor::run(&shared, &steps::leave(&spec, &token)).await?;
-                }
-                Ok(())
+                executor::run(&shared, &steps::leave(&spec, &token)).await
             })
         };
         Undo {
@@ -147,14 +159,15 @@ impl Leased for SemaphoreSpec {
 
     fn plan<'a>(&self, shared: &'a Arc<Shared>, token: &'a str) -> Plan<'a> {
         // Fair: every waiter keeps its place in the Redis queue and is woken by name.
-        // Unfair: one competitor per semaphore in this process, woken by any release.
+        // Unfair: one competitor per semaphore in this process, woken by any release; it keeps
+        // a place too (no turn: it tells that a waiter of its limit remains).
         Plan {
             shared,
             channel: self.keys.wake_channel(),
             inbox: None,
             wake_token: self.fair.then_some(token),
             gate: (!self.fair).then(|| self.keys.semaphore_holders()),
-            queued: self.fair,
+            queued: true,
         }
     }
 

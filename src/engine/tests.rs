@@ -1112,8 +1112,8 @@ fn a_semaphore_refuses_another_limit_while_holders_or_waiters_of_the_live_one_re
         Wait::Until(Instant::now() + Duration::from_millis(300)),
     ));
     assert!(waiter.unwrap().is_none());
-    let join = Some(Queueing::Join { place_ms: 10_000 });
-    let queued = scripts::semaphore_acquire(&keys, "q", 5_000, 1, join);
+    let join = Queueing::Join { place_ms: 10_000 };
+    let queued = scripts::semaphore_acquire(&keys, "q", 5_000, 1, true, join);
     block_on(shared.node.invoke(&queued, Retry::Never)).unwrap();
     assert!(block_on(semaphore::release(&shared, &one, "a")).unwrap());
     assert!(matches!(

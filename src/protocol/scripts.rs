@@ -366,18 +366,23 @@ pub fn leave_queue<'a>(keys: &Keys, token: &str) -> ScriptInvocation<'a> {
 // ---------------------------------------------------------------------------------- semaphore
 
 /// One attempt to take a permit of a semaphore of `limit` for `token`, leased for `lease_ms`.
-/// `fair`: None ignores the FIFO queue; Some says how a fair waiter treats it.
+/// `queueing`: how a fair waiter treats the FIFO queue; an unfair one (`fair` false) ignores it,
+/// and with `Join` keeps a place that only tells that it waits (its limit stays live).
 pub fn semaphore_acquire<'a>(
     keys: &Keys,
     token: &str,
     lease_ms: u64,
     limit: u64,
-    fair: Option<Queueing>,
+    fair: bool,
+    queueing: Queueing,
 ) -> ScriptInvocation<'a> {
-    let (mode, place_ms) = match fair {
-        None => ("0", 0),
-        Some(Queueing::TryOnly) => ("1", 0),
-        Some(Queueing::Join { place_ms } | Queueing::BargeOrJoin { place_ms }) => ("2", place_ms),
+    let (mode, place_ms) = match (fair, queueing) {
+        (false, Queueing::TryOnly) => ("0", 0),
+        (true, Queueing::TryOnly) => ("1", 0),
+        (true, Queueing::Join { place_ms } | Queueing::BargeOrJoin { place_ms }) => ("2", place_ms),
+        (false, Queueing::Join { place_ms } | Queueing::BargeOrJoin { place_ms }) => {
+            ("3", place_ms)
+        }
     };
     let mut inv = SEM_ACQUIRE.prepare_invoke();
     inv.key(keys.semaphore_holders())
@@ -793,8 +798,8 @@ mod tests {
         let keys = Keys::new(b"p:", b"n");
         let join = Queueing::Join { place_ms: 6000 };
         let invocations = [
-            semaphore_acquire(&keys, "t", 10, 5, None),
-            semaphore_acquire(&keys, "t", 10, 5, Some(join)),
+            semaphore_acquire(&keys, "t", 10, 5, false, Queueing::TryOnly),
+            semaphore_acquire(&keys, "t", 10, 5, true, join),
             semaphore_release(&keys, "t", 5),
             semaphore_leave(&keys, "t", 5),
             semaphore_extend(&keys, "t", 10),
@@ -824,7 +829,8 @@ mod tests {
     #[test]
     fn semaphore_modes_reach_the_script() {
         let keys = Keys::new(b"p:", b"n");
-        let (sent_keys, args) = sent(&semaphore_acquire(&keys, "t", 10, 5, None));
+        let try_only = Queueing::TryOnly;
+        let (sent_keys, args) = sent(&semaphore_acquire(&keys, "t", 10, 5, false, try_only));
         assert_eq!(
             sent_keys,
             [
@@ -842,17 +848,13 @@ mod tests {
         );
         let (sent_keys, _) = sent(&rw_read_extend(&keys, "t", 10));
         assert_eq!(sent_keys, [keys.rw_readers()]);
-        let (_, args) = sent(&semaphore_acquire(
-            &keys,
-            "t",
-            10,
-            5,
-            Some(Queueing::TryOnly),
-        ));
+        let (_, args) = sent(&semaphore_acquire(&keys, "t", 10, 5, true, try_only));
         assert_eq!(args[3], b"1");
-        let join = Some(Queueing::Join { place_ms: 6000 });
-        let (_, args) = sent(&semaphore_acquire(&keys, "t", 10, 5, join));
+        let join = Queueing::Join { place_ms: 6000 };
+        let (_, args) = sent(&semaphore_acquire(&keys, "t", 10, 5, true, join));
         assert_eq!(args[3..], [&b"2"[..], b"6000"]);
+        let (_, args) = sent(&semaphore_acquire(&keys, "t", 10, 5, false, join));
+        assert_eq!(args[3..], [&b"3"[..], b"6000"]);
         let (_, args) = sent(&semaphore_release(&keys, "t", 5));
         assert_eq!(args, [&b"t"[..], b"5", b"p:{n}:wake"]);
     }

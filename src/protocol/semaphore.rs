@@ -33,14 +33,16 @@ pub enum Admit {
     OtherLimit(i64),
 }
 
-/// One admission attempt for `token` (`queueing` matters to a fair semaphore only).
+/// One admission attempt for `token`: a fair waiter that joins takes its turn in the queue, an
+/// unfair one a place that only tells that it waits (see sem_acquire.lua).
 pub fn attempt(spec: &SemaphoreSpec, token: &str, queueing: Queueing) -> Step<Admit> {
     let inv = scripts::semaphore_acquire(
         &spec.keys,
         token,
         lease::lease_ms(spec.lease),
         spec.limit,
-        spec.fair.then_some(queueing),
+        spec.fair,
+        queueing,
     );
     Step::script(inv, |v| match parse_limit_refusal(&v) {
         Some(live) => Ok(Admit::OtherLimit(live)),
@@ -56,7 +58,7 @@ pub fn release(spec: &SemaphoreSpec, token: &str) -> Step<bool> {
     )
 }
 
-/// A fair waiter leaves the queue.
+/// A waiter gives up its place (fair: its turn in the queue).
 pub fn leave(spec: &SemaphoreSpec, token: &str) -> Step<()> {
     Step::script(
         scripts::semaphore_leave(&spec.keys, token, spec.limit),

@@ -4,15 +4,17 @@
 -- KEYS[4] the live limit (string), kept as long as the holders and the queue
 -- ARGV[1] token   ARGV[2] lease in ms   ARGV[3] limit (>= 1)
 -- ARGV[4] '0': unfair, any free permit will do (the queue is ignored); '1': fair, try once without
---         queueing; '2': fair, and join (or stay in) the queue when not admitted
+--         queueing; '2': fair, and join (or stay in) the queue when not admitted; '3': unfair, as
+--         '0', by a waiter, which keeps a place in KEYS[3] only (it takes no turn by it: the place
+--         only tells that a waiter of this limit remains, see below) while not admitted
 -- ARGV[5] how long a silent waiter keeps its place in the queue, in ms
 -- Reply: holders (an integer) admitted (also for a retry that finds its own live permit); holders
 --        = live holders now, this one included (a bare integer: a table costs Redis more to convert);
 --        {0, ms} not admitted; ms = when to look again at the latest: the soonest lease end when every
 --        permit is taken, or, while permits are free but earlier waiters come first, the soonest
 --        lapse of a waiter's place;
---        {2, live} refused, nothing written: a holder or queued waiter of another limit (`live`)
---        remains. A new limit takes effect once none does.
+--        {2, live} refused, nothing written: a holder or waiter (fair or unfair: a live place in
+--        KEYS[3]) of another limit (`live`) remains. A new limit takes effect once none does.
 local now = server_now_ms()
 local token = ARGV[1]
 local held = prune_leases(KEYS[1], now)
@@ -23,7 +25,7 @@ end
 local live = redis.call('GET', KEYS[4])
 if live and live ~= ARGV[3] then
   prune_queue(KEYS[2], KEYS[3], now)
-  if held > 0 or redis.call('LLEN', KEYS[2]) > 0 then
+  if held > 0 or redis.call('EXISTS', KEYS[3]) == 1 then
     return {2, tonumber(live)}
   end
 end
@@ -40,7 +42,7 @@ local mode = ARGV[4]
 -- queued: whether anybody queues (nil: not read); placed: whether this token does.
 local admitted, queued, placed = false, nil, false
 if free > 0 then
-  if mode == '0' then
+  if mode == '0' or mode == '3' then
     admitted = true
   else
     -- FIFO: the first `free` waiters may enter; anybody else only if all waiters fit before it.
@@ -73,6 +75,8 @@ if admitted then
   if placed then
     redis.call('ZREM', KEYS[3], token)
     redis.call('LREM', KEYS[2], 1, token)
+  elseif mode == '3' then
+    redis.call('ZREM', KEYS[3], token)
   end
   -- With nobody queued, the place deadlines are gone too (each place is in both keys).
   if queued == false then
@@ -83,9 +87,9 @@ if admitted then
   return held + 1
 end
 
-if mode == '2' then
+if mode == '2' or mode == '3' then
   local place = tonumber(ARGV[5])
-  if redis.call('ZADD', KEYS[3], int(now + place), token) == 1 then
+  if redis.call('ZADD', KEYS[3], int(now + place), token) == 1 and mode == '2' then
     redis.call('RPUSH', KEYS[2], token)
   end
   -- Every live place ends within `place` ms from now, so the queue keys may too.

@@ -13,9 +13,9 @@ local released = redis.call('ZREM', KEYS[1], ARGV[1])
 local held = redis.call('ZCARD', KEYS[1])
 if released == 0 then
   -- Not ours, or its lease had ended (waiters were told to look again by then): nobody to wake.
-  drop_unused_limit(KEYS[4], held, KEYS[2])
+  drop_unused_limit(KEYS[4], held, KEYS[3])
   return 0
 end
 local queued = wake_semaphore(KEYS[2], KEYS[3], tonumber(ARGV[2]) - held, ARGV[3], now, true)
-drop_unused_limit(KEYS[4], held, KEYS[2], queued)
+drop_unused_limit(KEYS[4], held, KEYS[3], queued)
 return 1

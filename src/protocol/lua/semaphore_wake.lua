@@ -3,12 +3,14 @@
 
 -- Wakes the semaphore waiters that `free` permits let in: the first `free` tokens of the fair
 -- queue by name, or, when nobody is queued and `or_all` is set, everybody (''). Returns whether
--- anybody still queues (nil when no permit is free: the queue is not read then).
+-- any waiter still keeps a place (a fair one's is in `queue` and `deadlines`, an unfair one's in
+-- `deadlines` only); nil when no permit is free (the places are not read then).
 local function wake_semaphore(queue, deadlines, free, channel, now, or_all)
   if free < 1 then
     return nil
   end
-  if redis.call('EXISTS', queue) == 1 then
+  local placed = redis.call('EXISTS', deadlines) == 1
+  if placed then
     prune_queue(queue, deadlines, now)
     local first = redis.call('LRANGE', queue, 0, int(free - 1))
     for _, token in ipairs(first) do
@@ -17,23 +19,25 @@ local function wake_semaphore(queue, deadlines, free, channel, now, or_all)
     if #first > 0 then
       return true
     end
+    placed = redis.call('EXISTS', deadlines) == 1
   end
   if or_all then
     redis.call('PUBLISH', channel, '')
   end
-  return false
+  return placed
 end
 
 -- A semaphore's live limit goes with its last holder and waiter (otherwise it expires with them).
--- `held`: the live holders; `queued`: whether anybody queues (nil: not known, read here).
-local function drop_unused_limit(limit_key, held, queue, queued)
+-- `held`: the live holders; `placed`: whether any waiter keeps a place in `deadlines` (nil: not
+-- known, read here).
+local function drop_unused_limit(limit_key, held, deadlines, placed)
   if not limit_key or held > 0 then
     return
   end
-  if queued == nil then
-    queued = redis.call('EXISTS', queue) == 1
+  if placed == nil then
+    placed = redis.call('EXISTS', deadlines) == 1
   end
-  if not queued then
+  if not placed then
     redis.call('DEL', limit_key)
   end
 end
