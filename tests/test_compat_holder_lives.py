@@ -63,6 +63,16 @@ def assert_outlives(r: redis.Redis, key: str, value: bytes) -> None:
     assert 0 < r.pttl(key) <= LEASE * 1000
 
 
+def assert_ended_quietly(r: redis.Redis, log: pytest.LogCaptureFixture, *keys: str) -> None:
+    """Each key was released and its renewal forgotten: a renewal still running would find the
+    key gone within a lease and log that it was lost."""
+    for key in keys:
+        assert r.get(key) is None
+        assert renewing(key.encode()) == []
+    time.sleep(LEASE)
+    assert "was lost" not in log.text
+
+
 # -- redis-py -------------------------------------------------------------------------------
 
 
@@ -77,10 +87,7 @@ def test_redis_py_hold_outlives_its_lock_object(
     other = redis_py.Lock(r2, name)
     other.local.token = b"tok-1"
     other.release()
-    assert r.get(name) is None
-    assert renewing(name.encode()) == []
-    time.sleep(LEASE)  # a renewal still running would find the key gone and say so
-    assert "was lost" not in lost_log.text
+    assert_ended_quietly(r, lost_log, name)
     with pytest.raises(LockNotOwnedError):
         redis_py.Lock(r, name).do_release(b"tok-1")
 
@@ -103,10 +110,7 @@ def test_redis_py_hold_outlives_the_thread_that_took_it(
     assert lk.local.token is None
     assert_outlives(r, name, tokens[0])
     lk.do_release(tokens[0])  # redis-py's hook, by token
-    assert r.get(name) is None
-    assert renewing(name.encode()) == []
-    time.sleep(LEASE)
-    assert "was lost" not in lost_log.text
+    assert_ended_quietly(r, lost_log, name)
 
 
 def test_redis_py_asyncio_hold_outlives_its_task(
@@ -163,10 +167,7 @@ def test_redis_lock_hold_outlives_its_lock_object(
         prl.Lock(r, name, id=held_id).extend(5)
     # python-redis-lock's docs: release from another Lock with the same id.
     prl.Lock(r2, name, id=held_id).release()
-    assert r.get(f"lock:{name}") is None
-    assert renewing(f"lock:{name}".encode()) == []
-    time.sleep(LEASE)
-    assert "was lost" not in lost_log.text
+    assert_ended_quietly(r, lost_log, f"lock:{name}")
 
 
 def test_redis_lock_reset_and_reset_all_end_the_renewal(
@@ -181,10 +182,7 @@ def test_redis_lock_reset_and_reset_all_end_the_renewal(
     assert renewing(f"lock:{name}a".encode()) == []
     assert renewing(f"lock:{name}b".encode()) != []
     prl.reset_all(r)
-    assert r.get(f"lock:{name}b") is None
-    assert renewing(f"lock:{name}b".encode()) == []
-    time.sleep(LEASE)
-    assert "was lost" not in lost_log.text
+    assert_ended_quietly(r, lost_log, f"lock:{name}a", f"lock:{name}b")
 
 
 # -- the registry: no unbounded growth, nothing inherited by a forked child -----------------
