@@ -7,6 +7,7 @@ import importlib.util
 import inspect
 import json
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -753,3 +754,28 @@ def test_a_resend_after_a_dropped_reply_keeps_its_own_grant(
             assert release_lock(client, lockname, identifier) is True
         finally:
             client.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("leaves_by", ["exit", "end of block"])
+def test_a_forked_child_leaving_the_block_keeps_the_parents_lock(
+    r: redis.Redis, lockname: str, leaves_by: str
+) -> None:
+    # A process that forks holds none of the parent's locks in the child: leaving the `with`
+    # there (sys.exit, or the block's end) must not release the parent's, which is still inside.
+    parent = os.getpid()
+    try:
+        with redis_lock(r, lockname, ltime=30) as identifier:
+            pid = os.fork()
+            if pid == 0 and leaves_by == "exit":
+                sys.exit(0)
+            if pid != 0:
+                os.waitpid(pid, 0)
+                assert r.get(_key(DEFAULT_PREFIX, lockname)) == identifier.encode()
+                assert acquire_lock(r, lockname, atime=0) is False  # still the parent's
+    except SystemExit:
+        assert os.getpid() != parent
+    finally:
+        if os.getpid() != parent:
+            os._exit(0)  # the child never runs the rest of the test
+    assert r.get(_key(DEFAULT_PREFIX, lockname)) is None  # the parent released it, no loss

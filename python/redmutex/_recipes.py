@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import os
 import secrets
 import time
 import types
@@ -85,11 +86,17 @@ def redis_lock(
     identifier = acquire_lock(conn, lockname, atime=atime, ltime=ltime)
     if not identifier:
         raise LockError(f"lock {_shown(lockname)}: could not acquire lock", name=lockname)
+    holder = os.getpid()
     try:
         yield identifier
     except BaseException:
-        _release_after_raise(conn, lockname, identifier)
+        # A forked child leaving the block (sys.exit, an exception) holds none of the parent's
+        # locks: the parent, still inside, keeps its lock.
+        if os.getpid() == holder:
+            _release_after_raise(conn, lockname, identifier)
         raise
+    if os.getpid() != holder:
+        return
     if not release_lock(conn, lockname, identifier):
         raise LockLostError(f"lock {_shown(lockname)}: lock was lost", name=lockname)
 
