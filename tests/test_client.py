@@ -16,6 +16,7 @@ from urllib.parse import quote
 import pytest
 import redis
 import redmutex
+from redmutex._client import from_redis
 from redmutex._server import RedisServer, free_port
 
 SECRET = "Sup3r-Secret-Pa55word"
@@ -91,6 +92,26 @@ def test_redis_url_selects_db(redis_server: RedisServer, prefix: str) -> None:
     finally:
         db3.close()
         db0.close()
+
+
+def test_a_db_in_the_urls_query_is_the_db_for_every_client(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    # redis-py reads `?db=` (over the path's db): a Lock made from the URL string and one made
+    # from redis.Redis.from_url(url) must be in the same database, so they exclude each other.
+    url = f"redis://127.0.0.1:{redis_server.port}/0?db=5"
+    from_url = redis.Redis.from_url(url)
+    try:
+        with redmutex.Client(url, prefix=prefix) as c:
+            lock = redmutex.Lock(c, "query-db")
+            assert lock.acquire(timeout=0)
+            assert lock.token is not None
+            assert from_url.get(_lock_key(prefix, "query-db")) == lock.token.encode()
+            other = redmutex.Lock(from_redis(from_url, prefix=prefix), "query-db")
+            assert not other.acquire(timeout=0)
+            lock.release()
+    finally:
+        from_url.close()
 
 
 @pytest.mark.parametrize(
@@ -176,6 +197,9 @@ def test_unix_socket_with_user_and_password(
         "redis://127.0.0.1:-1/0",
         "redis://127.0.0.1:port/0",
         "redis://127.0.0.1:6379/notadb",
+        "redis://127.0.0.1:6379/-1",
+        "redis://127.0.0.1:6379?db=-2",
+        "redis://127.0.0.1:6379/0?db=x",
         "redis://[::1/0",
         "unix://",
         "redis+unix://",

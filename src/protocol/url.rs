@@ -494,12 +494,46 @@ pub fn parse(url: &str) -> Result<ConnectionInfo, String> {
              (e.g. not by cluster seeds)",
         ));
     }
-    match normalize(url).as_ref().into_connection_info() {
-        Ok(info) => Ok(info),
+    let normalized = normalize(url);
+    let info = match normalized.as_ref().into_connection_info() {
+        Ok(info) if url.starts_with("redis://") || url.starts_with("rediss://") => {
+            with_query_settings(&normalized, info).map_err(&fail)?
+        }
+        Ok(info) => info,
         // The parser's own words are static descriptions; they still pass through the
         // redactor in case a future version quotes the input.
-        Err(err) => Err(fail(&scrub(&err.to_string(), url))),
+        Err(err) => return Err(fail(&scrub(&err.to_string(), url))),
+    };
+    if info.redis_settings().db() < 0 {
+        return Err(fail("the db must be a non-negative integer"));
     }
+    Ok(info)
+}
+
+/// A TCP URL's `db`, `username` and `password` query settings, read as redis-py reads them (the
+/// query's db over the path's; the user-info's credentials over the query's), which the standard
+/// parser passes over: `redis://host?db=5` must be the same database for every client. Other
+/// query keys (redis-py's socket and pool options) are left to the client's own settings.
+fn with_query_settings(url: &str, info: ConnectionInfo) -> Result<ConnectionInfo, &'static str> {
+    let Some((_, query)) = url.split_once('?') else {
+        return Ok(info);
+    };
+    let query = query.split('#').next().unwrap_or_default();
+    let mut redis = info.redis_settings().clone();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let value = percent_decode(value);
+        redis = match key {
+            "db" => match value.parse::<i64>() {
+                Ok(db) if db >= 0 => redis.set_db(db),
+                _ => return Err("the db must be a non-negative integer"),
+            },
+            "username" if redis.username().is_none() => redis.set_username(value),
+            "password" if redis.password().is_none() => redis.set_password(value),
+            _ => redis,
+        };
+    }
+    Ok(info.set_redis_settings(redis))
 }
 
 /// The URL with any password (in the user-info part, or `pass=`/`password=`/
@@ -577,6 +611,25 @@ mod tests {
         ] {
             assert!(parse(url).is_ok(), "{url}");
         }
+    }
+
+    #[test]
+    fn reads_the_db_and_credentials_of_a_tcp_urls_query_as_redis_py_does() {
+        let settings = |url: &str| parse(url).unwrap().redis_settings().clone();
+        assert_eq!(settings("redis://h:1?db=5").db(), 5);
+        assert_eq!(settings("redis://h:1/2?db=5").db(), 5); // the query's over the path's
+        assert_eq!(settings("rediss://h:1/?db=7&socket_timeout=5").db(), 7);
+        let s = settings("redis://h:1?username=u&password=p%40w");
+        assert_eq!((s.username(), s.password()), (Some("u"), Some("p@w")));
+        let s = settings("redis://a:b@h:1?username=u&password=p");
+        assert_eq!((s.username(), s.password()), (Some("a"), Some("b")));
+        for bad in ["redis://h:1/-1", "redis://h:1?db=-1", "redis://h:1?db=x"] {
+            let err = parse(bad).unwrap_err();
+            assert!(err.contains("non-negative"), "{bad}: {err}");
+        }
+        assert!(parse("redis://h:1?db=5&password=secret")
+            .map(|i| i.redis_settings().db())
+            .is_ok());
     }
 
     #[test]
