@@ -4,6 +4,8 @@ item 7 (one server listed twice under two names is refused)."""
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import threading
 import time
 import uuid
@@ -339,3 +341,26 @@ def test_a_value_on_too_few_masters_with_one_master_down(masters: Masters, age: 
         found.abandon()
     finally:
         proxy.stop()
+
+
+def test_a_stopped_minority_master_does_not_hold_up_renewal(masters: Masters) -> None:
+    # Renewal (and owned()) is decided once a majority answers: a master that stopped answering
+    # (SIGSTOP: connected, silent) must not hold each extend up to the command timeout, which
+    # here outlasts the lease (ttl 2.5 s, renewal every ttl/3, command timeout 2 s).
+    client = redmutex.Client(masters.urls, connect_timeout=1, command_timeout=2)
+    lock = redmutex.Lock(client, name(), ttl=2.5, auto_renew=True)
+    sem = redmutex.Semaphore(client, name(), 2, ttl=2.5, auto_renew=True)
+    assert lock.acquire(timeout=5) and sem.acquire(timeout=5)
+    stopped = masters.servers[4].process
+    assert stopped is not None
+    os.kill(stopped.pid, signal.SIGSTOP)
+    try:
+        time.sleep(6)  # more than two leases
+        assert not lock.lost and not sem.lost
+        started = time.monotonic()
+        assert lock.owned()
+        assert time.monotonic() - started < 1.5  # not the stopped master's 2 s
+    finally:
+        os.kill(stopped.pid, signal.SIGCONT)
+    lock.release()
+    sem.release()

@@ -276,27 +276,78 @@ impl Redlock {
     async fn on_all<'s, T, F, Fut>(&'s self, op: F) -> Result<Vec<Answer<T>>>
     where
         F: Fn(usize, &'s Shared) -> Fut,
-        Fut: Future<Output = Result<(T, Option<Arc<Identity>>)>>,
+        Fut: Future<Output = Result<(T, Option<Arc<Identity>>)>> + 's,
     {
         self.check_distinct()?;
-        let calls = self.masters.iter().map(|m| {
-            let call = op(m.index, &m.shared);
-            async move {
-                match call.await {
-                    Ok((value, identity)) => Answer {
-                        counted: self.discounted(m, identity.as_deref()).is_none(),
-                        value: Ok(value),
-                    },
-                    Err(err) => Answer {
-                        value: Err(Error::Connection(Self::labelled(m, &err))),
-                        counted: false,
-                    },
-                }
-            }
-        });
-        let answers = join_all(calls).await;
+        let answers = join_all(self.answers_of(op)).await;
         self.check_distinct()?;
         Ok(answers)
+    }
+
+    /// `op` on every master, each call's answer as it comes (see `Answer`).
+    fn answers_of<'s, T, F, Fut>(&'s self, op: F) -> Vec<impl Future<Output = Answer<T>> + 's>
+    where
+        F: Fn(usize, &'s Shared) -> Fut,
+        Fut: Future<Output = Result<(T, Option<Arc<Identity>>)>> + 's,
+    {
+        self.masters
+            .iter()
+            .map(|m| {
+                let call = op(m.index, &m.shared);
+                async move {
+                    match call.await {
+                        Ok((value, identity)) => Answer {
+                            counted: self.discounted(m, identity.as_deref()).is_none(),
+                            value: Ok(value),
+                        },
+                        Err(err) => Answer {
+                            value: Err(Error::Connection(Self::labelled(m, &err))),
+                            counted: false,
+                        },
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// `op` on every master, decided as soon as a majority confirms (true) or denies (false):
+    /// a master that is slow or stopped answering (a minority) does not hold up a renewal or an
+    /// ownership check until its command timeout, which can outlast the lease. The calls still
+    /// out are dropped (each was sent already unless its master could not be reached).
+    async fn decided_by_majority<'s, T, F, Fut>(
+        &'s self,
+        op: F,
+        yes: impl Fn(&T) -> Option<bool>,
+    ) -> Result<bool>
+    where
+        F: Fn(usize, &'s Shared) -> Fut,
+        Fut: Future<Output = Result<(T, Option<Arc<Identity>>)>> + 's,
+    {
+        self.check_distinct()?;
+        let mut pending: FuturesUnordered<_> = self.answers_of(op).into_iter().collect();
+        let (mut confirmed, mut denied, mut errors) = (0, 0, Vec::new());
+        let mut decided = Majority::Unknown;
+        while let Some(answer) = pending.next().await {
+            match (&answer.value, answer.counted) {
+                (Ok(v), true) => match yes(v) {
+                    Some(true) => confirmed += 1,
+                    Some(false) => denied += 1,
+                    None => errors.push("unexpected reply".to_string()),
+                },
+                (Ok(_), false) => {}
+                (Err(err), _) => errors.push(err.to_string()),
+            }
+            decided = quorum::majority(self.masters.len(), confirmed, denied);
+            if decided != Majority::Unknown {
+                break;
+            }
+        }
+        self.check_distinct()?;
+        match decided {
+            Majority::Yes => Ok(true),
+            Majority::No => Ok(false),
+            Majority::Unknown => Err(self.quorum_error(confirmed + denied, &errors)),
+        }
     }
 
     pub(super) fn quorum_error(&self, answered: usize, errors: &[String]) -> Error {
@@ -444,10 +495,13 @@ impl Redlock {
     ) -> Result<Option<Instant>> {
         self.note_lease(lease_for);
         let sent_at = Instant::now();
-        let answers = self
-            .on_all(|_, s| executor::send_identified(&s.node, step))
+        let extended = self
+            .decided_by_majority(
+                |_, s| executor::send_identified(&s.node, step),
+                |v| step.parse(v.clone()).ok(),
+            )
             .await?;
-        if !self.by_majority(answers, |v| step.parse(v.clone()).ok())? {
+        if !extended {
             return Ok(None);
         }
         Ok(Some(quorum::lease_start(sent_at, lease_for)))
@@ -460,10 +514,11 @@ impl Redlock {
 
     /// Whether an ownership step says yes on a majority of the masters.
     pub async fn owned_by(&self, step: &Step<bool>) -> Result<bool> {
-        let answers = self
-            .on_all(|_, s| executor::send_identified(&s.node, step))
-            .await?;
-        self.by_majority(answers, |v| step.parse(v.clone()).ok())
+        self.decided_by_majority(
+            |_, s| executor::send_identified(&s.node, step),
+            |v| step.parse(v.clone()).ok(),
+        )
+        .await
     }
 
     /// Whether some owner holds the lock on a majority of the masters.
