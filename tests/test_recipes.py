@@ -779,3 +779,13 @@ def test_a_forked_child_leaving_the_block_keeps_the_parents_lock(
         if os.getpid() != parent:
             os._exit(0)  # the child never runs the rest of the test
     assert r.get(_key(DEFAULT_PREFIX, lockname)) is None  # the parent released it, no loss
+
+
+def test_locked_checks_its_name_at_decoration(client: redmutex.Client) -> None:
+    with pytest.raises(ValueError, match="name"):
+        redmutex.locked(client, "", ttl=5)
+    with pytest.raises(ValueError, match=r"^name 'job:\{nobody\}' of "):
+
+        @redmutex.locked(client, "job:{nobody}", ttl=5)
+        def job(x: int) -> int:
+            return x

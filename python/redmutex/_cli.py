@@ -272,8 +272,8 @@ def _core_failure(exc: Exception, node: Node) -> CliError:
 
 
 _AUTH_REQUIRED = (
-    "Redis at {}: authentication required (put the password in the URL:"
-    " redis://[user]:password@host:port/db)"
+    "Redis at {}: authentication required (put the user and password in the URL, before the"
+    " host, separated by ':' and followed by '@')"
 )
 _WRONG_CREDENTIALS = "Redis at {} refused the credentials: wrong password or user"
 

@@ -395,7 +395,7 @@ class RWLock:
     def write(self) -> RWLockSide:
         """A new write lock of this RWLock (exclusive)."""
     def locked(self) -> bool:
-        """True when a writer holds it (readers do not count)."""
+        """True when somebody holds the RWLock: a writer, or at least one live reader."""
     def readers(self) -> int:
         """The number of live readers."""
     @property

@@ -176,11 +176,13 @@ def lock_decorator(
     ``aio.Lock``) for each call; ``wrap(func, new_lock)`` makes the wrapper."""
     if not isinstance(name, str):
         raise TypeError(f"name: expected a str, not {type(name).__name__}")
+    if not name:
+        raise ValueError("name: must not be empty")
     # Validate the options once, at decoration time, with a throwaway object.
-    _core.Lock(client, name or "_", **options)
+    _core.Lock(client, name, **options)
 
     def decorate(func: Callable[..., Any]) -> Any:
-        lock_name = compile_template(name, func)
+        lock_name = compile_template(name, func, argument="name")
 
         def new_lock(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             return make_lock(client, lock_name(args, kwargs), **options)
