@@ -492,3 +492,20 @@ def test_callers_with_the_same_identifier_never_hold_at_once() -> None:
         overlaps = int(tally.get(n + ":overlaps") or 0)
         assert held >= 30, held
         assert overlaps == 0, f"{overlaps} of {held} holds overlapped another"
+
+
+def test_a_lease_too_short_to_grant_is_refused_at_construction(masters: Masters) -> None:
+    # The clock-drift allowance (2 ms + 1 %) would eat a 1-2 ms lease: every won round would be
+    # given back and tried again, and acquire() would wait forever for a free lock.
+    c = client(masters)
+    for make in (
+        lambda ttl: redmutex.Lock(c, name(), ttl=ttl),
+        lambda ttl: redmutex.Semaphore(c, name(), 2, ttl=ttl),
+        lambda ttl: redmutex.RWLock(c, name(), ttl=ttl).read(),
+    ):
+        with pytest.raises(ValueError, match="ttl"):
+            make(0.002)
+        held = make(0.05)
+        assert held.acquire(timeout=5)
+    with pytest.raises(ValueError, match="lock_ttl"):
+        redmutex.get_or_fill(c, name(), lambda: 1, ttl=5, lock_ttl=0.001)

@@ -68,6 +68,7 @@ impl CacheSpec {
         claim_lease: Duration,
         value_ttl: Duration,
     ) -> Result<Self> {
+        client.check_lease("lock_ttl", claim_lease)?;
         Ok(CacheSpec {
             name: name.to_vec(),
             keys: client.keys(name)?,

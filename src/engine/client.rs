@@ -9,6 +9,7 @@
 
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use redis::ConnectionInfo;
 
@@ -34,6 +35,9 @@ pub enum Deployment {
     /// label (the redacted URL) for each, for messages.
     Redlock(Vec<(Endpoint, String)>),
 }
+
+/// The shortest lease a Redlock client takes (see `Client::check_lease`).
+pub const REDLOCK_MIN_LEASE: Duration = Duration::from_millis(10);
 
 #[derive(Clone, Debug)]
 pub struct ClientConfig {
@@ -180,6 +184,20 @@ impl Client {
 
     pub fn is_redlock(&self) -> bool {
         matches!(self.plan, Plan::Redlock(_))
+    }
+
+    /// Refuses a lease a Redlock client could never grant: the clock-drift allowance (2 ms plus
+    /// 1 %) and a round on every master must fit in it, or every won round would be given back
+    /// and tried again forever. `arg`: how the caller names the lease.
+    pub fn check_lease(&self, arg: &str, lease: Duration) -> Result<()> {
+        if self.is_redlock() && lease < REDLOCK_MIN_LEASE {
+            return Err(Error::Invalid(format!(
+                "{arg}: a Redlock lease must be at least {} s (the clock-drift allowance alone \
+                 is 2 ms)",
+                REDLOCK_MIN_LEASE.as_secs_f64()
+            )));
+        }
+        Ok(())
     }
 
     /// Whether the blocking API may make one-round-trip calls on the caller's thread: on one

@@ -459,6 +459,7 @@ impl LockHandle {
                     .into(),
             ));
         }
+        client.check_lease("ttl", lease)?;
         let spec = LockSpec {
             name: name.to_vec(),
             keys: client.keys(name)?,

@@ -301,6 +301,7 @@ impl RwLock {
         lease: Duration,
         auto_renew: bool,
     ) -> Result<Self> {
+        client.check_lease("ttl", lease)?;
         let spec = RwSpec {
             name: name.to_vec(),
             keys: client.keys(name)?,

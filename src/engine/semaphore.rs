@@ -221,6 +221,7 @@ impl SemaphoreHandle {
         fair: bool,
         auto_renew: bool,
     ) -> Result<Self> {
+        client.check_lease("ttl", lease)?;
         let spec = SemaphoreSpec {
             name: name.to_vec(),
             keys: client.keys(name)?,
