@@ -153,6 +153,33 @@ def test_with_auto_renew_outlives_ttl(client: redmutex.Client) -> None:
     assert lock.locked() is False
 
 
+@pytest.mark.timeout(60)
+def test_renewal_never_shortens_an_extended_lease(quiet_server: tuple[str, redis.Redis]) -> None:
+    # extend(ttl): "the lease now ends ttl from now". Renewal keeps the lease at least the
+    # lock's ttl; it must not cut a longer extend back to the ttl, nor let a shorter one run out
+    # before its next turn.
+    url, conn = quiet_server
+    c = redmutex.Client(url, prefix="rx:")
+    try:
+        longer = redmutex.Lock(c, "longer", ttl=0.6, auto_renew=True)
+        assert longer.acquire(timeout=5)
+        longer.extend(30)
+        time.sleep(1.5)  # several renewal periods of the 0.6 s ttl
+        assert conn.pttl("rx:{longer}:lock") > 25_000
+        remaining = longer.remaining()
+        assert remaining is not None and remaining > 25
+        longer.release()
+        shorter = redmutex.Lock(c, "shorter", ttl=6, auto_renew=True)
+        assert shorter.acquire(timeout=5)
+        shorter.extend(0.4)  # the next renewal would come at ttl/3 = 2 s
+        time.sleep(1.5)
+        assert not shorter.lost and shorter.owned()
+        assert 0 < conn.pttl("rx:{shorter}:lock") <= 6_000
+        shorter.release()
+    finally:
+        c.close()
+
+
 # ----------------------------------------------------------------------------- loss
 
 

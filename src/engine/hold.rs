@@ -1081,7 +1081,7 @@ impl<P: Leased> Holder<P> {
     ) -> Result<()> {
         match outcome? {
             Some(sent_at) => {
-                hold.status.set_deadline(lease::deadline(sent_at, lease));
+                hold.status.move_deadline(lease::deadline(sent_at, lease));
                 Ok(())
             }
             None => {

@@ -16,6 +16,8 @@ pub struct HoldStatus {
     releasing: AtomicBool,
     /// The run_id of the server incarnation known when the hold was granted (None: unknown).
     pub(super) run_id: Option<Arc<str>>,
+    /// Told when the caller moved the deadline (`extend`): the renewal task plans again.
+    moved: tokio::sync::Notify,
 }
 
 impl HoldStatus {
@@ -25,6 +27,7 @@ impl HoldStatus {
             lost: AtomicBool::new(false),
             releasing: AtomicBool::new(false),
             run_id: None,
+            moved: tokio::sync::Notify::new(),
         }
     }
 
@@ -41,6 +44,18 @@ impl HoldStatus {
 
     pub fn set_deadline(&self, deadline: Instant) {
         *self.deadline.lock().unwrap_or_else(|p| p.into_inner()) = deadline;
+    }
+
+    /// The caller's `extend` moved the deadline: `set_deadline`, and the renewal task (if any)
+    /// plans its next extend again.
+    pub fn move_deadline(&self, deadline: Instant) {
+        self.set_deadline(deadline);
+        self.moved.notify_one();
+    }
+
+    /// Resolves once the caller moved the deadline (see `move_deadline`).
+    pub async fn deadline_moved(&self) {
+        self.moved.notified().await;
     }
 
     pub fn is_lost(&self) -> bool {

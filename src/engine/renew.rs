@@ -105,19 +105,30 @@ async fn renew<F, Fut>(
     let retry = (period / 4).clamp(Duration::from_millis(1), Duration::from_millis(500));
     let mut next = Instant::now() + schedule.first;
     loop {
-        tokio::time::sleep_until(next.into()).await;
+        // The caller's extend may have moved the deadline: a shorter lease is renewed by half
+        // of what is left of it if that comes first (it wakes this task to plan again).
+        let now = Instant::now();
+        let due = next.min(now + status.deadline().saturating_duration_since(now) / 2);
+        tokio::select! {
+            _ = tokio::time::sleep_until(due.into()) => {}
+            _ = status.deadline_moved() => continue,
+        }
         if status.is_lost() || status.is_releasing() {
             return;
         }
+        // Never shorter than the caller's extend left it: a lease extended past the ttl keeps
+        // its end until it runs down to the ttl.
+        let wanted = lease.max(status.deadline().saturating_duration_since(Instant::now()));
         // An extend still unanswered when the lease ends cannot save it: stop waiting then, so
         // the loss is reported when it happens, not after the client's timeouts.
-        let renewed = match tokio::time::timeout_at(status.deadline().into(), extend(lease)).await {
+        let renewed = match tokio::time::timeout_at(status.deadline().into(), extend(wanted)).await
+        {
             Ok(renewed) => renewed,
             Err(_) => return report_lost(&status, &listener),
         };
         match renewed {
             Ok(Some(sent_at)) => {
-                status.set_deadline(sent_at.checked_add(lease).unwrap_or(sent_at));
+                status.set_deadline(sent_at.checked_add(wanted).unwrap_or(sent_at));
                 if !schedule.repeat {
                     return;
                 }
