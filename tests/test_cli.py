@@ -729,6 +729,27 @@ def test_redlock_lists(make_server: Callable[..., RedisServer]) -> None:
     assert code == 1 and data["held"] is False
 
 
+def test_redlock_status_is_an_error_when_too_few_masters_answer(
+    make_server: Callable[..., RedisServer],
+) -> None:
+    # Held on all three, then two stop: the one that answers cannot say "free" for the others
+    # (a script doing `status NAME || start_job` must not go ahead).
+    servers = [make_server() for _ in range(3)]
+    urls = [s.url for s in servers]
+    name = name_()
+    lock = redmutex.Lock(redmutex.Client(urls, prefix="rq:"), name, ttl=60)
+    assert lock.acquire(timeout=5)
+    for server in servers[1:]:
+        server.stop()
+    comma = ["--redis", ",".join(urls), "--prefix", "rq:"]
+    done = run_cli("status", name, *comma, "--json")
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    data = json.loads(done.stdout)
+    assert data["held"] is None and data["held_on"] == 1 and data["free_on"] == 0
+    done = run_cli("status", name, *comma)
+    assert done.returncode == 2 and "unknown" in done.stdout, done.stdout
+
+
 def test_cluster_seeds() -> None:
     from _scale_servers import Cluster
 

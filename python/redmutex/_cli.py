@@ -780,9 +780,15 @@ def cmd_status(args: argparse.Namespace) -> int:
         else:
             _print(*status_lines(status))
         return EXIT_HELD if status.held else EXIT_FREE
-    # A Redlock: each master's view, and held when a quorum of masters says so.
+    # A Redlock: each master's view; held when a quorum of masters says so, free when so many
+    # say free that no quorum can hold it, else unknown (too few answered): an error.
     held_on = sum(1 for _, r in results if isinstance(r, Status) and r.held)
-    held = held_on >= _quorum(target)
+    free_on = sum(1 for _, r in results if isinstance(r, Status) and not r.held)
+    quorum = _quorum(target)
+    held: bool | None = True if held_on >= quorum else None
+    if held is None and free_on > len(results) - quorum:
+        held = False
+    shown = {True: "held", False: "free", None: "unknown: too few masters answered"}[held]
     if args.json:
         masters = [
             {"url": node.shown_url, "error": str(r)}
@@ -796,21 +802,24 @@ def cmd_status(args: argparse.Namespace) -> int:
                 "prefix": target.prefix,
                 "held": held,
                 "held_on": held_on,
-                "quorum": _quorum(target),
+                "free_on": free_on,
+                "quorum": quorum,
                 "masters": masters,
             }
         )
     else:
         lines = [
             (
-                f"redlock:   {'held' if held else 'free'} (held on {held_on} of"
-                f" {len(results)} masters, quorum {_quorum(target)})"
+                f"redlock:   {shown} (held on {held_on}, free on {free_on} of"
+                f" {len(results)} masters, quorum {quorum})"
             )
         ]
         for i, (node, r) in enumerate(results, 1):
             lines.append(f"-- master {i}: {node.shown_url}")
             lines += [f"error:     {r}"] if isinstance(r, CliError) else list(status_lines(r))
         _print(*lines)
+    if held is None:
+        return EXIT_ERROR
     return EXIT_HELD if held else EXIT_FREE
 
 
