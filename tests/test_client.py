@@ -551,6 +551,21 @@ def test_redis_py_with_password_and_acl_user(auth_server: RedisServer) -> None:
 
 
 @pytest.mark.timeout(30)
+def test_redis_py_with_a_credential_provider(auth_server: RedisServer) -> None:
+    from redis.credentials import UsernamePasswordCredentialProvider
+
+    for provider in (
+        UsernamePasswordCredentialProvider(password=SECRET),
+        UsernamePasswordCredentialProvider("alice", ALICE_SECRET),
+    ):
+        rp = redis.Redis(host="127.0.0.1", port=auth_server.port, credential_provider=provider)
+        try:
+            _hold_and_check(rp, "redmutex:", rp, f"rpc-{uuid.uuid4().hex}")
+        finally:
+            rp.close()
+
+
+@pytest.mark.timeout(30)
 def test_redis_py_unix_socket_client(unix_server: tuple[RedisServer, str]) -> None:
     _, path = unix_server
     rp = redis.Redis(unix_socket_path=path, db=3)

@@ -120,6 +120,27 @@ def _tls_query(kwargs: dict[str, Any], connection_class: Any) -> str:
     return f"?{urlencode(query)}" if query else ""
 
 
+def _credentials(kwargs: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(username, password) of a redis-py pool's settings: its own, or what its
+    `credential_provider` gives now (redis-py asks it on every new connection; redmutex's
+    connections take the credentials once, when the Client is made)."""
+    provider = kwargs.get("credential_provider")
+    if provider is None:
+        return kwargs.get("username"), kwargs.get("password")
+    get = getattr(provider, "get_credentials", None)
+    if not callable(get):
+        raise TypeError("client: its credential_provider has no get_credentials()")
+    credentials = get()
+    if not isinstance(credentials, tuple) or len(credentials) not in (1, 2):
+        raise ValueError(
+            "client: credential_provider.get_credentials() must return (password,) or"
+            " (username, password)"
+        )
+    if len(credentials) == 1:
+        return None, credentials[0]
+    return credentials[0], credentials[1]
+
+
 def url_of_redis_py(redis_client: Any) -> tuple[str, float | None, float | None]:
     """The URL (and timeouts, if set) of a redis-py client's connection pool."""
     pool = getattr(redis_client, "connection_pool", None)
@@ -127,8 +148,7 @@ def url_of_redis_py(redis_client: Any) -> tuple[str, float | None, float | None]
     if not isinstance(kwargs, dict):
         raise TypeError("client: expected a redmutex.Client, a URL string or a redis.Redis")
     db = int(kwargs.get("db") or 0)
-    username = kwargs.get("username")
-    password = kwargs.get("password")
+    username, password = _credentials(kwargs)
     path = kwargs.get("path")
     sentinel = _sentinel_url(pool, kwargs)
     if sentinel is not None:
