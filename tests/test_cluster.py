@@ -306,3 +306,24 @@ def test_blocking_cache_runs_through_the_runtime(client: redmutex.Client) -> Non
     assert isinstance(again, _core.FillClaim)
     assert again.abandon() is True
     assert isinstance(store.fetch(name), _core.FillClaim)
+
+
+def test_a_dead_master_is_a_connection_error_within_the_command_timeout() -> None:
+    # A master without replica dies: its slots answer MOVED to it, or CLUSTERDOWN, for as long
+    # as the command timeout allows; then the caller gets redmutex.ConnectionError (what a
+    # retry on an unreachable server catches), not a LockError quoting the redirection.
+    with Cluster(3) as cl:
+        c = redmutex.Client(cluster=cl.urls, prefix=PREFIX, connect_timeout=1, command_timeout=1.5)
+        name = name_on(cl, 2, "dead")
+        held = redmutex.Lock(c, name, ttl=5)
+        assert held.acquire(timeout=5)
+        cl.kill(cl.servers[2])
+        for call in (
+            held.release,
+            lambda: redmutex.Lock(c, name, ttl=5).acquire(timeout=0),
+            lambda: redmutex.Semaphore(c, name, 2, ttl=5).acquire(timeout=0),
+        ):
+            started = time.monotonic()
+            with pytest.raises(redmutex.ConnectionError, match="timed out after"):
+                call()
+            assert time.monotonic() - started < 10

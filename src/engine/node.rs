@@ -781,6 +781,19 @@ impl Node {
                     tokio::time::sleep(pause).await;
                     continue;
                 }
+                if transient
+                    && !matches!(
+                        err.kind(),
+                        redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+                    )
+                {
+                    // The slot's node stayed unreachable (MOVED to a dead node, CLUSTERDOWN)
+                    // for the whole command timeout: the server cannot be reached, as for a
+                    // single server that does not answer.
+                    self.invalidate(generation);
+                    let what = format!("waiting for the cluster to serve the key (last: {err})");
+                    return Err(timed_out(self.timeouts.command, &what));
+                }
             }
             // Only a connection that broke under the call is worth one more try (a timeout
             // already used the caller's time), or one to a server that is no longer a master
