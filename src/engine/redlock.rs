@@ -97,6 +97,29 @@ pub(super) struct Answer<T> {
     counted: bool,
 }
 
+/// The masters' answers to a yes/no step so far: confirmations, denials (counted answers only)
+/// and what went wrong (for the quorum error).
+#[derive(Default)]
+struct Count {
+    confirmed: usize,
+    denied: usize,
+    errors: Vec<String>,
+}
+
+impl Count {
+    fn add<T>(&mut self, answer: &Answer<T>, yes: impl Fn(&T) -> Option<bool>) {
+        match (&answer.value, answer.counted) {
+            (Ok(v), true) => match yes(v) {
+                Some(true) => self.confirmed += 1,
+                Some(false) => self.denied += 1,
+                None => self.errors.push("unexpected reply".to_string()),
+            },
+            (Ok(_), false) => {}
+            (Err(err), _) => self.errors.push(err.to_string()),
+        }
+    }
+}
+
 /// For a token the caller chose (the recipes' identifier, which another call may use too): per
 /// master, whether this acquire's own vote set the token there and it was not given back yet.
 /// The votes are first sends (`scripts::acquire_first_send`), so a grant proves that this call
@@ -325,28 +348,27 @@ impl Redlock {
     {
         self.check_distinct()?;
         let mut pending: FuturesUnordered<_> = self.answers_of(op).into_iter().collect();
-        let (mut confirmed, mut denied, mut errors) = (0, 0, Vec::new());
-        let mut decided = Majority::Unknown;
+        let mut count = Count::default();
         while let Some(answer) = pending.next().await {
-            match (&answer.value, answer.counted) {
-                (Ok(v), true) => match yes(v) {
-                    Some(true) => confirmed += 1,
-                    Some(false) => denied += 1,
-                    None => errors.push("unexpected reply".to_string()),
-                },
-                (Ok(_), false) => {}
-                (Err(err), _) => errors.push(err.to_string()),
-            }
-            decided = quorum::majority(self.masters.len(), confirmed, denied);
-            if decided != Majority::Unknown {
+            count.add(&answer, &yes);
+            if quorum::majority(self.masters.len(), count.confirmed, count.denied)
+                != Majority::Unknown
+            {
                 break;
             }
         }
         self.check_distinct()?;
-        match decided {
+        self.decide(&count)
+    }
+
+    /// Yes / no by majority of what `count` counted; too few answers is a quorum error.
+    fn decide(&self, count: &Count) -> Result<bool> {
+        match quorum::majority(self.masters.len(), count.confirmed, count.denied) {
             Majority::Yes => Ok(true),
             Majority::No => Ok(false),
-            Majority::Unknown => Err(self.quorum_error(confirmed + denied, &errors)),
+            Majority::Unknown => {
+                Err(self.quorum_error(count.confirmed + count.denied, &count.errors))
+            }
         }
     }
 
@@ -569,23 +591,11 @@ impl Redlock {
         answers: Vec<Answer<T>>,
         yes: impl Fn(&T) -> Option<bool>,
     ) -> Result<bool> {
-        let (mut confirmed, mut denied, mut errors) = (0, 0, Vec::new());
+        let mut count = Count::default();
         for answer in &answers {
-            match (&answer.value, answer.counted) {
-                (Ok(v), true) => match yes(v) {
-                    Some(true) => confirmed += 1,
-                    Some(false) => denied += 1,
-                    None => errors.push("unexpected reply".to_string()),
-                },
-                (Ok(_), false) => {}
-                (Err(err), _) => errors.push(err.to_string()),
-            }
+            count.add(answer, &yes);
         }
-        match quorum::majority(self.masters.len(), confirmed, denied) {
-            Majority::Yes => Ok(true),
-            Majority::No => Ok(false),
-            Majority::Unknown => Err(self.quorum_error(confirmed + denied, &errors)),
-        }
+        self.decide(&count)
     }
 
     /// PING every master; fine when a majority answers.
