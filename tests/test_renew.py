@@ -73,13 +73,18 @@ class _GilHog:
 
 
 @pytest.fixture
-def quiet_server(make_server: Callable[..., RedisServer]) -> Iterator[tuple[str, redis.Redis]]:
-    """A redis-server of this test alone, so its commandstats count nobody else's commands."""
+def quiet_server(
+    make_server: Callable[..., RedisServer],
+) -> Iterator[tuple[redmutex.Client, redis.Redis]]:
+    """A client (prefix "q:") and a plain connection on a redis-server of this test alone, so
+    its commandstats count nobody else's commands."""
     server = make_server()
     conn = redis.Redis(host="127.0.0.1", port=server.port)
+    client = redmutex.Client(server.url, prefix="q:")
     try:
-        yield server.url, conn
+        yield client, conn
     finally:
+        client.close()
         conn.close()
 
 
@@ -127,18 +132,16 @@ def test_short_lease_held_long_is_never_lost(
 
 
 @pytest.mark.timeout(60)
-def test_renews_about_every_third_of_ttl(quiet_server: tuple[str, redis.Redis]) -> None:
-    url, conn = quiet_server
-    c = redmutex.Client(url, prefix="rn:")
-    try:
-        lock = redmutex.Lock(c, "rate", ttl=0.6, auto_renew=True)
-        assert lock.acquire(timeout=5)
-        before = _calls(conn).get("pexpire", 0)
-        time.sleep(3.0)
-        renewals = _calls(conn).get("pexpire", 0) - before
-        lock.release()
-    finally:
-        c.close()
+def test_renews_about_every_third_of_ttl(
+    quiet_server: tuple[redmutex.Client, redis.Redis],
+) -> None:
+    c, conn = quiet_server
+    lock = redmutex.Lock(c, "rate", ttl=0.6, auto_renew=True)
+    assert lock.acquire(timeout=5)
+    before = _calls(conn).get("pexpire", 0)
+    time.sleep(3.0)
+    renewals = _calls(conn).get("pexpire", 0) - before
+    lock.release()
     print(f"\n{renewals} renewals of a 0.6 s lease in 3 s")
     # every ttl/3 = 0.2 s gives ~15; fewer than 5 could not have kept it, 45+ is hammering
     assert 7 <= renewals <= 45, renewals
@@ -154,30 +157,28 @@ def test_with_auto_renew_outlives_ttl(client: redmutex.Client) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_renewal_never_shortens_an_extended_lease(quiet_server: tuple[str, redis.Redis]) -> None:
+def test_renewal_never_shortens_an_extended_lease(
+    quiet_server: tuple[redmutex.Client, redis.Redis],
+) -> None:
     # extend(ttl): "the lease now ends ttl from now". Renewal keeps the lease at least the
     # lock's ttl; it must not cut a longer extend back to the ttl, nor let a shorter one run out
     # before its next turn.
-    url, conn = quiet_server
-    c = redmutex.Client(url, prefix="rx:")
-    try:
-        longer = redmutex.Lock(c, "longer", ttl=0.6, auto_renew=True)
-        assert longer.acquire(timeout=5)
-        longer.extend(30)
-        time.sleep(1.5)  # several renewal periods of the 0.6 s ttl
-        assert conn.pttl("rx:{longer}:lock") > 25_000
-        remaining = longer.remaining()
-        assert remaining is not None and remaining > 25
-        longer.release()
-        shorter = redmutex.Lock(c, "shorter", ttl=6, auto_renew=True)
-        assert shorter.acquire(timeout=5)
-        shorter.extend(0.4)  # the next renewal would come at ttl/3 = 2 s
-        time.sleep(1.5)
-        assert not shorter.lost and shorter.owned()
-        assert 0 < conn.pttl("rx:{shorter}:lock") <= 6_000
-        shorter.release()
-    finally:
-        c.close()
+    c, conn = quiet_server
+    longer = redmutex.Lock(c, "longer", ttl=0.6, auto_renew=True)
+    assert longer.acquire(timeout=5)
+    longer.extend(30)
+    time.sleep(1.5)  # several renewal periods of the 0.6 s ttl
+    assert conn.pttl("q:{longer}:lock") > 25_000
+    remaining = longer.remaining()
+    assert remaining is not None and remaining > 25
+    longer.release()
+    shorter = redmutex.Lock(c, "shorter", ttl=6, auto_renew=True)
+    assert shorter.acquire(timeout=5)
+    shorter.extend(0.4)  # the next renewal would come at ttl/3 = 2 s
+    time.sleep(1.5)
+    assert not shorter.lost and shorter.owned()
+    assert 0 < conn.pttl("q:{shorter}:lock") <= 6_000
+    shorter.release()
 
 
 # ----------------------------------------------------------------------------- loss
@@ -270,22 +271,18 @@ def test_on_lost_that_raises_does_not_break_anything(
 
 
 @pytest.mark.timeout(60)
-def test_renewal_stops_after_release(quiet_server: tuple[str, redis.Redis]) -> None:
-    url, conn = quiet_server
-    c = redmutex.Client(url, prefix="rs:")
-    try:
-        lock = redmutex.Lock(c, "stop", ttl=0.3, auto_renew=True)
-        assert lock.acquire(timeout=5)
-        time.sleep(1.0)
-        assert _calls(conn).get("pexpire", 0) >= 3  # it did renew
-        lock.release()
-        after_release = _calls(conn).get("pexpire", 0)
-        time.sleep(1.5)
-        assert _calls(conn).get("pexpire", 0) == after_release
-        assert conn.exists(b"rs:{stop}:lock") == 0
-        assert lock.lost is False
-    finally:
-        c.close()
+def test_renewal_stops_after_release(quiet_server: tuple[redmutex.Client, redis.Redis]) -> None:
+    c, conn = quiet_server
+    lock = redmutex.Lock(c, "stop", ttl=0.3, auto_renew=True)
+    assert lock.acquire(timeout=5)
+    time.sleep(1.0)
+    assert _calls(conn).get("pexpire", 0) >= 3  # it did renew
+    lock.release()
+    after_release = _calls(conn).get("pexpire", 0)
+    time.sleep(1.5)
+    assert _calls(conn).get("pexpire", 0) == after_release
+    assert conn.exists(b"q:{stop}:lock") == 0
+    assert lock.lost is False
 
 
 @pytest.mark.timeout(60)
