@@ -74,6 +74,14 @@ fn thread_holds() -> std::sync::MutexGuard<'static, ThreadHolds> {
         .unwrap_or_else(|p| p.into_inner())
 }
 
+/// The one of `cores` (still alive) that holds now.
+fn holding(cores: &[Weak<HoldCore<LockHandle>>]) -> Option<Arc<HoldCore<LockHandle>>> {
+    cores
+        .iter()
+        .filter_map(Weak::upgrade)
+        .find(|c| c.holder().token().is_some())
+}
+
 /// Whether nobody uses `core` now (no call under way) and it holds nothing.
 fn unused(core: &Arc<HoldCore<LockHandle>>) -> bool {
     Arc::strong_count(core) == 1
@@ -142,10 +150,7 @@ impl Owners {
         }
         let cores = holds.cores.entry(key).or_default();
         cores.retain(|c| c.strong_count() > 0);
-        let held = cores
-            .iter()
-            .filter_map(Weak::upgrade)
-            .find(|c| c.holder().token().is_some());
+        let held = holding(cores);
         if !cores
             .iter()
             .any(|c| std::ptr::eq(c.as_ptr(), Arc::as_ptr(&own)))
@@ -158,13 +163,7 @@ impl Owners {
     /// The calling thread's hold of this name through another object (see `ThreadHolds`).
     fn held_elsewhere(&self) -> Option<Arc<HoldCore<LockHandle>>> {
         let key = self.thread_key(THREAD.with(|t| *t));
-        let holds = thread_holds();
-        holds
-            .cores
-            .get(&key)?
-            .iter()
-            .filter_map(Weak::upgrade)
-            .find(|c| c.holder().token().is_some())
+        holding(thread_holds().cores.get(&key)?)
     }
 
     /// What the object's state shows to the calling thread: its own hold (or the loss of its
