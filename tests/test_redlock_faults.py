@@ -364,3 +364,36 @@ def test_a_stopped_minority_master_does_not_hold_up_renewal(masters: Masters) ->
         os.kill(stopped.pid, signal.SIGCONT)
     lock.release()
     sem.release()
+
+
+def test_a_stopped_minority_master_does_not_hold_up_a_release(masters: Masters) -> None:
+    # A release (and locked()) is decided once a majority answers; the stopped master's delete
+    # goes on in the background and lands when it answers again (here before its lease ends).
+    client = redmutex.Client(masters.urls, prefix="t:", connect_timeout=1, command_timeout=3)
+    n = name()
+    key = f"t:{{{n}}}:lock"
+    lock = redmutex.Lock(client, n, ttl=60)
+    sem = redmutex.Semaphore(client, name(), 2, ttl=60)
+    assert lock.acquire(timeout=5) and sem.acquire(timeout=5)
+    token = lock.token
+    assert token is not None
+    stopped = masters.servers[4].process
+    assert stopped is not None
+    os.kill(stopped.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        assert lock.locked()
+        lock.release()
+        sem.release()
+        assert not lock.locked()
+        took = time.monotonic() - started
+        assert took < 1.5, f"release and locked() took {took:.2f} s (command timeout 3 s)"
+        for i in range(4):  # (the stopped master cannot be asked)
+            with masters.conn(i) as r:
+                assert r.get(key) is None
+    finally:
+        os.kill(stopped.pid, signal.SIGCONT)
+    deadline = time.monotonic() + 10
+    while held_by(masters, key, token) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert held_by(masters, key, token) == []  # the background release landed

@@ -1227,7 +1227,9 @@ async fn release_on<P: Leased>(primitive: &P, backend: &Backend, token: &str) ->
     match backend {
         Backend::Single(shared) => primitive.release_on_node(shared, token).await,
         Backend::Redlock(redlock) if primitive.quorum() => {
-            redlock.release_by(token, &primitive.release(token)).await
+            redlock
+                .release_by(token, Arc::new(primitive.release(token)))
+                .await
         }
         Backend::Redlock(_) => Err(no_quorum(primitive.naming())),
     }

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use std::future::Future;
 
 use futures_util::future::{join_all, BoxFuture, Shared as SharedFuture};
-use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::stream::{FuturesUnordered, Stream, StreamExt};
 
 use super::error::{Error, Result};
 use super::executor;
@@ -317,20 +317,23 @@ impl Redlock {
             .iter()
             .map(|m| {
                 let call = op(m.index, &m.shared);
-                async move {
-                    match call.await {
-                        Ok((value, identity)) => Answer {
-                            counted: self.discounted(m, identity.as_deref()).is_none(),
-                            value: Ok(value),
-                        },
-                        Err(err) => Answer {
-                            value: Err(Error::Connection(Self::labelled(m, &err))),
-                            counted: false,
-                        },
-                    }
-                }
+                async move { self.answer(m, call.await) }
             })
             .collect()
+    }
+
+    /// What `master`'s reply (or failure) counts as.
+    fn answer<T>(&self, master: &Master, reply: Result<(T, Option<Arc<Identity>>)>) -> Answer<T> {
+        match reply {
+            Ok((value, identity)) => Answer {
+                counted: self.discounted(master, identity.as_deref()).is_none(),
+                value: Ok(value),
+            },
+            Err(err) => Answer {
+                value: Err(Error::Connection(Self::labelled(master, &err))),
+                counted: false,
+            },
+        }
     }
 
     /// `op` on every master, decided as soon as a majority confirms (true) or denies (false):
@@ -347,9 +350,18 @@ impl Redlock {
         Fut: Future<Output = Result<(T, Option<Arc<Identity>>)>> + 's,
     {
         self.check_distinct()?;
-        let mut pending: FuturesUnordered<_> = self.answers_of(op).into_iter().collect();
+        let answers: FuturesUnordered<_> = self.answers_of(op).into_iter().collect();
+        self.decide_as_they_come(answers, yes).await
+    }
+
+    /// Counts `answers` as they come until a majority confirms or denies (or all are in).
+    async fn decide_as_they_come<T>(
+        &self,
+        mut answers: impl Stream<Item = Answer<T>> + Unpin,
+        yes: impl Fn(&T) -> Option<bool>,
+    ) -> Result<bool> {
         let mut count = Count::default();
-        while let Some(answer) = pending.next().await {
+        while let Some(answer) = answers.next().await {
             count.add(&answer, &yes);
             if quorum::majority(self.masters.len(), count.confirmed, count.denied)
                 != Majority::Unknown
@@ -406,24 +418,45 @@ impl Redlock {
 
     /// Compare-and-delete on every master; `Ok(false)` when a majority says it is not ours.
     pub async fn release(&self, keys: &Keys, token: &str) -> Result<bool> {
-        self.release_by(token, &lock::release(keys, token)).await
+        self.release_by(token, Arc::new(lock::release(keys, token)))
+            .await
     }
 
     /// Runs the release step of `token`'s hold on every master; `Ok(false)` when a majority
-    /// says it is not ours.
-    pub async fn release_by(&self, token: &str, step: &Step<bool>) -> Result<bool> {
-        let answers = self
-            .on_all(|i, s| {
+    /// says it is not ours. Decided as soon as a majority confirms or denies, as `extend` is: the
+    /// sends still out go on in the background (each master's runs after that master's votes
+    /// of `token` still out), so a minority that stopped answering gets its release when it
+    /// answers again (or its copy of the lease runs out) without holding the caller up to the
+    /// command timeout. Tokens the library draws are never used again, so a later acquire
+    /// cannot meet a release still on its way (caller-chosen ones: `release_chosen`).
+    pub async fn release_by(&self, token: &str, step: Arc<Step<bool>>) -> Result<bool> {
+        self.check_distinct()?;
+        let handle = runtime::handle()?;
+        let answers: FuturesUnordered<_> = self
+            .masters
+            .iter()
+            .map(|m| {
                 // A vote of this token still out on this master settles first: sent again
                 // after a NOSCRIPT, it would otherwise land after the release.
-                let earlier = self.pending_on(token, i);
-                async move {
+                let earlier = self.pending_on(token, m.index);
+                let shared = m.shared.clone();
+                let step = step.clone();
+                let send = handle.spawn(async move {
                     join_all(earlier).await;
-                    executor::send_identified(&s.node, step).await
+                    executor::send_identified(&shared.node, &step).await
+                });
+                async move {
+                    let reply = send.await.unwrap_or_else(|err| {
+                        Err(Error::Connection(format!(
+                            "the release was cut short: {err}"
+                        )))
+                    });
+                    self.answer(m, reply)
                 }
             })
-            .await?;
-        self.by_majority(answers, |v| step.parse(v.clone()).ok())
+            .collect();
+        self.decide_as_they_come(answers, |v| step.parse(v.clone()).ok())
+            .await
     }
 
     /// `release` of a token the caller chose: when this client won the hold, only on the masters
@@ -543,14 +576,32 @@ impl Redlock {
         .await
     }
 
-    /// Whether some owner holds the lock on a majority of the masters.
+    /// Whether some owner holds the lock on a majority of the masters; decided as soon as the
+    /// answers in tell (a stopped minority does not hold it up to the command timeout).
     pub async fn locked(&self, keys: &Keys) -> Result<bool> {
-        let answers = self.owners(keys).await?;
+        self.check_distinct()?;
+        let key = keys.lock();
+        let mut answers: FuturesUnordered<_> = self
+            .answers_of(|_, s| {
+                let key = key.clone();
+                async move {
+                    s.node
+                        .query_identified::<Option<Vec<u8>>>(
+                            redis::cmd("GET").arg(key),
+                            Retry::Once,
+                        )
+                        .await
+                }
+            })
+            .into_iter()
+            .collect();
         let n = self.masters.len();
         let mut counts: Vec<(Vec<u8>, usize)> = Vec::new();
-        let mut unanswered = 0;
+        let (mut received, mut unanswered) = (0, 0);
         let mut errors = Vec::new();
-        for answer in answers {
+        let mut decision = Majority::Unknown;
+        while let Some(answer) = answers.next().await {
+            received += 1;
             match (answer.value, answer.counted) {
                 (Ok(Some(owner)), true) => match counts.iter_mut().find(|(o, _)| *o == owner) {
                     Some((_, c)) => *c += 1,
@@ -563,26 +614,19 @@ impl Redlock {
                     errors.push(err.to_string());
                 }
             }
+            // The answers that are not the likeliest owner's deny it (and every other owner).
+            let best = counts.iter().map(|(_, c)| *c).max().unwrap_or(0);
+            decision = quorum::majority(n, best, received - best - unanswered);
+            if decision != Majority::Unknown {
+                break;
+            }
         }
-        let best = counts.iter().map(|(_, c)| *c).max().unwrap_or(0);
-        match quorum::majority(n, best, n - best - unanswered) {
+        self.check_distinct()?;
+        match decision {
             Majority::Yes => Ok(true),
             Majority::No => Ok(false),
             Majority::Unknown => Err(self.quorum_error(n - unanswered, &errors)),
         }
-    }
-
-    async fn owners(&self, keys: &Keys) -> Result<Vec<Answer<Option<Vec<u8>>>>> {
-        let key = keys.lock();
-        self.on_all(|_, s| {
-            let key = key.clone();
-            async move {
-                s.node
-                    .query_identified(redis::cmd("GET").arg(key), Retry::Once)
-                    .await
-            }
-        })
-        .await
     }
 
     /// Yes / no by majority of the counted answers; too few answers is a quorum error.

@@ -296,7 +296,7 @@ impl Claim {
             lease::lease_ms(self.value_ttl),
         );
         self.settled = true;
-        self.redlock.release_by(&self.token, &step).await
+        self.redlock.release_by(&self.token, Arc::new(step)).await
     }
 
     /// Gives the claim back on every master, waking the waiters (one takes the fill over).
@@ -305,7 +305,7 @@ impl Claim {
         self.stop_renewal();
         self.settled = true;
         let step = steps::abandon(&self.keys, &self.token);
-        self.redlock.release_by(&self.token, &step).await
+        self.redlock.release_by(&self.token, Arc::new(step)).await
     }
 }
 
@@ -326,7 +326,7 @@ impl Drop for Claim {
         let token = std::mem::take(&mut self.token);
         runtime::spawn(async move {
             let _ = redlock
-                .release_by(&token, &steps::abandon(&keys, &token))
+                .release_by(&token, Arc::new(steps::abandon(&keys, &token)))
                 .await;
         });
     }

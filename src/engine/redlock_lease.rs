@@ -412,7 +412,7 @@ impl Drop for Cleanup {
                     redlock.release_held(&token, &held, &give_back).await;
                 }
                 None => {
-                    let _ = redlock.release_by(&token, &give_back).await;
+                    let _ = redlock.release_by(&token, give_back).await;
                 }
             }
         });
