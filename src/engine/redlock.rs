@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use std::future::Future;
 
-use futures_util::future::{join_all, BoxFuture, Shared as SharedFuture};
+use futures_util::future::{join_all, BoxFuture, FutureExt, Shared as SharedFuture};
 use futures_util::stream::{FuturesUnordered, Stream, StreamExt};
 
 use super::error::{Error, Result};
@@ -73,6 +73,13 @@ pub(super) type PendingVote = SharedFuture<BoxFuture<'static, VoteResult>>;
 /// Votes of won rounds still out, per token: `(round id, master index, vote)`.
 type PendingVotes = HashMap<String, Vec<(u64, usize, PendingVote)>>;
 
+/// A release still under way on one master after the caller heard the majority's answer (see
+/// `release_by`); done once that master answered or failed.
+pub(super) type Releasing = SharedFuture<BoxFuture<'static, ()>>;
+
+/// The releases under way, per master: `(release id, done)`.
+type ReleasesUnderWay = Arc<Mutex<Vec<Vec<(u64, Releasing)>>>>;
+
 pub struct Redlock {
     pub(super) masters: Vec<Master>,
     pub(super) gates: NameMap<Gate>,
@@ -82,6 +89,9 @@ pub struct Redlock {
     /// Votes still out after their round was won (see `keep_pending`).
     pending: Mutex<PendingVotes>,
     next_round: AtomicU64,
+    /// Releases still under way (see `releases_on`).
+    releasing: ReleasesUnderWay,
+    next_release: AtomicU64,
     /// The `run_id` each master last reported, to find one server listed twice.
     run_ids: Mutex<Vec<Option<String>>>,
     /// Set (for good) once two masters turned out to be one server.
@@ -149,6 +159,7 @@ impl Redlock {
     pub fn new(masters: Vec<(Arc<Shared>, String)>) -> Self {
         Redlock {
             run_ids: Mutex::new(vec![None; masters.len()]),
+            releasing: Arc::new(Mutex::new(vec![Vec::new(); masters.len()])),
             masters: masters
                 .into_iter()
                 .enumerate()
@@ -163,6 +174,7 @@ impl Redlock {
             max_lease_ms: AtomicU64::new(0),
             pending: Mutex::new(HashMap::new()),
             next_round: AtomicU64::new(0),
+            next_release: AtomicU64::new(0),
             refused: OnceLock::new(),
             holds: Mutex::new(HashMap::new()),
         }
@@ -423,12 +435,12 @@ impl Redlock {
     }
 
     /// Runs the release step of `token`'s hold on every master; `Ok(false)` when a majority
-    /// says it is not ours. Decided as soon as a majority confirms or denies, as `extend` is: the
-    /// sends still out go on in the background (each master's runs after that master's votes
-    /// of `token` still out), so a minority that stopped answering gets its release when it
-    /// answers again (or its copy of the lease runs out) without holding the caller up to the
-    /// command timeout. Tokens the library draws are never used again, so a later acquire
-    /// cannot meet a release still on its way (caller-chosen ones: `release_chosen`).
+    /// says it is not ours. Decided as soon as a majority confirms or denies, as `extend` is, so
+    /// a minority that stopped answering does not hold every release up to the command timeout:
+    /// the sends still out go on in the background, and each master's next vote (of any token:
+    /// `releases_on`) waits for them, so an acquire after this returns never meets the released
+    /// token still in place. Each master's send waits for its votes of `token` still out. Tokens
+    /// the library draws are never used again; caller-chosen ones take `release_chosen`.
     pub async fn release_by(&self, token: &str, step: Arc<Step<bool>>) -> Result<bool> {
         self.check_distinct()?;
         let handle = runtime::handle()?;
@@ -441,22 +453,54 @@ impl Redlock {
                 let earlier = self.pending_on(token, m.index);
                 let shared = m.shared.clone();
                 let step = step.clone();
-                let send = handle.spawn(async move {
+                let send = async move {
                     join_all(earlier).await;
-                    executor::send_identified(&shared.node, &step).await
-                });
-                async move {
-                    let reply = send.await.unwrap_or_else(|err| {
-                        Err(Error::Connection(format!(
-                            "the release was cut short: {err}"
-                        )))
-                    });
-                    self.answer(m, reply)
+                    executor::send_identified(&shared.node, &step)
+                        .await
+                        .map_err(|err| err.to_string())
                 }
+                .boxed()
+                .shared();
+                self.under_way(handle, m.index, send.clone().map(|_| ()).boxed().shared());
+                async move { self.answer(m, send.await.map_err(Error::Connection)) }
             })
             .collect();
         self.decide_as_they_come(answers, |v| step.parse(v.clone()).ok())
             .await
+    }
+
+    /// Drives `done` (a release's send to master `index`) to its end in the background, listed
+    /// under `releases_on(index)` until then.
+    fn under_way(&self, handle: &tokio::runtime::Handle, index: usize, done: Releasing) {
+        let id = self.next_release.fetch_add(1, Ordering::Relaxed);
+        let releasing = self.releasing.clone();
+        if let Some(list) = releasing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(index)
+        {
+            list.push((id, done.clone()));
+        }
+        handle.spawn(async move {
+            done.await;
+            if let Some(list) = releasing
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_mut(index)
+            {
+                list.retain(|(i, _)| *i != id);
+            }
+        });
+    }
+
+    /// The releases still under way on master `index`: a vote there is sent after them.
+    pub(super) fn releases_on(&self, index: usize) -> Vec<Releasing> {
+        self.releasing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(index)
+            .map(|list| list.iter().map(|(_, done)| done.clone()).collect())
+            .unwrap_or_default()
     }
 
     /// `release` of a token the caller chose: when this client won the hold, only on the masters

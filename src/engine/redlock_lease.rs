@@ -24,7 +24,7 @@ use futures_util::FutureExt;
 use super::error::{Error, Result};
 use super::node::{Identity, Retry};
 use super::redlock::{
-    is_held, jitter, set_held, Held, PendingVote, Redlock, NO_HINT_LOOK, SPLIT_PAUSE,
+    is_held, jitter, set_held, Held, PendingVote, Redlock, Releasing, NO_HINT_LOOK, SPLIT_PAUSE,
     SPLIT_PAUSE_MAX,
 };
 use super::runtime;
@@ -160,16 +160,19 @@ pub(super) async fn send_step<R>(
     Ok((step.parse(reply)?, identity))
 }
 
-/// Master `index`'s vote: `send` once an earlier give-back there (`before`) has run.
+/// Master `index`'s vote: `send` once an earlier give-back there (`before`) and the releases
+/// under way there when the round began (`Redlock::releases_on`) have run.
 async fn vote<R: Send + 'static>(
     redlock: Arc<Redlock>,
     index: usize,
     send: Sent<R>,
     before: Option<tokio::task::JoinHandle<()>>,
+    releases: Vec<Releasing>,
 ) -> LeaseVote<R> {
     if let Some(give_back) = before {
         let _ = give_back.await;
     }
+    join_all(releases).await;
     let Some(master) = redlock.masters.get(index) else {
         return (index, None, None, None);
     };
@@ -236,6 +239,7 @@ async fn round<C: QuorumContender>(
                 i,
                 contender.send(redlock, i, &step),
                 before,
+                redlock.releases_on(i),
             )
             .boxed()
             .shared()
