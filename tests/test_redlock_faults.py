@@ -397,3 +397,33 @@ def test_a_stopped_minority_master_does_not_hold_up_a_release(masters: Masters) 
     while held_by(masters, key, token) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert held_by(masters, key, token) == []  # the background release landed
+
+
+@pytest.mark.parametrize("blocking", [False, True])
+def test_a_held_lock_with_a_majority_stopped_is_a_quorum_error_not_false(
+    masters: Masters, blocking: bool
+) -> None:
+    # One live master says "held", two are silent: no majority answered, so the contract's
+    # QuorumError, not False ("somebody holds it"), which a caller would take as an answer.
+    client = redmutex.Client(masters.urls[:3], connect_timeout=1, command_timeout=1)
+    n = name()
+    holder = redmutex.Lock(client, n, ttl=60)
+    assert holder.acquire(timeout=5)
+    stopped = [s.process for s in masters.servers[1:3]]
+    for p in stopped:
+        assert p is not None
+        os.kill(p.pid, signal.SIGSTOP)
+    try:
+        other = redmutex.Lock(client, n, ttl=60)
+        started = time.monotonic()
+        with pytest.raises(redmutex.QuorumError):
+            if blocking:
+                other.acquire(timeout=2)
+            else:
+                other.acquire(blocking=False)
+        assert time.monotonic() - started < 3.5
+    finally:
+        for p in stopped:
+            if p is not None:
+                os.kill(p.pid, signal.SIGCONT)
+    holder.release()

@@ -133,10 +133,14 @@ impl Tally {
         self.granted + self.discounted + self.busy
     }
 
-    /// Whether the outcome is known without the votes still to come.
+    /// Whether the outcome is known without the votes still to come: won, or out of reach and
+    /// known to be the masters' fault or not (a round lost while too many masters fail is a
+    /// quorum error, not a held lock, so the votes that decide which are awaited).
     pub fn settled(&self) -> bool {
         let q = quorum(self.n);
-        self.granted >= q || self.granted + self.pending() < q
+        let failing_is_decided =
+            self.failed > self.n - q || self.failed + self.pending() <= self.n - q;
+        self.granted >= q || (self.granted + self.pending() < q && failing_is_decided)
     }
 
     /// The outcome from the votes in so far.
@@ -366,15 +370,31 @@ mod tests {
                 split: false
             }
         );
-        // Two down and one busy settles the round, but the others may well answer: held.
+        // Two down and one busy: out of reach, but held or a quorum error only the votes
+        // still out tell (API.md: a quorum error when no majority answered).
         let t = tally(5, &[busy(40), F, F]);
+        assert!(!t.settled());
+        assert!(!tally(5, &[busy(40), F, F, busy(30)]).settled());
+        let t = tally(5, &[busy(40), F, F, busy(30), busy(50)]);
         assert!(t.settled());
         assert_eq!(
             t.outcome(),
             Outcome::Busy {
-                retry_ms: 40,
+                retry_ms: 30,
                 split: false
             }
+        );
+        // One down: held once a majority answered, whatever the last vote says.
+        assert!(!tally(5, &[busy(40), F, busy(30)]).settled());
+        assert!(tally(5, &[busy(40), F, busy(30), busy(20)]).settled());
+        let t = tally(5, &[busy(40), F, F, F]);
+        assert!(t.settled());
+        assert_eq!(t.outcome(), Outcome::NoQuorum { answered: 1 });
+        // Three masters, one down, one busy: the third decides.
+        assert!(!tally(3, &[busy(40), F]).settled());
+        assert_eq!(
+            tally(3, &[busy(40), F, F]).outcome(),
+            Outcome::NoQuorum { answered: 1 }
         );
         // Settled as soon as a majority is out of reach.
         let t = tally(5, &[busy(5), busy(5), busy(5)]);
