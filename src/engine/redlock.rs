@@ -442,6 +442,19 @@ impl Redlock {
     /// token still in place. Each master's send waits for its votes of `token` still out. Tokens
     /// the library draws are never used again; caller-chosen ones take `release_chosen`.
     pub async fn release_by(&self, token: &str, step: Arc<Step<bool>>) -> Result<bool> {
+        self.release_where(token, step, None).await
+    }
+
+    /// `release_by`; with `held` (a token the caller chose, see `Held`), sent only to the
+    /// masters where this call's own votes set the token, clearing their marks (the votes of the
+    /// won round still out settle first: they mark `held` themselves); every other master
+    /// answers "not ours" (0).
+    pub(super) async fn release_where(
+        &self,
+        token: &str,
+        step: Arc<Step<bool>>,
+        held: Option<Held>,
+    ) -> Result<bool> {
         self.check_distinct()?;
         let handle = runtime::handle()?;
         let answers: FuturesUnordered<_> = self
@@ -451,10 +464,16 @@ impl Redlock {
                 // A vote of this token still out on this master settles first: sent again
                 // after a NOSCRIPT, it would otherwise land after the release.
                 let earlier = self.pending_on(token, m.index);
-                let shared = m.shared.clone();
-                let step = step.clone();
+                let (shared, step, held, index) =
+                    (m.shared.clone(), step.clone(), held.clone(), m.index);
                 let send = async move {
                     join_all(earlier).await;
+                    if let Some(held) = &held {
+                        if !is_held(held, index) {
+                            return Ok((redis::Value::Int(0), None));
+                        }
+                        set_held(held, index, false);
+                    }
                     executor::send_identified(&shared.node, &step)
                         .await
                         .map_err(|err| err.to_string())
@@ -516,10 +535,8 @@ impl Redlock {
         let Some(held) = hold else {
             return self.release(keys, token).await;
         };
-        self.check_distinct()?;
-        let step = lock::release(keys, token);
-        let answers = self.release_held(token, &held, &step).await;
-        self.by_majority(answers, |v| step.parse(v.clone()).ok())
+        self.release_where(token, Arc::new(lock::release(keys, token)), Some(held))
+            .await
     }
 
     /// Keeps the hold of a caller-chosen `token` on the lock `key` that this client won: where
@@ -529,48 +546,6 @@ impl Redlock {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert((key, token.to_string()), held);
-    }
-
-    /// Runs the release `step` of `token` on the masters where `held` says this call's own
-    /// votes set it, and clears the marks; every other master answers "not ours" (0). Votes of
-    /// the won round still out settle first (they mark `held` themselves).
-    pub(super) async fn release_held(
-        &self,
-        token: &str,
-        held: &Held,
-        step: &Step<bool>,
-    ) -> Vec<Answer<redis::Value>> {
-        let releases = self.masters.iter().map(|m| {
-            let earlier = self.pending_on(token, m.index);
-            async move {
-                join_all(earlier).await;
-                if !is_held(held, m.index) {
-                    return Answer {
-                        value: Ok(redis::Value::Int(0)),
-                        counted: true,
-                    };
-                }
-                set_held(held, m.index, false);
-                let Some(inv) = step.invocation() else {
-                    let err = Error::Usage("a release must be a script".into());
-                    return Answer {
-                        value: Err(err),
-                        counted: false,
-                    };
-                };
-                match m.shared.node.invoke(inv, Retry::Once).await {
-                    Ok(value) => Answer {
-                        value: Ok(value),
-                        counted: true,
-                    },
-                    Err(err) => Answer {
-                        value: Err(Error::Connection(Self::labelled(m, &err))),
-                        counted: false,
-                    },
-                }
-            }
-        });
-        join_all(releases).await
     }
 
     /// Compare-and-pexpire on every master: `Ok(Some(start))` when a majority extended (the
@@ -671,19 +646,6 @@ impl Redlock {
             Majority::No => Ok(false),
             Majority::Unknown => Err(self.quorum_error(n - unanswered, &errors)),
         }
-    }
-
-    /// Yes / no by majority of the counted answers; too few answers is a quorum error.
-    fn by_majority<T>(
-        &self,
-        answers: Vec<Answer<T>>,
-        yes: impl Fn(&T) -> Option<bool>,
-    ) -> Result<bool> {
-        let mut count = Count::default();
-        for answer in &answers {
-            count.add(answer, &yes);
-        }
-        self.decide(&count)
     }
 
     /// PING every master; fine when a majority answers.

@@ -411,14 +411,7 @@ impl Drop for Cleanup {
         let give_back = self.give_back.clone();
         let held = self.held.take();
         runtime::spawn(async move {
-            match held {
-                Some(held) => {
-                    redlock.release_held(&token, &held, &give_back).await;
-                }
-                None => {
-                    let _ = redlock.release_by(&token, give_back).await;
-                }
-            }
+            let _ = redlock.release_where(&token, give_back, held).await;
         });
         self.leave();
     }
