@@ -80,6 +80,18 @@ pub(super) type Releasing = SharedFuture<BoxFuture<'static, ()>>;
 /// The releases under way, per master: `(release id, done)`.
 type ReleasesUnderWay = Arc<Mutex<Vec<Vec<(u64, Releasing)>>>>;
 
+/// Whose token a release frees, which decides when it returns.
+pub(super) enum Whose {
+    /// One the library drew, never used again: decided by majority, the rest in the background.
+    Drawn,
+    /// One the caller chose, which another call may take next (the recipes' identifier): every
+    /// master's answer is awaited, so that no send still on its way can delete the next holder's
+    /// copy after the release returned. `Some`: this client won the hold, and the release goes
+    /// only where its own votes set the token (see `Held`; every other master answers "not
+    /// ours"; votes of the won round still out settle first, marking `held` themselves).
+    Chosen(Option<Held>),
+}
+
 pub struct Redlock {
     pub(super) masters: Vec<Master>,
     pub(super) gates: NameMap<Gate>,
@@ -363,20 +375,23 @@ impl Redlock {
     {
         self.check_distinct()?;
         let answers: FuturesUnordered<_> = self.answers_of(op).into_iter().collect();
-        self.decide_as_they_come(answers, yes).await
+        self.decide_as_they_come(answers, yes, true).await
     }
 
-    /// Counts `answers` as they come until a majority confirms or denies (or all are in).
+    /// Counts `answers` as they come, until a majority confirms or denies when `early`, else
+    /// until all are in.
     async fn decide_as_they_come<T>(
         &self,
         mut answers: impl Stream<Item = Answer<T>> + Unpin,
         yes: impl Fn(&T) -> Option<bool>,
+        early: bool,
     ) -> Result<bool> {
         let mut count = Count::default();
         while let Some(answer) = answers.next().await {
             count.add(&answer, &yes);
-            if quorum::majority(self.masters.len(), count.confirmed, count.denied)
-                != Majority::Unknown
+            if early
+                && quorum::majority(self.masters.len(), count.confirmed, count.denied)
+                    != Majority::Unknown
             {
                 break;
             }
@@ -438,25 +453,28 @@ impl Redlock {
     /// says it is not ours. Decided as soon as a majority confirms or denies, as `extend` is, so
     /// a minority that stopped answering does not hold every release up to the command timeout:
     /// the sends still out go on in the background, and each master's next vote (of any token:
-    /// `releases_on`) waits for them, so an acquire after this returns never meets the released
-    /// token still in place. Each master's send waits for its votes of `token` still out. Tokens
-    /// the library draws are never used again; caller-chosen ones take `release_chosen`.
+    /// `releases_on`) is sent after they finished, never overtaking them. Each master's send
+    /// waits for its votes of `token` still out. A send that fails (the master silent past the
+    /// command timeout, then its earlier calls still unanswered: nothing is sent) leaves that
+    /// master's copy to run out with its lease, as before. For a token the library drew (never
+    /// used again); caller-chosen ones: `release_chosen`.
     pub async fn release_by(&self, token: &str, step: Arc<Step<bool>>) -> Result<bool> {
-        self.release_where(token, step, None).await
+        self.release_where(token, step, Whose::Drawn).await
     }
 
-    /// `release_by`; with `held` (a token the caller chose, see `Held`), sent only to the
-    /// masters where this call's own votes set the token, clearing their marks (the votes of the
-    /// won round still out settle first: they mark `held` themselves); every other master
-    /// answers "not ours" (0).
+    /// `release_by` of a token drawn or chosen (see `Whose`).
     pub(super) async fn release_where(
         &self,
         token: &str,
         step: Arc<Step<bool>>,
-        held: Option<Held>,
+        whose: Whose,
     ) -> Result<bool> {
         self.check_distinct()?;
         let handle = runtime::handle()?;
+        let (early, held) = match whose {
+            Whose::Drawn => (true, None),
+            Whose::Chosen(held) => (false, held),
+        };
         let answers: FuturesUnordered<_> = self
             .masters
             .iter()
@@ -484,7 +502,7 @@ impl Redlock {
                 async move { self.answer(m, send.await.map_err(Error::Connection)) }
             })
             .collect();
-        self.decide_as_they_come(answers, |v| step.parse(v.clone()).ok())
+        self.decide_as_they_come(answers, |v| step.parse(v.clone()).ok(), early)
             .await
     }
 
@@ -525,18 +543,16 @@ impl Redlock {
     /// `release` of a token the caller chose: when this client won the hold, only on the masters
     /// where its own votes set the token (a token on any other master belongs to another call
     /// with the same identifier, and deleting it could let a third call in beside that one);
-    /// otherwise (released by another client) on every master.
+    /// otherwise (released by another client) on every master. Waits for every master's answer
+    /// (see `Whose::Chosen`).
     pub async fn release_chosen(&self, keys: &Keys, token: &str) -> Result<bool> {
         let hold = self
             .holds
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&(keys.lock(), token.to_string()));
-        let Some(held) = hold else {
-            return self.release(keys, token).await;
-        };
-        self.release_where(token, Arc::new(lock::release(keys, token)), Some(held))
-            .await
+        let step = Arc::new(lock::release(keys, token));
+        self.release_where(token, step, Whose::Chosen(hold)).await
     }
 
     /// Keeps the hold of a caller-chosen `token` on the lock `key` that this client won: where

@@ -24,8 +24,8 @@ use futures_util::FutureExt;
 use super::error::{Error, Result};
 use super::node::{Identity, Retry};
 use super::redlock::{
-    is_held, jitter, set_held, Held, PendingVote, Redlock, Releasing, NO_HINT_LOOK, SPLIT_PAUSE,
-    SPLIT_PAUSE_MAX,
+    is_held, jitter, set_held, Held, PendingVote, Redlock, Releasing, Whose, NO_HINT_LOOK,
+    SPLIT_PAUSE, SPLIT_PAUSE_MAX,
 };
 use super::runtime;
 use super::waiting::Wait;
@@ -411,7 +411,8 @@ impl Drop for Cleanup {
         let give_back = self.give_back.clone();
         let held = self.held.take();
         runtime::spawn(async move {
-            let _ = redlock.release_where(&token, give_back, held).await;
+            let whose = held.map_or(Whose::Drawn, |held| Whose::Chosen(Some(held)));
+            let _ = redlock.release_where(&token, give_back, whose).await;
         });
         self.leave();
     }
