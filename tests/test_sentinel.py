@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -104,3 +107,53 @@ def test_failover_moves_new_acquisitions_to_the_new_master(group: SentinelGroup)
     safe.release()
     # Asking for more replicas than exist fails like a timeout.
     assert redmutex.Lock(client, "greedy", ttl=5, replicas=2).acquire(blocking=False) is False
+
+
+def test_a_hung_sentinel_does_not_hide_a_failover_the_others_announce() -> None:
+    # The client listens to every sentinel: the one it found the master through may hang
+    # (stopped, cut off) without closing its connection while the others fail over. A busy
+    # client's writes must then move to the new master at once, not stay on the demoted one
+    # (whose writes are lost when it follows the new master) until Sentinel reconfigures it,
+    # about 2 s later here.
+    with SentinelGroup(sentinels=3, down_after_ms=1000, failover_timeout_ms=5000) as group:
+        client = redmutex.Client(group.url, prefix="s:", connect_timeout=1, command_timeout=1)
+        assert client.ping()
+        held: list[tuple[float, redmutex.Lock]] = []
+        stop = threading.Event()
+
+        def keep_acquiring() -> None:
+            i = 0
+            while not stop.is_set() and i < 5000:
+                lock = redmutex.Lock(client, f"busy-{i}", ttl=30)
+                i += 1
+                started = time.monotonic()
+                with contextlib.suppress(redmutex.LockError):
+                    if lock.acquire(timeout=2):
+                        held.append((started, lock))
+                time.sleep(0.005)
+
+        worker = threading.Thread(target=keep_acquiring)
+        worker.start()
+        hung = group.sentinels[0].process
+        assert hung is not None
+        try:
+            time.sleep(0.5)
+            os.kill(hung.pid, signal.SIGSTOP)
+            group.sentinel = group.sentinels[1]  # the group's own calls go to a live one
+            new = group.replica
+            group.failover()
+            wait_for("Sentinel to name the new master", lambda: group.master_port() == new.port)
+            named = time.monotonic()
+            time.sleep(1.3)
+        finally:
+            stop.set()
+            worker.join(30)
+            os.kill(hung.pid, signal.SIGCONT)
+        late = [lock for started, lock in held if started > named + 0.3]
+        assert len(late) >= 5, f"too few acquisitions after the failover: {len(late)}"
+        elsewhere = [
+            lock.name
+            for lock in late
+            if lock_value(new.port, lock.name) != (lock.token or "").encode()
+        ]
+        assert not elsewhere, f"{len(elsewhere)} of {len(late)} taken on the demoted master"

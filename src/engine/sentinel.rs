@@ -141,19 +141,31 @@ impl Sentinel {
 
     /// Watches the sentinels for failovers of this service and calls `moved` on each one (and
     /// whenever the watch had to be re-established, since an announcement may have been
-    /// missed). Ends when `moved` returns false (its owner is gone).
+    /// missed). Every sentinel that answers is listened to, so that one that hangs without
+    /// closing its connection (stopped, cut off) cannot hide a failover the others announce;
+    /// the sentinel that announced it is asked first for the new master. Ends when `moved`
+    /// returns false (its owner is gone).
     pub async fn watch(self: std::sync::Arc<Self>, timeouts: Timeouts, moved: impl Fn() -> bool) {
         let mut first = true;
         loop {
-            if let Some(mut stream) = self.subscribe(timeouts).await {
+            let streams = self.subscribe(timeouts).await;
+            if !streams.is_empty() {
                 if !first && !moved() {
                     return;
                 }
                 first = false;
-                while let Some(msg) = stream.next().await {
+                let mut announcements = futures_util::stream::select_all(streams);
+                // Each sentinel announces the same failover: it is acted on once.
+                let mut last: Option<String> = None;
+                while let Some((index, msg)) = announcements.next().await {
                     let payload: String = msg.get_payload().unwrap_or_default();
                     let name = payload.split(' ').next().unwrap_or_default();
-                    if name == self.url.service && !moved() {
+                    if name != self.url.service || last.as_deref() == Some(payload.as_str()) {
+                        continue;
+                    }
+                    last = Some(payload);
+                    self.preferred.store(index, Ordering::Relaxed);
+                    if !moved() {
                         return;
                     }
                 }
@@ -165,25 +177,34 @@ impl Sentinel {
         }
     }
 
-    async fn subscribe(&self, timeouts: Timeouts) -> Option<redis::aio::PubSubStream> {
+    /// A subscription to the failover announcements of every sentinel that answers in time,
+    /// each message with the index of its sentinel.
+    async fn subscribe(
+        &self,
+        timeouts: Timeouts,
+    ) -> Vec<impl futures_util::Stream<Item = (usize, redis::Msg)> + Unpin> {
         let limit = timeouts.connect + timeouts.command;
-        for sentinel in &self.sentinels {
-            let Ok(mut pubsub) = within(
-                limit,
-                "the Sentinel subscriber",
-                sentinel.get_async_pubsub(),
-            )
-            .await
-            else {
-                continue;
-            };
-            if within(limit, "SUBSCRIBE", pubsub.subscribe(SWITCH_CHANNEL))
+        let attempts = self
+            .sentinels
+            .iter()
+            .enumerate()
+            .map(|(index, sentinel)| async move {
+                let mut pubsub = within(
+                    limit,
+                    "the Sentinel subscriber",
+                    sentinel.get_async_pubsub(),
+                )
                 .await
-                .is_ok()
-            {
-                return Some(pubsub.into_on_message());
-            }
-        }
-        None
+                .ok()?;
+                within(limit, "SUBSCRIBE", pubsub.subscribe(SWITCH_CHANNEL))
+                    .await
+                    .ok()?;
+                Some(pubsub.into_on_message().map(move |msg| (index, msg)))
+            });
+        futures_util::future::join_all(attempts)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
     }
 }
