@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
 import time
 import uuid
@@ -327,3 +329,56 @@ def test_a_dead_master_is_a_connection_error_within_the_command_timeout() -> Non
             with pytest.raises(redmutex.ConnectionError, match="timed out after"):
                 call()
             assert time.monotonic() - started < 10
+
+
+def test_a_hung_subscriber_node_strands_no_waiter() -> None:
+    # Each client's wake-up subscriber sits on one node (the first seed here). That node hangs
+    # without closing its connections (SIGSTOP; its replica takes over): a MultiLock waiter,
+    # which has no queue place to refresh, must still hear the release (not wait out the
+    # holder's 20 s lease), and a client whose subscriber was idle then must subscribe
+    # elsewhere when it next waits (not fail with a SUBSCRIBE timeout).
+    with Cluster(3, replicas=1, node_timeout_ms=1000) as cl:
+        hung = cl.servers[0]
+        assert cl.role(hung) == "master"
+        other = next(
+            i for i, s in enumerate(cl.servers) if s is not hung and cl.role(s) == "master"
+        )
+        first, second = name_on(cl, other, "hang-a"), name_on(cl, other, "hang-b")
+
+        def client() -> redmutex.Client:
+            return redmutex.Client(
+                cluster=cl.urls, prefix=PREFIX, connect_timeout=1, command_timeout=4
+            )
+
+        holders, waiting, idle = client(), client(), client()
+        holder = redmutex.Lock(holders, first, ttl=20)
+        assert holder.acquire()
+        # The idle client's subscriber opens (on the first seed) and then has nobody waiting.
+        assert redmutex.Lock(idle, first, ttl=5).acquire(timeout=0.3) is False
+        woken: dict[str, float | bool] = {}
+
+        def wait() -> None:
+            multi = redmutex.MultiLock(waiting, [first], ttl=10)
+            woken["ok"] = multi.acquire(timeout=60)
+            woken["at"] = time.monotonic()
+            multi.release()
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        time.sleep(0.5)
+        assert hung.process is not None
+        os.kill(hung.process.pid, signal.SIGSTOP)
+        try:
+            time.sleep(4)  # the replica has taken over
+            released = time.monotonic()
+            holder.release()
+            waiter.join(40)
+            assert woken.get("ok") is True
+            assert float(woken["at"]) - released < 3, f"woken {woken['at'] - released:.1f} s late"
+            # The idle client waits on another held name, released 1 s later.
+            second_holder = redmutex.Lock(holders, second, ttl=20)
+            assert second_holder.acquire()
+            threading.Timer(1.0, second_holder.release).start()
+            assert redmutex.Lock(idle, second, ttl=5).acquire(timeout=15)
+        finally:
+            os.kill(hung.process.pid, signal.SIGCONT)

@@ -25,6 +25,10 @@ use crate::protocol::wake::{parse_wake, GrantNote, WakeMessage};
 
 /// Channels kept subscribed after their last waiter left, before they are dropped in a batch.
 const IDLE_CHANNELS_KEPT: usize = 256;
+/// While anybody waits, the subscriber connection is PINGed this often: a server that hangs
+/// without closing it (stopped, cut off, a cluster node failed over) would otherwise keep its
+/// waiters until their lease hints, with every release elsewhere unheard.
+const KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub struct WakeHub {
     core: Arc<HubCore>,
@@ -163,31 +167,41 @@ impl HubCore {
         if self.is_subscribed(channel) {
             return Ok(());
         }
-        let (generation, mut sink) = self.connected().await?;
-        let missing: Vec<Vec<u8>> = {
-            let state = self.lock_state();
-            state
-                .channels
-                .iter()
-                .filter(|(_, c)| c.subscribed_on != Some(generation))
-                .map(|(name, _)| name.clone())
-                .collect()
-        };
-        if missing.is_empty() {
+        // A connection whose server stopped answering is dropped and one new connection tried
+        // (on a cluster, another node: see `Target::pubsub`).
+        let mut attempts = 2;
+        loop {
+            attempts -= 1;
+            let (generation, mut sink) = self.connected().await?;
+            let missing: Vec<Vec<u8>> = {
+                let state = self.lock_state();
+                state
+                    .channels
+                    .iter()
+                    .filter(|(_, c)| c.subscribed_on != Some(generation))
+                    .map(|(name, _)| name.clone())
+                    .collect()
+            };
+            if missing.is_empty() {
+                return Ok(());
+            }
+            let subscribed =
+                within(self.timeouts.command, "SUBSCRIBE", sink.subscribe(&missing)).await;
+            if let Err(err) = subscribed {
+                self.disconnected(generation);
+                if attempts == 0 {
+                    return Err(err);
+                }
+                continue;
+            }
+            let mut state = self.lock_state();
+            for name in &missing {
+                if let Some(c) = state.channels.get_mut(name) {
+                    c.subscribed_on = Some(generation);
+                }
+            }
             return Ok(());
         }
-        if let Err(err) = within(self.timeouts.command, "SUBSCRIBE", sink.subscribe(&missing)).await
-        {
-            self.disconnected(generation);
-            return Err(err);
-        }
-        let mut state = self.lock_state();
-        for name in &missing {
-            if let Some(c) = state.channels.get_mut(name) {
-                c.subscribed_on = Some(generation);
-            }
-        }
-        Ok(())
     }
 
     /// The live subscriber connection, opened if there is none. Call with `subscribing` held.
@@ -214,7 +228,40 @@ impl HubCore {
             state.generation
         };
         tokio::spawn(self.clone().dispatch(stream, generation));
+        tokio::spawn(Self::keep_alive(
+            Arc::downgrade(self),
+            sink.clone(),
+            generation,
+        ));
         Ok((generation, sink))
+    }
+
+    /// PINGs the connection of `generation` every `KEEPALIVE` while anybody waits; one that
+    /// does not answer within twice that (or the command timeout, if shorter) is dropped: its
+    /// waiters look again and subscribe anew (a false alarm costs each one look). Ends with the
+    /// connection (or the hub).
+    async fn keep_alive(hub: std::sync::Weak<Self>, mut sink: PubSubSink, generation: u64) {
+        loop {
+            tokio::time::sleep(KEEPALIVE).await;
+            let Some(core) = hub.upgrade() else {
+                return;
+            };
+            {
+                let state = core.lock_state();
+                if state.generation != generation || state.sink.is_none() {
+                    return;
+                }
+                if state.channels.values().all(|c| c.waiters.is_empty()) {
+                    continue;
+                }
+            }
+            let patience = core.timeouts.command.min(KEEPALIVE * 2);
+            let answered = within(patience, "PING", sink.ping::<redis::Value>()).await;
+            if answered.is_err() {
+                core.disconnected(generation);
+                return;
+            }
+        }
     }
 
     /// Delivers messages until the connection ends, then wakes everybody to look again.
