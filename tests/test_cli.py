@@ -777,6 +777,19 @@ def test_cluster_seeds() -> None:
             run_cli("list", "--cluster", cluster.urls[0], "--redis", cluster.urls[0])
         )
         assert "either --redis or --cluster" in line
+        # One node given as --redis: a clear pointer to --cluster, for a name on another
+        # node's slot and for a list that would show one node's share.
+        held = redmutex.Lock(client, name_(), ttl=60)
+        assert held.acquire(timeout=5)
+        for url in cluster.urls:
+            for argv in (("status", held.name), ("list",)):
+                done = run_cli(*argv, "--redis", url, "--prefix", "c:")
+                if done.returncode != 2:  # the name's own node answers `status`
+                    assert argv[0] == "status" and done.returncode == 0, done.stderr
+                    continue
+                assert "is a Redis Cluster node" in one_line_error(done)
+                assert "--cluster" in one_line_error(done)
+        held.release()
 
 
 def test_sentinel_url() -> None:

@@ -276,6 +276,10 @@ _AUTH_REQUIRED = (
     " host, separated by ':' and followed by '@')"
 )
 _WRONG_CREDENTIALS = "Redis at {} refused the credentials: wrong password or user"
+_CLUSTER_NODE = (
+    "Redis at {} is a Redis Cluster node, which holds only its own slots' names: "
+    "give the cluster with --cluster URL[,URL...]"
+)
 
 
 def _redis_failure(exc: Exception, target: Target | Node) -> CliError:
@@ -291,6 +295,8 @@ def _redis_failure(exc: Exception, target: Target | Node) -> CliError:
         return CliError(_WRONG_CREDENTIALS.format(target.shown_url))
     if isinstance(exc, (exceptions.ConnectionError, exceptions.TimeoutError)):
         return CliError(f"cannot reach Redis at {target.shown_url}: {exc}")
+    if isinstance(exc, (exceptions.MovedError, exceptions.AskError)):
+        return CliError(_CLUSTER_NODE.format(target.shown_url))
     return CliError(f"Redis at {target.shown_url} answered with an error: {exc}")
 
 
@@ -559,6 +565,9 @@ def scan_entries(target: Target, node: Node) -> list[Entry]:
     """Every primitive under the prefix, found with SCAN (never KEYS), sorted by name and kind."""
     pattern = _core._scan_pattern(target.prefix)
     found: dict[tuple[bytes, str], Entry] = {}
+    # One node of a cluster given as --redis would list only its own slots' names.
+    if not node.cluster and _run(node, node.conn.info, "cluster").get("cluster_enabled"):
+        raise CliError(_CLUSTER_NODE.format(node.shown_url))
     keys = _run(node, lambda: list(node.conn.scan_iter(match=pattern, count=SCAN_COUNT)))
     for key in keys:
         parsed = _core._split_key(target.prefix, key)
