@@ -238,14 +238,17 @@ impl Contender for LockContender<'_> {
         let keys = self.spec.keys.clone();
         let token = self.token.to_string();
         // A token the caller chose found in place may be another call's lock (same identifier):
-        // with no proof that this attempt set it, it is left to lapse (at most one lease).
-        let release = !self.shared_token;
+        // with no proof that this attempt set it, it is left to lapse (at most one lease). Such
+        // a contender never queues either (`queues`), so there is no place to leave, and the
+        // leave would delete the lock it finds holding the token (a grant given back).
+        let give_back = !self.shared_token;
         let step = move || -> UndoStep {
             let (shared, keys, token) = (shared.clone(), keys.clone(), token.clone());
             Box::pin(async move {
-                if release {
-                    executor::run(&shared, &steps::release(&keys, &token)).await?;
+                if !give_back {
+                    return Ok(());
                 }
+                executor::run(&shared, &steps::release(&keys, &token)).await?;
                 executor::run(&shared, &steps::leave_queue(&keys, &token)).await
             })
         };

@@ -410,6 +410,41 @@ fn an_unfair_first_attempt_barges_and_joins_only_when_busy() {
 }
 
 #[test]
+fn a_grant_given_back_to_nobody_is_published_to_all() {
+    // A waiter that gives up after a release granted it the lock, with nobody else queued:
+    // the lock is free again, and the waiters that do not queue (the recipes', the shims') are
+    // told so as a release tells them, not left to their lease hint.
+    use futures_util::StreamExt;
+    let server = Server::start();
+    let client = server.client("t-gb:");
+    block_on(async {
+        let shared = client.shared().unwrap();
+        let keys = client.keys(b"gb").unwrap();
+        let mut set = redis::cmd("SET");
+        set.arg(keys.lock()).arg("c").arg("PX").arg(5_000);
+        let _: redis::Value = shared.node.query(&set, Retry::Never).await.unwrap();
+        let listener = redis::Client::open(server.url()).unwrap();
+        let mut pubsub = listener.get_async_pubsub().await.unwrap();
+        pubsub.subscribe(keys.wake_channel()).await.unwrap();
+        let mut messages = pubsub.into_on_message();
+        shared
+            .node
+            .invoke(&scripts::leave_queue(&keys, "c"), Retry::Never)
+            .await
+            .unwrap();
+        let heard = tokio::time::timeout(Duration::from_secs(2), messages.next()).await;
+        let message = heard
+            .expect("no wake-up within 2 s")
+            .expect("subscription ended");
+        assert_eq!(message.get_payload_bytes(), b"");
+        let mut get = redis::cmd("GET");
+        get.arg(keys.lock());
+        let owner: Option<Vec<u8>> = shared.node.query(&get, Retry::Never).await.unwrap();
+        assert_eq!(owner, None);
+    });
+}
+
+#[test]
 fn a_fair_release_grants_the_head_and_a_leave_gives_a_grant_back() {
     use redis::Value;
     let server = Server::start();

@@ -5,16 +5,21 @@
 -- ARGV[4] fence counter's ttl in ms (see fence_next.lua)
 -- Reply: 1 if the token was queued or had been granted the lock, else 0. A grant that came
 -- while the waiter was giving up is given back. When the lock is free, it goes to the new head,
--- which may have been waiting behind the one that left.
+-- which may have been waiting behind the one that left; a grant given back with nobody queued
+-- is published to all (as a release is), for the waiters that do not queue.
 local removed = redis.call('HDEL', KEYS[3], ARGV[1])
 local owner = redis.call('GET', KEYS[1])
-if owner == ARGV[1] then
+local freed = owner == ARGV[1]
+if freed then
   redis.call('DEL', KEYS[1])
   owner = false
   removed = 1
 end
 if owner == false then
   local now, now_us = server_clock()
-  grant_head(KEYS[1], KEYS[2], KEYS[3], ARGV[2], ARGV[3] + 0, now, ARGV[4], now_us)
+  if not grant_head(KEYS[1], KEYS[2], KEYS[3], ARGV[2], ARGV[3] + 0, now, ARGV[4], now_us)
+      and freed then
+    redis.call('PUBLISH', ARGV[2], '')
+  end
 end
 return removed
