@@ -197,6 +197,19 @@ def test_methods_and_nested_functions_use_their_qualified_name() -> None:
     )
 
 
+def test_a_lambda_is_refused_and_a_spawned_childs_main_module_is_main() -> None:
+    # Two lambdas of one scope have one qualified name: their entries would be shared.
+    with pytest.raises(TypeError, match="lambda.*key="):
+        derive_key(lambda x: x * x, (3,), {})
+
+    # A script's functions are `__mp_main__.*` in the children multiprocessing spawns.
+    def job(x: int) -> int:
+        return x
+
+    job.__module__ = "__mp_main__"
+    assert derive_key(job, (1,), {}).startswith("__main__.")
+
+
 def test_only_a_self_or_cls_of_a_function_in_a_class_body_is_left_out() -> None:
     # Not in a class body: a first parameter named `self`/`cls` is an argument like any other.
     def helper(cls: type, n: int) -> None: ...

@@ -577,7 +577,9 @@ def cached(
       pass ``key="..."`` then. On a method, ``self``/``cls`` is left out of the key (as
       dogpile.cache does: the first parameter of a function defined in a class body, when it is
       named ``self`` or ``cls``), so all instances share one entry per argument list; use a
-      template or a key function for a key per instance. Keys over 200 characters are shortened
+      template or a key function for a key per instance. The key names the function, not what
+      it closes over: a lambda is refused (``TypeError``), and the functions a factory makes
+      share entries, so give those ``key=``. Keys over 200 characters are shortened
       with a SHA-256 digest. (The full rules: ``redmutex._callkeys``.)
 
     ``fetch.invalidate(*args, **kwargs)`` drops the cached value of that call (and any fill of

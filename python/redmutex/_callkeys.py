@@ -61,6 +61,11 @@ depends on the instance needs ``key=`` (a template such as ``"repo:{self.id}:{x}
 function). The rule is read from the signature, not from how the call was made, so
 ``obj.load(5)`` and ``Repo.load(obj, 5)`` name one entry.
 
+The name is the function's, not its identity: a lambda is refused (every lambda of a scope is
+``<lambda>``), and functions that a factory makes (``make.<locals>.add``) share entries whatever
+they close over, so give those ``key=``. A script's module is ``__main__`` also in the children
+that multiprocessing spawns, where Python names it ``__mp_main__``.
+
 A key longer than ``MAX_KEY_LENGTH`` (200) characters becomes its first ``_PREFIX_CHARS`` (120)
 characters, ``...sha256:`` and the SHA-256 hex digest of the whole UTF-8 encoded key (194
 characters in all). A short key always ends with ``)`` and a long one with a hex digit, so the
@@ -396,6 +401,15 @@ class _Deriver:
                 f"cannot derive cache keys for {func!r}: it has no __module__ and __qualname__ "
                 "(pass key=... to @cached)"
             )
+        if "<lambda>" in qualname.split("."):
+            raise TypeError(
+                f"cannot derive cache keys for the lambda {module}.{qualname}: every lambda of "
+                "that scope has this name, so they would share entries (pass key=... to @cached)"
+            )
+        # A script run directly is `__main__`, but `__mp_main__` in the children that
+        # multiprocessing spawns (or forks from a server): one module, one key.
+        if module == "__mp_main__":
+            module = "__main__"
         self._name = f"{module}.{qualname}"
         self._signature = _signature(func, "deriving cache keys (pass key=... to @cached)")
         # receiver: True/False when the caller knows (a classmethod/staticmethod), else the rule.
