@@ -62,3 +62,27 @@ def test_an_attempt_of_unknown_outcome_never_deletes_another_calls_lock(setup: S
         assert setup.owner(name) == b"X"
         assert redmutex.acquire_lock(third, name, "Z", 0.2, 10) is False
         assert redmutex.release_lock(direct, name, "X") is True
+
+
+def test_a_release_whose_reply_was_lost_is_a_release(setup: Setup) -> None:
+    # The delete ran, its reply was lost, the resend found nothing: that is this call's own
+    # release (as for Lock.release), not "we lost the lock".
+    client = setup.client(True)
+    for i in range(3):
+        name = f"lost-reply-{i}-{uuid.uuid4().hex[:6]}"
+        assert redmutex.acquire_lock(client, name, "X", 1, 10) == "X"
+        setup.proxy.drop_reply_to(f"{{{name}}}".encode())
+        assert redmutex.release_lock(client, name, "X") is True
+        setup.proxy.disarm()
+        assert setup.owner(name) is None
+    # The block's release goes the same way: no LockLostError for a lock kept all along.
+    name = f"lost-reply-block-{uuid.uuid4().hex[:6]}"
+    with redmutex.redis_lock(client, name, ltime=10):
+        setup.proxy.drop_reply_to(f"{{{name}}}".encode())
+    setup.proxy.disarm()
+    assert setup.owner(name) is None
+    # A lock whose lease ran out before the release is still reported lost.
+    name = f"lapsed-{uuid.uuid4().hex[:6]}"
+    assert redmutex.acquire_lock(client, name, "X", 1, 0.3) == "X"
+    time.sleep(0.5)
+    assert redmutex.release_lock(client, name, "X") is False

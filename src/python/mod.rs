@@ -15,6 +15,7 @@ mod log;
 mod loop_conn;
 mod loop_hold;
 mod multilock;
+mod recipe_holds;
 mod recipes;
 mod rwlock;
 mod semaphore;

@@ -3,11 +3,16 @@
 
 use pyo3::prelude::*;
 
+use std::time::Instant;
+
 use super::args;
 use super::blocking;
 use super::client::coerce_client;
 use super::errors::{About, Named};
+use super::recipe_holds;
 use crate::engine::lock::{self, LockSpec, Wait};
+use crate::engine::Backend;
+use crate::protocol::lease;
 
 fn spec_for(
     client: &Bound<'_, PyAny>,
@@ -54,11 +59,24 @@ pub fn acquire_token(
     let token = String::from_utf8(args::name("identifier", identifier)?).unwrap_or_default();
     let (client, spec) = spec_for(conn, lockname, lease)?;
     let about = About::new("lock", &String::from_utf8_lossy(&spec.name));
-    let granted = blocking::wait(py, async move {
-        let backend = client.backend()?;
-        lock::acquire_on(&backend, &spec, &token, wait).await
+    let lock_key = spec.keys.lock();
+    let (granted, backend) = blocking::wait(py, {
+        let token = token.clone();
+        async move {
+            let backend = client.backend()?;
+            let granted = lock::acquire_on(&backend, &spec, &token, wait).await?;
+            Ok((granted, backend))
+        }
     })?
     .about(py, &about)?;
+    if let (Some(g), Backend::Single(shared)) = (&granted, &backend) {
+        recipe_holds::taken(
+            shared,
+            &lock_key,
+            &token,
+            lease::deadline(g.sent_at, g.lease),
+        );
+    }
     Ok(granted.map(|g| g.fence))
 }
 
@@ -73,9 +91,25 @@ pub fn release_token(
     let token = String::from_utf8(args::name("identifier", identifier)?).unwrap_or_default();
     let (client, spec) = spec_for(conn, lockname, std::time::Duration::from_secs(1))?;
     let about = About::new("lock", &String::from_utf8_lossy(&spec.name));
-    blocking::wait(py, async move {
-        let backend = client.backend()?;
-        lock::release_on(&backend, &spec.keys, &token).await
+    let lock_key = spec.keys.lock();
+    let (released, single) = blocking::wait(py, {
+        let token = token.clone();
+        async move {
+            let backend = client.backend()?;
+            let Backend::Single(shared) = backend else {
+                return Ok((lock::release_on(&backend, &spec.keys, &token).await?, None));
+            };
+            let (epoch, sent_at) = (shared.fault_epoch(), Instant::now());
+            let released = lock::release(&shared, &spec.keys, &token).await?;
+            let faulted = shared.fault_epoch() != epoch;
+            Ok((released, Some((shared, sent_at, faulted))))
+        }
     })?
-    .about(py, &about)
+    .about(py, &about)?;
+    // A "not ours" after the connection broke under the release may answer its resend, the
+    // first send having deleted our token (see `recipe_holds`).
+    let resent_own = single.is_some_and(|(shared, sent_at, faulted)| {
+        recipe_holds::may_have_released(&shared, &lock_key, &token, sent_at) && faulted
+    });
+    Ok(released || resent_own)
 }

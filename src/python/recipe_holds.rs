@@ -1,0 +1,73 @@
+//! The holds that `acquire_token` took on a single server, kept for `release_token`: a release
+//! whose connection broke may have deleted the token with its first send, so its resend's "not
+//! ours" is a release, not a loss, when the lease was still ours and the same server incarnation
+//! answered (the rule of `Lock.release`, engine `hold.rs`). Touched only with the GIL held, so
+//! a fork never finds the map locked by another thread.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use crate::engine::Shared;
+
+/// (the server's `Shared`, the lock key, the token)
+type HoldKey = (usize, Vec<u8>, String);
+
+struct Hold {
+    deadline: Instant,
+    run_id: Option<Arc<str>>,
+}
+
+/// Past this many holds, those whose lease ended (never released) are dropped.
+const SWEEP_AT: usize = 1024;
+
+static HOLDS: Mutex<Option<HashMap<HoldKey, Hold>>> = Mutex::new(None);
+
+fn key(shared: &Arc<Shared>, lock_key: &[u8], token: &str) -> HoldKey {
+    (
+        Arc::as_ptr(shared) as usize,
+        lock_key.to_vec(),
+        token.to_string(),
+    )
+}
+
+/// Notes a hold of `token` on `lock_key` until `deadline`, granted by the server `shared` is on.
+pub fn taken(shared: &Arc<Shared>, lock_key: &[u8], token: &str, deadline: Instant) {
+    let mut holds = HOLDS.lock().unwrap_or_else(|p| p.into_inner());
+    let holds = holds.get_or_insert_with(HashMap::new);
+    if holds.len() >= SWEEP_AT {
+        let now = Instant::now();
+        holds.retain(|_, h| h.deadline > now);
+    }
+    let hold = Hold {
+        deadline,
+        run_id: shared.run_id(),
+    };
+    holds.insert(key(shared, lock_key, token), hold);
+}
+
+/// Forgets the hold and tells whether a release of it sent at `sent_at` that met a connection
+/// fault may have deleted the token itself: sent while the lease was ours, answered by the
+/// incarnation that granted it (unknown run_ids: the first alone decides).
+pub fn may_have_released(
+    shared: &Arc<Shared>,
+    lock_key: &[u8],
+    token: &str,
+    sent_at: Instant,
+) -> bool {
+    let hold = HOLDS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_mut()
+        .and_then(|holds| holds.remove(&key(shared, lock_key, token)));
+    let Some(hold) = hold else {
+        return false;
+    };
+    if sent_at >= hold.deadline {
+        return false;
+    }
+    match (hold.run_id, shared.run_id()) {
+        (Some(granted_on), Some(now)) => granted_on == now,
+        _ => true,
+    }
+}
