@@ -378,7 +378,11 @@ def test_cache_basics_invalidate_and_quorum_error(rl: Proxied) -> None:
         for r in (r2, r3):
             r.delete(f"t:{{{n}}}:value")
     assert redmutex.get_or_fill(c, n, fill, ttl=30) == 2  # 2 of 4 reachable copies: refilled
-    cached = redmutex.cached(c, ttl=30)(lambda x: fill() * 0 + x)
+
+    @redmutex.cached(c, ttl=30)
+    def cached(x: int) -> int:
+        return fill() * 0 + x
+
     assert cached(5) == 5 and cached(5) == 5
     cached.invalidate(5)
     before = len(fills)
