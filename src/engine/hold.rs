@@ -1308,10 +1308,28 @@ fn resent_own(shared: &Shared, hold: &HoldRef, epoch: u64, sent_at: Instant) -> 
 /// Whether a release sent at `sent_at` whose connection then broke may have deleted our token
 /// (see `resent_own`).
 fn may_have_released(shared: &Shared, hold: &HoldRef, sent_at: Instant) -> bool {
-    if sent_at >= hold.status.deadline() {
+    release_may_have_landed(
+        shared,
+        hold.status.deadline(),
+        hold.status.run_id.as_ref(),
+        sent_at,
+    )
+}
+
+/// Whether a release sent at `sent_at` of a hold whose lease ran to `deadline`, granted by the
+/// server incarnation `granted_on`, may have deleted its token with that send: it went out
+/// while the lease was ours, and the server `shared` reached since is that incarnation (unknown
+/// run_ids: the first condition alone decides). Shared with the recipes' release.
+pub fn release_may_have_landed(
+    shared: &Shared,
+    deadline: Instant,
+    granted_on: Option<&Arc<str>>,
+    sent_at: Instant,
+) -> bool {
+    if sent_at >= deadline {
         return false;
     }
-    match (&hold.status.run_id, shared.run_id()) {
+    match (granted_on, shared.run_id()) {
         (Some(granted_on), Some(now)) => *granted_on == now,
         _ => true,
     }

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use crate::engine::hold::release_may_have_landed;
 use crate::engine::Shared;
 
 /// (the server's `Shared`, the lock key, the token)
@@ -60,14 +61,7 @@ pub fn may_have_released(
         .unwrap_or_else(|p| p.into_inner())
         .as_mut()
         .and_then(|holds| holds.remove(&key(shared, lock_key, token)));
-    let Some(hold) = hold else {
-        return false;
-    };
-    if sent_at >= hold.deadline {
-        return false;
-    }
-    match (hold.run_id, shared.run_id()) {
-        (Some(granted_on), Some(now)) => granted_on == now,
-        _ => true,
-    }
+    hold.is_some_and(|hold| {
+        release_may_have_landed(shared, hold.deadline, hold.run_id.as_ref(), sent_at)
+    })
 }
