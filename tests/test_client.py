@@ -728,6 +728,53 @@ def test_fork_child_uses_inherited_client_and_holds_nothing(
 
 
 @pytest.mark.timeout(90)
+def test_fork_while_another_thread_waits_leaves_the_objects_usable_in_the_child(
+    client: redmutex.Client, other_client: redmutex.Client, r: redis.Redis
+) -> None:
+    """A thread of the parent waits in `acquire()` when another thread forks: the child has no
+    such thread, so the same objects try and fail like any busy acquire there (they refused for
+    good, as 'already acquiring in another thread', before)."""
+    blocker = redmutex.Lock(other_client, "fork-waiting", ttl=30)
+    sem_blocker = redmutex.Semaphore(other_client, "fork-waiting-sem", 1, ttl=30)
+    assert blocker.acquire(timeout=5) and sem_blocker.acquire(timeout=5)
+    lock = redmutex.Lock(client, "fork-waiting", ttl=30)
+    sem = redmutex.Semaphore(client, "fork-waiting-sem", 1, ttl=30)
+    waiters = [threading.Thread(target=obj.acquire, kwargs={"timeout": 30}) for obj in (lock, sem)]
+    for waiter in waiters:
+        waiter.start()
+    try:
+        # Both parent threads are inside acquire() once their places show in the queues.
+        queues = [_lock_key(client.prefix, "fork-waiting", "lock:queue"),
+                  _lock_key(client.prefix, "fork-waiting-sem", "sem:queue")]  # fmt: skip
+        deadline = time.monotonic() + 10
+        while r.exists(*queues) < 2:
+            assert time.monotonic() < deadline, "the waiters did not queue"
+            time.sleep(0.01)
+
+        def child() -> dict[str, object]:
+            out: dict[str, object] = {}
+            for label, obj in (("lock", lock), ("semaphore", sem)):
+                try:
+                    out[label] = obj.acquire(timeout=0)
+                except redmutex.LockError as exc:
+                    out[label] = f"{type(exc).__name__}: {exc}"
+            return out
+
+        assert _fork_and_run(child) == {"lock": False, "semaphore": False}
+        blocker.release()
+        sem_blocker.release()
+        for waiter in waiters:
+            waiter.join(timeout=30)
+        assert lock.token is not None and sem.token is not None  # the parent's waits went on
+    finally:
+        for waiter in waiters:
+            waiter.join(timeout=30)
+        for obj in (lock, sem, blocker, sem_blocker):
+            if obj.token is not None:
+                obj.release()
+
+
+@pytest.mark.timeout(90)
 def test_fork_before_first_use(redis_url: str, prefix: str) -> None:
     c = redmutex.Client(redis_url, prefix=prefix)
     try:

@@ -15,6 +15,7 @@ use super::client::{Backend, Client};
 use super::error::{Error, Result};
 use super::executor::{self, Now};
 pub use super::hold_status::HoldStatus;
+use super::hold_status::PendingExtend;
 use super::redlock::Redlock;
 use super::renew::{self, Renewal, Schedule};
 use super::runtime::pid;
@@ -293,7 +294,7 @@ impl<P: Leased> Drop for Pending<'_, P> {
         }
         if !self.settled {
             let mut state = self.holder.state();
-            if matches!(*state, State::Acquiring) {
+            if matches!(*state, State::Acquiring { .. }) {
                 *state = State::Idle { lost: false };
             }
         }
@@ -340,8 +341,13 @@ impl<D> Drop for Hold<D> {
 }
 
 enum State<D> {
-    Idle { lost: bool },
-    Acquiring,
+    Idle {
+        lost: bool,
+    },
+    /// An acquire is under way in process `pid` (a forked child's copy is no acquire of its own).
+    Acquiring {
+        pid: u32,
+    },
     Held(Hold<D>),
 }
 
@@ -349,6 +355,17 @@ enum State<D> {
 struct HoldRef {
     token: String,
     status: Arc<HoldStatus>,
+    /// Set for a release (`begin_release`): ends it, whatever happens to the release.
+    _release: Option<ReleaseUnderWay>,
+}
+
+/// One release of a hold under way (`HoldStatus::begin_release`); dropped, it is over.
+struct ReleaseUnderWay(Arc<HoldStatus>);
+
+impl Drop for ReleaseUnderWay {
+    fn drop(&mut self) {
+        self.0.end_release();
+    }
 }
 
 /// A release under way whose step a caller sends itself (`Holder::begin_release_step`).
@@ -364,6 +381,7 @@ pub struct Extending {
     hold: HoldRef,
     lease: Duration,
     sent_at: Instant,
+    pending: PendingExtend,
 }
 
 /// One object's hold on a primitive `P`.
@@ -402,15 +420,15 @@ impl<P: Leased> Holder<P> {
 
     fn state(&self) -> std::sync::MutexGuard<'_, State<P::Detail>> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        // In a forked child the parent's hold is not ours: forget it without touching it.
-        if let State::Held(hold) = &*state {
-            if hold.pid != pid() {
-                if let State::Held(inherited) =
-                    std::mem::replace(&mut *state, State::Idle { lost: false })
-                {
-                    std::mem::forget(inherited);
-                }
-            }
+        // In a forked child the parent's hold, or its acquire under way in another thread (which
+        // the child does not have), is not ours: forget it without touching it.
+        let inherited = match &*state {
+            State::Held(hold) => hold.pid != pid(),
+            State::Acquiring { pid: by } => *by != pid(),
+            State::Idle { .. } => false,
+        };
+        if inherited {
+            std::mem::forget(std::mem::replace(&mut *state, State::Idle { lost: false }));
         }
         state
     }
@@ -420,6 +438,7 @@ impl<P: Leased> Holder<P> {
             State::Held(h) => Some(HoldRef {
                 token: h.token.clone(),
                 status: h.status.clone(),
+                _release: None,
             }),
             _ => None,
         }
@@ -556,6 +575,7 @@ impl<P: Leased> Holder<P> {
             hold: HoldRef {
                 token: hold.token.clone(),
                 status: hold.status.clone(),
+                _release: None,
             },
             depth: hold.depth.saturating_add(1),
         }))
@@ -621,10 +641,8 @@ impl<P: Leased> Holder<P> {
             ticket.held = Some(hold.token.clone());
         }
         hold.depth = nesting.depth;
-        let deadline = lease::deadline(sent_at, lease);
-        if deadline > hold.status.deadline() {
-            hold.status.set_deadline(deadline);
-        }
+        hold.status
+            .answered_at_least(sent_at, lease::deadline(sent_at, lease));
         Ok(true)
     }
 
@@ -647,6 +665,7 @@ impl<P: Leased> Holder<P> {
             hold: HoldRef {
                 token: hold.token.clone(),
                 status: hold.status.clone(),
+                _release: None,
             },
             depth: hold.depth,
         }))
@@ -899,12 +918,12 @@ impl<P: Leased> Holder<P> {
                 "this {} object already holds {} (it is not re-entrant)",
                 naming.object, naming.held
             ))),
-            State::Acquiring => Err(Error::Usage(format!(
+            State::Acquiring { .. } => Err(Error::Usage(format!(
                 "this {} object is already acquiring in another thread",
                 naming.object
             ))),
             State::Idle { .. } => {
-                *state = State::Acquiring;
+                *state = State::Acquiring { pid: pid() };
                 Ok(Pending {
                     holder: self,
                     token: None,
@@ -950,12 +969,17 @@ impl<P: Leased> Holder<P> {
     }
 
     /// Stops renewal before the release goes out: whatever the release's outcome, the hold is
-    /// renewed no more (see `HoldStatus::releasing`).
+    /// renewed no more (see `HoldStatus::releasing`). While one release is under way, another
+    /// (from another thread) finds nothing this object may release, as `threading.Lock` would
+    /// once the first one ran; after a release that failed, the holder may try again.
     fn begin_release(&self) -> Result<HoldRef> {
         let mut state = self.state();
         let State::Held(hold) = &mut *state else {
             return Err(self.not_owned());
         };
+        if !hold.status.begin_release() {
+            return Err(self.not_owned());
+        }
         hold.status.set_releasing();
         if let Some(renewal) = hold.renewal.take() {
             renewal.stop();
@@ -963,6 +987,7 @@ impl<P: Leased> Holder<P> {
         Ok(HoldRef {
             token: hold.token.clone(),
             status: hold.status.clone(),
+            _release: Some(ReleaseUnderWay(hold.status.clone())),
         })
     }
 
@@ -1073,15 +1098,19 @@ impl<P: Leased> Holder<P> {
         }
     }
 
+    /// `pending`: begun before the extend was sent (`HoldStatus::begin_extend`); an extend that
+    /// got no answer leaves it unsettled, so the deadline stays no later than its end.
     fn finish_extend(
         &self,
         hold: &HoldRef,
         lease: Duration,
+        pending: PendingExtend,
         outcome: Result<Option<Instant>>,
     ) -> Result<()> {
         match outcome? {
             Some(sent_at) => {
-                hold.status.move_deadline(lease::deadline(sent_at, lease));
+                pending.answered(sent_at, lease::deadline(sent_at, lease));
+                hold.status.deadline_was_moved();
                 Ok(())
             }
             None => {
@@ -1094,11 +1123,14 @@ impl<P: Leased> Holder<P> {
     pub async fn extend(&self, lease: Option<Duration>) -> Result<()> {
         let hold = self.current().ok_or_else(|| self.not_owned())?;
         let lease = lease.unwrap_or(self.primitive.lease());
+        let pending = hold
+            .status
+            .begin_extend(lease::deadline(Instant::now(), lease));
         let outcome = match self.client.backend() {
             Ok(backend) => extend_on(&*self.primitive, &backend, &hold.token, lease).await,
             Err(err) => Err(err),
         };
-        self.finish_extend(&hold, lease, outcome)
+        self.finish_extend(&hold, lease, pending, outcome)
     }
 
     /// `extend` on the caller's thread (only when `has_direct`).
@@ -1116,10 +1148,13 @@ impl<P: Leased> Holder<P> {
         let hold = self.current().ok_or_else(|| self.not_owned())?;
         let lease = lease.unwrap_or(self.primitive.lease());
         let step = self.primitive.extend(&hold.token, lease);
+        let sent_at = Instant::now();
+        let pending = hold.status.begin_extend(lease::deadline(sent_at, lease));
         let extending = Extending {
             hold,
             lease,
-            sent_at: Instant::now(),
+            sent_at,
+            pending,
         };
         Ok((step, extending))
     }
@@ -1130,9 +1165,10 @@ impl<P: Leased> Holder<P> {
             hold,
             lease,
             sent_at,
+            pending,
         } = extending;
         let outcome = outcome.map(|extended| extended.then_some(sent_at));
-        self.finish_extend(&hold, lease, outcome)
+        self.finish_extend(&hold, lease, pending, outcome)
     }
 
     /// The blocking API's `extend` (see `release_blocking`).
@@ -1204,7 +1240,7 @@ impl<P: Leased> Holder<P> {
         match &*self.state() {
             State::Held(h) => h.status.is_lost(),
             State::Idle { lost } => *lost,
-            State::Acquiring => false,
+            State::Acquiring { .. } => false,
         }
     }
 

@@ -1,15 +1,96 @@
 //! The state a hold shares with its renewal task: its deadline, and whether it was lost or is
 //! being released.
+//!
+//! The deadline is what this process may count on, never later than Redis's lease. Extends of
+//! one hold can be under way at once on different connections (the renewal task's and the
+//! caller's), and their answers can be read in another order than Redis ran them: an extend
+//! moves the deadline to its own end only when it was sent after every answered extend's answer
+//! was read (so Redis ran it after them); otherwise Redis may have run it first or last, and the
+//! earlier of the two ends is kept. While an extend is unanswered, the deadline is at most the
+//! end it would set (a shortening extend may already have run), and one that gets no answer
+//! leaves it there.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+/// The deadline, with what decides how the next answer may move it.
+#[derive(Debug)]
+struct Deadline {
+    /// What the answered extends (and the grant) allow.
+    settled: Instant,
+    /// When the latest answer (of the grant or an extend) was read.
+    answered_at: Instant,
+    /// The ends that the unanswered extends would set, by id.
+    pending: Vec<(u64, Instant)>,
+    next_id: u64,
+}
+
+impl Deadline {
+    fn effective(&self) -> Instant {
+        self.pending
+            .iter()
+            .fold(self.settled, |earliest, &(_, end)| earliest.min(end))
+    }
+
+    /// An answer to an extend sent at `sent_at`: the lease ends at `end` (with `at_least`: no
+    /// earlier than that) if Redis ran it after every answered extend (see the module's note).
+    fn settle(&mut self, sent_at: Instant, end: Instant, at_least: bool) {
+        let ran_last = sent_at >= self.answered_at;
+        self.settled = match (ran_last, at_least) {
+            (true, false) => end,
+            (true, true) => self.settled.max(end),
+            (false, false) => self.settled.min(end),
+            (false, true) => self.settled,
+        };
+        self.answered_at = self.answered_at.max(Instant::now());
+    }
+
+    fn take_pending(&mut self, id: u64) -> Option<Instant> {
+        let at = self.pending.iter().position(|&(each, _)| each == id)?;
+        Some(self.pending.swap_remove(at).1)
+    }
+}
+
+/// An extend under way (`HoldStatus::begin_extend`): settle it with `answered`; dropped
+/// unanswered, it leaves the deadline no later than the end it would have set.
+#[derive(Debug)]
+pub struct PendingExtend {
+    status: Arc<HoldStatus>,
+    id: u64,
+    settled: bool,
+}
+
+impl PendingExtend {
+    /// Redis answered: the lease now ends at `end` (from when the extend was `sent_at`).
+    pub fn answered(mut self, sent_at: Instant, end: Instant) {
+        self.settled = true;
+        let mut deadline = self.status.lock_deadline();
+        deadline.take_pending(self.id);
+        deadline.settle(sent_at, end, false);
+    }
+}
+
+impl Drop for PendingExtend {
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        let mut deadline = self.status.lock_deadline();
+        if let Some(end) = deadline.take_pending(self.id) {
+            deadline.settled = deadline.settled.min(end);
+        }
+    }
+}
+
 /// Shared between a hold and its renewal task.
 #[derive(Debug)]
 pub struct HoldStatus {
-    deadline: Mutex<Instant>,
+    deadline: Mutex<Deadline>,
     lost: AtomicBool,
+    /// A release of this hold is under way (`begin_release`): another is refused meanwhile, so
+    /// that its "not ours" (the first one's delete) is not taken for a loss.
+    release_under_way: AtomicBool,
     /// Set once a release was attempted, and never cleared: renewal stops for good (a release
     /// that failed must not leave the lease renewed for as long as the object lives; it ends by
     /// itself within the ttl), and no "not ours" it hears from then on is a loss.
@@ -23,8 +104,14 @@ pub struct HoldStatus {
 impl HoldStatus {
     pub fn new(deadline: Instant) -> Self {
         HoldStatus {
-            deadline: Mutex::new(deadline),
+            deadline: Mutex::new(Deadline {
+                settled: deadline,
+                answered_at: Instant::now(),
+                pending: Vec::new(),
+                next_id: 0,
+            }),
             lost: AtomicBool::new(false),
+            release_under_way: AtomicBool::new(false),
             releasing: AtomicBool::new(false),
             run_id: None,
             moved: tokio::sync::Notify::new(),
@@ -38,19 +125,48 @@ impl HoldStatus {
         }
     }
 
+    fn lock_deadline(&self) -> std::sync::MutexGuard<'_, Deadline> {
+        self.deadline.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Until when the hold is surely ours (see the module's note).
     pub fn deadline(&self) -> Instant {
-        *self.deadline.lock().unwrap_or_else(|p| p.into_inner())
+        self.lock_deadline().effective()
     }
 
-    pub fn set_deadline(&self, deadline: Instant) {
-        *self.deadline.lock().unwrap_or_else(|p| p.into_inner()) = deadline;
+    /// An extend is about to be sent; if Redis runs it, the lease ends at `end` (reckoned from
+    /// no later than its send).
+    pub fn begin_extend(self: &Arc<Self>, end: Instant) -> PendingExtend {
+        let mut deadline = self.lock_deadline();
+        let id = deadline.next_id;
+        deadline.next_id += 1;
+        deadline.pending.push((id, end));
+        PendingExtend {
+            status: self.clone(),
+            id,
+            settled: false,
+        }
     }
 
-    /// The caller's `extend` moved the deadline: `set_deadline`, and the renewal task (if any)
-    /// plans its next extend again.
-    pub fn move_deadline(&self, deadline: Instant) {
-        self.set_deadline(deadline);
+    /// A re-entry sent at `sent_at` was answered: the lease ends no earlier than `end`.
+    pub fn answered_at_least(&self, sent_at: Instant, end: Instant) {
+        self.lock_deadline().settle(sent_at, end, true);
+    }
+
+    /// The caller's `extend` moved the deadline: the renewal task (if any) plans its next
+    /// extend again.
+    pub fn deadline_was_moved(&self) {
         self.moved.notify_one();
+    }
+
+    /// Begins a release; false when another is under way (see `release_under_way`).
+    pub fn begin_release(&self) -> bool {
+        !self.release_under_way.swap(true, Ordering::AcqRel)
+    }
+
+    /// The release begun by `begin_release` has settled (whatever its outcome).
+    pub fn end_release(&self) {
+        self.release_under_way.store(false, Ordering::Release);
     }
 
     /// Resolves once the caller moved the deadline (see `move_deadline`).
@@ -73,5 +189,65 @@ impl HoldStatus {
 
     pub fn set_releasing(&self) {
         self.releasing.store(true, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::HoldStatus;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn an_answer_read_after_a_later_extends_keeps_the_earlier_end() {
+        let t0 = Instant::now();
+        let status = Arc::new(HoldStatus::new(t0 + 10 * S));
+        let renewal = status.begin_extend(t0 + 19 * S);
+        let shorten = status.begin_extend(t0 + S);
+        assert_eq!(
+            status.deadline(),
+            t0 + S,
+            "a shortening under way counts at once"
+        );
+        shorten.answered(t0 + 3 * S / 10, t0 + S);
+        // The renewal was sent before that answer was read: Redis may have run it first.
+        renewal.answered(t0, t0 + 19 * S);
+        assert_eq!(status.deadline(), t0 + S);
+        // An extend sent after every answer was read ran last in Redis: its end holds.
+        let later = Instant::now() + Duration::from_millis(1);
+        status
+            .begin_extend(later + 9 * S)
+            .answered(later, later + 9 * S);
+        assert_eq!(status.deadline(), later + 9 * S);
+    }
+
+    #[test]
+    fn an_extend_without_an_answer_leaves_the_deadline_no_later_than_its_end() {
+        let t0 = Instant::now();
+        let status = Arc::new(HoldStatus::new(t0 + 10 * S));
+        drop(status.begin_extend(t0 + S / 2));
+        assert_eq!(status.deadline(), t0 + S / 2);
+        drop(status.begin_extend(t0 + 20 * S));
+        assert_eq!(
+            status.deadline(),
+            t0 + S / 2,
+            "a longer one unanswered changes nothing"
+        );
+    }
+
+    #[test]
+    fn a_reentry_never_shortens_and_an_overlapping_one_never_lengthens() {
+        let t0 = Instant::now();
+        let status = Arc::new(HoldStatus::new(t0 + 10 * S));
+        let later = Instant::now() + Duration::from_millis(1);
+        status.answered_at_least(later, later + S);
+        assert_eq!(status.deadline(), t0 + 10 * S);
+        status.answered_at_least(later, later + 20 * S);
+        assert_eq!(status.deadline(), later + 20 * S);
+        // Sent before the last answer was read: Redis may have run it before that extend.
+        status.answered_at_least(t0, t0 + 30 * S);
+        assert_eq!(status.deadline(), later + 20 * S);
     }
 }

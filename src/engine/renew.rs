@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use super::error::Result;
 use super::hold_status::HoldStatus;
 use super::runtime;
+use crate::protocol::lease;
 
 /// Whom renewal tells what it finds.
 pub trait Listener: Send + Sync {
@@ -119,6 +120,7 @@ async fn renew<F, Fut>(
         // Never shorter than the caller's extend left it: a lease extended past the ttl keeps
         // its end until it runs down to the ttl.
         let wanted = lease.max(status.deadline().saturating_duration_since(Instant::now()));
+        let pending = status.begin_extend(lease::deadline(Instant::now(), wanted));
         // An extend still unanswered when the lease ends cannot save it: stop waiting then, so
         // the loss is reported when it happens, not after the client's timeouts.
         let renewed = match tokio::time::timeout_at(status.deadline().into(), extend(wanted)).await
@@ -128,7 +130,7 @@ async fn renew<F, Fut>(
         };
         match renewed {
             Ok(Some(sent_at)) => {
-                status.set_deadline(sent_at.checked_add(wanted).unwrap_or(sent_at));
+                pending.answered(sent_at, lease::deadline(sent_at, wanted));
                 if !schedule.repeat {
                     return;
                 }

@@ -199,7 +199,7 @@ impl<P: Leased> Holder<P> {
     /// acquire does not go on (the caller stopped waiting, or never sent the attempt).
     pub fn abort_acquire(&self) {
         let mut state = self.state();
-        if matches!(*state, State::Acquiring) {
+        if matches!(*state, State::Acquiring { .. }) {
             *state = State::Idle { lost: false };
         }
     }

@@ -1,0 +1,87 @@
+"""What a holder believes about its lease when extends' answers come late, out of order, or not
+at all: `remaining()` never promises more than Redis still has (API.md: `extend(ttl)` makes the
+lease end `ttl` from now; `remaining()` is what is left of this object's lease).
+
+The replies are slowed and dropped by the loopback FaultProxy (`_proxy.py`) in front of the
+session's server; everything started here is stopped here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+import redmutex
+from _helpers import ResultThread as _Thread
+from _helpers import wait_until as _wait_until
+from _proxy import FaultProxy
+from redmutex._server import RedisServer
+
+# Our clock against Redis's millisecond expiry, on a loaded machine.
+SLACK = 0.05
+
+
+@pytest.fixture
+def proxy(redis_server: RedisServer) -> Iterator[FaultProxy]:
+    with FaultProxy(redis_server.port) as p:
+        yield p
+
+
+def _pttl(r: redis.Redis, prefix: str, name: str) -> float:
+    """Seconds left on the lock's key in Redis (0 when it is gone)."""
+    ms = r.pttl(f"{prefix}{{{name}}}:lock")
+    return max(ms, 0) / 1000
+
+
+@pytest.mark.timeout(60)
+def test_an_earlier_extend_answered_last_does_not_undo_a_later_shortening(
+    proxy: FaultProxy, r: redis.Redis, prefix: str
+) -> None:
+    """extend(10) reaches Redis, its answer is held back; meanwhile another thread's extend(0.5)
+    runs and is answered: Redis's lease ends 0.5 s later. When the first answer finally comes,
+    the holder must not believe in its 10 s (before: remaining() about 9 s with the key gone)."""
+    with redmutex.Client(proxy.url, prefix=prefix) as client:
+        lock = redmutex.Lock(client, "late-answer", ttl=10)
+        assert lock.acquire(timeout=5)
+        time.sleep(0.3)  # the lease has run down a little: the first extend shows in the PTTL
+        proxy.set_latency(1.0, "s2c")
+        first = _Thread(lambda: lock.extend(10))
+        first.start()
+        _wait_until(lambda: _pttl(r, prefix, "late-answer") > 9.8, 10, "the first extend in Redis")
+        proxy.set_latency(0.0, "s2c")
+        lock.extend(0.5)  # on another connection: the first one waits for its answer
+        assert first.outcome(20) is None
+        left, in_redis = lock.remaining(), _pttl(r, prefix, "late-answer")
+        assert left is not None
+        assert left <= in_redis + SLACK, (left, in_redis)
+        time.sleep(0.6)
+        assert lock.remaining() == 0.0
+        with pytest.raises(redmutex.LockLostError):
+            lock.release()
+
+
+@pytest.mark.timeout(60)
+def test_a_shortening_extend_without_an_answer_shortens_what_the_holder_counts_on(
+    proxy: FaultProxy, r: redis.Redis, prefix: str
+) -> None:
+    """extend(0.5) runs in Redis but its answer is lost and the connection stays dark, so the
+    call fails: the lease may well end in 0.5 s, and remaining() says no more than that (before:
+    the old 10 s lease stayed in force)."""
+    with redmutex.Client(proxy.url, prefix=prefix, connect_timeout=1, command_timeout=1) as client:
+        lock = redmutex.Lock(client, "dark-extend", ttl=10)
+        assert lock.acquire(timeout=5)
+        assert lock.token is not None
+        proxy.drop_reply_to(lock.token.encode(), then_blackhole=True)
+        sent = time.monotonic()
+        with pytest.raises(redmutex.ConnectionError):
+            lock.extend(0.5)
+        assert proxy.stats.dropped_replies == 1
+        left = lock.remaining()
+        assert left is not None
+        assert left <= max(0.0, 0.5 - (time.monotonic() - sent)) + SLACK, left
+        proxy.heal()
+        time.sleep(0.6)
+        assert _pttl(r, prefix, "dark-extend") == 0  # Redis did run it
+        assert lock.remaining() == 0.0
