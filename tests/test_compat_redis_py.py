@@ -3,6 +3,7 @@ alone and mixed with plain redis-py processes (both directions)."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import uuid
@@ -114,6 +115,22 @@ def test_blocking_false_and_blocking_timeout(r: redis.Redis, name: str) -> None:
     ):
         pass
     holder.release()
+
+
+def test_an_infinite_or_huge_blocking_timeout_waits_for_good_as_redis_pys(
+    r: redis.Redis, name: str
+) -> None:
+    """redis-py waits until a deadline it never reaches; the shim raised ValueError
+    ('timeout: out of range') for these."""
+    for forever in (math.inf, 1e300):
+        holder = Lock(r, name, timeout=10)
+        assert holder.acquire()
+        waiter = Lock(r, name, timeout=10, blocking_timeout=forever)
+        delay = wake_delay(holder.release, waiter.acquire, waiter.release, settle=0.3, timeout=10)
+        assert delay < 5
+        again = Lock(r, name, timeout=10)
+        assert again.acquire(blocking_timeout=forever)
+        again.release()
 
 
 def test_waiter_is_woken_by_a_shim_release_not_by_polling(

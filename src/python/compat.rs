@@ -88,6 +88,9 @@ impl LogListener {
 fn wait_of(timeout: Option<f64>) -> PyResult<Wait> {
     Ok(match timeout {
         None => Wait::Forever,
+        // inf, or past any wait's end: the originals wait for good (their deadline is never
+        // reached).
+        Some(t) if t > 0.0 && Duration::try_from_secs_f64(t).is_err() => Wait::Forever,
         Some(t) => Wait::from_timeout(Some(args::seconds("timeout", t.max(0.0))?)),
     })
 }
