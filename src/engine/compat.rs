@@ -16,7 +16,7 @@ use super::hold_status::HoldStatus;
 use super::lock::LockContender;
 use super::renew::{self, Renewal, Schedule};
 use super::shared::Shared;
-use super::waiting::{self, Contender, Outcome, Undo, Wait};
+use super::waiting::{self, spawn_undo, Contender, Outcome, Undo, UndoStep, Wait};
 use crate::protocol::compat::{self as steps, Extended};
 use crate::protocol::keys::key_slot;
 use crate::protocol::lock::{self as lock_steps, Granted, LockSpec};
@@ -287,6 +287,20 @@ impl CompatLock {
 
     pub async fn release(&self, token: &str) -> Result<bool> {
         self.run(lock_steps::release(&self.spec.keys, token)).await
+    }
+
+    /// Releases `token`'s hold from the runtime (an acquire whose caller stopped waiting got
+    /// it), retrying while Redis cannot be reached, until the lease would have ended anyway.
+    pub fn give_back(self: &Arc<Self>, token: String, lease: Duration) {
+        let lock = self.clone();
+        let step = move || -> UndoStep {
+            let (lock, token) = (lock.clone(), token.clone());
+            Box::pin(async move { lock.release(&token).await.map(|_| ()) })
+        };
+        spawn_undo(Undo {
+            step: Box::new(step),
+            horizon: lease,
+        });
     }
 
     /// redis-py's extend (add `ms` to the lease, or `replace` it).

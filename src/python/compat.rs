@@ -2,7 +2,7 @@
 //! another library's key with the caller's token. Private: the shims check their arguments the
 //! way the original libraries do and call this with clean values.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pyo3::prelude::*;
@@ -51,6 +51,14 @@ impl PyCompatHold {
     fn stop(&self) {
         self.hold.stop();
     }
+}
+
+/// An asyncio acquire's meeting point with its cancellation (see `_acquire_async`).
+#[derive(Default)]
+struct CancelTicket {
+    cancelled: bool,
+    /// The token the acquire took, until the awaitable settles or is cancelled.
+    held: Option<String>,
 }
 
 /// Renewal's listener: a lost hold is logged (a WARNING on the `redmutex` logger).
@@ -192,19 +200,50 @@ impl PyCompatLock {
         let renewal = self.renewal(renew);
         let engine = self.engine.clone();
         let about = self.about.clone();
-        awaitable::spawn(
+        // An awaitable cancelled once the lock was taken gives it back, as redmutex.aio's do:
+        // whichever of the cancel and the grant comes second sees the other under the ticket.
+        let ticket = Arc::new(Mutex::new(CancelTicket::default()));
+        let abandon: awaitable::Abandon = {
+            let (engine, ticket) = (engine.clone(), ticket.clone());
+            Box::new(move || {
+                let mut ticket = ticket.lock().unwrap_or_else(|p| p.into_inner());
+                ticket.cancelled = true;
+                if let Some(token) = ticket.held.take() {
+                    engine.give_back(token, lease);
+                }
+            })
+        };
+        awaitable::spawn_abandonable(
             py,
-            OnCancel::Abort,
+            abandon,
             async move {
-                Ok(engine
+                let hold = engine
                     .acquire(&token, lease, wait, chosen, poll, renewal)
-                    .await)
+                    .await;
+                if let Ok(Some(taken)) = &hold {
+                    let mut ticket = ticket.lock().unwrap_or_else(|p| p.into_inner());
+                    if ticket.cancelled {
+                        taken.stop();
+                        engine.give_back(token, lease);
+                        return Ok(Ok(None));
+                    }
+                    ticket.held = Some(token);
+                }
+                Ok(hold)
             },
             move |py, hold| match hold.about(py, &about)? {
                 Some(hold) => Ok(Bound::new(py, PyCompatHold { hold })?.into_any()),
                 None => Ok(py.None().into_bound(py)),
             },
         )
+    }
+
+    /// Releases `token`'s hold in the background (an asyncio acquire that succeeded, whose task
+    /// was cancelled before it resumed: nobody holds that hold).
+    fn _give_back(&self, token: String, lease: f64) -> PyResult<()> {
+        self.engine
+            .give_back(token, args::seconds("timeout", lease)?);
+        Ok(())
     }
 
     /// Compare-and-delete for `token`; False when the lock was not `token`'s.

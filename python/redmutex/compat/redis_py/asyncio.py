@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from redis.exceptions import LockError, LockNotOwnedError
 
+from ..._core import _CompatHold
 from .._common import encode, token_text
 from ._base import LockBase, Number, poll
 
@@ -85,6 +86,21 @@ class Lock(LockBase):
                 raise
             logger.warning("Lock was unlocked or no longer owned when exiting context manager.")
 
+    async def _settled(self, attempt: Any, raw: bytes, lease: float) -> _CompatHold | None:
+        """The hold an acquire's awaitable gives. Cancelled before it settled, the engine gives
+        back what it takes; cancelled after (it succeeded, but this task had not resumed), that
+        hold belongs to nobody: it is given back here."""
+        try:
+            hold: _CompatHold | None = await attempt
+        except asyncio.CancelledError:
+            if attempt.done() and not attempt.cancelled() and attempt.exception() is None:
+                taken = attempt.result()
+                if taken is not None:
+                    taken.stop()
+                    self._core._give_back(token_text(raw), lease)
+            raise
+        return hold
+
     async def acquire(
         self,
         blocking: bool | None = None,
@@ -95,9 +111,10 @@ class Lock(LockBase):
         raw, chosen = self._token_of(token)
         wait = self._wait(blocking, blocking_timeout)
         lease, renew = self._lease()
-        hold = await self._core._acquire_async(
+        attempt = self._core._acquire_async(
             token_text(raw), lease, wait, chosen, renew, poll=poll(self.sleep)
         )
+        hold = await self._settled(attempt, raw, lease)
         if hold is None:
             return False
         self._set(raw, hold, renew)
@@ -107,7 +124,8 @@ class Lock(LockBase):
         """One attempt for ``token`` (redis-py's hook; `acquire` waits in the engine instead)."""
         raw = encode(self.redis, token)
         lease, renew = self._lease()
-        hold = await self._core._acquire_async(token_text(raw), lease, 0.0, True, renew)
+        attempt = self._core._acquire_async(token_text(raw), lease, 0.0, True, renew)
+        hold = await self._settled(attempt, raw, lease)
         if hold is None:
             return False
         self._set(raw, hold, renew)
