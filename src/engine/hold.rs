@@ -584,6 +584,7 @@ impl<P: Leased> Holder<P> {
     /// Takes the hold once more (one step: the count in Redis, the lease at least the
     /// primitive's from now). `ticket`: the caller may stop waiting (see `Ticket`).
     async fn reenter(&self, nesting: Nesting, ticket: Option<&Ticket>) -> Result<bool> {
+        let begun = Instant::now();
         let lease = self.primitive.lease();
         let step = self
             .primitive
@@ -592,11 +593,12 @@ impl<P: Leased> Holder<P> {
             Ok(backend) => reenter_on(&*self.primitive, &backend, &step, lease).await,
             Err(err) => Err(err),
         };
-        self.finish_reentry(nesting, lease, outcome, ticket)
+        self.finish_reentry(nesting, lease, begun, outcome, ticket)
     }
 
     /// `reenter` on the caller's thread (only when `has_direct`).
     fn reenter_direct(&self, nesting: Nesting) -> Result<bool> {
+        let begun = Instant::now();
         let lease = self.primitive.lease();
         let outcome = self.client.shared().and_then(|shared| {
             let step = self
@@ -605,13 +607,15 @@ impl<P: Leased> Holder<P> {
             let sent_at = Instant::now();
             Ok(executor::run_direct(&shared, &step)?.then_some(sent_at))
         });
-        self.finish_reentry(nesting, lease, outcome, None)
+        self.finish_reentry(nesting, lease, begun, outcome, None)
     }
 
+    /// `begun`: before the re-entry's request went out (see `HoldStatus::answered_at_least`).
     fn finish_reentry(
         &self,
         nesting: Nesting,
         lease: Duration,
+        begun: Instant,
         outcome: Result<Option<Instant>>,
         ticket: Option<&Ticket>,
     ) -> Result<bool> {
@@ -642,7 +646,7 @@ impl<P: Leased> Holder<P> {
         }
         hold.depth = nesting.depth;
         hold.status
-            .answered_at_least(sent_at, lease::deadline(sent_at, lease));
+            .answered_at_least(begun, lease::deadline(sent_at, lease));
         Ok(true)
     }
 
@@ -1109,7 +1113,7 @@ impl<P: Leased> Holder<P> {
     ) -> Result<()> {
         match outcome? {
             Some(sent_at) => {
-                pending.answered(sent_at, lease::deadline(sent_at, lease));
+                pending.answered(lease::deadline(sent_at, lease));
                 hold.status.deadline_was_moved();
                 Ok(())
             }

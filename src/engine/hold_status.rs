@@ -33,10 +33,11 @@ impl Deadline {
             .fold(self.settled, |earliest, &(_, end)| earliest.min(end))
     }
 
-    /// An answer to an extend sent at `sent_at`: the lease ends at `end` (with `at_least`: no
-    /// earlier than that) if Redis ran it after every answered extend (see the module's note).
-    fn settle(&mut self, sent_at: Instant, end: Instant, at_least: bool) {
-        let ran_last = sent_at >= self.answered_at;
+    /// An answer to an extend begun at `begun_at` (before its request went out): the lease
+    /// ends at `end` (with `at_least`: no earlier than that) if Redis ran it after every
+    /// answered extend (see the module's note).
+    fn settle(&mut self, begun_at: Instant, end: Instant, at_least: bool) {
+        let ran_last = begun_at >= self.answered_at;
         self.settled = match (ran_last, at_least) {
             (true, false) => end,
             (true, true) => self.settled.max(end),
@@ -58,16 +59,18 @@ impl Deadline {
 pub struct PendingExtend {
     status: Arc<HoldStatus>,
     id: u64,
+    /// When it was begun, before its request went out.
+    begun_at: Instant,
     settled: bool,
 }
 
 impl PendingExtend {
-    /// Redis answered: the lease now ends at `end` (from when the extend was `sent_at`).
-    pub fn answered(mut self, sent_at: Instant, end: Instant) {
+    /// Redis answered: the lease now ends at `end`.
+    pub fn answered(mut self, end: Instant) {
         self.settled = true;
         let mut deadline = self.status.lock_deadline();
         deadline.take_pending(self.id);
-        deadline.settle(sent_at, end, false);
+        deadline.settle(self.begun_at, end, false);
     }
 }
 
@@ -144,13 +147,15 @@ impl HoldStatus {
         PendingExtend {
             status: self.clone(),
             id,
+            begun_at: Instant::now(),
             settled: false,
         }
     }
 
-    /// A re-entry sent at `sent_at` was answered: the lease ends no earlier than `end`.
-    pub fn answered_at_least(&self, sent_at: Instant, end: Instant) {
-        self.lock_deadline().settle(sent_at, end, true);
+    /// A re-entry begun at `begun_at` (before its request went out) was answered: the lease
+    /// ends no earlier than `end`.
+    pub fn answered_at_least(&self, begun_at: Instant, end: Instant) {
+        self.lock_deadline().settle(begun_at, end, true);
     }
 
     /// The caller's `extend` moved the deadline: the renewal task (if any) plans its next
@@ -211,16 +216,14 @@ mod tests {
             t0 + S,
             "a shortening under way counts at once"
         );
-        shorten.answered(t0 + 3 * S / 10, t0 + S);
-        // The renewal was sent before that answer was read: Redis may have run it first.
-        renewal.answered(t0, t0 + 19 * S);
+        shorten.answered(t0 + S);
+        // The renewal was begun before that answer was read: Redis may have run it first.
+        renewal.answered(t0 + 19 * S);
         assert_eq!(status.deadline(), t0 + S);
-        // An extend sent after every answer was read ran last in Redis: its end holds.
-        let later = Instant::now() + Duration::from_millis(1);
-        status
-            .begin_extend(later + 9 * S)
-            .answered(later, later + 9 * S);
-        assert_eq!(status.deadline(), later + 9 * S);
+        // An extend begun after every answer was read ran last in Redis: its end holds.
+        let later = Instant::now() + 9 * S;
+        status.begin_extend(later).answered(later);
+        assert_eq!(status.deadline(), later);
     }
 
     #[test]

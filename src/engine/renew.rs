@@ -130,7 +130,7 @@ async fn renew<F, Fut>(
         };
         match renewed {
             Ok(Some(sent_at)) => {
-                pending.answered(sent_at, lease::deadline(sent_at, wanted));
+                pending.answered(lease::deadline(sent_at, wanted));
                 if !schedule.repeat {
                     return;
                 }
