@@ -42,6 +42,10 @@ pub(super) enum Ballot {
     Granted { fence: i64 },
     /// Held by others here; look again within `retry_ms` (-1: no hint).
     Busy { retry_ms: i64 },
+    /// No vote for this round's request, though the token holds something else here (an
+    /// earlier round's grant whose give-back did not land): counted as busy, but a round not
+    /// won gives back here too.
+    Stale { retry_ms: i64 },
     /// Refused for good (a semaphore of another limit): nothing was written.
     Refused(Error),
 }
@@ -282,6 +286,7 @@ async fn round<C: QuorumContender>(
                 }
                 Vote::Busy { retry_ms }
             }
+            Some(Ballot::Stale { retry_ms }) => Vote::Busy { retry_ms },
             Some(Ballot::Refused(err)) => {
                 if let Some(b) = busy.get_mut(i) {
                     *b = true;

@@ -51,6 +51,8 @@ impl QuorumContender for SlotContender<'_> {
     fn ballot(&self, reply: &SlotReply) -> Ballot {
         match reply {
             SlotReply::Granted { .. } => Ballot::Granted { fence: 0 },
+            // Not this round's slot: a lost round's give-back clears it there.
+            SlotReply::HoldsAnother { .. } => Ballot::Stale { retry_ms: 1 },
             SlotReply::Busy { retry_ms, .. } => Ballot::Busy {
                 retry_ms: *retry_ms,
             },

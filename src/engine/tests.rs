@@ -1333,3 +1333,61 @@ fn an_exclusive_connection_of_the_old_master_is_not_reused_after_a_reset() {
         assert_eq!(pool.idle_count(), 1);
     });
 }
+
+/// A Redlock semaphore's permit is one slot on a majority: a master where the token holds
+/// another slot (an earlier round's grant whose give-back never landed) is no vote for the slot
+/// asked for. Counting it let a third holder into a semaphore of limit 2 (the slot asked for
+/// was taken on a majority, the stale slot was on one master only).
+#[test]
+fn a_redlock_semaphore_master_holding_another_slot_is_no_vote() {
+    use super::client::Backend;
+    use super::redlock_semaphore;
+    use crate::protocol::semaphore::{release_any, slot_attempt, SemaphoreSpec, SlotReply};
+    let servers = [Server::start(), Server::start(), Server::start()];
+    let client = redlock_client(&[&servers[0], &servers[1], &servers[2]], "rss:");
+    let Ok(Backend::Redlock(redlock)) = client.backend() else {
+        panic!("a Redlock client");
+    };
+    let spec = SemaphoreSpec {
+        name: b"s".to_vec(),
+        keys: client.keys(b"s").unwrap(),
+        limit: 2,
+        lease: Duration::from_secs(20),
+        fair: false,
+        slots: true,
+    };
+    let masters: Vec<_> = servers
+        .iter()
+        .map(|s| s.client("rss:").shared().unwrap())
+        .collect();
+    let take = |i: usize, token: &str, slot: u64| -> SlotReply {
+        block_on(executor::run(
+            &masters[i],
+            &slot_attempt(&spec, token, slot),
+        ))
+        .unwrap()
+    };
+    // A holds slot 0 on masters 1 and 2, C slot 1 on masters 0 and 2: the limit is reached.
+    for (i, token, slot) in [(1, "A", 0), (2, "A", 0), (0, "C", 1), (2, "C", 1)] {
+        assert_eq!(
+            take(i, token, slot),
+            SlotReply::Granted { slot: slot as i64 }
+        );
+    }
+    // Each acquire asks a random slot first: slot 1 is the one a stale vote would win.
+    let mut admitted = 0;
+    for _ in 0..12 {
+        assert_eq!(take(0, "T", 0), SlotReply::Granted { slot: 0 });
+        assert_eq!(take(0, "T", 1), SlotReply::HoldsAnother { slot: 0 });
+        let granted =
+            block_on(redlock_semaphore::acquire(&redlock, &spec, "T", Wait::Once)).unwrap();
+        if granted.is_some() {
+            admitted += 1;
+        }
+        std::thread::sleep(Duration::from_millis(100)); // the lost round's give-backs land
+        for master in &masters {
+            block_on(executor::run(master, &release_any(&spec, "T"))).unwrap();
+        }
+    }
+    assert_eq!(admitted, 0, "a third holder got in, limit 2");
+}

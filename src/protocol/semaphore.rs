@@ -87,8 +87,12 @@ pub fn holders(keys: &Keys) -> Step<i64> {
 /// What one Redlock master said to a slot attempt (`sem_slot_acquire.lua`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SlotReply {
-    /// The token holds this slot here.
+    /// The token holds the slot asked for here.
     Granted { slot: i64 },
+    /// The token holds another slot here (an earlier round's grant whose give-back did not
+    /// land): no vote for the slot asked for, or votes for two slots would add up to one
+    /// majority and admit a holder past the limit.
+    HoldsAnother { slot: i64 },
     /// The slot is taken here until `retry_ms` from now; `free`: other slots free here.
     Busy { retry_ms: i64, free: Vec<u64> },
     /// Live holders here use this other limit.
@@ -108,17 +112,19 @@ pub fn slot_attempt(spec: &SemaphoreSpec, token: &str, slot: u64) -> Step<SlotRe
         slot,
         FREE_SLOTS_NAMED,
     );
-    Step::script(inv, |v| parse_slot_reply(&v))
+    let asked = i64::try_from(slot).unwrap_or(i64::MAX);
+    Step::script(inv, move |v| parse_slot_reply(&v, asked))
 }
 
-fn parse_slot_reply(value: &redis::Value) -> Result<SlotReply, UnexpectedReply> {
+fn parse_slot_reply(value: &redis::Value, asked: i64) -> Result<SlotReply, UnexpectedReply> {
     let bad = || UnexpectedReply(format!("{value:?}"));
     let redis::Value::Array(items) = value else {
         return Err(bad());
     };
     let ints: Option<Vec<i64>> = items.iter().map(as_int).collect();
     match ints.ok_or_else(bad)?.as_slice() {
-        [1, slot] => Ok(SlotReply::Granted { slot: *slot }),
+        [1, slot] if *slot == asked => Ok(SlotReply::Granted { slot: *slot }),
+        [1, slot] => Ok(SlotReply::HoldsAnother { slot: *slot }),
         [2, live] => Ok(SlotReply::OtherLimit(*live)),
         [0, retry_ms, free @ ..] => Ok(SlotReply::Busy {
             retry_ms: *retry_ms,
@@ -172,6 +178,11 @@ mod tests {
         let step = slot_attempt(&spec(), "t", 1);
         let granted = Value::Array(vec![Value::Int(1), Value::Int(1)]);
         assert_eq!(step.parse(granted), Ok(SlotReply::Granted { slot: 1 }));
+        let elsewhere = Value::Array(vec![Value::Int(1), Value::Int(0)]);
+        assert_eq!(
+            step.parse(elsewhere),
+            Ok(SlotReply::HoldsAnother { slot: 0 })
+        );
         let busy = Value::Array(vec![Value::Int(0), Value::Int(40), Value::Int(0)]);
         let free = vec![0];
         assert_eq!(step.parse(busy), Ok(SlotReply::Busy { retry_ms: 40, free }));
