@@ -22,6 +22,7 @@ import pytest
 import redis
 import redmutex
 import redmutex.aio
+from _proxy import FaultProxy
 from redmutex._server import RedisServer
 
 
@@ -547,3 +548,29 @@ def test_cancelled_reentries_keep_the_count(
 
     depth, cancelled = asyncio.run(main())
     assert depth > 1 and cancelled > 0, (depth, cancelled)
+
+
+@pytest.mark.timeout(60)
+def test_a_nested_release_that_never_reached_redis_leaves_nothing_after_the_last(
+    redis_server: RedisServer, r: redis.Redis, prefix: str
+) -> None:
+    """The nested release fails (Redis unreachable), so Redis keeps the count of 2; the last
+    release still leaves nothing but the fence counter (API.md). Before, the count stayed for
+    the whole lease (10 of 10 in the helper's script)."""
+    with (
+        FaultProxy(redis_server.port) as proxy,
+        redmutex.Client(
+            proxy.url, prefix=prefix, connect_timeout=0.5, command_timeout=0.5
+        ) as client,
+    ):
+        lock = redmutex.Lock(client, "dark-nested", ttl=20, reentrant=True)
+        assert lock.acquire(timeout=2) and lock.acquire(timeout=2)
+        assert r.get(holds_key(prefix, "dark-nested")) is not None
+        proxy.blackhole()
+        with pytest.raises(redmutex.ConnectionError):
+            lock.release()
+        proxy.heal()
+        lock.release()  # the outermost hold: the count went down locally already
+        assert lock.token is None
+        assert r.get(lock_key(prefix, "dark-nested")) is None
+        assert r.get(holds_key(prefix, "dark-nested")) is None

@@ -362,7 +362,11 @@ impl Leased for LockSpec {
     }
 
     fn release(&self, token: &str) -> Step<bool> {
-        steps::release(&self.keys, token)
+        if self.reentrant {
+            steps::release_reentrant(&self.keys, token)
+        } else {
+            steps::release(&self.keys, token)
+        }
     }
 
     fn extend(&self, token: &str, lease: Duration) -> Step<bool> {

@@ -54,6 +54,11 @@ pub fn release(keys: &Keys, token: &str) -> Step<bool> {
     Step::script(scripts::release(keys, token), |v| parse_flag(&v))
 }
 
+/// `release` of a re-entrant lock: its hold count is deleted with it.
+pub fn release_reentrant(keys: &Keys, token: &str) -> Step<bool> {
+    Step::script(scripts::release_reentrant(keys, token), |v| parse_flag(&v))
+}
+
 /// Compare-and-pexpire: the lease ends `lease` from now; false when not `token`'s.
 pub fn extend(keys: &Keys, token: &str, lease: Duration) -> Step<bool> {
     Step::script(scripts::extend(keys, token, lease::lease_ms(lease)), |v| {

@@ -316,6 +316,14 @@ pub fn release<'a>(keys: &Keys, token: &str) -> ScriptInvocation<'a> {
     inv
 }
 
+/// `release` of a re-entrant lock: its hold count goes with it (see `lock_release.lua`).
+pub fn release_reentrant<'a>(keys: &Keys, token: &str) -> ScriptInvocation<'a> {
+    let mut inv = LOCK_RELEASE.prepare_invoke();
+    queue_hand_off(&mut inv, keys, token);
+    inv.key(keys.lock_holds());
+    inv
+}
+
 /// The keys and arguments shared by the release and the leave (`lock_grant.lua`'s callers).
 fn queue_hand_off(inv: &mut ScriptInvocation<'_>, keys: &Keys, token: &str) {
     inv.key(keys.lock())

@@ -4,11 +4,16 @@
 -- KEYS[1] lock key   KEYS[2] fence counter   KEYS[3] the queue's places (see waitlist.lua)
 -- ARGV[1] token   ARGV[2] wake-up channel   ARGV[3] grant slack in ms (see lock_grant.lua)
 -- ARGV[4] fence counter's ttl in ms (see fence_next.lua)
+-- KEYS[4] a re-entrant lock's hold count (optional; see lock_reenter.lua): goes with the lock,
+--         also when a nested release that should have lowered it never reached Redis
 -- Reply: 1 released; 0 not ours (the lease ended, or another owner holds it): nothing touched.
 -- With live waiters in the queue, the first is granted the lock at once (its grant is
 -- published); otherwise the wake-up message is '' (for all).
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
+end
+if KEYS[4] then
+  redis.call('DEL', KEYS[4])
 end
 -- The places, which the grant goes on from (none: nobody queues).
 local queued = redis.call('HGETALL', KEYS[3])
