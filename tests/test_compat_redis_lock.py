@@ -163,6 +163,25 @@ def test_no_expiry_is_a_renewed_lease(r: redis.Redis, name: str) -> None:
     lk.release()
 
 
+@pytest.mark.timeout(30)
+def test_an_id_released_elsewhere_and_taken_again_with_expiry_expires(
+    r: redis.Redis, r2: redis.StrictRedis, name: str
+) -> None:
+    """A no-expiry hold of id w1 is released by another process (the original library, by id);
+    this process takes w1 again with expire=1 just before the old hold's renewal is due (a
+    third of the 10 s lease): the old renewal must not keep the new hold alive past its second.
+    (Before, it renewed it to 10 s, and on for as long as the process lived.)"""
+    first = Lock(r, name, id="w1")
+    started = time.monotonic()
+    assert first.acquire()
+    time.sleep(max(0.0, started + 2.8 - time.monotonic()))
+    original_redis_lock.Lock(r2, name, id="w1").release()
+    again = Lock(r, name, id="w1", expire=1)
+    assert again.acquire(blocking=False)
+    time.sleep(max(0.0, started + 5.0 - time.monotonic()))  # past the tick and the expiry
+    assert r.exists(f"lock:{name}") == 0
+
+
 def test_auto_renewal_keeps_the_lease_and_a_loss_is_seen(
     r: redis.Redis, name: str, caplog: pytest.LogCaptureFixture
 ) -> None:

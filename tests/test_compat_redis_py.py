@@ -154,6 +154,24 @@ def test_no_timeout_is_a_renewed_lease(r: redis.Redis, name: str) -> None:
     assert r.get(name) is None
 
 
+@pytest.mark.timeout(30)
+def test_a_token_released_elsewhere_and_taken_again_with_a_timeout_expires(
+    r: redis.Redis, r2: redis.Redis, name: str
+) -> None:
+    """As python-redis-lock's shim: a no-timeout hold of token T1 released by another process
+    (redis-py's do_release) and taken again here with timeout=1 just before the old renewal's
+    tick is not kept alive by that renewal."""
+    first = Lock(r, name)
+    started = time.monotonic()
+    assert first.acquire(token="T1")
+    time.sleep(max(0.0, started + 2.8 - time.monotonic()))
+    redis.lock.Lock(r2, name).do_release(b"T1")
+    again = Lock(r, name, timeout=1)
+    assert again.acquire(blocking=False, token="T1")
+    time.sleep(max(0.0, started + 5.0 - time.monotonic()))  # past the tick and the expiry
+    assert r.exists(name) == 0
+
+
 def test_thread_local_tokens(r: redis.Redis, name: str) -> None:
     lk = Lock(r, name, timeout=5)
     assert lk.acquire()

@@ -212,6 +212,10 @@ class Lock:
             # Held until released through any Lock with this id, as the original's key is:
             # the renewal outlives this object.
             keep_renewing(self._where, hold, self._core)
+        else:
+            # The lock was free: a renewal this process still runs for the id belongs to a hold
+            # released elsewhere, and must not keep this expiring one alive.
+            stop_renewing(self._where)
         if previous is not None and self._lock_renewal_interval is not None:
             previous.stop()
             raise AlreadyStarted("Lock refresh thread already started")

@@ -103,10 +103,14 @@ class LockBase:
                 stop_renewing(where, only=previous)
         self.local.token = token
         self.local.hold = hold
-        if hold is not None and token is not None and renew:
-            where = self._where(token)
-            if where is not None:
+        where = None if hold is None or token is None else self._where(token)
+        if where is not None and hold is not None:
+            if renew:
                 keep_renewing(where, hold, self._core)
+            else:
+                # The lock was free: a renewal this process still runs for the token belongs to
+                # a hold released elsewhere, and must not keep this expiring one alive.
+                stop_renewing(where)
 
     def _stop_renewal(self, token: bytes) -> None:
         """Stops the renewal of `token`'s hold on this lock, whichever object took it."""
