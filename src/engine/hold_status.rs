@@ -8,19 +8,26 @@
 //! was read (so Redis ran it after them); otherwise Redis may have run it first or last, and the
 //! earlier of the two ends is kept. While an extend is unanswered, the deadline is at most the
 //! end it would set (a shortening extend may already have run), and one that gets no answer
-//! leaves it there.
+//! leaves it there: its request may still run late (held back by the network) within the
+//! time the nodes keep a timed-out call's connection (`node::OVERDUE_KEEP`), so until then no
+//! answer of another extend moves the deadline past that end either.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+use super::node::OVERDUE_KEEP;
 
 /// The deadline, with what decides how the next answer may move it.
 #[derive(Debug)]
 struct Deadline {
     /// What the answered extends (and the grant) allow.
     settled: Instant,
-    /// When the latest answer (of the grant or an extend) was read.
+    /// When the latest answer (of the grant or an extend) was read, or an unanswered extend
+    /// was given up.
     answered_at: Instant,
+    /// Until when a shortening extend that got no answer may still run in Redis.
+    late_until: Option<Instant>,
     /// The ends that the unanswered extends would set, by id.
     pending: Vec<(u64, Instant)>,
     next_id: u64,
@@ -37,7 +44,8 @@ impl Deadline {
     /// ends at `end` (with `at_least`: no earlier than that) if Redis ran it after every
     /// answered extend (see the module's note).
     fn settle(&mut self, begun_at: Instant, end: Instant, at_least: bool) {
-        let ran_last = begun_at >= self.answered_at;
+        let late_one_may_follow = self.late_until.is_some_and(|until| begun_at < until);
+        let ran_last = begun_at >= self.answered_at && !late_one_may_follow;
         self.settled = match (ran_last, at_least) {
             (true, false) => end,
             (true, true) => self.settled.max(end),
@@ -81,7 +89,13 @@ impl Drop for PendingExtend {
         }
         let mut deadline = self.status.lock_deadline();
         if let Some(end) = deadline.take_pending(self.id) {
-            deadline.settled = deadline.settled.min(end);
+            if end < deadline.settled {
+                deadline.settled = end;
+                let until = self.begun_at + OVERDUE_KEEP;
+                deadline.late_until = Some(deadline.late_until.map_or(until, |u| u.max(until)));
+            }
+            // An extend begun before now and answered after may have run before this one.
+            deadline.answered_at = deadline.answered_at.max(Instant::now());
         }
     }
 }
@@ -110,6 +124,7 @@ impl HoldStatus {
             deadline: Mutex::new(Deadline {
                 settled: deadline,
                 answered_at: Instant::now(),
+                late_until: None,
                 pending: Vec::new(),
                 next_id: 0,
             }),
@@ -238,6 +253,20 @@ mod tests {
             t0 + S / 2,
             "a longer one unanswered changes nothing"
         );
+    }
+
+    #[test]
+    fn a_shortening_extend_without_an_answer_holds_back_later_answers_while_it_may_run() {
+        let t0 = Instant::now();
+        let status = Arc::new(HoldStatus::new(t0 + 10 * S));
+        let longer = status.begin_extend(t0 + 10 * S);
+        drop(status.begin_extend(t0 + S / 2)); // no answer: it may run after `longer`
+        longer.answered(t0 + 10 * S);
+        assert_eq!(status.deadline(), t0 + S / 2);
+        // Begun after the failure, but while the lost request may still land: no later either.
+        let next = Instant::now() + 20 * S;
+        status.begin_extend(next).answered(next);
+        assert_eq!(status.deadline(), t0 + S / 2);
     }
 
     #[test]

@@ -274,7 +274,7 @@ pub struct Node {
 
 /// How long a connection whose call timed out is kept for `Node::overdue_calls`: the undo of a
 /// timed-out attempt takes its snapshot at once, and its own copy keeps the connection open.
-const OVERDUE_KEEP: Duration = Duration::from_secs(10);
+pub(super) const OVERDUE_KEEP: Duration = Duration::from_secs(10);
 /// At most this many such connections are kept per node (the oldest closes first).
 const OVERDUE_KEPT: usize = 8;
 
