@@ -89,9 +89,9 @@ pub fn holders(keys: &Keys) -> Step<i64> {
 pub enum SlotReply {
     /// The token holds the slot asked for here.
     Granted { slot: i64 },
-    /// The token holds another slot here (an earlier round's grant whose give-back did not
-    /// land): no vote for the slot asked for, or votes for two slots would add up to one
-    /// majority and admit a holder past the limit.
+    /// The token holds another slot here: no vote for the slot asked for, or votes for two
+    /// slots would add up to one majority and admit a holder past the limit. (The script moves
+    /// such a stale slot instead of answering with it; this keeps the rule in the tally too.)
     HoldsAnother { slot: i64 },
     /// The slot is taken here until `retry_ms` from now; `free`: other slots free here.
     Busy { retry_ms: i64, free: Vec<u64> },

@@ -7,7 +7,10 @@
 --         live limit); it never expires before KEYS[1] (acquire and extend stretch it)
 -- ARGV[1] token   ARGV[2] lease in ms   ARGV[3] limit (>= 1)   ARGV[4] the slot asked for (< limit)
 -- ARGV[5] how many free slots a refusal names at most
--- Reply: {1, slot} granted (also for a retry that finds its own live lease: the slot it holds);
+-- Reply: {1, slot} granted (also for a retry that finds its own live lease on that slot; a live
+--        lease of the token on another slot is an earlier round's grant whose give-back never
+--        landed here, since a permit asks for no other slot: it goes, and the slot asked for is
+--        tried as for any token, so that it never passes for a vote, or for part of the hold);
 --        {0, ms, free...} the slot is taken here; ms = when its holder's lease ends; free = other
 --        slots free here (up to ARGV[5], the ones after the slot asked for first);
 --        {2, live} refused, nothing written: live holders use another limit (`live`).
@@ -15,7 +18,16 @@ local now = server_now_ms()
 local token = ARGV[1]
 local held = prune_leases(KEYS[1], now)
 if redis.call('ZSCORE', KEYS[1], token) then
-  return {1, tonumber(redis.call('HGET', KEYS[2], 't' .. token) or -1)}
+  local mine = redis.call('HGET', KEYS[2], 't' .. token)
+  if mine == ARGV[4] then
+    return {1, tonumber(mine)}
+  end
+  redis.call('ZREM', KEYS[1], token)
+  redis.call('HDEL', KEYS[2], 't' .. token)
+  if mine and redis.call('HGET', KEYS[2], 's' .. mine) == token then
+    redis.call('HDEL', KEYS[2], 's' .. mine)
+  end
+  held = held - 1
 end
 local live = redis.call('HGET', KEYS[2], 'limit')
 if live and live ~= ARGV[3] and held > 0 then
