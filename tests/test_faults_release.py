@@ -92,6 +92,44 @@ def test_failed_release_stops_renewal(
         other_client.close()
 
 
+# ------------------- a release that ran unanswered, then tried again: released, not lost
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["lock", "semaphore", "read", "write"])
+def test_a_release_tried_again_after_one_that_ran_unanswered_is_a_release(
+    redis_server: RedisServer, r: redis.Redis, prefix: str, kind: str
+) -> None:
+    """The delete runs, its reply is lost and the resend cannot get through: release() raises
+    ConnectionError. The caller tries again once Redis is back: its "not ours" is the first
+    delete's work (sent while the lease was ours, same server), so it is a release, not
+    LockLostError. (Before: LockLostError, 2 of 3 runs per kind in the helper's script; the
+    rule held only within one call.)"""
+    name = f"release-again-{kind}"
+    with (
+        FaultProxy(redis_server.port) as proxy,
+        redmutex.Client(proxy.url, prefix=prefix, connect_timeout=1, command_timeout=1) as client,
+    ):
+        warm = _hold(kind, client, f"{name}-warm", ttl=30)  # the scripts are loaded
+        assert warm.acquire(timeout=5)
+        warm.release()
+        hold = _hold(kind, client, name, ttl=30)
+        assert hold.acquire(timeout=5)
+        proxy.drop_reply_to(f"{{{name}}}".encode(), then_blackhole=True)
+        with pytest.raises(redmutex.ConnectionError):
+            hold.release()
+        assert proxy.stats.dropped_replies == 1
+        proxy.heal()
+        proxy.disarm()
+        assert client.ping() and not hold.owned()  # reconnected: the retry meets no fault
+        hold.release()
+        assert not hold.lost
+        assert list(r.scan_iter(f"{prefix}{{{name}}}*")) in (
+            [],
+            [f"{prefix}{{{name}}}:fence".encode()],
+        )
+
+
 # ------------------------------- (a): a clean release never makes renewal report a false loss
 
 

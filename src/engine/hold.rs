@@ -1034,6 +1034,7 @@ impl<P: Leased> Holder<P> {
         let (epoch, sent_at) = (shared.fault_epoch(), Instant::now());
         let outcome = self.primitive.release_on_node(shared, &hold.token).await;
         let retried = resent_own(shared, &hold, epoch, sent_at);
+        note_unanswered(&hold, &outcome, sent_at);
         self.finish_release(hold, outcome, retried)
     }
 
@@ -1072,6 +1073,7 @@ impl<P: Leased> Holder<P> {
             sent_at,
         } = releasing;
         let retried = resent_own(&shared, &hold, epoch, sent_at);
+        note_unanswered(&hold, &outcome, sent_at);
         self.finish_release(hold, outcome, retried)
     }
 
@@ -1087,6 +1089,7 @@ impl<P: Leased> Holder<P> {
         } = releasing;
         let outcome = self.primitive.release_on_node(&shared, &hold.token).await;
         let retried = may_have_released(&shared, &hold, sent_at);
+        note_unanswered(&hold, &outcome, sent_at);
         self.finish_release(hold, outcome, retried)
     }
 
@@ -1340,9 +1343,20 @@ async fn owned_on<P: Leased>(primitive: &P, backend: &Backend, token: &str) -> R
 /// that answered in the end is the incarnation the hold was granted on. After a restart or a
 /// failover (another run_id: every connection reopened after the fault reads it) the first
 /// send reached a server that is gone, so a "not ours" is a loss (another holder may hold it).
-/// Without a known run_id (a cluster) the first condition alone decides.
+/// Without a known run_id (a cluster) the first condition alone decides. An earlier release of
+/// the hold that got no answer at all (the call failed) is judged the same way.
 fn resent_own(shared: &Shared, hold: &HoldRef, epoch: u64, sent_at: Instant) -> bool {
-    shared.fault_epoch() != epoch && may_have_released(shared, hold, sent_at)
+    let earlier = hold.status.unanswered_release();
+    (shared.fault_epoch() != epoch && may_have_released(shared, hold, sent_at))
+        || earlier.is_some_and(|first| may_have_released(shared, hold, first))
+}
+
+/// A release that failed (no answer) may still have deleted the token: a later release of the
+/// same hold whose "not ours" may be that delete's work counts it as released (`resent_own`).
+fn note_unanswered(hold: &HoldRef, outcome: &Result<bool>, sent_at: Instant) {
+    if outcome.is_err() {
+        hold.status.release_unanswered(sent_at);
+    }
 }
 
 /// Whether a release sent at `sent_at` whose connection then broke may have deleted our token

@@ -108,6 +108,9 @@ pub struct HoldStatus {
     /// A release of this hold is under way (`begin_release`): another is refused meanwhile, so
     /// that its "not ours" (the first one's delete) is not taken for a loss.
     release_under_way: AtomicBool,
+    /// When the first release of this hold that got no answer was sent: it may have deleted
+    /// the token, so a later release's "not ours" may be its work (see `hold::resent_own`).
+    unanswered_release: Mutex<Option<Instant>>,
     /// Set once a release was attempted, and never cleared: renewal stops for good (a release
     /// that failed must not leave the lease renewed for as long as the object lives; it ends by
     /// itself within the ttl), and no "not ours" it hears from then on is a loss.
@@ -130,6 +133,7 @@ impl HoldStatus {
             }),
             lost: AtomicBool::new(false),
             release_under_way: AtomicBool::new(false),
+            unanswered_release: Mutex::new(None),
             releasing: AtomicBool::new(false),
             run_id: None,
             moved: tokio::sync::Notify::new(),
@@ -182,6 +186,23 @@ impl HoldStatus {
     /// Begins a release; false when another is under way (see `release_under_way`).
     pub fn begin_release(&self) -> bool {
         !self.release_under_way.swap(true, Ordering::AcqRel)
+    }
+
+    /// A release sent at `sent_at` got no answer (the first such send is kept).
+    pub fn release_unanswered(&self, sent_at: Instant) {
+        let mut first = self
+            .unanswered_release
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        first.get_or_insert(sent_at);
+    }
+
+    /// When the first release of this hold that got no answer was sent, if one did.
+    pub fn unanswered_release(&self) -> Option<Instant> {
+        *self
+            .unanswered_release
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// The release begun by `begin_release` has settled (whatever its outcome).
