@@ -78,14 +78,22 @@ def test_lock_basics_and_fences(masters: Masters) -> None:
         lock.release()
         assert not lock.locked()
     assert fences == sorted(fences) and len(set(fences)) == 3
-    # After the release only the fence counter is left, on (at least) a majority.
-    counters = 0
-    for i in range(5):
-        with masters.conn(i) as r:
-            keys = r.keys("t:*")
-            assert set(keys) <= {f"t:{{{n}}}:fence".encode()}, keys
-            counters += len(keys)
-    assert counters >= 3
+    # After the release only the fence counter is left, on (at least) a majority. (A release is
+    # decided by a majority; the sends to the rest land in the background, moments later on a
+    # loaded machine, and a master silent past the command timeout keeps its copy until the
+    # lease, 8 s at most, ends.)
+    deadline = time.monotonic() + 10
+    while True:
+        left = []
+        for i in range(5):
+            with masters.conn(i) as r:
+                left.append(set(r.keys("t:*")))
+        extra = [keys - {f"t:{{{n}}}:fence".encode()} for keys in left]
+        if not any(extra) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not any(extra), left
+    assert sum(len(keys) for keys in left) >= 3
     with pytest.raises(redmutex.LockNotOwnedError):
         lock.release()
 
