@@ -1334,21 +1334,23 @@ fn an_exclusive_connection_of_the_old_master_is_not_reused_after_a_reset() {
     });
 }
 
-/// A Redlock semaphore's permit is one slot on a majority: a master where the token holds
-/// another slot (an earlier round's grant whose give-back never landed) is no vote for the slot
-/// asked for. Counting it let a third holder into a semaphore of limit 2 (the slot asked for
-/// was taken on a majority, the stale slot was on one master only).
-#[test]
-fn a_redlock_semaphore_master_holding_another_slot_is_no_vote() {
+/// Three Redlock masters and a slot semaphore "s" of limit 2 on them: the servers (stopped when
+/// dropped), the Redlock, the spec and each master's own connection.
+fn redlock_semaphore_of_limit_2(
+    prefix: &str,
+) -> (
+    [Server; 3],
+    Arc<super::redlock::Redlock>,
+    crate::protocol::semaphore::SemaphoreSpec,
+    Vec<Arc<super::shared::Shared>>,
+) {
     use super::client::Backend;
-    use super::redlock_semaphore;
-    use crate::protocol::semaphore::{release_any, slot_attempt, SemaphoreSpec, SlotReply};
     let servers = [Server::start(), Server::start(), Server::start()];
-    let client = redlock_client(&[&servers[0], &servers[1], &servers[2]], "rss:");
+    let client = redlock_client(&[&servers[0], &servers[1], &servers[2]], prefix);
     let Ok(Backend::Redlock(redlock)) = client.backend() else {
         panic!("a Redlock client");
     };
-    let spec = SemaphoreSpec {
+    let spec = crate::protocol::semaphore::SemaphoreSpec {
         name: b"s".to_vec(),
         keys: client.keys(b"s").unwrap(),
         limit: 2,
@@ -1356,10 +1358,22 @@ fn a_redlock_semaphore_master_holding_another_slot_is_no_vote() {
         fair: false,
         slots: true,
     };
-    let masters: Vec<_> = servers
+    let masters = servers
         .iter()
-        .map(|s| s.client("rss:").shared().unwrap())
+        .map(|s| s.client(prefix).shared().unwrap())
         .collect();
+    (servers, redlock, spec, masters)
+}
+
+/// A Redlock semaphore's permit is one slot on a majority: a master where the token holds
+/// another slot (an earlier round's grant whose give-back never landed) is no vote for the slot
+/// asked for. Counting it let a third holder into a semaphore of limit 2 (the slot asked for
+/// was taken on a majority, the stale slot was on one master only).
+#[test]
+fn a_redlock_semaphore_master_holding_another_slot_is_no_vote() {
+    use super::redlock_semaphore;
+    use crate::protocol::semaphore::{release_any, slot_attempt, SlotReply};
+    let (_servers, redlock, spec, masters) = redlock_semaphore_of_limit_2("rss:");
     let take = |i: usize, token: &str, slot: u64| -> SlotReply {
         block_on(executor::run(
             &masters[i],
@@ -1397,26 +1411,9 @@ fn a_redlock_semaphore_master_holding_another_slot_is_no_vote() {
 /// renewal would keep it (the reviewer's three holders of a limit-2 semaphore).
 #[test]
 fn a_redlock_semaphore_master_drops_a_stale_slot_of_the_token_for_the_one_asked() {
-    use super::client::Backend;
     use super::redlock_semaphore;
-    use crate::protocol::semaphore::{release_any, slot_attempt, SemaphoreSpec, SlotReply};
-    let servers = [Server::start(), Server::start(), Server::start()];
-    let client = redlock_client(&[&servers[0], &servers[1], &servers[2]], "rsw:");
-    let Ok(Backend::Redlock(redlock)) = client.backend() else {
-        panic!("a Redlock client");
-    };
-    let spec = SemaphoreSpec {
-        name: b"s".to_vec(),
-        keys: client.keys(b"s").unwrap(),
-        limit: 2,
-        lease: Duration::from_secs(20),
-        fair: false,
-        slots: true,
-    };
-    let masters: Vec<_> = servers
-        .iter()
-        .map(|s| s.client("rsw:").shared().unwrap())
-        .collect();
+    use crate::protocol::semaphore::{release_any, slot_attempt, SlotReply};
+    let (_servers, redlock, spec, masters) = redlock_semaphore_of_limit_2("rsw:");
     let slot_on = |i: usize| -> Option<String> {
         block_on(
             masters[i].node.query(
