@@ -45,7 +45,7 @@ impl Deadline {
     /// answered extend (see the module's note).
     fn settle(&mut self, begun_at: Instant, end: Instant, at_least: bool) {
         let late_one_may_follow = self.late_until.is_some_and(|until| begun_at < until);
-        let ran_last = begun_at >= self.answered_at && !late_one_may_follow;
+        let ran_last = begun_at > self.answered_at && !late_one_may_follow;
         self.settled = match (ran_last, at_least) {
             (true, false) => end,
             (true, true) => self.settled.max(end),
@@ -245,7 +245,10 @@ mod tests {
     fn an_answer_read_after_a_later_extends_keeps_the_earlier_end() {
         let t0 = Instant::now();
         let status = Arc::new(HoldStatus::new(t0 + 10 * S));
+        let tick = || std::thread::sleep(Duration::from_millis(2)); // the clock moves on
+        tick();
         let renewal = status.begin_extend(t0 + 19 * S);
+        tick();
         let shorten = status.begin_extend(t0 + S);
         assert_eq!(
             status.deadline(),
@@ -257,6 +260,7 @@ mod tests {
         renewal.answered(t0 + 19 * S);
         assert_eq!(status.deadline(), t0 + S);
         // An extend begun after every answer was read ran last in Redis: its end holds.
+        tick();
         let later = Instant::now() + 9 * S;
         status.begin_extend(later).answered(later);
         assert_eq!(status.deadline(), later);
@@ -294,13 +298,16 @@ mod tests {
     fn a_reentry_never_shortens_and_an_overlapping_one_never_lengthens() {
         let t0 = Instant::now();
         let status = Arc::new(HoldStatus::new(t0 + 10 * S));
-        let later = Instant::now() + Duration::from_millis(1);
+        // Begun after every answer was read (a moment safely ahead of the clock: each answer
+        // read moves that mark to "now", which a loaded machine may take a while to reach).
+        let later = Instant::now() + 60 * S;
         status.answered_at_least(later, later + S);
-        assert_eq!(status.deadline(), t0 + 10 * S);
-        status.answered_at_least(later, later + 20 * S);
-        assert_eq!(status.deadline(), later + 20 * S);
-        // Sent before the last answer was read: Redis may have run it before that extend.
-        status.answered_at_least(t0, t0 + 30 * S);
-        assert_eq!(status.deadline(), later + 20 * S);
+        assert_eq!(status.deadline(), later + S);
+        status.answered_at_least(later, later - S / 2);
+        assert_eq!(status.deadline(), later + S, "a re-entry never shortens");
+        // Begun before the last answer was read: Redis may have run it before that one.
+        let before = t0.checked_sub(Duration::from_millis(1)).unwrap_or(t0);
+        status.answered_at_least(before, t0 + 90 * S);
+        assert_eq!(status.deadline(), later + S);
     }
 }
