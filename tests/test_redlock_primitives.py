@@ -145,6 +145,36 @@ def test_semaphore_holders_of_overlapping_majorities_leave_no_room_for_a_third(
     x.release()
 
 
+def test_semaphore_hold_counts_only_masters_holding_its_own_slot(rl: Proxied) -> None:
+    # A holds slot s on a majority. Then masters 0 and 1 hold A in the other slot instead (an
+    # earlier round's grant whose give-back never landed, where the won round's vote never
+    # arrived), and masters 2 and 3 lose A's copy (lapsed, or restarted): only master 4 holds
+    # A's slot. Counting masters by token alone, A still held on 0, 1 and 4 while B took slot s
+    # (free on 0-3) and C the other slot (free on 2-4): three holders of a limit-2 semaphore.
+    c, n = client(rl), name()
+    a, b, x = (redmutex.Semaphore(c, n, 2, ttl=20) for _ in range(3))
+    assert a.acquire(timeout=5)
+    ta = a.token
+    holders, slots = f"t:{{{n}}}:sem:holders", f"t:{{{n}}}:sem:slots"
+    with rl.direct(4) as r:
+        s = int(r.hget(slots, f"t{ta}"))
+    other = 1 - s
+    for i in (0, 1):
+        with rl.direct(i) as r:
+            r.hdel(slots, f"s{s}")
+            r.hset(slots, mapping={f"s{other}": ta, f"t{ta}": other})
+    for i in (2, 3):
+        with rl.direct(i) as r:
+            r.hdel(slots, f"s{s}", f"t{ta}")
+            r.zrem(holders, ta)
+    assert b.acquire(blocking=False) and x.acquire(blocking=False)
+    assert not a.owned()
+    with pytest.raises(redmutex.LockLostError):
+        a.extend()
+    b.release()
+    x.release()
+
+
 def test_semaphore_another_limit_is_refused(rl: Proxied) -> None:
     c, n = client(rl), name()
     a = redmutex.Semaphore(c, n, 2, ttl=5)

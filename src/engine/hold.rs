@@ -166,6 +166,18 @@ pub trait Leased: Send + Sync + 'static {
         let err = no_quorum(self.naming());
         async move { Err(err) }
     }
+
+    /// The extend step of a hold that each master runs (`extend` by default): a primitive whose
+    /// masters may keep the token in another form than the one won (a semaphore's slot) checks
+    /// there what the hold won (its detail).
+    fn quorum_extend(&self, token: &str, _detail: &Self::Detail, lease: Duration) -> Step<bool> {
+        self.extend(token, lease)
+    }
+
+    /// The ownership step that each master runs (`owned` by default; see `quorum_extend`).
+    fn quorum_owned(&self, token: &str, _detail: &Self::Detail) -> Step<bool> {
+        self.owned(token)
+    }
 }
 
 /// The error of a primitive used on a Redlock client without a quorum protocol of its own.
@@ -253,7 +265,7 @@ impl<P: Leased> Pending<'_, P> {
                     (granted < lease).then(|| Schedule::top_up(left))
                 };
                 let renewal = schedule.map(|schedule| {
-                    holder.start_renewal(backend, &token, schedule, &status, listener)
+                    holder.start_renewal(backend, &token, &detail, schedule, &status, listener)
                 });
                 *state = State::Held(Hold {
                     pid: pid(),
@@ -434,12 +446,20 @@ impl<P: Leased> Holder<P> {
     }
 
     fn current(&self) -> Option<HoldRef> {
+        self.current_with_detail().map(|(hold, _)| hold)
+    }
+
+    /// `current`, with what the hold keeps beside its token (read together: one hold's).
+    fn current_with_detail(&self) -> Option<(HoldRef, P::Detail)> {
         match &*self.state() {
-            State::Held(h) => Some(HoldRef {
-                token: h.token.clone(),
-                status: h.status.clone(),
-                _release: None,
-            }),
+            State::Held(h) => Some((
+                HoldRef {
+                    token: h.token.clone(),
+                    status: h.status.clone(),
+                    _release: None,
+                },
+                h.detail.clone(),
+            )),
             _ => None,
         }
     }
@@ -950,6 +970,7 @@ impl<P: Leased> Holder<P> {
         &self,
         backend: &Backend,
         token: &str,
+        detail: &P::Detail,
         schedule: Schedule,
         status: &Arc<HoldStatus>,
         listener: Option<OnLost>,
@@ -957,11 +978,13 @@ impl<P: Leased> Holder<P> {
         let primitive = self.primitive.clone();
         let backend = backend.clone();
         let token = token.to_string();
+        let detail = detail.clone();
         let extend = move |lease: Duration| {
             let primitive = primitive.clone();
             let backend = backend.clone();
             let token = token.clone();
-            async move { extend_on(&*primitive, &backend, &token, lease).await }
+            let detail = detail.clone();
+            async move { extend_on(&*primitive, &backend, &token, &detail, lease).await }
         };
         renew::start(
             extend,
@@ -1128,13 +1151,13 @@ impl<P: Leased> Holder<P> {
     }
 
     pub async fn extend(&self, lease: Option<Duration>) -> Result<()> {
-        let hold = self.current().ok_or_else(|| self.not_owned())?;
+        let (hold, detail) = self.current_with_detail().ok_or_else(|| self.not_owned())?;
         let lease = lease.unwrap_or(self.primitive.lease());
         let pending = hold
             .status
             .begin_extend(lease::deadline(Instant::now(), lease));
         let outcome = match self.client.backend() {
-            Ok(backend) => extend_on(&*self.primitive, &backend, &hold.token, lease).await,
+            Ok(backend) => extend_on(&*self.primitive, &backend, &hold.token, &detail, lease).await,
             Err(err) => Err(err),
         };
         self.finish_extend(&hold, lease, pending, outcome)
@@ -1191,10 +1214,16 @@ impl<P: Leased> Holder<P> {
     }
 
     pub async fn owned(&self) -> Result<bool> {
-        let Some(hold) = self.current() else {
+        let Some((hold, detail)) = self.current_with_detail() else {
             return Ok(false);
         };
-        owned_on(&*self.primitive, &self.client.backend()?, &hold.token).await
+        owned_on(
+            &*self.primitive,
+            &self.client.backend()?,
+            &hold.token,
+            &detail,
+        )
+        .await
     }
 
     /// `owned` on the caller's thread (only when `has_direct`).
@@ -1283,6 +1312,7 @@ async fn extend_on<P: Leased>(
     primitive: &P,
     backend: &Backend,
     token: &str,
+    detail: &P::Detail,
     lease: Duration,
 ) -> Result<Option<Instant>> {
     match backend {
@@ -1293,7 +1323,7 @@ async fn extend_on<P: Leased>(
         }
         Backend::Redlock(redlock) if primitive.quorum() => {
             redlock
-                .extend_by(&primitive.extend(token, lease), lease)
+                .extend_by(&primitive.quorum_extend(token, detail, lease), lease)
                 .await
         }
         Backend::Redlock(_) => Err(no_quorum(primitive.naming())),
@@ -1328,11 +1358,18 @@ async fn nest_on<P: Leased>(primitive: &P, backend: &Backend, step: &Step<bool>)
 }
 
 /// Runs `token`'s ownership step.
-async fn owned_on<P: Leased>(primitive: &P, backend: &Backend, token: &str) -> Result<bool> {
+async fn owned_on<P: Leased>(
+    primitive: &P,
+    backend: &Backend,
+    token: &str,
+    detail: &P::Detail,
+) -> Result<bool> {
     match backend {
         Backend::Single(shared) => primitive.owned_on_node(shared, token).await,
         Backend::Redlock(redlock) if primitive.quorum() => {
-            redlock.owned_by(&primitive.owned(token)).await
+            redlock
+                .owned_by(&primitive.quorum_owned(token, detail))
+                .await
         }
         Backend::Redlock(_) => Err(no_quorum(primitive.naming())),
     }

@@ -26,6 +26,17 @@ struct SlotContender<'a> {
     slot: Mutex<u64>,
 }
 
+/// The free slots each master that found the slot asked for taken named.
+fn named_free(replies: &[SlotReply]) -> Vec<Vec<u64>> {
+    replies
+        .iter()
+        .filter_map(|r| match r {
+            SlotReply::Busy { free, .. } => Some(free.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// A random number (0 when the system has none to give).
 fn random() -> u64 {
     let mut bytes = [0u8; 8];
@@ -70,14 +81,7 @@ impl QuorumContender for SlotContender<'_> {
     }
 
     fn retry_now(&self, n: usize, replies: &[SlotReply]) -> bool {
-        let named: Vec<Vec<u64>> = replies
-            .iter()
-            .filter_map(|r| match r {
-                SlotReply::Busy { free, .. } => Some(free.clone()),
-                _ => None,
-            })
-            .collect();
-        match quorum::next_slot(n, &named, random()) {
+        match quorum::next_slot(n, &named_free(replies), random()) {
             Some((slot, majority)) => {
                 *self.slot() = slot;
                 majority
@@ -88,6 +92,14 @@ impl QuorumContender for SlotContender<'_> {
                 false
             }
         }
+    }
+
+    /// A lost round hears the masters still out while they could make one slot named free on
+    /// a majority: whether a permit is free must not depend on which masters answered first
+    /// (a call that does not wait would return without it).
+    fn more(&self, n: usize, replies: &[SlotReply], out: usize) -> bool {
+        let named = quorum::most_named(&named_free(replies));
+        named < quorum::quorum(n) && named + out >= quorum::quorum(n)
     }
 
     fn lease(&self) -> Duration {
@@ -103,17 +115,20 @@ impl QuorumContender for SlotContender<'_> {
     }
 }
 
-/// Takes a permit (a slot on a majority) for `token`; Some(when the lease counts from).
+/// Takes a permit (a slot on a majority) for `token`; Some((when the lease counts from, the slot
+/// won)) when taken. The hold's extend and `owned` count the masters holding that slot only.
 pub async fn acquire(
     redlock: &Arc<Redlock>,
     spec: &SemaphoreSpec,
     token: &str,
     wait: Wait,
-) -> Result<Option<Instant>> {
+) -> Result<Option<(Instant, u64)>> {
     let contender = SlotContender {
         spec,
         token,
         slot: Mutex::new(random() % spec.limit.max(1)),
     };
-    redlock_lease::acquire(redlock, &contender, token, wait).await
+    let won = redlock_lease::acquire(redlock, &contender, token, wait).await?;
+    // The slot the winning round asked for (only a lost round moves it).
+    Ok(won.map(|start| (start, *contender.slot())))
 }

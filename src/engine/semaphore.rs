@@ -127,7 +127,8 @@ pub async fn holders(shared: &Shared, keys: &Keys) -> Result<i64> {
 }
 
 impl Leased for SemaphoreSpec {
-    type Detail = ();
+    /// On Redlock, the slot the permit won (see `redlock_semaphore`).
+    type Detail = Option<u64>;
     type Args = ();
 
     fn naming(&self) -> Naming {
@@ -171,8 +172,12 @@ impl Leased for SemaphoreSpec {
         }
     }
 
-    fn held(&self, _contender: &SemaphoreContender<'_>, sent_at: Instant) -> (Instant, ()) {
-        (sent_at, ())
+    fn held(
+        &self,
+        _contender: &SemaphoreContender<'_>,
+        sent_at: Instant,
+    ) -> (Instant, Self::Detail) {
+        (sent_at, None)
     }
 
     fn release(&self, token: &str) -> Step<bool> {
@@ -180,7 +185,7 @@ impl Leased for SemaphoreSpec {
     }
 
     fn extend(&self, token: &str, lease: Duration) -> Step<bool> {
-        steps::extend_any(self, token, lease)
+        steps::extend(&self.keys, token, lease)
     }
 
     fn owned(&self, token: &str) -> Step<bool> {
@@ -201,9 +206,24 @@ impl Leased for SemaphoreSpec {
         token: &str,
         wait: Wait,
         _args: &(),
-    ) -> Result<Option<(Instant, ())>> {
+    ) -> Result<Option<(Instant, Self::Detail)>> {
         let granted = redlock_semaphore::acquire(redlock, self, token, wait).await?;
-        Ok(granted.map(|start| (start, ())))
+        Ok(granted.map(|(start, slot)| (start, Some(slot))))
+    }
+
+    // A master counts for a Redlock permit only while it holds the token in the slot it won.
+    fn quorum_extend(&self, token: &str, slot: &Option<u64>, lease: Duration) -> Step<bool> {
+        match slot {
+            Some(slot) => steps::slot_extend(self, token, *slot, lease),
+            None => self.extend(token, lease),
+        }
+    }
+
+    fn quorum_owned(&self, token: &str, slot: &Option<u64>) -> Step<bool> {
+        match slot {
+            Some(slot) => steps::slot_owned(self, token, *slot),
+            None => self.owned(token),
+        }
     }
 }
 

@@ -1453,3 +1453,40 @@ fn a_redlock_semaphore_master_drops_a_stale_slot_of_the_token_for_the_one_asked(
         "every acquire asked slot 0 first (1 in 4096)"
     );
 }
+
+/// A Redlock permit's extend and ownership steps count a master only while it holds the token in
+/// the slot the permit won: a stale lease of the token in another slot (an earlier round's grant
+/// whose give-back never landed) is neither counted nor extended.
+#[test]
+fn a_redlock_semaphore_master_counts_for_a_hold_only_in_its_slot() {
+    use crate::protocol::semaphore::{slot_attempt, slot_extend, slot_owned, SlotReply};
+    let (_servers, _redlock, spec, masters) = redlock_semaphore_of_limit_2("rsh:");
+    let run = |i: usize, step: &protocol::step::Step<bool>| {
+        block_on(executor::run(&masters[i], step)).unwrap()
+    };
+    for (i, slot) in [(0, 0), (1, 1), (2, 1)] {
+        let granted = block_on(executor::run(&masters[i], &slot_attempt(&spec, "T", slot)));
+        assert_eq!(granted.unwrap(), SlotReply::Granted { slot: slot as i64 });
+    }
+    let lease = Duration::from_secs(60);
+    assert!(!run(0, &slot_owned(&spec, "T", 1)));
+    assert!(!run(0, &slot_extend(&spec, "T", 1, lease)));
+    assert!(run(1, &slot_owned(&spec, "T", 1)));
+    assert!(run(2, &slot_extend(&spec, "T", 1, lease)));
+    assert!(!run(2, &slot_owned(&spec, "U", 1)));
+    let lease_end = |i: usize| -> f64 {
+        let score: Option<f64> = block_on(
+            masters[i].node.query(
+                redis::cmd("ZSCORE")
+                    .arg(spec.keys.semaphore_holders())
+                    .arg("T"),
+                Retry::Never,
+            ),
+        )
+        .unwrap();
+        score.unwrap()
+    };
+    // Only master 2's lease was stretched (to 60 s; the others keep the 20 s they were granted).
+    assert!(lease_end(2) - lease_end(1) > 30_000.0);
+    assert!(lease_end(0) - lease_end(1) < 1_000.0);
+}

@@ -262,15 +262,7 @@ pub fn counting_bound(n: usize, limit: usize) -> usize {
 /// `pick`-th, so that contenders spread out); None when no master named any. The flag says
 /// whether a majority named it, so that the next round may win at once instead of waiting.
 pub fn next_slot(n: usize, named: &[Vec<u64>], pick: u64) -> Option<(u64, bool)> {
-    let mut counts: Vec<(u64, usize)> = Vec::new();
-    for free in named {
-        for &slot in free {
-            match counts.iter_mut().find(|(s, _)| *s == slot) {
-                Some((_, c)) => *c += 1,
-                None => counts.push((slot, 1)),
-            }
-        }
-    }
+    let counts = named_counts(named);
     let best = counts.iter().map(|&(_, c)| c).max()?;
     let mut tied: Vec<u64> = counts
         .iter()
@@ -281,6 +273,29 @@ pub fn next_slot(n: usize, named: &[Vec<u64>], pick: u64) -> Option<(u64, bool)>
     let index = usize::try_from(pick % tied.len() as u64).unwrap_or(0);
     let slot = *tied.get(index)?;
     Some((slot, best >= quorum(n)))
+}
+
+/// Semaphore on Redlock: by how many masters the slot named most often was named free (0: none).
+pub fn most_named(named: &[Vec<u64>]) -> usize {
+    named_counts(named)
+        .iter()
+        .map(|&(_, c)| c)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Each slot named free, with by how many masters.
+fn named_counts(named: &[Vec<u64>]) -> Vec<(u64, usize)> {
+    let mut counts: Vec<(u64, usize)> = Vec::new();
+    for free in named {
+        for &slot in free {
+            match counts.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, c)) => *c += 1,
+                None => counts.push((slot, 1)),
+            }
+        }
+    }
+    counts
 }
 
 /// Cache on Redlock: the value a majority of `n` masters hold, byte for byte (the index of one
@@ -599,7 +614,11 @@ mod tests {
         assert_eq!(next_slot(3, &tied, 0), Some((1, true)));
         assert_eq!(next_slot(3, &tied, 1), Some((2, true)));
         assert_eq!(next_slot(3, &[vec![], vec![]], 5), None);
+        assert_eq!(most_named(&named), 3);
+        assert_eq!(most_named(&named[..2]), 2);
+        assert_eq!(most_named(&[vec![], vec![]]), 0);
     }
+
     #[test]
     fn a_cached_value_counts_when_a_majority_holds_it_byte_for_byte() {
         let (a, b): (&[u8], &[u8]) = (b"new", b"old");

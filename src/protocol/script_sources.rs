@@ -25,6 +25,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("lease_count", scripts::LEASE_COUNT_SOURCE),
     ("sem_slot_acquire", scripts::SEM_SLOT_ACQUIRE_SOURCE),
     ("sem_slot_release", scripts::SEM_SLOT_RELEASE_SOURCE),
+    ("sem_slot_held", scripts::SEM_SLOT_HELD_SOURCE),
     ("rw_read_acquire", scripts::RW_READ_ACQUIRE_SOURCE),
     ("rw_write_acquire", scripts::RW_WRITE_ACQUIRE_SOURCE),
     ("rw_read_release", scripts::RW_READ_RELEASE_SOURCE),

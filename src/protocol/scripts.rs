@@ -139,6 +139,13 @@ pub(crate) const SEM_SLOT_RELEASE_SOURCE: &str = lua!(
 );
 pub static SEM_SLOT_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(SEM_SLOT_RELEASE_SOURCE));
+pub(crate) const SEM_SLOT_HELD_SOURCE: &str = lua!(
+    "clock.lua",
+    "leases.lua",
+    "leases_grant.lua",
+    "sem_slot_held.lua"
+);
+pub static SEM_SLOT_HELD: LazyLock<Script> = LazyLock::new(|| Script::new(SEM_SLOT_HELD_SOURCE));
 pub(crate) const RW_READ_ACQUIRE_SOURCE: &str = lua!(
     "clock.lua",
     "leases.lua",
@@ -482,10 +489,22 @@ pub fn semaphore_slot_release<'a>(keys: &Keys, token: &str) -> ScriptInvocation<
     inv
 }
 
-/// Redlock: compare-and-extend of a slot's lease; the slots hash lives at least as long.
-pub fn semaphore_slot_extend<'a>(keys: &Keys, token: &str, lease_ms: u64) -> ScriptInvocation<'a> {
-    let mut inv = lease_extend(keys.semaphore_holders(), token, lease_ms);
-    inv.key(keys.semaphore_slots());
+/// Redlock: whether `token` holds `slot` with a live lease on one master; with `lease_ms`, its
+/// lease then ends that long from now (compare-and-extend; the slots hash lives as long).
+pub fn semaphore_slot_held<'a>(
+    keys: &Keys,
+    token: &str,
+    slot: u64,
+    lease_ms: Option<u64>,
+) -> ScriptInvocation<'a> {
+    let mut inv = SEM_SLOT_HELD.prepare_invoke();
+    inv.key(keys.semaphore_holders())
+        .key(keys.semaphore_slots())
+        .arg(token)
+        .arg(slot);
+    if let Some(ms) = lease_ms {
+        inv.arg(ms);
+    }
     inv
 }
 
@@ -708,6 +727,7 @@ mod tests {
             include_str!("lua/rw_state.lua"),
             include_str!("lua/sem_slot_acquire.lua"),
             include_str!("lua/sem_slot_release.lua"),
+            include_str!("lua/sem_slot_held.lua"),
         ] {
             assert!(source.starts_with("-- "), "{source}");
             for word in ["KEYS[1]", "ARGV", "Reply"] {
@@ -741,6 +761,7 @@ mod tests {
             &*RW_STATE,
             &*SEM_SLOT_ACQUIRE,
             &*SEM_SLOT_RELEASE,
+            &*SEM_SLOT_HELD,
         ] {
             assert_eq!(script.get_hash().len(), 40);
         }

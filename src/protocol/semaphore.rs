@@ -145,16 +145,22 @@ pub fn release_any(spec: &SemaphoreSpec, token: &str) -> Step<bool> {
     }
 }
 
-/// The extend step of a permit: on Redlock it stretches the slots hash too.
-pub fn extend_any(spec: &SemaphoreSpec, token: &str, lease: Duration) -> Step<bool> {
-    if spec.slots {
-        Step::script(
-            scripts::semaphore_slot_extend(&spec.keys, token, lease::lease_ms(lease)),
-            |v| parse_flag(&v),
-        )
-    } else {
-        extend(&spec.keys, token, lease)
-    }
+/// Redlock: compare-and-extend, on one master, of the permit `token` won as `slot`; false when
+/// that master does not hold `token` in that slot (see sem_slot_held.lua).
+pub fn slot_extend(spec: &SemaphoreSpec, token: &str, slot: u64, lease: Duration) -> Step<bool> {
+    let ms = lease::lease_ms(lease);
+    Step::script(
+        scripts::semaphore_slot_held(&spec.keys, token, slot, Some(ms)),
+        |v| parse_flag(&v),
+    )
+}
+
+/// Redlock: whether one master holds `token` in `slot` with a live lease.
+pub fn slot_owned(spec: &SemaphoreSpec, token: &str, slot: u64) -> Step<bool> {
+    Step::script(
+        scripts::semaphore_slot_held(&spec.keys, token, slot, None),
+        |v| parse_flag(&v),
+    )
 }
 
 #[cfg(test)]
