@@ -145,7 +145,8 @@ def test_semaphore_holders_of_overlapping_majorities_leave_no_room_for_a_third(
     x.release()
 
 
-def test_semaphore_hold_counts_only_masters_holding_its_own_slot(rl: Proxied) -> None:
+@pytest.mark.parametrize("then", ["extend", "release"])
+def test_semaphore_hold_counts_only_masters_holding_its_own_slot(rl: Proxied, then: str) -> None:
     # A holds slot s on a majority. Then masters 0 and 1 hold A in the other slot instead (an
     # earlier round's grant whose give-back never landed, where the won round's vote never
     # arrived), and masters 2 and 3 lose A's copy (lapsed, or restarted): only master 4 holds
@@ -170,7 +171,7 @@ def test_semaphore_hold_counts_only_masters_holding_its_own_slot(rl: Proxied) ->
     assert b.acquire(blocking=False) and x.acquire(blocking=False)
     assert not a.owned()
     with pytest.raises(redmutex.LockLostError):
-        a.extend()
+        a.extend() if then == "extend" else a.release()
     b.release()
     x.release()
 

@@ -167,6 +167,12 @@ pub trait Leased: Send + Sync + 'static {
         async move { Err(err) }
     }
 
+    /// The release step of a hold that each master runs (`release` by default; see
+    /// `quorum_extend`). A give-back of what an acquire left runs `release`.
+    fn quorum_release(&self, token: &str, _detail: &Self::Detail) -> Step<bool> {
+        self.release(token)
+    }
+
     /// The extend step of a hold that each master runs (`extend` by default): a primitive whose
     /// masters may keep the token in another form than the one won (a semaphore's slot) checks
     /// there what the hold won (its detail).
@@ -999,7 +1005,7 @@ impl<P: Leased> Holder<P> {
     /// renewed no more (see `HoldStatus::releasing`). While one release is under way, another
     /// (from another thread) finds nothing this object may release, as `threading.Lock` would
     /// once the first one ran; after a release that failed, the holder may try again.
-    fn begin_release(&self) -> Result<HoldRef> {
+    fn begin_release(&self) -> Result<(HoldRef, P::Detail)> {
         let mut state = self.state();
         let State::Held(hold) = &mut *state else {
             return Err(self.not_owned());
@@ -1011,11 +1017,12 @@ impl<P: Leased> Holder<P> {
         if let Some(renewal) = hold.renewal.take() {
             renewal.stop();
         }
-        Ok(HoldRef {
+        let releasing = HoldRef {
             token: hold.token.clone(),
             status: hold.status.clone(),
             _release: Some(ReleaseUnderWay(hold.status.clone())),
-        })
+        };
+        Ok((releasing, hold.detail.clone()))
     }
 
     /// `retried`: the release went out while the lease was still ours and its connection broke
@@ -1045,13 +1052,14 @@ impl<P: Leased> Holder<P> {
         if let Some(nesting) = self.begin_leave()? {
             return self.leave(nesting).await;
         }
-        let hold = self.begin_release()?;
+        let (hold, detail) = self.begin_release()?;
         let backend = match self.client.backend() {
             Ok(backend) => backend,
             Err(err) => return self.finish_release(hold, Err(err), false),
         };
         let Backend::Single(shared) = &backend else {
-            let outcome = release_on(&*self.primitive, &backend, &hold.token).await;
+            let step = self.primitive.quorum_release(&hold.token, &detail);
+            let outcome = release_by_quorum(&*self.primitive, &backend, &hold.token, step).await;
             return self.finish_release(hold, outcome, false);
         };
         let (epoch, sent_at) = (shared.fault_epoch(), Instant::now());
@@ -1075,7 +1083,7 @@ impl<P: Leased> Holder<P> {
     /// direct path, the asyncio loop path): renewal stops now; finish with
     /// `finish_release_step`, or `release_resent` when the connection broke under it.
     pub fn begin_release_step(&self) -> Result<(Step<bool>, Releasing)> {
-        let hold = self.begin_release()?;
+        let (hold, _) = self.begin_release()?;
         let shared = self.client.shared()?;
         let step = self.primitive.release(&hold.token);
         let releasing = Releasing {
@@ -1298,12 +1306,25 @@ impl<P: Leased> Holder<P> {
 async fn release_on<P: Leased>(primitive: &P, backend: &Backend, token: &str) -> Result<bool> {
     match backend {
         Backend::Single(shared) => primitive.release_on_node(shared, token).await,
+        Backend::Redlock(_) => {
+            release_by_quorum(primitive, backend, token, primitive.release(token)).await
+        }
+    }
+}
+
+/// Runs a release `step` of `token` on every Redlock master, by majority.
+async fn release_by_quorum<P: Leased>(
+    primitive: &P,
+    backend: &Backend,
+    token: &str,
+    step: Step<bool>,
+) -> Result<bool> {
+    match backend {
         Backend::Redlock(redlock) if primitive.quorum() => {
-            redlock
-                .release_by(token, Arc::new(primitive.release(token)))
-                .await
+            redlock.release_by(token, Arc::new(step)).await
         }
         Backend::Redlock(_) => Err(no_quorum(primitive.naming())),
+        Backend::Single(shared) => executor::run(shared, &step).await,
     }
 }
 

@@ -212,6 +212,13 @@ impl Leased for SemaphoreSpec {
     }
 
     // A master counts for a Redlock permit only while it holds the token in the slot it won.
+    fn quorum_release(&self, token: &str, slot: &Option<u64>) -> Step<bool> {
+        match slot {
+            Some(slot) => steps::slot_release(self, token, *slot),
+            None => self.release(token),
+        }
+    }
+
     fn quorum_extend(&self, token: &str, slot: &Option<u64>, lease: Duration) -> Step<bool> {
         match slot {
             Some(slot) => steps::slot_extend(self, token, *slot, lease),

@@ -479,13 +479,21 @@ pub fn semaphore_slot_acquire<'a>(
     inv
 }
 
-/// Redlock: gives back `token`'s slot on one master and wakes the waiters.
-pub fn semaphore_slot_release<'a>(keys: &Keys, token: &str) -> ScriptInvocation<'a> {
+/// Redlock: gives back `token`'s slot on one master and wakes the waiters; with `won`, it counts
+/// as released only when that was the slot.
+pub fn semaphore_slot_release<'a>(
+    keys: &Keys,
+    token: &str,
+    won: Option<u64>,
+) -> ScriptInvocation<'a> {
     let mut inv = SEM_SLOT_RELEASE.prepare_invoke();
     inv.key(keys.semaphore_holders())
         .key(keys.semaphore_slots())
         .arg(token)
         .arg(keys.wake_channel());
+    if let Some(slot) = won {
+        inv.arg(slot);
+    }
     inv
 }
 

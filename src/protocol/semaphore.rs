@@ -137,12 +137,22 @@ fn parse_slot_reply(value: &redis::Value, asked: i64) -> Result<SlotReply, Unexp
 /// The release step of a permit: the slot's own on Redlock.
 pub fn release_any(spec: &SemaphoreSpec, token: &str) -> Step<bool> {
     if spec.slots {
-        Step::script(scripts::semaphore_slot_release(&spec.keys, token), |v| {
-            parse_flag(&v)
-        })
+        Step::script(
+            scripts::semaphore_slot_release(&spec.keys, token, None),
+            |v| parse_flag(&v),
+        )
     } else {
         release(spec, token)
     }
+}
+
+/// Redlock: the release, on one master, of the permit `token` won as `slot`: any slot of the
+/// token there goes; true only when it was that one, with a live lease.
+pub fn slot_release(spec: &SemaphoreSpec, token: &str, slot: u64) -> Step<bool> {
+    Step::script(
+        scripts::semaphore_slot_release(&spec.keys, token, Some(slot)),
+        |v| parse_flag(&v),
+    )
 }
 
 /// Redlock: compare-and-extend, on one master, of the permit `token` won as `slot`; false when

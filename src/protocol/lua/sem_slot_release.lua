@@ -2,7 +2,10 @@
 -- the preludes scripts.rs puts before it).
 -- KEYS[1] holders (zset token -> lease end, server ms)   KEYS[2] slots (see sem_slot_acquire.lua)
 -- ARGV[1] token   ARGV[2] wake-up channel
--- Reply: 1 released; 0 not ours (its lease had ended, or it never held a slot here).
+-- ARGV[3] (the release of a hold) the slot the hold won: a lease of the token in another slot
+--         (stale: see sem_slot_held.lua) goes too, but is no release of the hold
+-- Reply: 1 released; 0 not ours (its lease had ended, it never held a slot here, or it held
+--        another slot than ARGV[3]).
 -- With the last holder gone both keys are gone: nothing is left behind.
 local now = server_now_ms()
 local token = ARGV[1]
@@ -24,4 +27,7 @@ if not lease_end or tonumber(lease_end) <= now then
   return 0
 end
 redis.call('PUBLISH', ARGV[2], '')
+if ARGV[3] and slot ~= ARGV[3] then
+  return 0
+end
 return 1
