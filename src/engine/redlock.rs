@@ -310,8 +310,8 @@ impl Redlock {
         let id = identity?;
         self.note_run_id(master, &id.run_id);
         let mut inc = master.incarnation.lock().unwrap_or_else(|p| p.into_inner());
-        inc.observe(&id.run_id, id.uptime, id.observed_at, self.max_lease());
-        inc.discounted_for(Instant::now())
+        inc.observe(&id.run_id, id.uptime, id.observed_at);
+        inc.discounted_for(Instant::now(), self.max_lease())
     }
 
     pub(super) fn labelled(master: &Master, err: &Error) -> String {

@@ -203,23 +203,21 @@ const UPTIME_RESOLUTION: Duration = Duration::from_secs(1);
 
 /// What a client knows of one master's incarnation (its `run_id`): a master that restarted
 /// since the client last saw it may have come back empty, forgetting leases it granted, so its
-/// votes are discounted until every lease it may have forgotten has ended.
+/// votes are discounted until every lease it may have forgotten has ended. The restart is kept,
+/// not the end of the discount: the longest lease in use is read when the votes are counted, so
+/// a longer lease used after the restart was noticed (a ping or a short lease came first)
+/// lengthens the discount too.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Incarnation {
     run_id: Option<String>,
-    counts_from: Option<Instant>,
+    /// The latest moment the last restart seen can have happened.
+    restarted: Option<Instant>,
 }
 
 impl Incarnation {
-    /// The master reported `run_id` and `uptime` (INFO server) at `observed_at`; `max_lease` is
-    /// the longest lease in use. A first sighting is trusted: there is nothing to compare with.
-    pub fn observe(
-        &mut self,
-        run_id: &str,
-        uptime: Duration,
-        observed_at: Instant,
-        max_lease: Duration,
-    ) {
+    /// The master reported `run_id` and `uptime` (INFO server) at `observed_at`. A first
+    /// sighting is trusted: there is nothing to compare with.
+    pub fn observe(&mut self, run_id: &str, uptime: Duration, observed_at: Instant) {
         if self.run_id.as_deref() == Some(run_id) {
             return;
         }
@@ -229,8 +227,7 @@ impl Incarnation {
             // that restarted 0.1 s ago may say 1 s. `observed_at - (uptime - 1 s)` is the latest
             // moment the restart can have happened: counting from it errs on the safe side.
             let restarted = observed_at.checked_sub(uptime.saturating_sub(UPTIME_RESOLUTION));
-            let until = restarted.and_then(|r| r.checked_add(max_lease));
-            self.counts_from = match (self.counts_from, until) {
+            self.restarted = match (self.restarted, restarted) {
                 (Some(a), Some(b)) => Some(a.max(b)),
                 (a, b) => a.or(b),
             };
@@ -238,9 +235,12 @@ impl Incarnation {
         self.run_id = Some(run_id.to_string());
     }
 
-    /// None when the master's votes count at `now`, else how long until they do.
-    pub fn discounted_for(&self, now: Instant) -> Option<Duration> {
-        self.counts_from
+    /// None when the master's votes count at `now`, else how long until they do; `max_lease`:
+    /// the longest lease in use now (every lease the restart may have forgotten is ended
+    /// `max_lease` after it).
+    pub fn discounted_for(&self, now: Instant, max_lease: Duration) -> Option<Duration> {
+        self.restarted
+            .and_then(|restarted| restarted.checked_add(max_lease))
             .map(|from| from.saturating_duration_since(now))
             .filter(|left| !left.is_zero())
     }
@@ -505,33 +505,52 @@ mod tests {
         let t0 = Instant::now();
         let lease = Duration::from_secs(10);
         let mut inc = Incarnation::default();
-        inc.observe("a", Duration::from_secs(100), t0, lease);
-        assert_eq!(inc.discounted_for(t0), None, "first sighting is trusted");
-        inc.observe(
-            "a",
-            Duration::from_secs(101),
-            t0 + Duration::from_secs(1),
-            lease,
+        inc.observe("a", Duration::from_secs(100), t0);
+        assert_eq!(
+            inc.discounted_for(t0, lease),
+            None,
+            "first sighting is trusted"
         );
-        assert_eq!(inc.discounted_for(t0), None);
+        inc.observe("a", Duration::from_secs(101), t0 + Duration::from_secs(1));
+        assert_eq!(inc.discounted_for(t0, lease), None);
         // Said 2 s of uptime: restarted more than 1 s before we noticed (the uptime may be a
         // second too high), so discounted for at most the remaining 9 s.
         let seen = t0 + Duration::from_secs(5);
-        inc.observe("b", Duration::from_secs(2), seen, lease);
-        assert_eq!(inc.discounted_for(seen), Some(Duration::from_secs(9)));
-        assert_eq!(inc.discounted_for(seen + Duration::from_secs(9)), None);
-        // Same incarnation seen again: nothing changes.
-        inc.observe(
-            "b",
-            Duration::from_secs(3),
-            seen + Duration::from_secs(1),
-            lease,
+        inc.observe("b", Duration::from_secs(2), seen);
+        assert_eq!(
+            inc.discounted_for(seen, lease),
+            Some(Duration::from_secs(9))
         );
-        assert_eq!(inc.discounted_for(seen), Some(Duration::from_secs(9)));
+        assert_eq!(
+            inc.discounted_for(seen + Duration::from_secs(9), lease),
+            None
+        );
+        // Same incarnation seen again: nothing changes.
+        inc.observe("b", Duration::from_secs(3), seen + Duration::from_secs(1));
+        assert_eq!(
+            inc.discounted_for(seen, lease),
+            Some(Duration::from_secs(9))
+        );
         // A restart long ago does not discount at all.
         let later = seen + Duration::from_secs(60);
-        inc.observe("c", Duration::from_secs(30), later, lease);
-        assert_eq!(inc.discounted_for(later), None);
+        inc.observe("c", Duration::from_secs(30), later);
+        assert_eq!(inc.discounted_for(later, lease), None);
+    }
+
+    #[test]
+    fn a_longer_lease_used_after_the_restart_was_seen_lengthens_the_discount() {
+        // The restart was noticed while no lease (or a short one) was in use: a lease of 3 s
+        // used afterwards must still find the master discounted until 3 s after the restart.
+        let t0 = Instant::now();
+        let mut inc = Incarnation::default();
+        inc.observe("a", Duration::from_secs(50), t0);
+        let seen = t0 + Duration::from_secs(2);
+        inc.observe("b", Duration::from_secs(1), seen);
+        assert_eq!(inc.discounted_for(seen, Duration::ZERO), None);
+        let short = Duration::from_millis(200);
+        assert_eq!(inc.discounted_for(seen + short, short), None);
+        let lease = Duration::from_secs(3);
+        assert_eq!(inc.discounted_for(seen + short, lease), Some(lease - short));
     }
 
     #[test]
@@ -542,14 +561,14 @@ mod tests {
         let t0 = Instant::now();
         let lease = Duration::from_secs(3);
         let mut inc = Incarnation::default();
-        inc.observe("a", Duration::from_secs(50), t0, lease);
+        inc.observe("a", Duration::from_secs(50), t0);
         let seen = t0 + Duration::from_secs(1);
-        inc.observe("b", Duration::from_secs(1), seen, lease);
-        assert_eq!(inc.discounted_for(seen), Some(lease));
+        inc.observe("b", Duration::from_secs(1), seen);
+        assert_eq!(inc.discounted_for(seen, lease), Some(lease));
         let mut inc = Incarnation::default();
-        inc.observe("a", Duration::from_secs(50), t0, lease);
-        inc.observe("b", Duration::ZERO, seen, lease);
-        assert_eq!(inc.discounted_for(seen), Some(lease));
+        inc.observe("a", Duration::from_secs(50), t0);
+        inc.observe("b", Duration::ZERO, seen);
+        assert_eq!(inc.discounted_for(seen, lease), Some(lease));
     }
     /// The most holders that can each hold a majority of `n` masters when every master admits
     /// at most `capacity` of them: exhaustive over multisets of minimal majorities.
