@@ -258,6 +258,71 @@ def test_cancelled_filler_gives_the_claim_to_a_waiter(
     assert not r.exists(fill_key(prefix, "cx"))
 
 
+class _Fatal(BaseException):
+    """A BaseException of the user's own, neither an Exception nor an interrupt asyncio knows."""
+
+
+@pytest.mark.parametrize("error", [GeneratorExit, _Fatal])
+def test_fill_raising_a_base_exception_gives_the_claim_back_at_once(
+    client: redmutex.Client, r: redis.Redis, prefix: str, error: type[BaseException]
+) -> None:
+    """The caller gets the fill's own BaseException and a waiter takes over through the
+    give-back. GeneratorExit used to come back as "RuntimeError: generator ignored
+    GeneratorExit", its claim held (and renewed) while the caller kept it."""
+
+    async def fill() -> str:
+        await asyncio.sleep(0.2)
+        raise error()
+
+    async def main() -> tuple[BaseException, str, float]:
+        filler = asyncio.ensure_future(aio.get_or_fill(client, "base", fill, ttl=60, lock_ttl=60))
+        await asyncio.sleep(0.1)
+        waiter = asyncio.ensure_future(
+            aio.get_or_fill(client, "base", lambda: "W", ttl=60, lock_ttl=60, timeout=8)
+        )
+        t0 = time.monotonic()
+        # Not `await filler`: asyncio throws a task's exception into its awaiter, and a thrown
+        # GeneratorExit would close this coroutine.
+        await asyncio.wait([filler])
+        kept = filler.exception()  # kept: its frames must not keep the claim alive
+        assert kept is not None
+        return kept, await waiter, time.monotonic() - t0
+
+    kept, value, took = run(main())
+    assert type(kept) is error
+    assert value == "W"
+    assert took < 5, took  # not the 60 s lease
+    assert not r.exists(fill_key(prefix, "base"))
+
+
+def test_a_closed_filling_coroutine_gives_the_claim_back(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
+    """``coro.close()`` (a framework dropping an un-run coroutine, or GC) throws GeneratorExit
+    into the fill: the close must succeed (no "coroutine ignored GeneratorExit") and the claim
+    be given back without an await."""
+    filling = asyncio.Event()
+
+    async def fill() -> str:
+        filling.set()
+        await asyncio.sleep(60)
+        return "never"
+
+    async def main() -> str:
+        coro = aio.get_or_fill(client, "closed", fill, ttl=60, lock_ttl=60)
+        # Drive the coroutine by hand (no task) until its fill runs, then close it.
+        pending = coro.send(None)
+        while not filling.is_set():
+            while pending is not None and not pending.done():
+                await asyncio.sleep(0.005)
+            pending = coro.send(None)
+        coro.close()
+        return await aio.get_or_fill(client, "closed", lambda: "again", ttl=60, timeout=5)
+
+    assert run(main()) == "again"
+    assert not r.exists(fill_key(prefix, "closed"))
+
+
 def test_cancellation_at_random_points_leaves_no_claim(
     client: redmutex.Client, r: redis.Redis, prefix: str
 ) -> None:

@@ -235,6 +235,45 @@ def test_fill_raising_without_waiters_leaves_nothing(
     assert redmutex.get_or_fill(client, "k", lambda: 1, ttl=30, timeout=0) == 1
 
 
+@pytest.mark.parametrize("error", [GeneratorExit, KeyboardInterrupt, SystemExit])
+def test_fill_raising_a_base_exception_gives_the_claim_back_at_once(
+    client: redmutex.Client, r: redis.Redis, prefix: str, error: type[BaseException]
+) -> None:
+    """Not only Exceptions: the caller gets the fill's own BaseException and a waiter takes
+    over through the give-back, not the lease. GeneratorExit used to come back as "RuntimeError:
+    generator ignored GeneratorExit", its claim held (and renewed) while the caller kept it."""
+    started = threading.Event()
+    got: dict[str, Any] = {}
+
+    def fill() -> str:
+        started.set()
+        time.sleep(0.2)  # the waiter is waiting by now
+        raise error()
+
+    def waiter() -> None:
+        started.wait(10)
+        t0 = time.monotonic()
+        try:
+            got["value"] = redmutex.get_or_fill(
+                client, "base", lambda: "W", ttl=30, lock_ttl=30, timeout=8
+            )
+        except redmutex.LockTimeoutError as exc:
+            got["value"] = exc
+        got["took"] = time.monotonic() - t0
+
+    t = threading.Thread(target=waiter, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(error) as raised:  # kept: its frames must not keep the claim alive
+            redmutex.get_or_fill(client, "base", fill, ttl=30, lock_ttl=30)
+    finally:
+        t.join(10)
+    assert type(raised.value) is error
+    assert got.get("value") == "W"
+    assert got["took"] < 5, got  # not the 30 s lease
+    assert not r.exists(fill_key(prefix, "base"))
+
+
 def _filler_that_hangs(url: str, prefix: str, lock_ttl: float) -> None:
     client = redmutex.Client(url, prefix=prefix)
     conn = redis.Redis.from_url(url)

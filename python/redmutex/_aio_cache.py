@@ -7,7 +7,8 @@ return an awaitable. Of any number of tasks and processes that miss one entry, o
 ``fill``; the others wait without polling and are woken when the value is stored.
 
 Cancellation: a task cancelled while it waits for another's fill leaves nothing behind; a task
-cancelled while its own fill runs gives the claim back, so one waiting caller takes the fill over.
+cancelled while its own fill runs gives the claim back, so one waiting caller takes the fill over
+(likewise a coroutine closed while its fill runs, and a fill raising GeneratorExit).
 A ``fill`` that asks for its own entry (in its task, or in a task it started) raises
 ``RuntimeError`` instead of waiting for itself.
 """
@@ -173,9 +174,10 @@ async def _run_fill(settings: _Settings, key: str, fill: Fill[T]) -> T:
 
 async def _give_back(request: _GiveBack) -> None:
     """After a cancellation the give-back runs on in the background rather than delaying the
-    unwind (a failure there then goes unreported: the claim ends with its lease)."""
+    unwind (a failure there then goes unreported: the claim ends with its lease). So it does
+    after a GeneratorExit: it may be ``close()`` of this coroutine, which must not await."""
     pending = request.claim._abandon_async()
-    if isinstance(request.error, asyncio.CancelledError):
+    if isinstance(request.error, (asyncio.CancelledError, GeneratorExit)):
         pending.add_done_callback(_consume)
         return
     await pending

@@ -282,6 +282,20 @@ class _GiveBack:
     error: BaseException
 
 
+class _Thrown(BaseException):
+    """Carries a ``GeneratorExit`` into a flow. Thrown as itself it would close the flow
+    (``yield from`` closes the delegate, whose give-back then cannot yield: "generator ignored
+    GeneratorExit", the claim kept); ``_fill`` unwraps it, and so does ``_Driven.fail``."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+def _unwrap(error: BaseException) -> BaseException:
+    return error.error if isinstance(error, _Thrown) else error
+
+
 @dataclass(slots=True)
 class _Raise:
     """The flow's result when the caller must get an exception: a generator cannot raise a
@@ -317,10 +331,13 @@ class _Driven:
             self.done, self._result = True, stop.value
 
     def fail(self, error: BaseException) -> None:
+        thrown = _Thrown(error) if isinstance(error, GeneratorExit) else error
         try:
-            self.request = self._flow.throw(error)
+            self.request = self._flow.throw(thrown)
         except StopIteration as stop:
             self.done, self._result = True, stop.value
+        except _Thrown as passed:  # a step the flow does not handle: the driver's to raise
+            self.done, self._result = True, _Raise(passed.error)
 
     def result(self) -> Any:
         """The flow's value (raising what it says to raise)."""
@@ -404,7 +421,8 @@ def _fill(settings: _Settings, key: str, claim: _core.FillClaim) -> Flow:
         # What the filler's caller gets is what every later caller gets: the value as it
         # round-trips through the serializer (loads of the bytes just dumped).
         payload, value = settings.codec.encode_round_trip(value, delta, context=key)
-    except BaseException as exc:  # noqa: BLE001 - handed to the caller, after the give-back
+    except BaseException as thrown:  # noqa: BLE001 - handed to the caller, after the give-back
+        exc = _unwrap(thrown)
         # Given back (never masking the fill's own exception): one waiter takes the fill over.
         try:
             yield _GiveBack(claim, exc)
