@@ -598,3 +598,75 @@ def test_xfetch_refreshes_once_when_due_and_never_with_beta_zero(
 
     run(main())
     assert len(fills) == 3
+
+
+def test_xfetch_refresh_whose_fill_raises_serves_the_current_value(
+    client: redmutex.Client,
+    r: redis.Redis,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The early refresher is a reader of a valid value: a failed refresh is logged and gives
+    the claim back, the reader gets the value it read, and a later refresh tries again."""
+    calls: list[int] = []
+
+    async def slow() -> str:
+        await asyncio.sleep(0.05)  # a δ that makes the draw below refresh
+        return "old"
+
+    async def failing() -> str:
+        calls.append(1)
+        raise ConnectionRefusedError("backend down")
+
+    async def main() -> None:
+        assert await aio.get_or_fill(client, "early", slow, ttl=30) == "old"
+        payload = r.get(value_key(prefix, "early"))
+        monkeypatch.setattr(_cache, "_random", lambda: 1e-300)  # every reader is due
+        with caplog.at_level(logging.WARNING, logger="redmutex"):
+            for _ in range(3):
+                assert await aio.get_or_fill(client, "early", failing, ttl=30) == "old"
+                assert not r.exists(fill_key(prefix, "early"))  # given back at once
+        assert r.get(value_key(prefix, "early")) == payload  # untouched, still valid
+        assert await aio.get_or_fill(client, "early", lambda: "new", ttl=30) == "new"
+
+    run(main())
+    assert len(calls) == 3
+    warnings = [rec for rec in caplog.records if rec.levelno == logging.WARNING]
+    assert len(warnings) == 3
+    assert all(
+        rec.exc_info and isinstance(rec.exc_info[1], ConnectionRefusedError) for rec in warnings
+    )
+
+
+def test_xfetch_refresh_cancelled_propagates_and_gives_the_claim_back(
+    client: redmutex.Client, r: redis.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancellation is no fill failure: the refresher's task ends cancelled, the claim is
+    given back (in the background) and the value stays."""
+
+    async def hanging() -> str:
+        await asyncio.sleep(60)
+        return "never"
+
+    async def slow() -> str:
+        await asyncio.sleep(0.05)  # a δ that makes the draw below refresh
+        return "old"
+
+    async def main() -> None:
+        assert await aio.get_or_fill(client, "early", slow, ttl=30) == "old"
+        monkeypatch.setattr(_cache, "_random", lambda: 1e-300)  # every reader is due
+        refresher = asyncio.ensure_future(aio.get_or_fill(client, "early", hanging, ttl=30))
+        deadline = time.monotonic() + 5
+        while not r.exists(fill_key(prefix, "early")):
+            assert time.monotonic() < deadline, "the refresh never claimed the fill"
+            await asyncio.sleep(0.01)
+        refresher.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await refresher
+        while r.exists(fill_key(prefix, "early")):
+            assert time.monotonic() < deadline, "the claim was not given back"
+            await asyncio.sleep(0.01)
+        assert await aio.get_or_fill(client, "early", lambda: "new", ttl=30) == "new"
+
+    run(main())

@@ -899,6 +899,71 @@ def test_xfetch_decision_uses_redis_time_left_and_the_random_draw(
     assert redmutex.get_or_fill(client, "soon", lambda: "newer", ttl=30) == "new"
 
 
+def _store_with_delta(client: redmutex.Client, name: str, value: Any, delta: float) -> None:
+    """Stores `value` under `name` (ttl 30 s) as if its fill had taken `delta` s."""
+    claim = _core.CacheStore(client, ttl=30).fetch(name)
+    assert isinstance(claim, _core.FillClaim)
+    claim.store(make_codec("pickle").encode(value, delta, context=name))
+
+
+def test_xfetch_refresh_whose_fill_raises_serves_the_current_value(
+    client: redmutex.Client,
+    r: redis.Redis,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The early refresher is a reader of a valid value: a failed refresh is logged and gives
+    the claim back, the reader gets the value it read, and a later refresh tries again."""
+    from redmutex import _cache
+
+    _store_with_delta(client, "early", "old", 1000.0)  # δ = 1000 s: every draw below refreshes
+    monkeypatch.setattr(_cache, "_random", lambda: 0.5)
+    payload = r.get(value_key(prefix, "early"))
+    calls: list[int] = []
+
+    def failing() -> str:
+        calls.append(1)
+        raise ConnectionRefusedError("backend down")
+
+    with caplog.at_level(logging.WARNING, logger="redmutex"):
+        for _ in range(3):
+            assert redmutex.get_or_fill(client, "early", failing, ttl=30) == "old"
+            assert not r.exists(fill_key(prefix, "early"))  # given back at once
+    assert len(calls) == 3  # each read was picked, claimed anew and tried
+    warnings = [rec for rec in caplog.records if rec.levelno == logging.WARNING]
+    assert len(warnings) == 3
+    assert all(
+        rec.exc_info and isinstance(rec.exc_info[1], ConnectionRefusedError) for rec in warnings
+    )
+    assert "'early'" in warnings[0].getMessage()
+    assert r.get(value_key(prefix, "early")) == payload  # untouched, still valid
+    assert redmutex.get_or_fill(client, "early", lambda: "new", ttl=30) == "new"
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, SystemExit, GeneratorExit])
+def test_xfetch_refresh_interrupted_propagates_and_gives_the_claim_back(
+    client: redmutex.Client,
+    r: redis.Redis,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+    error: type[BaseException],
+) -> None:
+    """An interrupt is no fill failure: it reaches the refresher, which gives the claim back."""
+    from redmutex import _cache
+
+    _store_with_delta(client, "early", "old", 1000.0)
+    monkeypatch.setattr(_cache, "_random", lambda: 0.5)
+
+    def interrupted() -> str:
+        raise error()
+
+    with pytest.raises(error):
+        redmutex.get_or_fill(client, "early", interrupted, ttl=30)
+    assert not r.exists(fill_key(prefix, "early"))
+    assert redmutex.get_or_fill(client, "early", lambda: "new", ttl=30) == "new"
+
+
 # --------------------------------------------------------------------------------------------
 # Arguments
 # --------------------------------------------------------------------------------------------

@@ -52,6 +52,13 @@ On a HIT with ``pttl`` ms left and a fill duration δ, the caller refreshes earl
 tries to claim the fill without waiting, and only if the value it read is still the stored one:
 the winner refills and returns the new value, everybody else returns the value they read. So
 each stored value is refreshed at most once, and readers never wait while it is refreshed.
+If the early refill raises an ``Exception`` (or its value does not serialize), the winner too
+returns the value it read, which is still valid: the claim is given back at once and the
+failure logged as a WARNING (with the exception), so a later reader's refresh tries again; only
+a fill on a miss hands its exception to the caller (as dogpile.cache surfaces errors only once
+the value is gone). A ``BaseException`` that is not an ``Exception`` (``KeyboardInterrupt``,
+``SystemExit``, ``GeneratorExit``, ``asyncio.CancelledError``) still propagates, the claim given
+back.
 """
 
 from __future__ import annotations
@@ -398,7 +405,7 @@ def _flow(settings: _Settings, key: str, decision: Decision) -> Flow:
             # read is the answer.
             claim = _read((yield _TryClaim(digest)))
             if isinstance(claim, _core.FillClaim):
-                return (yield from _fill(settings, key, claim))
+                return (yield from _fill(settings, key, claim, refreshing=found))
             return found
         if what is not _UNUSABLE or digest is None:
             return found
@@ -412,8 +419,15 @@ def _flow(settings: _Settings, key: str, decision: Decision) -> Flow:
         decision = _decide(settings, key, (yield _Refetch(digest, timeout)))
 
 
-def _fill(settings: _Settings, key: str, claim: _core.FillClaim) -> Flow:
-    """Runs ``fill`` holding the claim, stores its value (with δ) and wakes the waiters."""
+_NOTHING: Any = object()  # ``_fill``'s ``refreshing`` on a miss: no value to fall back on
+
+
+def _fill(
+    settings: _Settings, key: str, claim: _core.FillClaim, refreshing: Any = _NOTHING
+) -> Flow:
+    """Runs ``fill`` holding the claim, stores its value (with δ) and wakes the waiters.
+    ``refreshing``: the still valid value an early (XFetch) refresh replaces, returned instead
+    of a failure of the fill."""
     started = time.monotonic()
     try:
         value = yield _RUN_FILL
@@ -432,6 +446,15 @@ def _fill(settings: _Settings, key: str, claim: _core.FillClaim) -> Flow:
                 key,
                 failure,
             )
+        if refreshing is not _NOTHING and isinstance(exc, Exception):
+            # The value read is still valid: its reader gets it, like every other reader, and
+            # a later refresh (early or at expiry) tries again. Interrupts still propagate.
+            _log.warning(
+                "cache entry %r: the early refresh failed; serving the current value",
+                key,
+                exc_info=exc,
+            )
+            return refreshing
         return _Raise(exc)
     try:
         stored = yield _Store(claim, payload)
