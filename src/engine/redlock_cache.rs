@@ -139,6 +139,10 @@ impl QuorumContender for LookupQuorum<'_> {
         steps::abandon(&self.spec.keys, self.token)
     }
 
+    fn give_back_quietly(&self) -> Step<bool> {
+        steps::give_back_quietly(&self.spec.keys, self.token)
+    }
+
     fn more(&self, n: usize, replies: &[Lookup], out: usize) -> bool {
         let payloads: Vec<&[u8]> = hits(replies).map(|(p, _)| p).collect();
         let best = payloads

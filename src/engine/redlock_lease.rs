@@ -81,6 +81,8 @@ pub(super) trait QuorumContender: Send + Sync {
     }
     /// Gives a grant of the token back on one master (the primitive's release step).
     fn give_back(&self) -> Step<bool>;
+    /// `give_back` that wakes nobody (see `round`).
+    fn give_back_quietly(&self) -> Step<bool>;
     /// For a token the caller chose: where this call's own votes set it (`Held`; `send` marks
     /// it), the only masters that a give-back or a cancelled acquire may release.
     fn held(&self) -> Option<Held> {
@@ -131,7 +133,19 @@ type SharedVote<R> = SharedFuture<BoxFuture<'static, LeaseVote<R>>>;
 
 /// Releases of earlier rounds still under way, per master: the next vote on a master waits for
 /// its give-back, so a give-back can never delete a later grant of the same token.
-type GiveBacks = Vec<Option<tokio::task::JoinHandle<()>>>;
+type GiveBacks = Vec<Option<GiveBackUnderWay>>;
+
+struct GiveBackUnderWay {
+    handle: tokio::task::JoinHandle<()>,
+    /// It wakes nobody: if the acquire ends without a hold, a wake-up follows it (`acquire_won`).
+    quiet: bool,
+}
+
+/// The give-back steps of a contender: the one that wakes the waiters, and the quiet one.
+struct GiveBackSteps {
+    waking: Arc<Step<bool>>,
+    quiet: Arc<Step<bool>>,
+}
 
 enum RoundEnd<R> {
     Won(Won),
@@ -223,12 +237,18 @@ async fn round<C: QuorumContender>(
     contender: &C,
     token: &str,
     join: bool,
-    give_back: &Arc<Step<bool>>,
+    give_back: &GiveBackSteps,
     give_backs: &mut GiveBacks,
 ) -> Result<RoundEnd<C::Reply>> {
     if let Err(err) = redlock.check_distinct() {
         // Refused (by another call's answers) since the last round: its give-backs land first.
-        join_all(give_backs.iter_mut().filter_map(Option::take)).await;
+        join_all(
+            give_backs
+                .iter_mut()
+                .filter_map(Option::take)
+                .map(|g| g.handle),
+        )
+        .await;
         return Err(err);
     }
     let n = redlock.len();
@@ -237,7 +257,10 @@ async fn round<C: QuorumContender>(
     let sent_at = Instant::now();
     let all: Vec<SharedVote<C::Reply>> = (0..n)
         .map(|i| {
-            let before = give_backs.get_mut(i).and_then(Option::take);
+            let before = give_backs
+                .get_mut(i)
+                .and_then(Option::take)
+                .map(|g| g.handle);
             vote(
                 redlock.clone(),
                 i,
@@ -342,18 +365,36 @@ async fn round<C: QuorumContender>(
         // connection, in order); one not yet sent never will be.
         drop(all);
     }
-    // Not won: give back everywhere we may hold (all but the masters that said busy).
+    // Not won: give back everywhere we may hold (all but the masters that said busy). With a
+    // majority busy, somebody else holds (or the others split the votes and go again after a
+    // pause): the give-back wakes nobody. A wake-up there would only set every waiter, this one
+    // included, on another round that a minority grants and gives back, waking them again: a
+    // storm of rounds for as long as the holder holds (a hunt counted 45,000 cache lookups in
+    // 3 s). An acquire that ends without a hold wakes them once its give-backs landed.
+    let quiet = outcome != Outcome::Won && busy.iter().filter(|b| **b).count() >= redlock.quorum();
+    let step = if quiet {
+        &give_back.quiet
+    } else {
+        &give_back.waking
+    };
     for (i, slot) in give_backs.iter_mut().enumerate() {
         if busy.get(i).copied().unwrap_or(false) {
             continue;
         }
         let late = still_out.get_mut(i).and_then(Option::take);
-        *slot = give_back_on(redlock, i, give_back.clone(), late, held.clone());
+        *slot = give_back_on(redlock, i, step.clone(), late, held.clone())
+            .map(|handle| GiveBackUnderWay { handle, quiet });
     }
     if let Err(err) = distinct {
         // Two masters are one server: refused for good, so the acquire ends here, and what
         // this round set is given back before the caller hears of it (not just after).
-        join_all(give_backs.iter_mut().filter_map(Option::take)).await;
+        join_all(
+            give_backs
+                .iter_mut()
+                .filter_map(Option::take)
+                .map(|g| g.handle),
+        )
+        .await;
         return Err(err);
     }
     if let Some(err) = refused {
@@ -444,11 +485,14 @@ pub(super) async fn acquire_won<C: QuorumContender>(
     wait: Wait,
 ) -> Result<Option<Won>> {
     redlock.note_lease(contender.lease());
-    let give_back = Arc::new(contender.give_back());
+    let give_back = GiveBackSteps {
+        waking: Arc::new(contender.give_back()),
+        quiet: Arc::new(contender.give_back_quietly()),
+    };
     let mut cleanup = Cleanup {
         redlock: redlock.clone(),
         token: token.to_string(),
-        give_back: give_back.clone(),
+        give_back: give_back.waking.clone(),
         held: contender.held(),
         leave: contender.leave().map(Arc::new),
         armed: true,
@@ -471,7 +515,32 @@ pub(super) async fn acquire_won<C: QuorumContender>(
     if joined {
         cleanup.leave();
     }
+    if !matches!(outcome, Ok(Some(_))) {
+        wake_after_quiet_give_backs(redlock, contender.channel(), &mut give_backs);
+    }
     outcome
+}
+
+/// An acquire that ends without a hold no longer competes: whoever found a master busy with
+/// one of its grants given back quietly (see `round`) is woken there, once the give-back landed.
+fn wake_after_quiet_give_backs(
+    redlock: &Arc<Redlock>,
+    channel: Vec<u8>,
+    give_backs: &mut GiveBacks,
+) {
+    for (i, slot) in give_backs.iter_mut().enumerate() {
+        let Some(under_way) = slot.take_if(|g| g.quiet) else {
+            continue;
+        };
+        let (redlock, channel) = (redlock.clone(), channel.clone());
+        runtime::spawn(async move {
+            let _ = under_way.handle.await;
+            if let Some(master) = redlock.masters.get(i) {
+                let publish = redis::cmd("PUBLISH").arg(channel).arg("").clone();
+                let _: Result<i64> = master.shared.node.query(&publish, Retry::Once).await;
+            }
+        });
+    }
 }
 
 async fn rounds<C: QuorumContender>(
@@ -479,7 +548,7 @@ async fn rounds<C: QuorumContender>(
     contender: &C,
     token: &str,
     wait: Wait,
-    give_back: &Arc<Step<bool>>,
+    give_back: &GiveBackSteps,
     give_backs: &mut GiveBacks,
     joined: &mut bool,
 ) -> Result<Option<Won>> {

@@ -93,6 +93,10 @@ impl QuorumContender for LockQuorum<'_> {
         lock::release(&self.spec.keys, self.token)
     }
 
+    fn give_back_quietly(&self) -> Step<bool> {
+        lock::give_back_quietly(&self.spec.keys, self.token)
+    }
+
     fn held(&self) -> Option<Held> {
         self.held.clone()
     }

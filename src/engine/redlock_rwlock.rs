@@ -50,6 +50,10 @@ impl QuorumContender for RwQuorum<'_> {
         steps::release(&self.spec.keys, self.mode, self.token)
     }
 
+    fn give_back_quietly(&self) -> Step<bool> {
+        steps::give_back_quietly(&self.spec.keys, self.mode, self.token)
+    }
+
     fn leave(&self) -> Option<Step<()>> {
         (self.mode == Mode::Write).then(|| steps::writer_leave(&self.spec.keys, self.token))
     }

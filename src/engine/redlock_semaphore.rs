@@ -80,6 +80,10 @@ impl QuorumContender for SlotContender<'_> {
         steps::release_any(self.spec, self.token)
     }
 
+    fn give_back_quietly(&self) -> Step<bool> {
+        steps::slot_give_back_quietly(self.spec, self.token)
+    }
+
     fn retry_now(&self, n: usize, replies: &[SlotReply]) -> bool {
         match quorum::next_slot(n, &named_free(replies), random()) {
             Some((slot, majority)) => {

@@ -26,7 +26,15 @@ pub fn store(keys: &Keys, token: &str, payload: &[u8], ttl_ms: u64) -> Step<bool
 
 /// Give `token`'s claim back without a value; false when it was not ours (any more).
 pub fn abandon(keys: &Keys, token: &str) -> Step<bool> {
-    Step::script(scripts::cache_abandon(keys, token), |v| parse_flag(&v))
+    let inv = scripts::cache_abandon(keys, token, &keys.wake_channel());
+    Step::script(inv, |v| parse_flag(&v))
+}
+
+/// `abandon` that wakes nobody: a lost Redlock round gives its grants back so (see
+/// `redlock_lease.rs`).
+pub fn give_back_quietly(keys: &Keys, token: &str) -> Step<bool> {
+    let inv = scripts::cache_abandon(keys, token, scripts::NOBODY);
+    Step::script(inv, |v| parse_flag(&v))
 }
 
 /// Extend `token`'s claim by `lease_ms`; false when it is not ours.

@@ -54,6 +54,14 @@ pub fn release(keys: &Keys, token: &str) -> Step<bool> {
     Step::script(scripts::release(keys, token), |v| parse_flag(&v))
 }
 
+/// `release` that wakes nobody: a lost Redlock round gives its grants back so (see
+/// `redlock_lease.rs`).
+pub fn give_back_quietly(keys: &Keys, token: &str) -> Step<bool> {
+    Step::script(scripts::release_waking(keys, token, scripts::NOBODY), |v| {
+        parse_flag(&v)
+    })
+}
+
 /// `release` of a re-entrant lock: its hold count is deleted with it.
 pub fn release_reentrant(keys: &Keys, token: &str) -> Step<bool> {
     Step::script(scripts::release_reentrant(keys, token), |v| parse_flag(&v))

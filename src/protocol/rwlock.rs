@@ -42,9 +42,19 @@ pub fn attempt(
 
 /// Gives `token`'s read or write lock back; false when it held none (any more).
 pub fn release(keys: &Keys, mode: Mode, token: &str) -> Step<bool> {
+    release_waking(keys, mode, token, &keys.wake_channel())
+}
+
+/// `release` that wakes nobody: a lost Redlock round gives its grants back so (see
+/// `redlock_lease.rs`).
+pub fn give_back_quietly(keys: &Keys, mode: Mode, token: &str) -> Step<bool> {
+    release_waking(keys, mode, token, scripts::NOBODY)
+}
+
+fn release_waking(keys: &Keys, mode: Mode, token: &str, channel: &[u8]) -> Step<bool> {
     let inv = match mode {
-        Mode::Read => scripts::rw_read_release(keys, token),
-        Mode::Write => scripts::rw_write_release(keys, token),
+        Mode::Read => scripts::rw_read_release(keys, token, channel),
+        Mode::Write => scripts::rw_write_release(keys, token, channel),
     };
     Step::script(inv, |v| parse_flag(&v))
 }

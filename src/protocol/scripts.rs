@@ -313,31 +313,40 @@ pub const GRANT_SLACK_MS: u64 = 3000;
 /// Compare-and-delete of the lock, then the hand-off: a grant to the fair queue's first live
 /// waiter, or a wake-up for all on its channel.
 pub fn release<'a>(keys: &Keys, token: &str) -> ScriptInvocation<'a> {
+    release_waking(keys, token, &keys.wake_channel())
+}
+
+/// A wake-up channel nobody listens on: a release or give-back that must wake nobody (a lost
+/// Redlock round's, see `redlock_lease.rs`) publishes there.
+pub const NOBODY: &[u8] = b"";
+
+/// `release`, its wake-up published on `channel`.
+pub fn release_waking<'a>(keys: &Keys, token: &str, channel: &[u8]) -> ScriptInvocation<'a> {
     // A drop-in shim's lock (`redmutex.compat.redis_lock`): python-redis-lock's waiters wait on
     // its signal list, so every release (an undo's too) pushes it.
     if let Some((signal, expire_ms)) = keys.signal() {
         return super::compat::signal_release(keys, token, signal, expire_ms);
     }
     let mut inv = LOCK_RELEASE.prepare_invoke();
-    queue_hand_off(&mut inv, keys, token);
+    queue_hand_off(&mut inv, keys, token, channel);
     inv
 }
 
 /// `release` of a re-entrant lock: its hold count goes with it (see `lock_release.lua`).
 pub fn release_reentrant<'a>(keys: &Keys, token: &str) -> ScriptInvocation<'a> {
     let mut inv = LOCK_RELEASE.prepare_invoke();
-    queue_hand_off(&mut inv, keys, token);
+    queue_hand_off(&mut inv, keys, token, &keys.wake_channel());
     inv.key(keys.lock_holds());
     inv
 }
 
 /// The keys and arguments shared by the release and the leave (`lock_grant.lua`'s callers).
-fn queue_hand_off(inv: &mut ScriptInvocation<'_>, keys: &Keys, token: &str) {
+fn queue_hand_off(inv: &mut ScriptInvocation<'_>, keys: &Keys, token: &str, channel: &[u8]) {
     inv.key(keys.lock())
         .key(keys.fence())
         .key(keys.queue())
         .arg(token)
-        .arg(keys.wake_channel())
+        .arg(channel)
         .arg(GRANT_SLACK_MS)
         .arg(keys.fence_ttl_ms());
 }
@@ -374,7 +383,7 @@ pub fn extend_reentrant<'a>(keys: &Keys, token: &str, lease_ms: u64) -> ScriptIn
 /// A fair waiter leaves the queue (giving back a grant that came meanwhile).
 pub fn leave_queue<'a>(keys: &Keys, token: &str) -> ScriptInvocation<'a> {
     let mut inv = QUEUE_LEAVE.prepare_invoke();
-    queue_hand_off(&mut inv, keys, token);
+    queue_hand_off(&mut inv, keys, token, &keys.wake_channel());
     inv
 }
 
@@ -485,12 +494,13 @@ pub fn semaphore_slot_release<'a>(
     keys: &Keys,
     token: &str,
     won: Option<u64>,
+    channel: &[u8],
 ) -> ScriptInvocation<'a> {
     let mut inv = SEM_SLOT_RELEASE.prepare_invoke();
     inv.key(keys.semaphore_holders())
         .key(keys.semaphore_slots())
         .arg(token)
-        .arg(keys.wake_channel());
+        .arg(channel);
     if let Some(slot) = won {
         inv.arg(slot);
     }
@@ -572,21 +582,19 @@ pub fn rw_write_acquire<'a>(
 }
 
 /// Releases a read lock; the last reader out wakes the waiting writers.
-pub fn rw_read_release<'a>(keys: &Keys, token: &str) -> ScriptInvocation<'a> {
+pub fn rw_read_release<'a>(keys: &Keys, token: &str, channel: &[u8]) -> ScriptInvocation<'a> {
     let mut inv = RW_READ_RELEASE.prepare_invoke();
     inv.key(keys.rw_readers())
         .key(keys.rw_writers_waiting())
         .arg(token)
-        .arg(keys.wake_channel());
+        .arg(channel);
     inv
 }
 
 /// Compare-and-delete of the write lock, then a wake-up for everybody.
-pub fn rw_write_release<'a>(keys: &Keys, token: &str) -> ScriptInvocation<'a> {
+pub fn rw_write_release<'a>(keys: &Keys, token: &str, channel: &[u8]) -> ScriptInvocation<'a> {
     let mut inv = RW_WRITE_RELEASE.prepare_invoke();
-    inv.key(keys.rw_writer())
-        .arg(token)
-        .arg(keys.wake_channel());
+    inv.key(keys.rw_writer()).arg(token).arg(channel);
     inv
 }
 
@@ -669,11 +677,9 @@ pub fn cache_store<'a>(
 }
 
 /// Give the fill claim of `token` back without a value, waking the waiters.
-pub fn cache_abandon<'a>(keys: &Keys, token: &str) -> ScriptInvocation<'a> {
+pub fn cache_abandon<'a>(keys: &Keys, token: &str, channel: &[u8]) -> ScriptInvocation<'a> {
     let mut inv = CACHE_ABANDON.prepare_invoke();
-    inv.key(keys.cache_fill())
-        .arg(token)
-        .arg(keys.wake_channel());
+    inv.key(keys.cache_fill()).arg(token).arg(channel);
     inv
 }
 
@@ -846,8 +852,8 @@ mod tests {
             extend_reentrant(&keys, "t", 10),
             rw_read_acquire(&keys, "t", 10, false),
             rw_write_acquire(&keys, "t", 10, join),
-            rw_read_release(&keys, "t"),
-            rw_write_release(&keys, "t"),
+            rw_read_release(&keys, "t", NOBODY),
+            rw_write_release(&keys, "t", NOBODY),
             rw_writer_leave(&keys, "t"),
             rw_read_extend(&keys, "t", 10),
             rw_write_extend(&keys, "t", 10),

@@ -137,20 +137,26 @@ fn parse_slot_reply(value: &redis::Value, asked: i64) -> Result<SlotReply, Unexp
 /// The release step of a permit: the slot's own on Redlock.
 pub fn release_any(spec: &SemaphoreSpec, token: &str) -> Step<bool> {
     if spec.slots {
-        Step::script(
-            scripts::semaphore_slot_release(&spec.keys, token, None),
-            |v| parse_flag(&v),
-        )
+        let inv =
+            scripts::semaphore_slot_release(&spec.keys, token, None, &spec.keys.wake_channel());
+        Step::script(inv, |v| parse_flag(&v))
     } else {
         release(spec, token)
     }
+}
+
+/// Redlock: gives back whatever slot `token` holds on one master, waking nobody: a lost round
+/// gives its grants back so (see `redlock_lease.rs`).
+pub fn slot_give_back_quietly(spec: &SemaphoreSpec, token: &str) -> Step<bool> {
+    let inv = scripts::semaphore_slot_release(&spec.keys, token, None, scripts::NOBODY);
+    Step::script(inv, |v| parse_flag(&v))
 }
 
 /// Redlock: the release, on one master, of the permit `token` won as `slot`: any slot of the
 /// token there goes; true only when it was that one, with a live lease.
 pub fn slot_release(spec: &SemaphoreSpec, token: &str, slot: u64) -> Step<bool> {
     Step::script(
-        scripts::semaphore_slot_release(&spec.keys, token, Some(slot)),
+        scripts::semaphore_slot_release(&spec.keys, token, Some(slot), &spec.keys.wake_channel()),
         |v| parse_flag(&v),
     )
 }
