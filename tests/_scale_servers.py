@@ -199,10 +199,12 @@ class Cluster:
 
 
 class Masters:
-    """`size` independent redis-servers, each stoppable and restartable (empty, no persistence)."""
+    """`size` independent redis-servers, each stoppable and restartable (empty, no persistence),
+    each started with `extra_args` (e.g. `["--timeout", "1"]`)."""
 
-    def __init__(self, size: int = 5) -> None:
-        self.servers = [RedisServer() for _ in range(size)]
+    def __init__(self, size: int = 5, extra_args: list[str] | None = None) -> None:
+        self.extra_args = list(extra_args or [])
+        self.servers = [RedisServer(extra_args=self.extra_args) for _ in range(size)]
 
     @property
     def urls(self) -> list[str]:
@@ -224,7 +226,7 @@ class Masters:
         """Starts master `index` again on its port: a new run_id and an empty dataset."""
         old = self.servers[index]
         old.stop()
-        self.servers[index] = RedisServer(port=old.port).start()
+        self.servers[index] = RedisServer(port=old.port, extra_args=self.extra_args).start()
 
     def conn(self, index: int) -> redis.Redis:
         return redis.Redis(port=self.servers[index].port, socket_timeout=5)

@@ -144,7 +144,8 @@ impl Count {
 
 /// For a token the caller chose (the recipes' identifier, which another call may use too): per
 /// master, whether this acquire's own vote set the token there and it was not given back yet.
-/// The votes are first sends (`scripts::acquire_first_send`), so a grant proves that this call
+/// The votes (a resend after a broken connection too) are first sends
+/// (`scripts::acquire_first_send`), so a grant proves that this call
 /// set the key; a give-back or a cancelled acquire deletes only there, never a lock that another
 /// call with the same identifier holds.
 pub(super) type Held = Arc<Mutex<Vec<bool>>>;

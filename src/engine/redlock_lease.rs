@@ -60,7 +60,7 @@ pub(super) trait QuorumContender: Send + Sync {
     /// writer then marks itself waiting).
     fn attempt(&self, join: bool) -> Step<Self::Reply>;
     /// Sends this round's attempt to master `index` (run only when polled, after the master's
-    /// earlier give-back). Default: the step on the master's connection, never resent.
+    /// earlier give-back). Default: `send_step`.
     fn send(
         &self,
         redlock: &Arc<Redlock>,
@@ -156,9 +156,18 @@ enum RoundEnd<R> {
     },
 }
 
-/// Sends `step` to master `index` and parses the reply. Never resent after a dropped
-/// connection: a vote that fails is one vote fewer, and a resend could land after this round
-/// gave its grants back.
+/// Sends `step` to master `index` and parses the reply, sent once more on a fresh connection
+/// when the master had closed the connection (idle `timeout`, CLIENT KILL) or it broke under
+/// the call (`Retry::Once`; not after a timeout). A resend is safe:
+/// - its reply counts only what is ours: every attempt script counts a token found in place as
+///   granted only for a resend of a token this call drew (nobody else has it), and a token the
+///   caller chose goes as a first send again, which never counts a token found in place;
+/// - it never lands after this round's give-back or the hold's release: the vote future carries
+///   the resend, a won or kept round's give-back and release wait for that future, and a lost
+///   round drops it before giving back (a resend not written yet is never written; one written
+///   runs first, on the connection the give-back then takes);
+/// - the lease still counts from the round's `sent_at`, taken before the first send, so a
+///   master's copy never ends before the hold's local deadline.
 pub(super) async fn send_step<R>(
     redlock: Arc<Redlock>,
     index: usize,
@@ -173,7 +182,7 @@ pub(super) async fn send_step<R>(
     let (reply, identity) = master
         .shared
         .node
-        .invoke_identified(inv, Retry::Never)
+        .invoke_identified(inv, Retry::Once)
         .await?;
     Ok((step.parse(reply)?, identity))
 }

@@ -36,7 +36,9 @@ impl QuorumContender for LockQuorum<'_> {
     fn attempt(&self, _join: bool) -> Step<Attempt> {
         let lease_ms = lease::lease_ms(self.spec.lease);
         // A token the caller chose may be in place for another call: a first send refuses it.
-        // Votes are never resent, so every vote is a first send.
+        // A vote resent after its connection broke goes as a first send too: it may then find
+        // its own first send's grant and call it busy (that copy lapses with its lease), but
+        // never counts another call's.
         let inv = match self.held {
             Some(_) => scripts::acquire_first_send(&self.spec.keys, self.token, lease_ms),
             None => scripts::acquire(&self.spec.keys, self.token, lease_ms, None, ""),

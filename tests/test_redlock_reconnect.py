@@ -1,0 +1,172 @@
+"""Redlock when the masters close the client's connections: idle connections closed by the
+servers (`timeout 1`, a common production setting) or killed (`CLIENT KILL`), and a store the
+masters refuse (a value over `proto-max-bulk-len`, which also closes the connection)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+import redmutex
+from _proxy import FaultProxy
+from _scale_servers import Masters
+from redmutex import aio
+
+pytestmark = pytest.mark.timeout(120)
+
+# Longer than the masters' `timeout 1` plus their once-a-second sweep of idle clients.
+IDLE = 2.5
+
+
+def name() -> str:
+    return "rlr-" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture
+def idle_closing() -> Iterator[Masters]:
+    """Three masters that close a client's connection after 1 s without a command."""
+    with Masters(3, extra_args=["--timeout", "1"]) as m:
+        yield m
+
+
+@pytest.fixture
+def masters() -> Iterator[Masters]:
+    with Masters(3) as m:
+        yield m
+
+
+def kill_clients(masters: Masters) -> None:
+    """Every master closes every normal client connection (ours; not the subscribers)."""
+    for i in range(len(masters.servers)):
+        with masters.conn(i) as r:
+            r.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+    time.sleep(0.1)  # the client has seen its connections end
+
+
+def on_each(masters: Masters, op: Callable[[redis.Redis], object]) -> list[object]:
+    """`op` on a connection of our own to each master, in order."""
+    found = []
+    for i in range(len(masters.servers)):
+        with masters.conn(i) as r:
+            found.append(op(r))
+    return found
+
+
+def lock_once(c: redmutex.Client) -> bool:
+    lock = redmutex.Lock(c, name(), ttl=5)
+    got = lock.acquire(timeout=1)
+    lock.release()
+    return got
+
+
+def test_idle_connections_the_masters_closed_are_opened_again(idle_closing: Masters) -> None:
+    """After the masters closed the idle connections, the first acquire and the first cache
+    lookup succeed (the votes go out on fresh connections), as on a single server."""
+    with redmutex.Client(idle_closing.urls) as c:
+        assert lock_once(c)
+        assert redmutex.get_or_fill(c, name(), lambda: "warm", ttl=30) == "warm"
+        time.sleep(IDLE)
+        assert lock_once(c)
+        time.sleep(IDLE)
+        assert redmutex.get_or_fill(c, name(), lambda: "v", ttl=30) == "v"
+
+
+def test_idle_connections_the_masters_closed_are_opened_again_asyncio(
+    idle_closing: Masters,
+) -> None:
+    async def fill() -> str:
+        return "v"
+
+    async def main(c: redmutex.Client) -> None:
+        assert await aio.get_or_fill(c, name(), fill, ttl=30) == "v"
+        await asyncio.sleep(IDLE)
+        lock = aio.Lock(c, name(), ttl=5)
+        assert await lock.acquire(timeout=1)
+        await lock.release()
+        await asyncio.sleep(IDLE)
+        assert await aio.get_or_fill(c, name(), fill, ttl=30) == "v"
+
+    with redmutex.Client(idle_closing.urls) as c:
+        asyncio.run(main(c))
+
+
+def _semaphore(c: redmutex.Client) -> bool:
+    sem = redmutex.Semaphore(c, name(), 2, ttl=5)
+    got = sem.acquire(timeout=1)
+    sem.release()
+    return got
+
+
+def _rw(side: str) -> Callable[[redmutex.Client], bool]:
+    def run(c: redmutex.Client) -> bool:
+        rw = redmutex.RWLock(c, name(), ttl=5)
+        held = rw.read() if side == "read" else rw.write()
+        got = held.acquire(timeout=1)
+        held.release()
+        return got
+
+    return run
+
+
+def _recipe(c: redmutex.Client) -> bool:
+    """A token the caller chose: the resent vote is a first send again."""
+    lockname = name()
+    identifier = redmutex.acquire_lock(c, lockname, uuid.uuid4().hex, atime=1, ltime=5)
+    return bool(identifier) and redmutex.release_lock(c, lockname, identifier)
+
+
+KINDS: dict[str, Callable[[redmutex.Client], object]] = {
+    "recipe": _recipe,
+    "lock": lock_once,
+    "cache": lambda c: redmutex.get_or_fill(c, name(), lambda: True, ttl=30),
+    "semaphore": _semaphore,
+    "read": _rw("read"),
+    "write": _rw("write"),
+}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_killed_connections_are_opened_again_by_the_next_vote(masters: Masters, kind: str) -> None:
+    """CLIENT KILL on every master: the next quorum acquire of every primitive succeeds."""
+    run = KINDS[kind]
+    with redmutex.Client(masters.urls) as c:
+        assert run(c)
+        for _ in range(2):
+            kill_clients(masters)
+            assert run(c)
+
+
+@pytest.mark.parametrize("kind", ["lock", "cache"])
+def test_a_vote_whose_reply_was_lost_is_resent_and_finds_its_own_grant(
+    masters: Masters, kind: str
+) -> None:
+    """The vote ran on two masters of three but the connection broke before the reply: the
+    resend finds this call's own token in place, which counts as its grant (a drawn token is
+    nobody else's), and the release leaves nothing behind."""
+    proxies = [FaultProxy(s.port).start() for s in masters.servers]
+    try:
+        with redmutex.Client([p.url for p in proxies]) as c:
+            assert KINDS[kind](c)  # scripts loaded, connections open
+            n = name()
+            for p in proxies[:2]:
+                p.drop_reply_to(f"{{{n}}}".encode())
+            if kind == "lock":
+                lock = redmutex.Lock(c, n, ttl=10)
+                assert lock.acquire(blocking=False)
+                key = f"redmutex:{{{n}}}:lock"
+                assert lock.token is not None
+                assert on_each(masters, lambda r: r.get(key)) == [lock.token.encode()] * 3
+                lock.release()
+                assert on_each(masters, lambda r: r.exists(key)) == [0, 0, 0]
+            else:
+                assert redmutex.get_or_fill(c, n, lambda: "v", ttl=30) == "v"
+                fill = f"redmutex:{{{n}}}:fill"
+                assert on_each(masters, lambda r: r.exists(fill)) == [0, 0, 0]
+            assert all(p.reply_dropped.is_set() for p in proxies[:2])
+    finally:
+        for p in proxies:
+            p.stop()
