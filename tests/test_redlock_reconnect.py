@@ -5,6 +5,7 @@ masters refuse (a value over `proto-max-bulk-len`, which also closes the connect
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -170,3 +171,40 @@ def test_a_vote_whose_reply_was_lost_is_resent_and_finds_its_own_grant(
     finally:
         for p in proxies:
             p.stop()
+
+
+def test_a_store_the_masters_refuse_gives_the_claim_back_at_once() -> None:
+    """The filled value is larger than the masters take (`proto-max-bulk-len`): its filler still
+    gets it, and the claim is given back at once (as on one server), so a waiter takes the fill
+    over long before the claim's lease would have ended."""
+    lock_ttl = 10.0
+    huge = 2 * 1024 * 1024
+    with Masters(3, extra_args=["--proto-max-bulk-len", "1mb"]) as masters:
+        key = name()
+        filling = threading.Event()
+        waited: dict[str, object] = {}
+
+        def fill_huge() -> bytes:
+            filling.set()  # the claim is ours on a majority: the waiter waits for it
+            time.sleep(0.3)
+            return b"x" * huge
+
+        def waiter() -> None:
+            assert filling.wait(10)
+            with redmutex.Client(masters.urls) as other:
+                started = time.monotonic()
+                waited["value"] = redmutex.get_or_fill(
+                    other, key, lambda: "small", ttl=30, lock_ttl=lock_ttl, timeout=30
+                )
+                waited["took"] = time.monotonic() - started
+
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        with redmutex.Client(masters.urls) as c:
+            got = redmutex.get_or_fill(c, key, fill_huge, ttl=30, lock_ttl=lock_ttl)
+            assert got == b"x" * huge
+        thread.join(40)
+        assert waited.get("value") == "small"
+        took = waited["took"]
+        assert isinstance(took, float)
+        assert took < lock_ttl / 3, f"the waiter took the fill over after {took:.2f} s"

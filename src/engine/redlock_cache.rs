@@ -11,7 +11,8 @@
 //! - **Store** writes the value on every master where the claim is this caller's (token-checked,
 //!   as on one server: a claim that an invalidation dropped stores nothing there), so on a
 //!   majority at least; stored when a majority confirms. Reads need a majority, so a value left
-//!   on a minority (a store or an invalidation that missed a master) is never served.
+//!   on a minority (a store or an invalidation that missed a master) is never served. A store
+//!   that fails gives the claim back at once (as on one server): a waiter takes the fill over.
 //! - A value found on some masters but no majority, while nobody else fills, is counted as
 //!   absent in the next round (by its SHA-1, as the caller's `skip`), so it is refilled once.
 //!   While masters that have not answered could still confirm it, not if it was stored less than
@@ -289,7 +290,10 @@ impl Claim {
     }
 
     /// Stores `payload` on every master where the claim is ours and wakes the waiters;
-    /// `Ok(false)` when a majority says the claim is not ours any more.
+    /// `Ok(false)` when a majority says the claim is not ours any more. A store that fails
+    /// (refused by the masters, e.g. a value over `proto-max-bulk-len`, or too few answers)
+    /// leaves the claim unsettled, so dropping it gives it back at once, as on one server: a
+    /// waiter takes the fill over instead of waiting for the claim's lease to end.
     pub async fn store(mut self, payload: &[u8]) -> Result<bool> {
         self.check_process()?;
         self.stop_renewal();
@@ -299,17 +303,20 @@ impl Claim {
             payload,
             lease::lease_ms(self.value_ttl),
         );
+        let stored = self.redlock.release_by(&self.token, Arc::new(step)).await?;
         self.settled = true;
-        self.redlock.release_by(&self.token, Arc::new(step)).await
+        Ok(stored)
     }
 
-    /// Gives the claim back on every master, waking the waiters (one takes the fill over).
+    /// Gives the claim back on every master, waking the waiters (one takes the fill over). When
+    /// too few masters answer, dropping the claim tries once more in the background.
     pub async fn abandon(mut self) -> Result<bool> {
         self.check_process()?;
         self.stop_renewal();
-        self.settled = true;
         let step = steps::abandon(&self.keys, &self.token);
-        self.redlock.release_by(&self.token, Arc::new(step)).await
+        let given_back = self.redlock.release_by(&self.token, Arc::new(step)).await?;
+        self.settled = true;
+        Ok(given_back)
     }
 }
 
