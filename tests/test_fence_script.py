@@ -136,14 +136,16 @@ def test_the_unfair_acquire_replies_with_the_fence_or_the_lease_left(
     acquire, _ = _scripts(r, before_7)
     k = Keys(prefix, "unfair")
     fence = _fence(acquire(k, "a", lease_ms=8000))
-    # A resend that finds its own token: granted, the same fence, the lease left alone.
+    # A resend that finds its own token: granted, the same fence, the lease renewed from now
+    # (the token may be an earlier attempt's, e.g. a lost Redlock round's that was not given
+    # back: its lease would end before the one the caller counts on).
     assert acquire(k, "a", lease_ms=60_000) == fence
-    assert r.pttl(k.lock) <= 8000
+    assert 50_000 < r.pttl(k.lock) <= 60_000
     # The first send of a chosen token found in place: another call's hold.
     busy, pttl = acquire(k, "a", first=True)
-    assert busy == 0 and 0 < pttl <= 8000
+    assert busy == 0 and 8000 < pttl <= 60_000
     busy, pttl = acquire(k, "b")
-    assert busy == 0 and 0 < pttl <= 8000
+    assert busy == 0 and 8000 < pttl <= 60_000
     assert r.get(k.lock) == b"a" and int(r.get(k.fence) or 0) == fence
     # Held without a lease (written by hand): -1, and nothing is changed.
     r.set(k.lock, "x")

@@ -73,7 +73,9 @@ def test_a_writer_or_a_waiting_writer_keeps_new_readers_out(
     r.zadd(waiting, {"w": _now_ms(r) + 6_000})
     granted, ms = acquire("b")
     assert granted == 0 and 5_000 < ms <= 6_000  # until the writer's place lapses
-    assert acquire("a") == 1  # a retry of a granted read: still ours
+    r.zadd(readers, {"a": _now_ms(r) + 2_000})  # (its lease nearly over)
+    assert acquire("a") == 1  # a retry of a granted read: still ours, its lease renewed
+    assert float(r.zscore(readers, "a") or 0) > _now_ms(r) + 5_000
     assert acquire("c", reentrant=True) == 2  # a read holder re-entering: not held back
     r.zadd(waiting, {"w": _now_ms(r) - 1})  # the writer's place lapsed
     assert acquire("b") == 3

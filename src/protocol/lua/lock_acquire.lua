@@ -7,7 +7,10 @@
 --        was put there by another call with the same identifier, so it is not a grant. Without it
 --        (a resend after the connection dropped, or a token of the lock object's own) it is ours.
 -- Reply: the fence (an integer) when ARGV[1] holds the lock now (a retry that finds its own
---        token in place counts: nobody else can have incremented the fence while we held it);
+--        token in place counts: nobody else can have incremented the fence while we held it;
+--        its lease is renewed to ARGV[2] from now, since the token may have been set by an
+--        earlier attempt, e.g. a lost Redlock round whose give-back never landed, whose lease
+--        would end before the one this attempt's caller counts on);
 --        {0, pttl} when another owner holds it; pttl = ms left on its lease (-1: no lease).
 --        (A grant is a bare integer because a table costs Redis about 5% of a whole
 --        acquire+release pair to convert.)
@@ -26,6 +29,7 @@ else
   end
 end
 if owner == ARGV[1] and ARGV[#ARGV] ~= 'first' then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return current_fence(KEYS[2], ARGV[3])
 end
 return {0, redis.call('PTTL', KEYS[1])}

@@ -34,6 +34,9 @@ if redis.call('EXISTS', KEYS[2], KEYS[3]) > 0 then
       -- A retry of ours granted before that writer started waiting keeps its read lock.
       local own = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
       if own and own > now then
+        -- Its lease from now, as for any grant (it may be a lost Redlock round's, ending
+        -- before the lease this attempt's caller counts on).
+        grant_lease(KEYS[1], ARGV[1], tonumber(ARGV[2]), now)
         return redis.call('ZCOUNT', KEYS[1], '(' .. int(now), '+inf')
       end
       return {0, math.max(tonumber(first[2]) - now, 1)}

@@ -4,7 +4,8 @@
 -- ARGV[1] token   ARGV[2] lease in ms   ARGV[3] how long a silent waiting writer keeps its place, in ms
 -- ARGV[4] '1': when not granted, wait as a writer (or stay waiting): new readers are held back
 --         until the place is taken back or lapses; '0': try once
--- Reply: 0 (an integer) granted (also for a retry that finds its own token in place; a grant is a
+-- Reply: 0 (an integer) granted (also for a retry that finds its own token in place, whose lease
+--        is then renewed to ARGV[2] from now; a grant is a
 --        bare integer: a table costs Redis more to convert);
 --        {0, ms} not granted; ms = when to look again at the latest: the writer's lease end (-1: it
 --        has no lease), or the soonest end of a reader's lease.
@@ -27,6 +28,9 @@ else
   end
 end
 if owner == ARGV[1] then
+  -- Its lease from now: the token may be an earlier attempt's (a lost Redlock round's whose
+  -- give-back never landed), ending before the lease this attempt's caller counts on.
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
   return 0
 end
 if owner == false and readers == 0 then
