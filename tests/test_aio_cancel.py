@@ -14,6 +14,7 @@ The default run does a few hundred races per kind within a time cap. The soak ru
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import time
@@ -225,3 +226,84 @@ def test_acquire_done_but_task_cancelled_before_it_resumed(
     while r.exists(lock_key) and time.monotonic() < deadline:
         time.sleep(0.005)
     assert r.exists(lock_key) == 0
+
+
+STUCK_KINDS: dict[str, Callable[[redmutex.Client, str], Any]] = {
+    "lock": lambda c, n: aio.Lock(c, n, ttl=10),
+    "lock-fair": lambda c, n: aio.Lock(c, n, ttl=10, fair=True),
+    "semaphore": lambda c, n: aio.Semaphore(c, n, 1, ttl=10),
+    "rw-write": lambda c, n: aio.RWLock(c, n, ttl=10).write(),
+    "multilock": lambda c, n: aio.MultiLock(c, [n, n + "-b"], ttl=10),
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", list(STUCK_KINDS))
+def test_a_waiter_cancelled_as_its_busy_reply_lands_can_acquire_again(
+    kind: str, client: redmutex.Client
+) -> None:
+    """The cancel lands in the loop iteration that read the first attempt's "busy" reply: the
+    acquire was handed to the runtime to wait, and its task aborted before it ever ran. The
+    object stayed "acquiring" for good (11-17 of 20 per kind before); and an acquire right after
+    any cancelled wait raised "already acquiring" until the aborted task was dropped."""
+    make = STUCK_KINDS[kind]
+
+    async def trial(i: int) -> list[str]:
+        errors: list[str] = []
+        holder, waiter = make(client, f"stuck-{kind}-{i}"), make(client, f"stuck-{kind}-{i}")
+        assert await holder.acquire()
+        task = asyncio.ensure_future(waiter.acquire())
+        await asyncio.sleep(0)  # its first attempt goes out on the loop's connection
+        time.sleep(0.003)  # noqa: ASYNC251 - its "busy" reply arrives meanwhile
+        asyncio.get_running_loop().call_later(0, task.cancel)  # runs after that reply is read
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        try:  # right away, while the lock is still held: not acquired, no error
+            assert await waiter.acquire(blocking=False) is False
+        except redmutex.LockError as err:
+            errors.append(f"at once: {err}")
+        await holder.release()
+        try:
+            assert await waiter.acquire(timeout=2)
+            await waiter.release()
+        except redmutex.LockError as err:
+            errors.append(f"after the release: {err}")
+        return errors
+
+    async def main() -> list[str]:
+        errors: list[str] = []
+        for i in range(20):
+            errors += await trial(i)
+        return errors
+
+    errors = asyncio.run(main())
+    assert errors == [], f"{len(errors)} failures in 20 trials: {errors[:3]}"
+
+
+@pytest.mark.timeout(60)
+def test_an_acquire_right_after_a_cancelled_wait_neither_fails_nor_waits_for_the_old(
+    client: redmutex.Client,
+) -> None:
+    """`asyncio.timeout` ends a wait; the same task tries again at once. The object was still
+    "acquiring" until the aborted wait was dropped on the runtime (a done-callback later in
+    the loop's turn): the retry raised LockError (10 of 10 per delay before)."""
+
+    async def main() -> list[str]:
+        errors: list[str] = []
+        for i, delay in enumerate([0.0, 0.001, 0.01, 0.05] * 3):
+            holder, waiter = aio.Lock(client, f"again-{i}"), aio.Lock(client, f"again-{i}")
+            assert await holder.acquire()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await waiter.acquire()
+            try:
+                assert await waiter.acquire(blocking=False) is False
+            except redmutex.LockError as err:
+                errors.append(f"{delay}: {err}")
+            await holder.release()
+            assert await waiter.acquire(timeout=2)
+            await waiter.release()
+        return errors
+
+    errors = asyncio.run(main())
+    assert errors == [], errors

@@ -5,7 +5,7 @@
 //! when asked, and marked lost once renewal, extend or release finds the lease gone.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -206,6 +206,8 @@ pub struct Ticket(Arc<Mutex<TicketState>>);
 #[derive(Default)]
 struct TicketState {
     abandoned: bool,
+    /// The acquire of the object it is for, once begun (`Holder::abandon` puts it back to idle).
+    attempt: Option<u64>,
     /// The token of the hold the attempt settled into.
     held: Option<String>,
 }
@@ -222,6 +224,8 @@ impl Ticket {
 /// was interrupted between the steps — it puts the object back to idle.
 struct Pending<'a, P: Leased> {
     holder: &'a Holder<P>,
+    /// Which acquire of the object (`State::Acquiring`).
+    attempt: u64,
     token: Option<String>,
     busy_retry_ms: Option<i64>,
     /// The waiter's registrations, subscribed before the direct first attempt went out
@@ -242,6 +246,14 @@ impl<P: Leased> Pending<'_, P> {
         self.settled = true;
         let holder = self.holder;
         let mut state = holder.state();
+        if !holder.acquiring(&state, self.attempt) {
+            // Given up (`abort_acquire`): the object may be acquiring again; a grant goes back.
+            drop(state);
+            if let Ok(Some(_)) = granted {
+                holder.give_back_in_background(backend, token);
+            }
+            return Ok(false);
+        }
         match granted {
             Ok(Some(_)) if self.ticket.as_ref().is_some_and(|t| t.lock().abandoned) => {
                 // Nobody waits for this hold any more: never kept, never topped up.
@@ -311,10 +323,7 @@ impl<P: Leased> Drop for Pending<'_, P> {
             spawn_undo(undo);
         }
         if !self.settled {
-            let mut state = self.holder.state();
-            if matches!(*state, State::Acquiring { .. }) {
-                *state = State::Idle { lost: false };
-            }
+            self.holder.abort_acquire(self.attempt);
         }
     }
 }
@@ -363,8 +372,11 @@ enum State<D> {
         lost: bool,
     },
     /// An acquire is under way in process `pid` (a forked child's copy is no acquire of its own).
+    /// `attempt` tells it from a later acquire of the object: one that was given up (an asyncio
+    /// caller cancelled, the object idle again at once) never changes the state after that.
     Acquiring {
         pid: u32,
+        attempt: u64,
     },
     Held(Hold<D>),
 }
@@ -411,6 +423,8 @@ pub struct Holder<P: Leased> {
     /// The last direct first attempt found the primitive taken (a hint for the next one, see
     /// `waiting::listen_early`).
     found_busy: AtomicBool,
+    /// Numbers the acquires of this object (`State::Acquiring`).
+    attempts: AtomicU64,
 }
 
 impl<P: Leased> Holder<P> {
@@ -421,6 +435,7 @@ impl<P: Leased> Holder<P> {
             auto_renew,
             state: Mutex::new(State::Idle { lost: false }),
             found_busy: AtomicBool::new(false),
+            attempts: AtomicU64::new(0),
         }
     }
 
@@ -442,13 +457,27 @@ impl<P: Leased> Holder<P> {
         // the child does not have), is not ours: forget it without touching it.
         let inherited = match &*state {
             State::Held(hold) => hold.pid != pid(),
-            State::Acquiring { pid: by } => *by != pid(),
+            State::Acquiring { pid: by, .. } => *by != pid(),
             State::Idle { .. } => false,
         };
         if inherited {
             std::mem::forget(std::mem::replace(&mut *state, State::Idle { lost: false }));
         }
         state
+    }
+
+    /// Whether acquire `attempt` is the one under way (not given up, not settled).
+    fn acquiring(&self, state: &State<P::Detail>, attempt: u64) -> bool {
+        matches!(state, State::Acquiring { attempt: a, .. } if *a == attempt)
+    }
+
+    /// Puts the object back to idle if acquire `attempt` is still under way: its caller gave it
+    /// up (cancelled), or it never goes on. A later acquire of the object is left alone.
+    pub fn abort_acquire(&self, attempt: u64) {
+        let mut state = self.state();
+        if self.acquiring(&state, attempt) {
+            *state = State::Idle { lost: false };
+        }
     }
 
     fn current(&self) -> Option<HoldRef> {
@@ -497,6 +526,7 @@ impl<P: Leased> Holder<P> {
             return self.reenter(nesting, Some(&ticket)).await;
         }
         let mut pending = self.begin_acquire()?;
+        ticket.lock().attempt = Some(pending.attempt);
         pending.ticket = Some(ticket);
         self.acquire_pending(pending, wait, listener, args).await
     }
@@ -505,12 +535,17 @@ impl<P: Leased> Holder<P> {
     /// settled into, if any, is given back now; a grant still on its way is given back as it
     /// settles. Never touches a hold that another acquire took.
     pub fn abandon(&self, ticket: &Ticket) {
-        let state = self.state();
-        let held = {
+        let mut state = self.state();
+        let (held, attempt) = {
             let mut ticket = ticket.lock();
             ticket.abandoned = true;
-            ticket.held.take()
+            (ticket.held.take(), ticket.attempt)
         };
+        // Still waiting: the object is idle again at once, so that its caller may acquire again
+        // before the aborted wait is dropped (which then changes nothing).
+        if attempt.is_some_and(|a| self.acquiring(&state, a)) {
+            *state = State::Idle { lost: false };
+        }
         drop(state);
         if let Some(token) = held {
             self.give_back(&token);
@@ -953,9 +988,14 @@ impl<P: Leased> Holder<P> {
                 naming.object
             ))),
             State::Idle { .. } => {
-                *state = State::Acquiring { pid: pid() };
+                let attempt = self.attempts.fetch_add(1, Ordering::Relaxed);
+                *state = State::Acquiring {
+                    pid: pid(),
+                    attempt,
+                };
                 Ok(Pending {
                     holder: self,
+                    attempt,
                     token: None,
                     busy_retry_ms: None,
                     early: None,

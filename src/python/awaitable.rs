@@ -21,8 +21,51 @@ use pyo3::types::PyTuple;
 
 use crate::engine::{runtime, Error};
 
+/// What to do when an acquire's future is cancelled, by the future's address, while the entry's
+/// `HookKey` lives (its first attempt is out on the loop's connection, or its task runs).
+/// `redmutex.aio` tells (`_loop_cancelled`) as the cancellation reaches the awaiting task, so the
+/// object is idle again before that task goes on (it may acquire again at once): a done-callback
+/// runs only later in the loop's turn, and would cost every acquire one more callback.
+type OnCancelled = (usize, Box<dyn FnOnce() + Send>);
+static CANCELLED: Mutex<Vec<OnCancelled>> = Mutex::new(Vec::new());
+
+fn cancelled_hooks() -> std::sync::MutexGuard<'static, Vec<OnCancelled>> {
+    CANCELLED.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Takes out the hook of the future at `key`.
+fn take_hook(key: usize) -> Option<Box<dyn FnOnce() + Send>> {
+    let mut hooks = cancelled_hooks();
+    let at = hooks.iter().position(|(k, _)| *k == key)?;
+    Some(hooks.swap_remove(at).1)
+}
+
+/// Takes its future's hook out when dropped (so no hook outlives what it is for, and a new
+/// future at the same address never finds it).
+pub struct HookKey(usize);
+
+impl Drop for HookKey {
+    fn drop(&mut self) {
+        drop(take_hook(self.0));
+    }
+}
+
+/// Registers `hook` for the cancellation of `future`, while the returned key lives.
+pub fn on_cancelled(future: &Bound<'_, PyAny>, hook: Box<dyn FnOnce() + Send>) -> HookKey {
+    let key = future.as_ptr() as usize;
+    cancelled_hooks().push((key, hook));
+    HookKey(key)
+}
+
+/// Runs the hook registered for the cancelled `future`, if any.
+pub fn run_cancelled_hook(future: &Bound<'_, PyAny>) {
+    if let Some(hook) = take_hook(future.as_ptr() as usize) {
+        hook();
+    }
+}
+
 /// Told when an acquire's asyncio future is cancelled, before its task is aborted.
-pub type Abandon = Box<dyn Fn() + Send + Sync>;
+pub type Abandon = Arc<dyn Fn() + Send + Sync>;
 
 /// Aborts the tokio task when the asyncio future it feeds is cancelled (a done-callback). An
 /// abort only stops the task at its next await: a poll under way still finishes, so an acquire
@@ -225,8 +268,15 @@ where
         .clone();
     let target = py_future.clone().unbind();
     let handle = runtime::handle()?;
+    // An acquire is abandoned as soon as its task learns of the cancel (see `on_cancelled`),
+    // while the task runs; the done-callback below tells it again (it may come first).
+    let hook = abandon.clone().map(|abandon| {
+        let hook: Box<dyn FnOnce() + Send> = Box::new(move || abandon());
+        on_cancelled(py_future, hook)
+    });
     let task = handle.spawn(async move {
         let outcome = fut.await;
+        drop(hook);
         let settle: Settle = Box::new(move |py| match outcome {
             Ok(value) => convert(py, value),
             Err(err) => Err(PyErr::from(err)),

@@ -205,7 +205,7 @@ impl PyCompatLock {
         let ticket = Arc::new(Mutex::new(CancelTicket::default()));
         let abandon: awaitable::Abandon = {
             let (engine, ticket) = (engine.clone(), ticket.clone());
-            Box::new(move || {
+            Arc::new(move || {
                 let mut ticket = ticket.lock().unwrap_or_else(|p| p.into_inner());
                 ticket.cancelled = true;
                 if let Some(token) = ticket.held.take() {

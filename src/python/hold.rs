@@ -539,7 +539,7 @@ fn spawn_acquire<'py, C: LockLike>(
     let ticket = Ticket::default();
     let abandon: awaitable::Abandon = {
         let (handle, ticket) = (core.handle.clone(), ticket.clone());
-        Box::new(move || handle.holder().abandon(&ticket))
+        Arc::new(move || handle.holder().abandon(&ticket))
     };
     let (handle, about) = (core.handle.clone(), core.about.clone());
     awaitable::spawn_abandonable(

@@ -10,7 +10,7 @@
 //! at once; release and extend always settle, whoever still waits.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use pyo3::prelude::*;
@@ -41,43 +41,11 @@ impl<T, C> Convert<T> for C where
 {
 }
 
-/// What to do when an acquire's future is cancelled while its first attempt is out, by the
-/// future's address (alive until its attempt's reply settles it, which takes its entry out).
-/// `redmutex.aio` tells (`_loop_cancelled`) as the cancellation reaches the awaiting task: a
-/// done-callback would cost every acquire one more callback through the event loop.
-type OnCancelled = (usize, Box<dyn FnOnce() + Send>);
-static CANCELLED: Mutex<Vec<OnCancelled>> = Mutex::new(Vec::new());
-
-fn cancelled_hooks() -> std::sync::MutexGuard<'static, Vec<OnCancelled>> {
-    CANCELLED.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Takes out the hook of the future at `key`.
-fn take_hook(key: usize) -> Option<Box<dyn FnOnce() + Send>> {
-    let mut hooks = cancelled_hooks();
-    let at = hooks.iter().position(|(k, _)| *k == key)?;
-    Some(hooks.swap_remove(at).1)
-}
-
-/// Takes its future's hook out when dropped: once the attempt's reply settles it, or with a
-/// connection dropped with the call still in line (so no hook outlives its future, whose
-/// address a new future may then have).
-struct HookKey(usize);
-
-impl Drop for HookKey {
-    fn drop(&mut self) {
-        drop(take_hook(self.0));
-    }
-}
-
-/// `_loop_cancelled(future)`: `future`, an acquire's awaitable, was cancelled: if its first
-/// attempt is still out on the loop's connection, the object is idle again at once, and the
-/// reply, when it comes, only gives back what the attempt took.
+/// `_loop_cancelled(future)`: `future`, an acquire's awaitable, was cancelled: told as the
+/// cancellation reaches the awaiting task (see `awaitable::on_cancelled`).
 #[pyfunction]
 pub fn _loop_cancelled(future: &Bound<'_, PyAny>) {
-    if let Some(hook) = take_hook(future.as_ptr() as usize) {
-        hook();
-    }
+    awaitable::run_cancelled_hook(future);
 }
 
 /// The loop's ready connection for `handle`'s client, when the loop path serves its calls.
@@ -160,6 +128,7 @@ where
         }
     };
     let token = Holder::<H::Primitive>::try_token(&attempt).to_string();
+    let attempt_id = Holder::<H::Primitive>::try_attempt(&attempt);
     let context = Arc::new(context);
     let undo = {
         let (handle, context) = (handle.clone(), context.clone());
@@ -174,12 +143,11 @@ where
         let (handle, out) = (handle.clone(), out.clone());
         Box::new(move || {
             if out.swap(false, Ordering::AcqRel) {
-                handle.holder().abort_acquire();
+                handle.holder().abort_acquire(attempt_id);
             }
         })
     };
-    let key = HookKey(future.as_ptr() as usize);
-    cancelled_hooks().push((key.0, on_cancel));
+    let key = awaitable::on_cancelled(&future, on_cancel);
     let target = future.clone().unbind();
     let finish: Finish = Box::new(move |py: Python<'_>, reply: Reply| {
         let future = target.bind(py);
@@ -208,11 +176,18 @@ where
         ) {
             Ok(Tried::Done(acquired)) => resolve(py, future, convert(py, Ok(acquired))),
             Err(err) => resolve(py, future, convert(py, Err(err))),
-            Ok(Tried::Wait(_)) if gone => holder.abort_acquire(),
+            Ok(Tried::Wait(waiting)) if gone => holder.abort_acquire(waiting.attempt()),
             Ok(Tried::Wait(waiting)) => {
+                // Cancelled while it waits: the object is idle again at once (its next acquire
+                // may begin before the runtime drops the wait, which then changes nothing, or
+                // before the wait ever ran).
                 let abandon: Abandon = {
                     let (handle, ticket) = (handle.clone(), ticket.clone());
-                    Box::new(move || handle.holder().abandon(&ticket))
+                    let attempt = waiting.attempt();
+                    Arc::new(move || {
+                        handle.holder().abandon(&ticket);
+                        handle.holder().abort_acquire(attempt);
+                    })
                 };
                 let handle = handle.clone();
                 hand_over(

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use redis::Value;
 
-use super::{EarlyWait, Holder, Leased, OnLost, Pending, State, Ticket};
+use super::{EarlyWait, Holder, Leased, OnLost, Pending, Ticket};
 use crate::engine::client::{Backend, Shared};
 use crate::engine::error::{Error, Result};
 use crate::engine::token::new_token;
@@ -24,6 +24,8 @@ use crate::protocol::resp::{self, Packed};
 /// stays Acquiring until `Holder::finish_try` (or `Holder::abort_acquire`).
 pub struct Try {
     token: String,
+    /// Which acquire of the object (see `Holder::abort_acquire`).
+    attempt: u64,
     shared: Arc<Shared>,
     sent_at: Instant,
     /// The waiter's registrations when it listened before the attempt; the attempt then was
@@ -42,10 +44,18 @@ pub enum Tried {
 
 /// An acquire left to the runtime by `Holder::finish_try`.
 pub struct Waiting {
+    attempt: u64,
     token: Option<String>,
     busy_retry_ms: Option<i64>,
     /// What a first attempt that listened early leaves to the wait (its place in a queue).
     early: Option<Box<EarlyWait>>,
+}
+
+impl Waiting {
+    /// Which acquire of the object it is, for `Holder::abort_acquire`.
+    pub fn attempt(&self) -> u64 {
+        self.attempt
+    }
 }
 
 /// An acquire that never goes on to wait gives back the place its first attempt took.
@@ -83,6 +93,7 @@ impl<P: Leased> Holder<P> {
         // The `Try` carries the Acquiring state from here on.
         pending.settled = true;
         let attempt = Try {
+            attempt: pending.attempt,
             token,
             shared,
             sent_at: Instant::now(),
@@ -106,6 +117,7 @@ impl<P: Leased> Holder<P> {
     ) -> Result<Tried> {
         let mut pending = Pending {
             holder: self,
+            attempt: attempt.attempt,
             token: None,
             busy_retry_ms: None,
             early: None,
@@ -113,6 +125,7 @@ impl<P: Leased> Holder<P> {
             ticket: Some(ticket),
         };
         let Try {
+            attempt: _,
             token,
             shared,
             sent_at,
@@ -136,6 +149,7 @@ impl<P: Leased> Holder<P> {
                     }
                     pending.settled = true;
                     return Ok(Tried::Wait(Waiting {
+                        attempt: pending.attempt,
                         token: None,
                         busy_retry_ms: None,
                         early: None,
@@ -149,6 +163,7 @@ impl<P: Leased> Holder<P> {
         if let Some(retry_ms) = pending.busy_retry_ms {
             pending.settled = true;
             return Ok(Tried::Wait(Waiting {
+                attempt: pending.attempt,
                 token: Some(token),
                 busy_retry_ms: Some(retry_ms),
                 early: pending.early.take(),
@@ -175,6 +190,11 @@ impl<P: Leased> Holder<P> {
         &attempt.token
     }
 
+    /// Which acquire of the object a first attempt is, for `abort_acquire`.
+    pub fn try_attempt(attempt: &Try) -> u64 {
+        attempt.attempt
+    }
+
     /// Finishes, through the runtime, an acquire that `finish_try` left waiting.
     pub async fn acquire_waiting(
         &self,
@@ -186,6 +206,7 @@ impl<P: Leased> Holder<P> {
     ) -> Result<bool> {
         let pending = Pending {
             holder: self,
+            attempt: waiting.attempt,
             token: waiting.token.take(),
             busy_retry_ms: waiting.busy_retry_ms,
             early: waiting.early.take(),
@@ -193,14 +214,5 @@ impl<P: Leased> Holder<P> {
             ticket: Some(ticket),
         };
         self.acquire_pending(pending, wait, listener, args).await
-    }
-
-    /// Puts an object left Acquiring by `begin_try` or `finish_try` back to idle, when its
-    /// acquire does not go on (the caller stopped waiting, or never sent the attempt).
-    pub fn abort_acquire(&self) {
-        let mut state = self.state();
-        if matches!(*state, State::Acquiring { .. }) {
-            *state = State::Idle { lost: false };
-        }
     }
 }
