@@ -8,10 +8,11 @@ under a call is survived, a flushed script cache is reloaded."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
@@ -19,6 +20,9 @@ import redmutex
 from _proxy import FaultProxy
 from redmutex import _core, aio
 from redmutex._server import RedisServer
+
+if TYPE_CHECKING:
+    from conftest import PyProcs
 
 
 def calls() -> tuple[int, int]:
@@ -388,3 +392,71 @@ def test_the_loop_connection_uses_a_unix_socket(
             client.close()
 
     asyncio.run(main())
+
+
+# Event loops closed with a bare `loop.close()` (no `asyncio.run`, no `shutdown_asyncgens`) and
+# kept referenced, as an application or a test framework may: each one used to keep its
+# connection open, and the task opening it was reported destroyed while pending at exit.
+BARE_CLOSE = """
+import asyncio, json, sys, threading, warnings
+import redis, redmutex
+from redmutex import aio
+
+warnings.simplefilter("always", ResourceWarning)
+url = sys.argv[1]
+r = redis.Redis.from_url(url)
+client = redmutex.Client(url, prefix=sys.argv[2])
+
+async def use() -> None:
+    lock = aio.Lock(client, "bare-close", ttl=30)
+    assert await lock.acquire()
+    await lock.release()
+
+def count() -> int:
+    return len(r.client_list())
+
+asyncio.run(use())  # the client's own (runtime) connection is open from here on
+before = count()
+loops = []
+for _ in range(30):
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(use())
+    loop.close()
+    loops.append(loop)
+after = count()
+
+async def close_others() -> None:
+    # Closed while this thread runs another loop (which cannot run them meanwhile).
+    for _ in range(10):
+        loop = asyncio.new_event_loop()
+        runner = threading.Thread(target=loop.run_until_complete, args=(use(),))
+        runner.start()
+        runner.join()
+        loop.close()
+        loops.append(loop)
+
+asyncio.run(close_others())
+after_nested = count()
+for _ in range(10):
+    asyncio.run(use())
+after_run = count()
+print(json.dumps({"before": before, "after": after, "after_nested": after_nested,
+                  "after_run": after_run}))
+r.close()
+client.close()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_bare_loop_close_closes_the_loop_connection(
+    redis_url: str, prefix: str, procs: PyProcs
+) -> None:
+    code, out, err = procs.run(BARE_CLOSE, redis_url, prefix)
+    assert code == 0, err
+    counts = json.loads(out)
+    assert counts["after"] <= counts["before"] + 2, counts
+    assert counts["after_nested"] <= counts["before"] + 2, counts
+    assert counts["after_run"] <= counts["before"] + 2, counts
+    assert "Task was destroyed" not in err, err
+    assert "Exception ignored" not in err, err
+    assert "unclosed" not in err, err

@@ -7,9 +7,9 @@ on first use, carries the one-round-trip steps with no runtime thread in the rou
 from __future__ import annotations
 
 import asyncio
-import itertools
+import logging
+import threading
 import weakref
-from collections.abc import AsyncIterator
 from typing import Any
 
 from ._core import LoopConn, LoopWaker
@@ -36,15 +36,60 @@ class LoopProtocol(LoopConn, asyncio.BufferedProtocol):
     __slots__ = ()
 
 
-_opening: set[asyncio.Task[None]] = set()
-_closers = itertools.count()
+_log = logging.getLogger("redmutex")
 
 
-async def _close_with_loop(protocol: Any) -> AsyncIterator[None]:
+def _close_conns(loop: asyncio.AbstractEventLoop) -> None:
+    """Ends `loop`'s connections before the loop closes: an opening one is cancelled (no "Task
+    was destroyed but it is pending"), an open one closed (its socket is closed by a callback of
+    the loop: hence one last short run of the loop)."""
+    opening = [task for task in getattr(loop, "_redmutex_opening", ()) if not task.done()]
+    conns = [c for c in getattr(loop, "_redmutex_conns", {}).values() if isinstance(c, LoopConn)]
+    if not conns and not opening:
+        return
+
+    async def end() -> None:
+        for task in opening:
+            task.cancel()
+        await asyncio.gather(*opening, return_exceptions=True)
+        for conn in conns:
+            conn._close()
+        await asyncio.sleep(0)  # transport.close() closes the socket on the next iteration
+
     try:
-        yield
-    finally:
-        protocol._close()
+        asyncio.get_running_loop()
+    except RuntimeError:
+        loop.run_until_complete(end())
+        return
+    # This thread runs another loop (and one thread runs one loop at a time): `loop` is run
+    # for its last steps by a thread of its own.
+    thread = threading.Thread(target=loop.run_until_complete, args=(end(),), daemon=True)
+    thread.start()
+    thread.join()
+
+
+def _hook_close(loop: asyncio.AbstractEventLoop) -> None:
+    """Makes `loop.close()` end the loop's connections first (once per loop). Closing is the one
+    step every way of ending a loop takes: `asyncio.run` and other runners, a bare
+    `loop.close()`, and the garbage collector (`BaseEventLoop.__del__` closes an unclosed
+    loop); a loop closed without `shutdown_asyncgens` used to keep its connection open."""
+    if getattr(loop, "_redmutex_close", None) is not None:
+        return
+    close = loop.close
+
+    def close_with_conns() -> None:
+        if not loop.is_running() and not loop.is_closed():
+            try:
+                _close_conns(loop)
+            except Exception:  # noqa: BLE001 - the loop closes all the same
+                _log.warning("could not close the event loop's connections", exc_info=True)
+        close()
+
+    # The wrapper lives on the loop (and refers to it): no reference from outside keeps the
+    # loop alive. `Any`: the loop's own attributes, which its type does not declare.
+    attrs: Any = loop
+    attrs._redmutex_close = close
+    attrs.close = close_with_conns
 
 
 def open_connection(
@@ -59,11 +104,6 @@ def open_connection(
     until it is ready, the runtime serves the loop's calls."""
 
     async def run() -> None:
-        # Closed with the loop: `asyncio.run` (and other runners) close every async generator
-        # that started on the loop before closing it.
-        closer = _close_with_loop(protocol)
-        await closer.__anext__()
-        getattr(loop, "_redmutex_conns", {})[("closer", next(_closers))] = closer
         try:
             if path is not None:
                 await asyncio.wait_for(loop.create_unix_connection(lambda: protocol, path), timeout)
@@ -75,6 +115,13 @@ def open_connection(
         except (OSError, asyncio.TimeoutError, ValueError):
             protocol._connect_failed()
 
+    _hook_close(loop)
+    attrs: Any = loop
+    # The loop holds the opening task (asyncio keeps only weak references to tasks): a global
+    # set would keep a loop closed meanwhile alive for good.
+    opening: set[asyncio.Task[None]] | None = getattr(loop, "_redmutex_opening", None)
+    if opening is None:
+        opening = attrs._redmutex_opening = set()
     task = loop.create_task(run())
-    _opening.add(task)
-    task.add_done_callback(_opening.discard)
+    opening.add(task)
+    task.add_done_callback(opening.discard)
