@@ -4,9 +4,12 @@ through coroutines, plus what only asyncio has: the loop never blocks, cancellat
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import multiprocessing
 import random
 import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -284,6 +287,107 @@ def test_locked_decorator_fills_the_name(client: redmutex.Client, r: redis.Redis
 
     assert run(play(7, "e4")) == "e4"
     assert seen == [True]
+
+
+@pytest.mark.timeout(60)
+def test_locked_async_generator_holds_the_lock_across_the_iteration(
+    client: redmutex.Client, r: redis.Redis, key_of: Callable[[str, str], bytes]
+) -> None:
+    # As `redmutex.locked` does for a generator: from the first __anext__() until the body
+    # finishes, raises or is closed; asend() and athrow() reach the body.
+    def held() -> bool:
+        return r.exists(key_of("agen:7", "lock")) == 1
+
+    @aio.locked(client, "agen:{n}", ttl=5, timeout=5)
+    async def steps(n: int) -> AsyncIterator[int]:
+        for i in range(3):
+            await asyncio.sleep(0)
+            yield n + i
+
+    @aio.locked(client, "agen:{n}", ttl=5, timeout=5)
+    async def failing(n: int) -> AsyncIterator[int]:
+        yield n
+        raise LookupError("inside")
+
+    @aio.locked(client, "agen:{n}", ttl=5, timeout=5)
+    async def echo(n: int) -> AsyncGenerator[str, int]:
+        got = yield str(n)
+        try:
+            got = yield f"got {got}"
+        except KeyError as exc:
+            yield f"caught {exc.args[0]}"
+
+    async def main() -> None:
+        assert inspect.isasyncgenfunction(steps)
+        it = steps(7)
+        assert not held()  # nothing runs, and nothing is taken, before the first __anext__()
+        assert [(v, held()) async for v in it] == [(7, True), (8, True), (9, True)]
+        assert not held()
+
+        early = steps(7)
+        assert await early.__anext__() == 7 and held()
+        await early.aclose()
+        assert not held()
+
+        with pytest.raises(LookupError):
+            async for _ in failing(7):
+                assert held()
+        assert not held()
+
+        talk = echo(7)
+        assert await talk.__anext__() == "7"
+        assert await talk.asend(5) == "got 5"
+        assert await talk.athrow(KeyError("k")) == "caught k"
+        assert held()
+        with pytest.raises(StopAsyncIteration):
+            await talk.__anext__()
+        assert not held()
+
+        # Two iterations of one name exclude each other for their whole length.
+        order: list[str] = []
+
+        async def consume(tag: str) -> None:
+            async for _ in steps(7):
+                order.append(tag)
+
+        await asyncio.gather(consume("a"), consume("b"))
+        assert order in (["a"] * 3 + ["b"] * 3, ["b"] * 3 + ["a"] * 3)
+
+    run(main())
+
+
+@pytest.mark.timeout(60)
+def test_locked_refuses_plain_functions(client: redmutex.Client) -> None:
+    decorate = aio.locked(client, "job:{x}", ttl=5, timeout=5)
+
+    def plain(x: int) -> int:
+        return x
+
+    def generator(x: int) -> Iterator[int]:
+        yield x
+
+    refused: list[Any] = [plain, generator, functools.partial(plain), lambda x: x]
+    for func in refused:
+        with pytest.raises(TypeError, match=r"use @redmutex\.locked"):
+            decorate(func)
+
+    # Accepted: async callables in their usual disguises.
+    async def job(x: int) -> int:
+        return x
+
+    class AsyncCallable:
+        async def __call__(self, x: int) -> int:
+            return x
+
+    @functools.wraps(job)
+    def logged(x: int) -> Any:  # a plain decorator's wrapper around an async def
+        return job(x)
+
+    async def main() -> list[int]:
+        accepted: list[Any] = [job, functools.partial(job), AsyncCallable(), logged]
+        return [await decorate(func)(x) for x, func in enumerate(accepted)]
+
+    assert run(main()) == [0, 1, 2, 3]
 
 
 @pytest.mark.timeout(60)

@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 import redis
@@ -104,6 +104,24 @@ def test_aio_locked_decorator_reports_like_the_blocking_one(
     assert asyncio.run(play(21)) == 42
     assert [(e.name, e.kind, e.acquired) for e in events.acquired] == [("game:21", "lock", True)]
     assert [(e.name, e.lost) for e in events.released] == [("game:21", False)]
+    assert events.released[0].held >= 0.02
+
+
+def test_aio_locked_async_generator_reports_one_hold_for_the_iteration(
+    client: redmutex.Client, events: Recorder
+) -> None:
+    @aio.locked(client, "feed:{feed_id}")
+    async def feed(feed_id: int) -> AsyncIterator[int]:
+        for i in range(2):
+            await asyncio.sleep(0.01)
+            yield feed_id + i
+
+    async def main() -> list[int]:
+        return [item async for item in feed(7)]
+
+    assert asyncio.run(main()) == [7, 8]
+    assert [(e.name, e.acquired) for e in events.acquired] == [("feed:7", True)]
+    assert [(e.name, e.lost) for e in events.released] == [("feed:7", False)]
     assert events.released[0].held >= 0.02
 
 

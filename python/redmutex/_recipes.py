@@ -13,7 +13,15 @@ import os
 import secrets
 import time
 import types
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Iterator
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Generator,
+    Iterator,
+)
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar, cast, final, overload
 
@@ -135,6 +143,19 @@ class LockedDecorator(Protocol):
     def __call__(self, func: Callable[P, R]) -> Callable[P, R]: ...
 
 
+AG = TypeVar("AG", bound=AsyncIterator[Any])
+
+
+class AioLockedDecorator(Protocol):
+    """What ``redmutex.aio.locked(...)`` returns: it takes an ``async def`` or an async
+    generator function (a plain function is refused with ``TypeError``)."""
+
+    @overload
+    def __call__(self, func: Callable[P, AG]) -> Callable[P, AG]: ...
+    @overload
+    def __call__(self, func: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]: ...
+
+
 def _refuse_async(func: Callable[..., Any]) -> None:
     """``@locked`` around a coroutine would hold the lock only while the coroutine object is
     created, not while it runs: no exclusion at all. Refused, pointing to the asyncio decorator."""
@@ -225,12 +246,70 @@ def _wrap_blocking(
     return wrapper
 
 
+def _async_kind(func: Callable[..., Any]) -> str | None:
+    """What ``@redmutex.aio.locked`` makes of ``func``: "coroutine", "async generator", or None
+    for a plain (or generator) function. An ``async def __call__`` counts, and so does a plain
+    wrapper whose ``__wrapped__`` chain (``functools.wraps``) ends in an async function."""
+    candidates: list[Any] = [func, inspect.getattr_static(type(func), "__call__", None)]
+    try:
+        candidates.append(inspect.unwrap(func))
+    except ValueError:  # a __wrapped__ cycle: judged by func alone
+        pass
+    for candidate in candidates:
+        if inspect.isasyncgenfunction(candidate):
+            return "async generator"
+        if inspect.iscoroutinefunction(candidate):
+            return "coroutine"
+    return None
+
+
+def _refuse_sync(func: Callable[..., Any]) -> None:
+    """``@redmutex.aio.locked`` around a plain function would run its body holding the lock and
+    then fail to await the result: refused at decoration, pointing to the blocking decorator."""
+    what = "a generator function" if inspect.isgeneratorfunction(func) else "not async"
+    raise TypeError(
+        f"@redmutex.aio.locked: {getattr(func, '__qualname__', func)!r} is {what}; "
+        "decorate an async def or async generator function, or use @redmutex.locked"
+    )
+
+
 def wrap_async(
-    func: Callable[..., Awaitable[Any]],
+    func: Callable[..., Any],
     new_lock: Callable[[tuple[Any, ...], dict[str, Any]], Any],
-) -> Callable[..., Awaitable[Any]]:
-    """The wrapper of ``@redmutex.aio.locked``: each call holds an ``aio.Lock`` of its own,
-    measured when metrics hooks are set."""
+) -> Callable[..., Any]:
+    """The wrapper of ``@redmutex.aio.locked``: each call (or an async generator's whole
+    iteration) holds an ``aio.Lock`` of its own, measured when metrics hooks are set."""
+    kind = _async_kind(func)
+    if kind is None:
+        _refuse_sync(func)
+    if kind == "async generator":
+        generate = cast(Callable[..., AsyncGenerator[Any, Any]], func)
+
+        @functools.wraps(func)
+        async def iterate(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
+            lock = new_lock(args, kwargs)
+            async with lock if metrics._active is None else metrics.measured(lock):
+                inner = generate(*args, **kwargs)
+                try:
+                    # `yield from` for async generators: values out; asend() and athrow() in.
+                    step: Awaitable[Any] = inner.__anext__()
+                    while True:
+                        try:
+                            value = await step
+                        except StopAsyncIteration:
+                            return
+                        try:
+                            sent = yield value
+                        except GeneratorExit:
+                            raise  # aclose(): the finally closes the body
+                        except BaseException as exc:  # noqa: BLE001 - athrow(): to the body
+                            step = inner.athrow(exc)
+                        else:
+                            step = inner.__anext__() if sent is None else inner.asend(sent)
+                finally:
+                    await inner.aclose()
+
+        return iterate
 
     @functools.wraps(func)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -13,13 +13,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from . import _core
 from ._aio_cache import AsyncCachedFunction, cached, get_or_fill
-from ._recipes import lock_decorator, wrap_async
+from ._recipes import AioLockedDecorator, lock_decorator, wrap_async
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -37,9 +37,6 @@ __all__ = [
     "get_or_fill",
     "locked",
 ]
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 
 def _relay_on_lost(on_lost: Callable[[Any], None] | None, owner: Any) -> Any:
@@ -468,8 +465,13 @@ def locked(
     timeout: float | None = None,
     auto_renew: bool = False,
     fair: bool = False,
-) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
-    """Decorator for `async def`: run it holding the lock `name` (`{param}` from the call)."""
+) -> AioLockedDecorator:
+    """Decorator for `async def`: run it holding the lock `name` (`{param}` from the call).
+
+    An async generator function holds the lock from its first ``__anext__()`` until it
+    finishes, raises or is closed (so close one you stop iterating early, e.g. with
+    ``contextlib.aclosing``). A plain function is refused with ``TypeError``: use
+    ``redmutex.locked``."""
     decorate = lock_decorator(
         client,
         name,
@@ -480,4 +482,4 @@ def locked(
         auto_renew=auto_renew,
         fair=fair,
     )
-    return cast(Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]], decorate)
+    return cast(AioLockedDecorator, decorate)

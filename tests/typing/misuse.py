@@ -17,4 +17,5 @@ async def misuse() -> None:
     redmutex.acquire_lock(42, "name")  # E: and the recipes
     redmutex.Lock("redis://h", "x", ttl="10")  # E: a ttl is a float
     mode: int = aio.RWLock("redis://h", "x").read().mode  # E: mode is a Literal str
+    aio.locked("redis://h", "x")(len)  # E: aio.locked takes async functions only
     del mode

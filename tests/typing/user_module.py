@@ -5,7 +5,7 @@ pyright in strict mode), never run. Each `assert_type` pins what an editor shows
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Literal
 
 import redis
@@ -124,6 +124,11 @@ async def run_job(job_id: int) -> str:
     return str(job_id)
 
 
+@aio.locked("redis://127.0.0.1:6379/0", "feed:{feed_id}", ttl=10)
+async def read_feed(feed_id: int) -> AsyncIterator[bytes]:
+    yield str(feed_id).encode()
+
+
 @aio.cached(redmutex.Client(), ttl=60)
 async def fetch(url: str) -> bytes:
     return url.encode()
@@ -163,6 +168,8 @@ async def asyncio_api(client: redmutex.ClientLike) -> None:
     plain = await aio.get_or_fill(client, "plain", lambda: 42, ttl=300)
     assert_type(plain, int)
     assert_type(await run_job(7), str)
+    async for item in read_feed(7):
+        assert_type(item, bytes)
     assert_type(await fetch("http://x"), bytes)
     assert_type(await fetch.invalidate("http://x"), bool)
 
@@ -170,7 +177,8 @@ async def asyncio_api(client: redmutex.ClientLike) -> None:
 def decorators_keep_signatures() -> None:
     held: Callable[[str, int], bool] = transfer
     job: Callable[[int], Awaitable[str]] = run_job
-    del held, job
+    feed: Callable[[int], AsyncIterator[bytes]] = read_feed
+    del held, job, feed
 
 
 def recipe_generator(client: redmutex.ClientLike) -> Iterator[str]:
