@@ -120,7 +120,6 @@ def test_waiters_are_woken_by_a_release(masters: Masters) -> None:
     assert got and got[0] < 2.0, got
 
 
-
 def _script_calls(masters: Masters, indices: range) -> int:
     total = 0
     for i in indices:
@@ -198,6 +197,7 @@ def test_waiters_do_not_storm_a_master_the_holder_lacks(masters: Masters, kind: 
     for t in waiters:
         t.join(10)
     assert len(served) == 4 and max(served) < 4.0, served
+
 
 def test_mutual_exclusion_across_8_processes(masters: Masters, tmp_path: object) -> None:
     workdir = tempfile.mkdtemp(prefix="redmutex-rl-")
