@@ -614,3 +614,46 @@ def test_waiters_cancelled_as_they_are_granted_leave_nothing_behind(
             5,
             "only the fence to be left",
         )
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("fair", [True, False], ids=["fair", "unfair"])
+@pytest.mark.parametrize("api", ["blocking", "asyncio"])
+def test_a_waiter_that_waited_longer_than_its_ttl_gets_a_whole_lease(
+    client: redmutex.Client, fair: bool, api: str
+) -> None:
+    """A waiter (ttl 0.6 s) is handed the lock by a release 1.5 s after it began to wait. Its
+    lease counted from its last attempt that found the lock held, up to a place refresh ago
+    (2 s fair, 0.67 s unfair): `remaining()` said 0 and, with auto_renew, the hold was reported
+    lost at once while Redis gave it a whole lease (3 of 3 runs before, each way)."""
+    import asyncio
+
+    from redmutex import aio
+
+    name = f"long-wait-{fair}-{api}"
+    holder = redmutex.Lock(client, name, ttl=5, fair=fair)
+    assert holder.acquire()
+    threading.Timer(1.5, holder.release).start()
+    lost: list[object] = []
+    if api == "blocking":
+        waiter = redmutex.Lock(
+            client, name, ttl=0.6, fair=fair, auto_renew=True, on_lost=lost.append
+        )
+        assert waiter.acquire(timeout=10)
+        left, owned = waiter.remaining() or 0.0, waiter.owned()
+        time.sleep(1.0)  # renewal keeps it
+        assert not waiter.lost and lost == []
+        waiter.release()
+    else:
+
+        async def main() -> tuple[float, bool]:
+            waiter = aio.Lock(client, name, ttl=0.6, fair=fair, auto_renew=True)
+            assert await waiter.acquire(timeout=10)
+            left, owned = waiter.remaining() or 0.0, await waiter.owned()
+            await asyncio.sleep(1.0)
+            assert not waiter.lost
+            await waiter.release()
+            return left, owned
+
+        left, owned = asyncio.run(main())
+    assert owned and left > 0.3, f"remaining() {left:.3f} s of a 0.6 s lease just granted"

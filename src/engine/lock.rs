@@ -215,10 +215,22 @@ impl Contender for LockContender<'_> {
         }
         let (sent_at, seen) = (*self.last_busy.lock().unwrap_or_else(|p| p.into_inner()))?;
         // A fence no larger than the last one seen busy: an old grant, lapsed by then.
-        (note.fence > seen).then(|| Granted {
+        if note.fence <= seen {
+            return None;
+        }
+        // The lease counts from the last attempt that found the lock held (the grant came after
+        // it), up to a refresh of the place ago. When little of it would be left so, the waiter
+        // looks once more instead: that attempt finds its token, renews the lease from now and
+        // counts it from there (else a wait longer than the lease since the last refresh gave a
+        // hold with `remaining()` near 0, reported lost by renewal at once).
+        let lease = Duration::from_millis(note.lease_ms).min(self.spec.lease);
+        if lease::deadline(sent_at, lease) < Instant::now() + lease / 2 {
+            return None;
+        }
+        Some(Granted {
             fence: note.fence,
             sent_at,
-            lease: Duration::from_millis(note.lease_ms).min(self.spec.lease),
+            lease,
         })
     }
 
