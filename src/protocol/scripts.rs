@@ -88,7 +88,6 @@ pub(crate) const SEM_ACQUIRE_SOURCE: &str = lua!(
     "clock.lua",
     "queue_prune.lua",
     "leases.lua",
-    "leases_prune.lua",
     "leases_grant.lua",
     "leases_soonest.lua",
     "sem_acquire.lua"
@@ -106,7 +105,6 @@ pub(crate) const SEM_LEAVE_SOURCE: &str = lua!(
     "clock.lua",
     "queue_prune.lua",
     "leases.lua",
-    "leases_prune.lua",
     "semaphore_wake.lua",
     "sem_leave.lua"
 );
@@ -754,7 +752,7 @@ mod tests {
     fn lease_scripts_carry_both_preludes_in_order() {
         let source = SEM_ACQUIRE_SOURCE;
         let prune = source.find("local function prune_queue");
-        let leases = source.find("local function prune_leases");
+        let leases = source.find("local function server_now_ms");
         let body = source.find("-- Take a permit of a semaphore");
         assert!(
             prune < leases && leases < body,

@@ -14,8 +14,12 @@ local function expire_with_leases(key, now)
 end
 
 -- Gives `token` a lease ending `lease_ms` from now (a new one, or a new end for its own); returns
--- the key's ttl in ms as set.
-local function grant_lease(key, token, lease_ms, now)
+-- the key's ttl in ms as set. `prune`: the ended leases go too, after the new one is in, so the
+-- key never empties on the way (see leases_prune.lua).
+local function grant_lease(key, token, lease_ms, now, prune)
   redis.call('ZADD', key, int(now + lease_ms), token)
+  if prune then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now))
+  end
   return expire_with_leases(key, now)
 end

@@ -7,10 +7,17 @@
 -- The wake-up messages name the waiters at the head of the fair queue that the free permits let
 -- in, or are '' (wake all) when nobody is queued.
 local now = server_now_ms()
--- Ended leases go first, so the token is still there only if it held a live permit.
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', int(now))
-local released = redis.call('ZREM', KEYS[1], ARGV[1])
-local held = redis.call('ZCARD', KEYS[1])
+-- Ended leases go first, so the token is still there only if it held a live permit. The holders
+-- are counted before anything goes: the key goes with its last lease, and a script must not touch
+-- a key it deleted (see queue_prune.lua), so `held` is worked out from the replies.
+local held, released = redis.call('ZCARD', KEYS[1]), 0
+if held > 0 then
+  held = held - redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', int(now))
+  if held > 0 then
+    released = redis.call('ZREM', KEYS[1], ARGV[1])
+    held = held - released
+  end
+end
 if released == 0 then
   -- Not ours, or its lease had ended (waiters were told to look again by then): nobody to wake.
   drop_unused_limit(KEYS[4], held, KEYS[3])
