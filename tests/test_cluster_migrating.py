@@ -152,6 +152,21 @@ def test_sem_leave_behind_an_ended_lease_wakes_the_next(cluster: Cluster) -> Non
     assert r.lrange(queue, 0, -1) == [b"v"]
 
 
+def test_rw_read_release_of_the_last_reader_wakes_the_writer(cluster: Cluster) -> None:
+    base = "{rw-rel}"
+    readers, waiting = f"{base}:readers", f"{base}:waiting"
+    r = source_of(cluster, readers)
+    now = now_ms(r)
+    r.zadd(readers, {"r": now + 30_000})
+    r.zadd(waiting, {"w": now + 30_000})
+    pubsub = subscribed(r, f"{base}:wake")
+    release = r.register_script(_script_source("rw_read_release"))
+    with migrating(cluster, slot_of(readers)):
+        assert release(keys=[readers, waiting], args=["r", f"{base}:wake"]) == 1
+    assert messages(pubsub) == [b"w"]
+    assert r.exists(readers) == 0
+
+
 # -- the primitives: a release with a waiter, and a waiter admitted, while the slot migrates -----
 
 
@@ -184,7 +199,7 @@ def test_semaphore_waiter_admitted_while_the_slot_migrates(
     first.release()
 
 
-@pytest.mark.parametrize("kind", ["semaphore"])
+@pytest.mark.parametrize("kind", ["semaphore", "rwlock"])
 def test_release_with_a_waiter_while_the_slot_migrates(
     cluster: Cluster, client: redmutex.Client, kind: str
 ) -> None:

@@ -147,7 +147,6 @@ pub static SEM_SLOT_HELD: LazyLock<Script> = LazyLock::new(|| Script::new(SEM_SL
 pub(crate) const RW_READ_ACQUIRE_SOURCE: &str = lua!(
     "clock.lua",
     "leases.lua",
-    "leases_prune.lua",
     "leases_grant.lua",
     "rw_read_acquire.lua"
 );

@@ -54,15 +54,18 @@ if expire_options then
   redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
   return redis.call('ZCARD', KEYS[1])
 end
-local readers = prune_leases(KEYS[1], now)
+-- (Live leases counted, and the ended ones dropped only once this lease is in, so the key never
+-- empties on the way: a script must not touch a key it deleted, see leases_prune.lua.)
+local readers = redis.call('ZCOUNT', KEYS[1], '(' .. int(now), '+inf')
 if readers == 0 then
-  -- The only lease: the key lives exactly as long (what grant_lease would find out).
+  -- The only live lease: the key lives exactly as long (what grant_lease would find out).
   redis.call('ZADD', KEYS[1], int(now + tonumber(ARGV[2])), ARGV[1])
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', int(now))
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
 local own = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
-grant_lease(KEYS[1], ARGV[1], tonumber(ARGV[2]), now)
+grant_lease(KEYS[1], ARGV[1], tonumber(ARGV[2]), now, true)
 if own and own > now then
   return readers
 end
