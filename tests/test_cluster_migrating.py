@@ -167,6 +167,37 @@ def test_rw_read_release_of_the_last_reader_wakes_the_writer(cluster: Cluster) -
     assert r.exists(readers) == 0
 
 
+def test_queue_leave_gives_a_grant_on_to_the_next_waiter(cluster: Cluster) -> None:
+    base = "{q-leave}"
+    lock, fence, places = f"{base}:lock", f"{base}:fence", f"{base}:queue"
+    r = source_of(cluster, lock)
+    now = now_ms(r)
+    # "w" was granted the lock while it gave up; "v" queues behind it.
+    r.set(lock, "w", px=30_000)
+    r.set(fence, "1", px=30_000)
+    r.hset(places, "v", f"{now * 1000} {now + 30_000} 10000 ")
+    pubsub = subscribed(r, f"{base}:wake")
+    leave = r.register_script(_script_source("queue_leave"))
+    with migrating(cluster, slot_of(lock)):
+        assert leave(keys=[lock, fence, places], args=["w", f"{base}:wake", 3000, 86_400_000]) == 1
+    (grant,) = messages(pubsub)
+    assert grant.split()[0] == b"v"
+    assert r.get(lock) == b"v" and r.exists(places) == 0
+
+
+@pytest.mark.parametrize("script", ["compat_signal_release", "compat_reset"])
+def test_compat_signal_list_is_pushed_anew(cluster: Cluster, script: str) -> None:
+    lock, signal = f"lock:{{c-{script}}}", f"lock-signal:{{c-{script}}}"
+    r = source_of(cluster, lock)
+    r.set(lock, "t", px=30_000)
+    r.rpush(signal, 1, 1)  # left by earlier releases
+    run = r.register_script(_script_source(script))
+    args = ["t", "wake", 5_000] if script == "compat_signal_release" else ["wake", 5_000]
+    with migrating(cluster, slot_of(lock)):
+        assert run(keys=[lock, signal], args=args) == 1
+    assert r.exists(lock) == 0 and r.lrange(signal, 0, -1) == [b"1"]
+
+
 # -- the primitives: a release with a waiter, and a waiter admitted, while the slot migrates -----
 
 

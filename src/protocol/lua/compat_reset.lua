@@ -5,8 +5,9 @@
 -- Reply: the number of lock keys deleted (0 or 1).
 local deleted = redis.call('DEL', KEYS[1])
 if KEYS[2] then
-  redis.call('DEL', KEYS[2])
+  -- (exactly one element: see compat_signal_release.lua)
   redis.call('LPUSH', KEYS[2], 1)
+  redis.call('LTRIM', KEYS[2], 0, 0)
   redis.call('PEXPIRE', KEYS[2], ARGV[2])
 end
 redis.call('PUBLISH', ARGV[1], '')

@@ -7,8 +7,11 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', KEYS[1])
-redis.call('DEL', KEYS[2])
+-- The signal list becomes exactly one element: pushed, then trimmed to it (a DEL before the push
+-- would make the push touch a key this script deleted, which Redis Cluster refuses while the
+-- slot migrates, after the commands before it ran).
 redis.call('LPUSH', KEYS[2], 1)
+redis.call('LTRIM', KEYS[2], 0, 0)
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 redis.call('PUBLISH', ARGV[2], '')
 return 1

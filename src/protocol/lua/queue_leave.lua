@@ -7,19 +7,36 @@
 -- while the waiter was giving up is given back. When the lock is free, it goes to the new head,
 -- which may have been waiting behind the one that left; a grant given back with nobody queued
 -- is published to all (as a release is), for the waiters that do not queue.
-local removed = redis.call('HDEL', KEYS[3], ARGV[1])
 local owner = redis.call('GET', KEYS[1])
-local freed = owner == ARGV[1]
-if freed then
-  redis.call('DEL', KEYS[1])
-  owner = false
-  removed = 1
+if owner and owner ~= ARGV[1] then
+  -- Another holds the lock (the common leave): only the place goes.
+  return redis.call('HDEL', KEYS[3], ARGV[1])
 end
-if owner == false then
-  local now, now_us = server_clock()
-  if not grant_head(KEYS[1], KEYS[2], KEYS[3], ARGV[2], ARGV[3] + 0, now, ARGV[4], now_us)
-      and freed then
-    redis.call('PUBLISH', ARGV[2], '')
+-- The lock is free, or was granted to this waiter (given back here). The places are read before
+-- this one goes, and a grant writes over the lock key rather than after a DEL of it: a key goes
+-- with its last field (or a DEL), and while its slot migrates Redis Cluster refuses a script's
+-- command on a key the script deleted (after the commands before it ran).
+local freed = owner == ARGV[1]
+local removed = freed and 1 or 0
+local all = redis.call('HGETALL', KEYS[3])
+local others = {}
+for i = 1, #all, 2 do
+  if all[i] == ARGV[1] then
+    removed = 1
+    redis.call('HDEL', KEYS[3], ARGV[1])
+  else
+    others[#others + 1] = all[i]
+    others[#others + 1] = all[i + 1]
   end
+end
+local granted = false
+if #others > 0 then
+  local now, now_us = server_clock()
+  granted = grant_head(KEYS[1], KEYS[2], KEYS[3], ARGV[2], ARGV[3] + 0, now, ARGV[4], now_us,
+                       others)
+end
+if freed and not granted then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], '')
 end
 return removed
