@@ -1024,13 +1024,16 @@ impl<P: Leased> Holder<P> {
         let primitive = self.primitive.clone();
         let backend = backend.clone();
         let token = token.to_string();
-        let detail = detail.clone();
+        // Only Redlock's steps read the detail: kept elsewhere it would outlive the hold for as
+        // long as the renewal task takes to end (an RWLock's mark of its holding thread, whose
+        // next write acquire would then be refused as an upgrade).
+        let detail = matches!(backend, Backend::Redlock(_)).then(|| detail.clone());
         let extend = move |lease: Duration| {
             let primitive = primitive.clone();
             let backend = backend.clone();
             let token = token.clone();
             let detail = detail.clone();
-            async move { extend_on(&*primitive, &backend, &token, &detail, lease).await }
+            async move { extend_on(&*primitive, &backend, &token, detail.as_ref(), lease).await }
         };
         renew::start(
             extend,
@@ -1205,7 +1208,16 @@ impl<P: Leased> Holder<P> {
             .status
             .begin_extend(lease::deadline(Instant::now(), lease));
         let outcome = match self.client.backend() {
-            Ok(backend) => extend_on(&*self.primitive, &backend, &hold.token, &detail, lease).await,
+            Ok(backend) => {
+                extend_on(
+                    &*self.primitive,
+                    &backend,
+                    &hold.token,
+                    Some(&detail),
+                    lease,
+                )
+                .await
+            }
             Err(err) => Err(err),
         };
         self.finish_extend(&hold, lease, pending, outcome)
@@ -1373,7 +1385,7 @@ async fn extend_on<P: Leased>(
     primitive: &P,
     backend: &Backend,
     token: &str,
-    detail: &P::Detail,
+    detail: Option<&P::Detail>,
     lease: Duration,
 ) -> Result<Option<Instant>> {
     match backend {
@@ -1384,7 +1396,13 @@ async fn extend_on<P: Leased>(
         }
         Backend::Redlock(redlock) if primitive.quorum() => {
             redlock
-                .extend_by(&primitive.quorum_extend(token, detail, lease), lease)
+                .extend_by(
+                    &match detail {
+                        Some(detail) => primitive.quorum_extend(token, detail, lease),
+                        None => primitive.extend(token, lease),
+                    },
+                    lease,
+                )
                 .await
         }
         Backend::Redlock(_) => Err(no_quorum(primitive.naming())),
