@@ -20,6 +20,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import redis
+import redmutex
 from redmutex._server import FREE_PORT, RedisServer, free_port
 
 if TYPE_CHECKING:
@@ -71,6 +72,12 @@ class Cluster:
     @property
     def urls(self) -> list[str]:
         return [s.url for s in self.servers]
+
+    def client(self, prefix: str) -> redmutex.Client:
+        """A redmutex client of this cluster (the cluster tests' settings)."""
+        return redmutex.Client(
+            cluster=self.urls, prefix=prefix, connect_timeout=2.0, command_timeout=5.0
+        )
 
     def start(self) -> Self:
         try:

@@ -38,9 +38,7 @@ def cluster() -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def client(cluster: Cluster) -> redmutex.Client:
-    return redmutex.Client(
-        cluster=cluster.urls, prefix=PREFIX, connect_timeout=2.0, command_timeout=5.0
-    )
+    return cluster.client(PREFIX)
 
 
 def slot_of(key: str) -> int:

@@ -141,6 +141,17 @@ struct GiveBackUnderWay {
     quiet: bool,
 }
 
+/// Waits for the give-backs still under way.
+async fn land(give_backs: &mut GiveBacks) {
+    join_all(
+        give_backs
+            .iter_mut()
+            .filter_map(Option::take)
+            .map(|g| g.handle),
+    )
+    .await;
+}
+
 /// The give-back steps of a contender: the one that wakes the waiters, and the quiet one.
 struct GiveBackSteps {
     waking: Arc<Step<bool>>,
@@ -251,13 +262,7 @@ async fn round<C: QuorumContender>(
 ) -> Result<RoundEnd<C::Reply>> {
     if let Err(err) = redlock.check_distinct() {
         // Refused (by another call's answers) since the last round: its give-backs land first.
-        join_all(
-            give_backs
-                .iter_mut()
-                .filter_map(Option::take)
-                .map(|g| g.handle),
-        )
-        .await;
+        land(give_backs).await;
         return Err(err);
     }
     let n = redlock.len();
@@ -397,13 +402,7 @@ async fn round<C: QuorumContender>(
     if let Err(err) = distinct {
         // Two masters are one server: refused for good, so the acquire ends here, and what
         // this round set is given back before the caller hears of it (not just after).
-        join_all(
-            give_backs
-                .iter_mut()
-                .filter_map(Option::take)
-                .map(|g| g.handle),
-        )
-        .await;
+        land(give_backs).await;
         return Err(err);
     }
     if let Some(err) = refused {
