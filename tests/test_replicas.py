@@ -123,6 +123,30 @@ def test_replica_acknowledges(replicated: Pair) -> None:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["client-kill", "idle-timeout"])
+def test_acquire_after_the_server_closed_idle_connections(replicated: Pair, how: str) -> None:
+    """The connection kept for acquire + WAIT, closed by the server while idle (`CLIENT KILL`,
+    or its `timeout` setting: a quiet period), is replaced and the acquire sent once more,
+    instead of failing with ConnectionError."""
+    c = replicated.client()
+    try:
+        if how == "idle-timeout":
+            replicated.conn.config_set("timeout", 1)
+        for round in range(3):
+            lock = redmutex.Lock(c, "idle", ttl=30, replicas=1)
+            assert _outcome(lambda: lock.acquire(timeout=5)) is True, round
+            lock.release()
+            if how == "client-kill":
+                replicated.conn.client_kill_filter(_type="normal", skipme=True)
+            else:
+                time.sleep(2.5)  # the server closes connections idle for more than 1 s
+        _assert_no_lock_left(replicated, "idle")
+    finally:
+        replicated.conn.config_set("timeout", 0)
+        c.close()
+
+
+@pytest.mark.timeout(60)
 def test_replica_acknowledges_waiter_and_concurrent_acquires(replicated: Pair) -> None:
     """A replicas=1 waiter gets the lock after a release; concurrent replicas=1 acquires on one
     Client all succeed with a healthy replica."""

@@ -74,10 +74,14 @@ impl ExclusivePool {
         Ok((opened, conn))
     }
 
-    /// Sends `pipe` on a connection of its own, once, waiting at most `limit` for the replies.
+    /// Sends `pipe` on a connection of its own, waiting at most `limit` for the replies.
     /// A connection that failed is dropped, never reused; one that timed out is given to
     /// `on_timeout` with the resets count it was opened at (its request may still run: an undo
-    /// must wait for it).
+    /// must wait for it). A connection that broke under the call (most often a kept one the
+    /// server closed while it sat idle: its `timeout` setting, `CLIENT KILL`) is replaced and
+    /// the pipeline sent once more, never after a timeout: every script of redmutex is
+    /// token-checked (an acquire that finds its own token in place counts as granted), and a
+    /// WAIT sent again with it follows the resend's write.
     pub(crate) async fn pipeline<T: FromRedisValue + Send>(
         &self,
         pipe: &Pipeline,
@@ -85,22 +89,31 @@ impl ExclusivePool {
         on_timeout: impl FnOnce(Conn, u64),
     ) -> Result<T> {
         let endpoint = || self.target.endpoint();
-        let (opened, mut conn) = self.take().await.map_err(|err| err.at(&endpoint()))?;
-        let outcome = tokio::time::timeout(limit, pipe.query_async::<T>(&mut conn)).await;
-        match outcome {
-            Ok(Ok(value)) => {
-                // One opened before a reset may be the old master's: not kept. (`Shared` resets
-                // the node, then this pool: a reset between this check and the push clears it.)
-                let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-                if idle.len() < KEPT && opened == self.resets.count() {
-                    idle.push((opened, conn));
+        let mut may_retry = true;
+        loop {
+            let (opened, mut conn) = self.take().await.map_err(|err| err.at(&endpoint()))?;
+            let outcome = tokio::time::timeout(limit, pipe.query_async::<T>(&mut conn)).await;
+            match outcome {
+                Ok(Ok(value)) => {
+                    // One opened before a reset may be the old master's: not kept. (`Shared`
+                    // resets the node, then this pool: a reset between this check and the push
+                    // clears it.)
+                    let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+                    if idle.len() < KEPT && opened == self.resets.count() {
+                        idle.push((opened, conn));
+                    }
+                    return Ok(value);
                 }
-                Ok(value)
-            }
-            Ok(Err(err)) if !err.is_timeout() => Err(Error::from(err).at(&endpoint())),
-            Ok(Err(_)) | Err(_) => {
-                on_timeout(conn, opened);
-                Err(timed_out(limit, "waiting for a pipeline").at(&endpoint()))
+                Ok(Err(err)) if err.is_connection_dropped() && !err.is_timeout() && may_retry => {
+                    // The server closed this one, and the idle ones went the same way.
+                    may_retry = false;
+                    self.reset();
+                }
+                Ok(Err(err)) if !err.is_timeout() => return Err(Error::from(err).at(&endpoint())),
+                Ok(Err(_)) | Err(_) => {
+                    on_timeout(conn, opened);
+                    return Err(timed_out(limit, "waiting for a pipeline").at(&endpoint()));
+                }
             }
         }
     }
