@@ -543,7 +543,7 @@ pub enum Conn {
 }
 
 impl Conn {
-    fn set_read_timeout(&self, dur: Option<Duration>) -> redis::RedisResult<()> {
+    fn set_read_timeout(&mut self, dur: Option<Duration>) -> redis::RedisResult<()> {
         match self {
             Conn::Plain(c) => c.set_read_timeout(dur),
             Conn::Crate(c) => c.set_read_timeout(dur),

@@ -11,6 +11,7 @@ pub mod exclusive;
 pub mod executor;
 pub mod hold;
 pub mod hold_status;
+pub mod interrupt;
 pub mod lock;
 pub mod multilock;
 pub mod name_map;

@@ -10,19 +10,26 @@
 //! that timed out leaves its reply due: it is skipped when it comes, see `skip`), a connection
 //! that broke (EOF, reset) reports a dropped-connection error and is no longer open, server
 //! errors are `Value::ServerError` replies, RESP3 push messages are not replies.
+//!
+//! A read waits in slices of at most `READ_SLICE` up to its timeout, and between slices asks
+//! whether its caller wants to stop (`interrupt`: Ctrl-C): a stop ends the read as a timeout
+//! does, its reply still due. A reply that comes at once costs nothing more.
 
 use std::io::{self, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 #[cfg(unix)]
 use std::os::unix::net::UnixStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::{Cmd, ConnectionAddr, ConnectionInfo, ConnectionLike, ErrorKind, RedisResult, Value};
 
+use super::interrupt;
 use crate::protocol::resp;
 
 /// The read buffer's size (it grows for a larger reply); a script's reply is a few bytes.
 const READ_SIZE: usize = 4096;
+/// The longest a read waits before it asks whether to stop (`interrupt`).
+const READ_SLICE: Duration = Duration::from_millis(50);
 
 enum Stream {
     Tcp(TcpStream),
@@ -74,6 +81,8 @@ pub struct PlainConnection {
     /// Replies still due for requests whose read timed out: skipped as they come, so that a
     /// late reply is never read as the answer to a later request.
     skip: usize,
+    /// The read timeout asked for (None: none), waited out in `READ_SLICE`s.
+    read_limit: Option<Duration>,
     open: bool,
     db: i64,
 }
@@ -95,6 +104,7 @@ impl PlainConnection {
                 filled: 0,
                 out: Vec::new(),
                 skip: 0,
+                read_limit: None,
                 open: true,
                 db: info.redis_settings().db(),
             };
@@ -107,8 +117,11 @@ impl PlainConnection {
         }))
     }
 
-    pub fn set_read_timeout(&self, dur: Option<Duration>) -> RedisResult<()> {
-        Ok(self.stream.set_read_timeout(dur)?)
+    pub fn set_read_timeout(&mut self, dur: Option<Duration>) -> RedisResult<()> {
+        let slice = dur.map_or(READ_SLICE, |limit| limit.min(READ_SLICE));
+        self.stream.set_read_timeout(Some(slice))?;
+        self.read_limit = dur;
+        Ok(())
     }
 
     pub fn set_write_timeout(&self, dur: Option<Duration>) -> RedisResult<()> {
@@ -147,6 +160,9 @@ impl PlainConnection {
 
     /// One complete reply, read as far as needed.
     fn read_frame(&mut self) -> RedisResult<Value> {
+        // When the first slice of waiting began (taken when one ran out: a reply that comes
+        // within a slice costs no clock reading).
+        let mut waiting_since = None;
         loop {
             match resp::frame_len(&self.buf[..self.filled]) {
                 Ok(Some(len)) => {
@@ -169,10 +185,22 @@ impl PlainConnection {
                 )),
                 // A signal: the socket's timeout still bounds the wait.
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                Err(err) if is_timeout(&err) && self.read_on(&mut waiting_since) => continue,
                 other => other,
             };
             self.filled += self.note(read)?;
         }
+    }
+
+    /// After a slice of waiting for a reply ran out: whether to wait on (the read timeout is
+    /// not reached, and the caller did not ask to stop).
+    fn read_on(&self, waiting_since: &mut Option<Instant>) -> bool {
+        let since = *waiting_since.get_or_insert_with(|| {
+            let now = Instant::now();
+            now.checked_sub(READ_SLICE).unwrap_or(now)
+        });
+        let more_time = self.read_limit.map_or(true, |limit| since.elapsed() < limit);
+        more_time && !interrupt::interrupted()
     }
 
     /// Bytes that are not RESP: nothing more can be read from this connection.
@@ -184,15 +212,20 @@ impl PlainConnection {
     /// An I/O outcome; an error other than a timeout leaves the connection closed.
     fn note<T>(&mut self, outcome: io::Result<T>) -> RedisResult<T> {
         outcome.map_err(|err| {
-            if !matches!(
-                err.kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-            ) {
+            if !is_timeout(&err) {
                 self.open = false;
             }
             err.into()
         })
     }
+}
+
+/// A socket timeout's error.
+fn is_timeout(err: &io::Error) -> bool {
+    matches!(
+        err.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
 }
 
 fn connect_tcp(host: &str, port: u16, timeout: Duration) -> io::Result<TcpStream> {

@@ -1,12 +1,17 @@
 //! The one blocking helper: runs a future on the runtime with the GIL released, in slices, and
-//! between slices lets Python run its signal handlers, so Ctrl-C interrupts any wait.
+//! between slices lets Python run its signal handlers, so Ctrl-C interrupts any wait. A call
+//! that waits on its own thread (a direct connection's read, `engine::interrupt`) asks Python's
+//! signal handlers between its own slices: a handler's exception (KeyboardInterrupt) ends it,
+//! and is what the caller gets.
 
+use std::cell::RefCell;
 use std::future::Future;
 use std::time::Duration;
 
 use pyo3::prelude::*;
 
 use crate::engine::executor::Now;
+use crate::engine::interrupt;
 use crate::engine::runtime;
 use crate::engine::waiting;
 
@@ -22,8 +27,9 @@ where
     let mut fut = std::pin::pin!(fut);
     loop {
         // The timer must be made inside the runtime's context, hence the async block.
-        let step = py
-            .detach(|| handle.block_on(async { tokio::time::timeout(SLICE, fut.as_mut()).await }));
+        let step = detach_interruptible(py, || {
+            handle.block_on(async { tokio::time::timeout(SLICE, fut.as_mut()).await })
+        })?;
         match step {
             Ok(output) => return Ok(output),
             // Dropping the future on a signal cancels it; the engine cleans up after itself.
@@ -40,9 +46,42 @@ where
     T: Send,
     F: Future<Output = T> + Send,
 {
-    match py.detach(start) {
+    match detach_interruptible(py, start)? {
         Now::Done(output) => Ok(output),
         Now::Later(fut) => wait(py, fut),
+    }
+}
+
+thread_local! {
+    /// The exception a signal handler raised while this thread waited detached (see
+    /// `signalled`).
+    static SIGNALLED: RefCell<Option<PyErr>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with the GIL released, its reads on this thread asking Python's signal handlers
+/// between slices (`signalled`). When a handler raised, that exception is the outcome: the
+/// call it ended failed (as if timed out: an attempt that may still run is given back by the
+/// engine), and any other result is dropped (a hold it took stays known to its object).
+fn detach_interruptible<R: Send>(py: Python<'_>, f: impl FnOnce() -> R + Send) -> PyResult<R> {
+    let output = py.detach(|| interrupt::watching(signalled, f));
+    match SIGNALLED.with(|s| s.borrow_mut().take()) {
+        Some(err) => Err(err),
+        None => Ok(output),
+    }
+}
+
+/// The check `detach_interruptible` installs: runs Python's signal handlers; true once one of
+/// them raised (kept for the caller, and true from then on).
+fn signalled() -> bool {
+    if SIGNALLED.with(|s| s.borrow().is_some()) {
+        return true;
+    }
+    match Python::attach(|py| py.check_signals()) {
+        Ok(()) => false,
+        Err(err) => {
+            SIGNALLED.with(|s| *s.borrow_mut() = Some(err));
+            true
+        }
     }
 }
 
