@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import pytest
 import redis
 import redmutex
+from _helpers import ResultThread as _Thread
+from _helpers import wait_until as _wait_until
 from redmutex._server import RedisServer
 
 COMMAND_TIMEOUT = 1.0
@@ -362,5 +364,51 @@ def test_waiter_with_paused_replica_gives_back(replicated: Pair) -> None:
         assert done_at - released_at < 10 + MARGIN  # its own timeout
         assert waiter.token is None
         _assert_no_lock_left(replicated, "wgb")
+    finally:
+        c.close()
+
+
+def _blocked_in_wait(conn: redis.Redis) -> list[int]:
+    """Ids of the clients blocked in WAIT now."""
+    return [
+        int(client["id"])
+        for client in conn.client_list()
+        if client.get("cmd") == "wait" and "b" in client.get("flags", "")
+    ]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("with_statement", [False, True])
+def test_wait_unblocked_with_an_error_fails_like_a_timeout(
+    replicated: Pair, with_statement: bool
+) -> None:
+    """A WAIT that Redis ends with an `UNBLOCKED` error (`CLIENT UNBLOCK id ERROR`; also how a
+    master demoted to a replica ends its blocked clients) acknowledged nothing: the lock is
+    given back and the acquire fails like a timeout, as when WAIT's own timeout ends it."""
+    c = redmutex.Client(replicated.primary.url, prefix=replicated.prefix, command_timeout=10)
+    try:
+        with _Paused(replicated.replicas[0]):
+            lock = redmutex.Lock(c, "unblocked", ttl=30, replicas=1, timeout=20)
+
+            def acquire() -> object:
+                if not with_statement:
+                    return lock.acquire()
+                with lock:
+                    return "entered"
+
+            attempt = _Thread(acquire)
+            attempt.start()
+            _wait_until(lambda: bool(_blocked_in_wait(replicated.conn)), 10, "WAIT to block")
+            for client_id in _blocked_in_wait(replicated.conn):
+                replicated.conn.execute_command("CLIENT", "UNBLOCK", client_id, "ERROR")
+            t0 = time.monotonic()
+            if with_statement:
+                with pytest.raises(redmutex.LockTimeoutError):
+                    attempt.outcome(10)
+            else:
+                assert attempt.outcome(10) is False
+            assert time.monotonic() - t0 < MARGIN
+            assert lock.token is None
+            _assert_no_lock_left(replicated, "unblocked")
     finally:
         c.close()

@@ -2,18 +2,19 @@
 
 use std::time::Duration;
 
-use super::error::Result;
+use super::error::{Error, Result};
 use super::node::Retry;
 use super::shared::Shared;
 use crate::protocol::lease;
 use crate::protocol::lock::LockSpec;
-use crate::protocol::replies::{parse_attempt, Attempt};
+use crate::protocol::replies::{parse_attempt, parse_wait_acks, Attempt, UnexpectedReply};
 use crate::protocol::scripts::{self, Queueing};
 
 /// With `replicas` > 0 the attempt and a WAIT go out as one pipeline on the connection kept for
 /// it alone, so WAIT covers exactly this write (a WAIT sent on another connection, e.g. after a
 /// reconnect, would have nothing to wait for and vouch for nothing). A grant that fewer replicas
-/// acknowledged within the command timeout is given back: None.
+/// acknowledged within the command timeout is given back: None. So is one whose WAIT Redis
+/// ended with an `UNBLOCKED` error (`parse_wait_acks`): its replies are read one by one.
 pub async fn attempt_with_replicas(
     shared: &Shared,
     spec: &LockSpec,
@@ -32,14 +33,25 @@ pub async fn attempt_with_replicas(
     pipe.add_command(call.eval())
         .cmd("WAIT")
         .arg(spec.replicas)
-        .arg(lease::lease_ms(limit));
-    let (reply, acked): (redis::Value, i64) = shared
+        .arg(lease::lease_ms(limit))
+        .ignore_errors();
+    let (reply, wait): (redis::Value, redis::Value) = shared
         .exclusive
         .pipeline(&pipe, limit + Duration::from_secs(1), |conn, opened| {
             shared.node.keep_overdue_conn(conn, opened)
         })
         .await?;
-    let attempt = parse_attempt(&reply)?;
+    let attempt = parse_attempt(&reply.extract_error()?)?;
+    let acked = match parse_wait_acks(&wait) {
+        Some(acked) => acked?,
+        // Another error: reported as before (the undo gives back what the attempt took).
+        None => {
+            return Err(match wait.extract_error() {
+                Err(err) => Error::from(err),
+                Ok(other) => UnexpectedReply(format!("{other:?}")).into(),
+            })
+        }
+    };
     if let Attempt::Granted { .. } = attempt {
         if acked < i64::from(spec.replicas) {
             let release = scripts::release(&spec.keys, token);

@@ -127,6 +127,18 @@ pub fn parse_count(value: &Value) -> Result<i64, UnexpectedReply> {
     }
 }
 
+/// WAIT's reply: how many replicas acknowledged the writes before it. A WAIT that Redis ended
+/// with an `UNBLOCKED` error (`CLIENT UNBLOCK id ERROR`, or a master demoted to a replica
+/// ending its blocked clients) was acknowledged by none: 0, as when its own timeout ends it.
+/// None: another error, which the caller reports.
+pub fn parse_wait_acks(value: &Value) -> Option<Result<i64, UnexpectedReply>> {
+    match value {
+        Value::ServerError(err) if err.code() == "UNBLOCKED" => Some(Ok(0)),
+        Value::ServerError(_) => None,
+        other => Some(parse_count(other)),
+    }
+}
+
 /// `{writer (0|1), readers}`.
 pub fn parse_rw_state(value: &Value) -> Result<RwState, UnexpectedReply> {
     if let Value::Array(items) = value {
@@ -198,6 +210,17 @@ pub fn parse_server_info(text: &str) -> Option<(String, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wait_unblocked_with_an_error_counts_as_acknowledged_by_none() {
+        let reply = |bytes: &[u8]| crate::protocol::resp::parse(bytes).unwrap();
+        assert_eq!(parse_wait_acks(&Value::Int(2)), Some(Ok(2)));
+        let unblocked = reply(b"-UNBLOCKED client unblocked via CLIENT UNBLOCK\r\n");
+        assert_eq!(parse_wait_acks(&unblocked), Some(Ok(0)));
+        let other = reply(b"-NOPERM this user has no permissions\r\n");
+        assert_eq!(parse_wait_acks(&other), None);
+        assert!(matches!(parse_wait_acks(&Value::Nil), Some(Err(_))));
+    }
 
     #[test]
     fn attempts_parse() {
