@@ -19,12 +19,16 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 import redis
 import redmutex
 from _helpers import wait_until
 from redmutex._server import RedisServer
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 # Far longer than an interrupt may take to land, so that the two cannot be confused.
 COMMAND_TIMEOUT = 5.0
@@ -77,7 +81,7 @@ class _Paused:
         self.pid = server.process.pid
         self.stopped = False
 
-    def __enter__(self) -> _Paused:
+    def __enter__(self) -> Self:
         os.kill(self.pid, signal.SIGSTOP)
         self.stopped = True
         return self

@@ -136,7 +136,7 @@ def test_acquire_after_the_server_closed_idle_connections(replicated: Pair, how:
             replicated.conn.config_set("timeout", 1)
         for round in range(3):
             lock = redmutex.Lock(c, "idle", ttl=30, replicas=1)
-            assert _outcome(lambda: lock.acquire(timeout=5)) is True, round
+            assert _outcome(lambda lock=lock: lock.acquire(timeout=5)) is True, round
             lock.release()
             if how == "client-kill":
                 replicated.conn.client_kill_filter(_type="normal", skipme=True)

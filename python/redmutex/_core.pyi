@@ -86,6 +86,11 @@ class Client:
     masters (quorum N//2+1); `cluster=[seed, ...]` is a Redis Cluster. Constructing does not
     connect: a bad URL raises ValueError now, an unreachable server ConnectionError at first use.
     None for any argument means its default.
+    A blocking call that waits on a server which does not answer runs Python's signal handlers
+    every 50 ms, so Ctrl-C (KeyboardInterrupt) lands at once rather than after `command_timeout`
+    (except over TLS, where a call's first round trip may wait out `command_timeout`). A Lock,
+    Semaphore or RWLock acquire cut short that way may still run on the server: it is given back
+    once the server answers it (else its lease ends); the object holds nothing.
     """
 
     def __new__(
@@ -130,8 +135,10 @@ class Lock:
     `fair=False`: True serves waiters in arrival order (FIFO); with False a free lock goes to
     whoever asks first, and waiters that wait are served roughly in arrival order (a release
     grants the lock to the first one queued). `replicas=0`: k > 0 requires k replicas to
-    acknowledge the lock write (Redis WAIT). `on_lost=None`: called once with the lock, from a
-    background thread, when renewal (or the top-up of a lease granted short) finds it lost.
+    acknowledge the lock write (Redis WAIT; a WAIT that Redis ends with an `UNBLOCKED` error
+    counts as acknowledged by none: the lock is given back and the acquire fails like a timeout).
+    `on_lost=None`: called once with the lock, from a background thread, when renewal (or the
+    top-up of a lease granted short) finds it lost.
     `reentrant=False`: ownership belongs to this object, and a second acquire raises LockError.
     With True the owner is the calling thread: the thread that holds may acquire again (each
     acquire needs its release; the lock is free after the last), through this object or any
