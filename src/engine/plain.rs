@@ -199,7 +199,9 @@ impl PlainConnection {
             let now = Instant::now();
             now.checked_sub(READ_SLICE).unwrap_or(now)
         });
-        let more_time = self.read_limit.map_or(true, |limit| since.elapsed() < limit);
+        let more_time = self
+            .read_limit
+            .map_or(true, |limit| since.elapsed() < limit);
         more_time && !interrupt::interrupted()
     }
 
