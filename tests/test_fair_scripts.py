@@ -49,7 +49,7 @@ class Fair:
     def join(self, token: str, lease_ms: int = 10_000, inbox: str = "ab12", mode: str = "1") -> Any:
         """`mode` "1": a fair waiter's join; "b": an unfair waiter's (takes a free lock). The
         reply: the fence (an int) when granted, else [0, ms, fence]."""
-        args: list[str | int] = [token, lease_ms, PLACE_MS, mode, inbox, FENCE_TTL_MS]
+        args: list[str | int] = [token, lease_ms, PLACE_MS, mode, inbox, FENCE_TTL_MS, CHANNEL]
         return self._join(keys=KEYS, args=args)
 
     def release(self, holder: str | bytes | None = None) -> None:
@@ -118,6 +118,27 @@ def test_a_join_records_its_turn_the_place_the_lease_and_the_inbox(fair: Fair) -
     assert before + PLACE_MS <= int(deadline) <= fair.server_ms() + PLACE_MS
     assert (fair.record("b") or [])[3] == b""
     assert fair.queue() == [b"a", b"b"]
+
+
+def test_a_head_that_takes_a_lock_whose_lease_ran_out_tells_the_waiters_behind(
+    fair: Fair,
+) -> None:
+    """b, told to wait for a's place, hears when a took the lock: a's lease may run out
+    unreleased too, and b must look again then, not when a's place would have lapsed."""
+    fair.r.set(LOCK, "x", px=10_000)
+    assert fair.join("a")[0] == 0
+    assert fair.join("b")[0] == 0
+    fair.r.delete(LOCK)  # x's lease ran out: nobody released, nobody was granted
+    told, ms, _ = fair.join("b")
+    assert told == 0 and PLACE_MS - 1_000 < ms <= PLACE_MS  # a's place comes first
+    ran = fair.ran(lambda: fair.join("a", lease_ms=3000))
+    assert fair.r.get(LOCK) == b"a" and ran.get("publish") == 1
+    told, ms, _ = fair.join("b")
+    assert told == 0 and 0 < ms <= 3000  # now: a's lease
+    # A take with nobody queued (the common fair acquire) publishes nothing.
+    fair.r.delete(LOCK, QUEUE)
+    ran = fair.ran(lambda: fair.join("c"))
+    assert fair.r.get(LOCK) == b"c" and "publish" not in ran
 
 
 def test_a_grant_drops_a_lapsed_head_and_grants_the_next_live_place(fair: Fair) -> None:

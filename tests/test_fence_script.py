@@ -47,6 +47,7 @@ class Keys:
         base = f"{prefix}{{{name}}}"
         self.lock, self.fence = base + ":lock", base + ":fence"
         self.queue = base + ":lock:queue"
+        self.wake = base + ":wake"
 
 
 Acquire = Callable[..., Any]
@@ -75,7 +76,7 @@ def _scripts(r: redis.Redis, before_7: bool) -> tuple[Acquire, Acquire]:
 
     def acquire_fair(k: Keys, token: str, lease_ms: int = 10_000, join: bool = True) -> Any:
         keys = [k.lock, k.fence, k.queue]
-        args = [token, lease_ms, 10_000, "1" if join else "0", "", 5000]
+        args = [token, lease_ms, 10_000, "1" if join else "0", "", 5000, k.wake]
         return fair(keys=keys, args=args)
 
     return acquire, acquire_fair

@@ -261,6 +261,7 @@ pub fn acquire_call(
                     join.as_bytes().to_vec(),
                     inbox.as_bytes().to_vec(),
                     keys.fence_ttl_ms().to_string().into_bytes(),
+                    keys.wake_channel(),
                 ],
             }
         }
@@ -937,7 +938,15 @@ mod tests {
         assert_eq!(sent_keys, expected_keys);
         assert_eq!(
             args,
-            [&b"t"[..], b"10", b"6000", b"1", b"0a1b", b"86400000"]
+            [
+                &b"t"[..],
+                b"10",
+                b"6000",
+                b"1",
+                b"0a1b",
+                b"86400000",
+                b"p:{n}:wake"
+            ]
         );
     }
 

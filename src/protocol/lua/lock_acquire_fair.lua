@@ -7,6 +7,8 @@
 --         does), and only when it is taken, join the queue as '1' does
 -- ARGV[5] the waiter's inbox: hex id of the process's subscriber, or '' (see lock_grant.lua)
 -- ARGV[6] fence counter's ttl in ms (after the last fence; see fence_next.lua)
+-- ARGV[7] the lock's wake-up channel: a waiter that takes a free lock at the head of the queue
+--         publishes '' there (see below)
 -- Reply: the fence (an integer, as lock_acquire.lua's) granted (also when the token holds the
 --        lock already: a retry, or a grant by a release; its lease is then renewed to ARGV[2]
 --        from now);
@@ -65,6 +67,13 @@ if owner == false then
     -- (a barging resend whose first send joined gives its place up with the lock taken)
     if head == ARGV[1] or barge then
       redis.call('HDEL', KEYS[3], ARGV[1])
+    end
+    -- The waiters behind, and a MultiLock waiting for the name (it keeps no place), were told
+    -- to look again when this one's place lapses (the lock was free, this one first): that it
+    -- took the lock, whose lease may run out unreleased too, they learn now. (Taking at the
+    -- head happens only after a lease ran out: a release grants the lock instead.)
+    if head == ARGV[1] then
+      redis.call('PUBLISH', ARGV[7], '')
     end
     return (next_fence(KEYS[2], ARGV[6], now_us))
   end

@@ -12,7 +12,7 @@
 --        = live holders now, this one included (a bare integer: a table costs Redis more to convert);
 --        {0, ms} not admitted; ms = when to look again at the latest: the soonest lease end when every
 --        permit is taken, or, while permits are free but earlier waiters come first, the soonest
---        lapse of a waiter's place;
+--        lapse of a waiter's place, or this waiter's own lease if that comes sooner (see below);
 --        {2, live} refused, nothing written: a holder or waiter (fair or unfair: a live place in
 --        KEYS[3]) of another limit (`live`) remains. A new limit takes effect once none does.
 -- No command touches a key after this script may have deleted it (a key goes with its last
@@ -141,6 +141,14 @@ if mode == '2' or mode == '3' then
 end
 
 if free > 0 then
-  return {0, soonest_end(KEYS[3], now)}
+  -- An earlier waiter is about to take the free permit, with a lease that may run out unreleased
+  -- too; nobody would say so (a release wakes the waiters it lets in by name; a lease that runs
+  -- out tells nobody), so this one looks again when such a lease would end, taking its own as
+  -- the measure, unless the earlier place lapses first.
+  local lapse, lease = soonest_end(KEYS[3], now), tonumber(ARGV[2])
+  if lapse < 0 or lapse > lease then
+    lapse = lease
+  end
+  return {0, lapse}
 end
 return {0, soonest_end(KEYS[1], now)}
