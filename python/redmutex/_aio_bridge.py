@@ -68,11 +68,39 @@ def _close_conns(loop: asyncio.AbstractEventLoop) -> None:
     thread.join()
 
 
+def renewed_on_loop(loop: asyncio.AbstractEventLoop, core: Any, token: str) -> None:
+    """Ties the auto-renewed hold `token` of `core` (a `_core` lock-like object) to `loop`, on
+    which it was taken: closing the loop ends its renewal. Its owner was a task of that loop,
+    which is gone, so nobody is left to release it: its lease runs out within the ttl instead of
+    being renewed from the runtime for as long as the object lives."""
+    _hook_close(loop)
+    attrs: Any = loop
+    holds: weakref.WeakKeyDictionary[Any, str] | None = getattr(loop, "_redmutex_renewed", None)
+    if holds is None:
+        holds = attrs._redmutex_renewed = weakref.WeakKeyDictionary()
+    holds[core] = token
+
+
+def _end_renewals(loop: asyncio.AbstractEventLoop) -> None:
+    """Ends the renewal of the holds taken on `loop` that are still held (see `renewed_on_loop`);
+    a hold released meanwhile, or replaced by another one, is left alone (its token differs)."""
+    holds: weakref.WeakKeyDictionary[Any, str] | None = getattr(loop, "_redmutex_renewed", None)
+    if not holds:
+        return
+    for core, token in list(holds.items()):
+        try:
+            core._stop_renewal(token)
+        except Exception:  # noqa: BLE001 - the other holds and the loop close all the same
+            _log.warning("could not end the renewal of %r", core, exc_info=True)
+    holds.clear()
+
+
 def _hook_close(loop: asyncio.AbstractEventLoop) -> None:
-    """Makes `loop.close()` end the loop's connections first (once per loop). Closing is the one
-    step every way of ending a loop takes: `asyncio.run` and other runners, a bare
-    `loop.close()`, and the garbage collector (`BaseEventLoop.__del__` closes an unclosed
-    loop); a loop closed without `shutdown_asyncgens` used to keep its connection open."""
+    """Makes `loop.close()` end the loop's connections and the renewal of the holds taken on it
+    first (once per loop). Closing is the one step every way of ending a loop takes:
+    `asyncio.run` and other runners, a bare `loop.close()`, and the garbage collector
+    (`BaseEventLoop.__del__` closes an unclosed loop); a loop closed without `shutdown_asyncgens`
+    used to keep its connection open."""
     if getattr(loop, "_redmutex_close", None) is not None:
         return
     close = loop.close
@@ -83,6 +111,7 @@ def _hook_close(loop: asyncio.AbstractEventLoop) -> None:
                 _close_conns(loop)
             except Exception:  # noqa: BLE001 - the loop closes all the same
                 _log.warning("could not close the event loop's connections", exc_info=True)
+            _end_renewals(loop)
         close()
 
     # The wrapper lives on the loop (and refers to it): no reference from outside keeps the

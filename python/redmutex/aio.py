@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-from . import _core
+from . import _aio_bridge, _core
 from ._aio_cache import AsyncCachedFunction, cached, get_or_fill
 from ._recipes import AioLockedDecorator, lock_decorator, wrap_async
 
@@ -61,9 +61,19 @@ class _Hold:
     owned and `async with`, over a core object's `_*_async` methods."""
 
     _core: Any
+    #: Whether a hold renews its lease in the background (see `_taken`).
+    _auto_renew: bool = False
 
     def _context(self) -> tuple[Any, ...]:
         return ()
+
+    def _taken(self, core: Any) -> None:
+        """`core` took a hold on the running loop: an auto-renewed one stops renewing when that
+        loop is closed (its owner gone, the lease then runs out within the ttl)."""
+        if self._auto_renew:
+            token = core.token
+            if token is not None:
+                _aio_bridge.renewed_on_loop(asyncio.get_running_loop(), core, token)
 
     def _give_back_after_cancel(self, attempt: asyncio.Future[Any]) -> None:
         # A cancelled attempt gives back whatever it obtains, now or as it settles: through the
@@ -83,12 +93,16 @@ class _Hold:
         """Takes it; True when acquired, False when the wait ended first. `blocking=False`
         tries once; `timeout=None` means the constructor's timeout (whose default None waits
         forever), `math.inf` forever, 0 once. Never blocks the event loop."""
-        attempt = self._core._acquire_async(*self._context(), blocking, timeout)
+        core = self._core
+        attempt = core._acquire_async(*self._context(), blocking, timeout)
         try:
-            return bool(await attempt)
+            acquired = bool(await attempt)
         except asyncio.CancelledError:
             self._give_back_after_cancel(attempt)
             raise
+        if acquired:
+            self._taken(core)
+        return acquired
 
     async def release(self) -> None:
         """Releases the hold (LockNotOwnedError when none, LockLostError when it was lost)."""
@@ -125,12 +139,14 @@ class _Hold:
 
     async def __aenter__(self) -> Self:
         """Acquires with the constructor's timeout; LockTimeoutError when not acquired."""
-        attempt = self._core._enter_async(*self._context())
+        core = self._core
+        attempt = core._enter_async(*self._context())
         try:
             await attempt
         except asyncio.CancelledError:
             self._give_back_after_cancel(attempt)
             raise
+        self._taken(core)
         return self
 
     async def __aexit__(
@@ -153,6 +169,15 @@ class _Hold:
 _task_cores: weakref.WeakKeyDictionary[
     asyncio.Task[Any], dict[tuple[int, str], list[weakref.ref[Any]]]
 ] = weakref.WeakKeyDictionary()
+
+
+def _running_task() -> asyncio.Task[Any] | None:
+    """The calling task; None outside one, also outside any running loop (where
+    `asyncio.current_task()` raises): `token` and the other plain properties work there too."""
+    try:
+        return asyncio.current_task()
+    except RuntimeError:
+        return None
 
 
 def _held_by_task(task: asyncio.Task[Any], key: tuple[int, str], core: Any | None) -> Any:
@@ -204,6 +229,7 @@ class Lock(_Hold):
             )
 
         self._own = make()
+        self._auto_renew = bool(auto_renew)
         # Re-entrant: one core object per task (each re-entrant for the event loop's thread),
         # dropped with its task; `_own` serves calls made outside any task.
         self._make = make
@@ -233,7 +259,7 @@ class Lock(_Hold):
         has, else a lost one."""
         if self._by_task is None:
             return self._own
-        task = asyncio.current_task()
+        task = _running_task()
         mine = self._by_task.get(task) if task is not None else self._own
         if mine is not None and (mine.token is not None or mine.lost):
             return mine
@@ -302,6 +328,7 @@ class MultiLock(_Hold):
         auto_renew: bool = False,
         on_lost: Callable[[MultiLock], None] | None = None,
     ) -> None:
+        self._auto_renew = bool(auto_renew)
         self._core = _core.MultiLock(
             client,
             names,
@@ -343,6 +370,7 @@ class Semaphore(_Hold):
         auto_renew: bool = False,
         on_lost: Callable[[Semaphore], None] | None = None,
     ) -> None:
+        self._auto_renew = bool(auto_renew)
         self._core = _core.Semaphore(
             client,
             name,
@@ -385,6 +413,7 @@ class RWLockSide(_Hold):
 
     def __init__(self, core_side: Any) -> None:
         self._core = core_side
+        self._auto_renew = bool(core_side.rwlock.auto_renew)
 
     def _context(self) -> tuple[Any, ...]:
         return (_current_task_id(),)

@@ -582,6 +582,26 @@ impl<P: Leased> Holder<P> {
         true
     }
 
+    /// Ends the background renewal of the hold with `token`, if this object still has it: its
+    /// lease then runs out within the ttl unless it is released or extended. For a hold whose
+    /// owner is gone (its asyncio event loop was closed while it held).
+    pub fn stop_renewal(&self, token: &str) -> bool {
+        let mut state = self.state();
+        let State::Held(hold) = &mut *state else {
+            return false;
+        };
+        if hold.token != token {
+            return false;
+        }
+        match hold.renewal.take() {
+            Some(renewal) => {
+                renewal.stop();
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Releases `token`'s hold in Redis from the runtime, retrying while Redis cannot be reached
     /// (until the lease would have ended by itself).
     fn give_back_in_background(&self, backend: &Backend, token: String) {

@@ -712,6 +712,12 @@ macro_rules! lock_like_methods {
                 self.task_core().give_back(token)
             }
 
+            /// Ends the background renewal of the hold with `token`, if this object still has it
+            /// (the event loop it was taken on was closed: its owner is gone).
+            fn _stop_renewal(&self, token: &str) -> bool {
+                self.task_core().holder().stop_renewal(token)
+            }
+
             #[pyo3(signature = (ttl=None))]
             fn _extend_async<'py>(
                 &self,
