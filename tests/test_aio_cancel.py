@@ -307,3 +307,63 @@ def test_an_acquire_right_after_a_cancelled_wait_neither_fails_nor_waits_for_the
 
     errors = asyncio.run(main())
     assert errors == [], errors
+
+
+# -- a release cut short: the object is released (the release goes on) and acts so -----------
+
+CUT_KINDS: dict[str, Callable[[redmutex.Client, str], Any]] = {
+    "lock": lambda c, n: aio.Lock(c, n, ttl=30),
+    "lock-reentrant": lambda c, n: aio.Lock(c, n, ttl=30, reentrant=True),
+    "lock-fair": lambda c, n: aio.Lock(c, n, ttl=30, fair=True),
+    "semaphore": lambda c, n: aio.Semaphore(c, n, 1, ttl=30),
+    "rw-write": lambda c, n: aio.RWLock(c, n, ttl=30).write(),
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["release", "aexit"])
+@pytest.mark.parametrize("kind", list(CUT_KINDS))
+def test_a_release_cut_short_leaves_the_object_released(
+    client: redmutex.Client, other_client: redmutex.Client, kind: str, how: str
+) -> None:
+    """`asyncio.timeout` cancels a release whose command is out: the release goes on, so the
+    object holds nothing from then on, and its next acquire takes a new hold (the release of
+    the old one lands meanwhile) that a release then gives back. Before: "already holds"
+    (LockError) from the next acquire, or, re-entrant, an acquire that re-entered the hold being
+    released, whose release then raised LockNotOwnedError."""
+
+    async def main() -> list[str]:
+        wrong: list[str] = []
+        for i in range(10):
+            name = f"cut-{kind}-{how}-{i}"
+            hold = CUT_KINDS[kind](client, name)
+            if how == "release":
+                assert await hold.acquire()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0):
+                        await hold.release()
+            else:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(None) as deadline:
+                        async with hold:
+                            # Due as the block ends: the exit's release is out when it fires.
+                            deadline.reschedule(asyncio.get_running_loop().time())
+            try:
+                if hold.token is not None:
+                    wrong.append(f"{i}: still holds after the cut release")
+                if not await hold.acquire(timeout=5):
+                    wrong.append(f"{i}: not acquired again")
+                    continue
+                await hold.release()
+            except redmutex.LockError as err:
+                wrong.append(f"{i}: {type(err).__name__}: {err}")
+            # Nothing left behind: another client takes the name at once.
+            probe = CUT_KINDS[kind](other_client, name)
+            if not await probe.acquire(timeout=5):
+                wrong.append(f"{i}: left held")
+            else:
+                await probe.release()
+        return wrong
+
+    wrong = asyncio.run(main())
+    assert wrong == [], wrong

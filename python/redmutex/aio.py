@@ -105,8 +105,16 @@ class _Hold:
         return acquired
 
     async def release(self) -> None:
-        """Releases the hold (LockNotOwnedError when none, LockLostError when it was lost)."""
-        await self._core._release_async()
+        """Releases the hold (LockNotOwnedError when none, LockLostError when it was lost).
+        Cancelled while its command is out, the release still goes on, and the object holds
+        nothing from then on (its next acquire waits, if need be, for that release)."""
+        core = self._core
+        releasing = core._release_async()
+        try:
+            await releasing
+        except asyncio.CancelledError:
+            core._release_abandoned()
+            raise
 
     async def extend(self, ttl: float | None = None) -> None:
         """The lease now ends `ttl` seconds from now (None: the object's own ttl)."""
@@ -156,8 +164,15 @@ class _Hold:
         tb: TracebackType | None,
     ) -> None:
         # Never swallows the block's exception (so `-> None`: type checkers then know that code
-        # after an `async with` whose block returns is unreachable).
-        await self._core._exit_async(exc_type is not None)
+        # after an `async with` whose block returns is unreachable). Cancelled, the release goes
+        # on, as in `release()`.
+        core = self._core
+        leaving = core._exit_async(exc_type is not None)
+        try:
+            await leaving
+        except asyncio.CancelledError:
+            core._release_abandoned()
+            raise
 
     def __repr__(self) -> str:
         return f"aio.{self._core!r}"

@@ -398,6 +398,15 @@ impl Drop for ReleaseUnderWay {
     }
 }
 
+/// A release begun on the caller's thread (`Holder::begin_release_call`): a nested one that
+/// only counts down, or the hold's own.
+pub struct ReleaseBegun<D>(Begun<D>);
+
+enum Begun<D> {
+    Leave(Nesting),
+    Release(HoldRef, D),
+}
+
 /// A release under way whose step a caller sends itself (`Holder::begin_release_step`).
 pub struct Releasing {
     hold: HoldRef,
@@ -600,6 +609,19 @@ impl<P: Leased> Holder<P> {
             }
             None => false,
         }
+    }
+
+    /// The caller of the release under way stopped waiting for it (its asyncio task was
+    /// cancelled): the release goes on, and the object is idle at once, as the release leaves
+    /// it, so that its next acquire takes a new hold (waiting, like any other, for the release
+    /// to free the name). A hold whose release already failed stays held.
+    pub fn release_abandoned(&self) -> bool {
+        let mut state = self.state();
+        if !matches!(&*state, State::Held(h) if h.depth <= 1 && h.status.is_release_under_way()) {
+            return false;
+        }
+        *state = State::Idle { lost: false };
+        true
     }
 
     /// Releases `token`'s hold in Redis from the runtime, retrying while Redis cannot be reached
@@ -1112,10 +1134,27 @@ impl<P: Leased> Holder<P> {
     }
 
     pub async fn release(&self) -> Result<()> {
+        let begun = self.begin_release_call()?;
+        self.release_begun(begun).await
+    }
+
+    /// The start of `release`, on the caller's thread: from here on a release is under way
+    /// (`release_abandoned` sees it), even before the runtime runs the rest
+    /// (`release_begun`).
+    pub fn begin_release_call(&self) -> Result<ReleaseBegun<P::Detail>> {
         if let Some(nesting) = self.begin_leave()? {
-            return self.leave(nesting).await;
+            return Ok(ReleaseBegun(Begun::Leave(nesting)));
         }
         let (hold, detail) = self.begin_release()?;
+        Ok(ReleaseBegun(Begun::Release(hold, detail)))
+    }
+
+    /// The rest of a release begun by `begin_release_call`.
+    pub async fn release_begun(&self, begun: ReleaseBegun<P::Detail>) -> Result<()> {
+        let (hold, detail) = match begun.0 {
+            Begun::Leave(nesting) => return self.leave(nesting).await,
+            Begun::Release(hold, detail) => (hold, detail),
+        };
         let backend = match self.client.backend() {
             Ok(backend) => backend,
             Err(err) => return self.finish_release(hold, Err(err), false),

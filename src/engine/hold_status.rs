@@ -183,6 +183,11 @@ impl HoldStatus {
         self.moved.notify_one();
     }
 
+    /// Whether a release of this hold is under way (begun, not yet settled).
+    pub fn is_release_under_way(&self) -> bool {
+        self.release_under_way.load(Ordering::Acquire)
+    }
+
     /// Begins a release; false when another is under way (see `release_under_way`).
     pub fn begin_release(&self) -> bool {
         !self.release_under_way.swap(true, Ordering::AcqRel)

@@ -327,8 +327,14 @@ impl<H: Held> HoldCore<H> {
                 Ok(py.None().into_bound(py))
             });
         }
+        // Begun here, not on the runtime: a cancel that reaches the caller right after this
+        // finds the release under way (see `Holder::release_abandoned`).
+        let begun = self.holder().begin_release_call();
         let handle = self.handle.clone();
-        self.finish_async(py, async move { handle.holder().release().await })
+        self.finish_async(
+            py,
+            async move { handle.holder().release_begun(begun?).await },
+        )
     }
 
     pub fn extend_async<'py>(
@@ -382,11 +388,15 @@ impl<H: Held> HoldCore<H> {
                 leave_block(py, &about, body_raised, outcome)?.into_bound_py_any(py)
             });
         }
+        let begun = handle.holder().begin_release_call();
         awaitable::spawn(
             py,
             OnCancel::Finish,
             async move {
-                let released = handle.holder().release().await;
+                let released = match begun {
+                    Ok(begun) => handle.holder().release_begun(begun).await,
+                    Err(err) => Err(err),
+                };
                 Ok(exit_outcome(handle.holder(), released))
             },
             move |py, outcome| leave_block(py, &about, body_raised, outcome)?.into_bound_py_any(py),
@@ -716,6 +726,12 @@ macro_rules! lock_like_methods {
             /// (the event loop it was taken on was closed: its owner is gone).
             fn _stop_renewal(&self, token: &str) -> bool {
                 self.task_core().holder().stop_renewal(token)
+            }
+
+            /// The task awaiting this object's release was cancelled: the release goes on, and
+            /// the object is idle at once (see `Holder::release_abandoned`).
+            fn _release_abandoned(&self) -> bool {
+                self.task_core().holder().release_abandoned()
             }
 
             #[pyo3(signature = (ttl=None))]
