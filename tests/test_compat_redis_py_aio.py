@@ -85,6 +85,67 @@ def test_token_belongs_to_the_task_not_the_thread(redis_url: str, name: str) -> 
     run(main())
 
 
+@pytest.mark.parametrize("timeout", [5, None])
+@pytest.mark.parametrize("how", ["wait_for", "gather", "shield", "create_task"])
+def test_a_hold_taken_in_a_child_task_goes_to_the_task_that_awaited_it(
+    redis_url: str, r: redis.Redis, name: str, how: str, timeout: int | None
+) -> None:
+    """Before Python 3.12 `asyncio.wait_for` (and always `gather`, `shield`, a task awaited) runs
+    the acquire in a task of its own, which has ended when its caller goes on: the caller owns
+    the lock, as with redis-py, and releases it. Before, the token stayed with the ended task:
+    the caller's release raised LockError "not owned" and the key was left held (for good
+    without a timeout, renewed by this process)."""
+
+    async def main() -> None:
+        ar = redis.asyncio.Redis.from_url(redis_url)
+        lk = Lock(ar, name, timeout=timeout)
+        acquiring = lk.acquire()
+        if how == "wait_for":
+            assert await asyncio.wait_for(acquiring, 10)
+        elif how == "gather":
+            assert await asyncio.gather(acquiring) == [True]
+        elif how == "shield":
+            assert await asyncio.shield(acquiring)
+        else:
+            assert await asyncio.create_task(acquiring)
+        assert lk.local.token is not None
+        assert await lk.owned()
+        await lk.release()
+        assert r.exists(name) == 0
+        assert lk.local.token is None
+        await ar.aclose()
+
+    run(main())
+
+
+def test_a_running_task_keeps_its_token_from_a_task_that_ended_holding(
+    redis_url: str, r: redis.Redis, name: str
+) -> None:
+    """Only an ended task's hold is taken over, by the next task that uses the object; a task
+    that still runs keeps its own."""
+
+    async def main() -> None:
+        ar = redis.asyncio.Redis.from_url(redis_url)
+        shared = Lock(ar, name, timeout=5)
+        other = Lock(ar, f"{name}-2", timeout=5)
+        assert await asyncio.create_task(shared.acquire())  # ended, holding
+        assert await other.acquire()  # this task holds one of its own
+
+        async def sibling() -> None:
+            assert other.local.token is None
+            assert shared.local.token is not None  # taken over from the ended task
+            await shared.release()
+
+        await asyncio.create_task(sibling())
+        assert shared.local.token is None
+        assert r.exists(name) == 0
+        assert await other.owned()
+        await other.release()
+        await ar.aclose()
+
+    run(main())
+
+
 def test_waiters_are_woken_and_mixed_with_redis_py(redis_url: str, name: str) -> None:
     async def main() -> None:
         ar = redis.asyncio.Redis.from_url(redis_url)

@@ -5,7 +5,9 @@
 
 One fix over redis-py: with ``thread_local=True`` (the default) the token belongs to the asyncio
 task that acquired, not to the thread, so another task using the same Lock object neither sees
-nor releases it (in redis-py every task of the loop's thread shares one token).
+nor releases it while that task runs (in redis-py every task of the loop's thread shares one
+token). Once the task has ended, the next task that uses the object takes the token over, so a
+lock acquired through ``asyncio.wait_for`` (a child task before Python 3.12) is its caller's.
 """
 
 from __future__ import annotations
@@ -32,11 +34,20 @@ logger = logging.getLogger("redmutex.compat.redis_py")
 
 
 class TaskLocal:
-    """Attributes kept per asyncio task (per thread outside any task), like threading.local."""
+    """Attributes kept per asyncio task (per thread outside any task), like threading.local.
+
+    A hold outlives the task that took it: once that task has ended, the next task that uses
+    the object takes its token over (so `await asyncio.wait_for(lock.acquire(), t)`, `gather`
+    or `shield`, which acquire in a task of their own before Python 3.12, leave the lock to
+    the task that awaited them, as redis-py's one token per thread does). A task that still
+    runs keeps its token to itself."""
 
     def __init__(self) -> None:
         object.__setattr__(self, "_by_task", weakref.WeakKeyDictionary())
         object.__setattr__(self, "_outside", {})
+        # The slots of the tasks that hold a token, kept (with their task) until it is cleared
+        # or taken over: an ended task's hold must not vanish with the task object.
+        object.__setattr__(self, "_holders", {})
 
     def _slots(self) -> dict[str, Any]:
         try:
@@ -49,7 +60,24 @@ class TaskLocal:
         by_task: weakref.WeakKeyDictionary[Any, dict[str, Any]] = object.__getattribute__(
             self, "_by_task"
         )
-        return by_task.setdefault(task, {})
+        slots = by_task.setdefault(task, {})
+        if slots.get("token") is None:
+            self._take_over(task, slots)
+        return slots
+
+    def _take_over(self, task: Any, slots: dict[str, Any]) -> None:
+        """Moves the hold of an ended task (the latest, if several) into `task`'s `slots`."""
+        holders: dict[Any, dict[str, Any]] = object.__getattribute__(self, "_holders")
+        ended = [other for other in holders if other is not task and other.done()]
+        if not ended:
+            return
+        left = holders.pop(ended[-1])
+        slots.update(left)
+        holders[task] = slots
+        by_task: weakref.WeakKeyDictionary[Any, dict[str, Any]] = object.__getattribute__(
+            self, "_by_task"
+        )
+        by_task.pop(ended[-1], None)
 
     def __getattr__(self, name: str) -> Any:
         slots = self._slots()
@@ -60,7 +88,21 @@ class TaskLocal:
         raise AttributeError(name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        self._slots()[name] = value
+        slots = self._slots()
+        slots[name] = value
+        if name != "token":
+            return
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:
+            task = None
+        if task is None:
+            return
+        holders: dict[Any, dict[str, Any]] = object.__getattribute__(self, "_holders")
+        if value is None:
+            holders.pop(task, None)
+        else:
+            holders[task] = slots
 
 
 class Lock(LockBase):
