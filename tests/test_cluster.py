@@ -266,6 +266,27 @@ def test_lock_survives_a_slot_migration(cluster: Cluster, client: redmutex.Clien
         assert again.fence > holder_fence + 1
 
 
+def test_replicas_unacknowledged_fails_like_a_timeout(cluster: Cluster) -> None:
+    # No replica at all: WAIT answers 0 after the command timeout, so the attempt fails like a
+    # timeout and gives the lock back, as on a single server (the cluster connection must not
+    # give up on WAIT's answer first, which raised ConnectionError).
+    c = redmutex.Client(cluster=cluster.urls, prefix=PREFIX, connect_timeout=2, command_timeout=1)
+    try:
+        for i in range(3):
+            name = name_on(cluster, i, "unacked")
+            lock = redmutex.Lock(c, name, ttl=10, replicas=1)
+            started = time.monotonic()
+            assert lock.acquire(timeout=0) is False
+            assert time.monotonic() - started < 1 + 3
+            with cluster.conn(cluster.owner(slot_of(name))) as r:
+                assert r.exists(f"{PREFIX}{{{name}}}:lock") == 0
+        with pytest.raises(redmutex.LockTimeoutError):
+            with redmutex.Lock(c, name_on(cluster, 0, "unacked-with"), replicas=1, timeout=1.5):
+                pass
+    finally:
+        c.close()
+
+
 def test_no_crossslot_from_redis_py_view(cluster: Cluster, client: redmutex.Client) -> None:
     # The keys of one name really live in one slot on one node, as Redis itself sees it.
     rc = redis.RedisCluster(host="127.0.0.1", port=cluster.servers[0].port)

@@ -116,6 +116,10 @@ fn cluster_target(seeds: &[ConnectionInfo], timeouts: Timeouts) -> Result<Arc<Ta
         .read_routing_strategy(SlotWatch(slots.clone()))
         .connection_timeout(timeouts.connect)
         .response_timeout(timeouts.command)
+        // Every call is bounded by its caller (a WAIT's connection waits longer than the
+        // command timeout, see `Target::connect_answering_within`); else the client's own bound
+        // would be the command timeout for every connection, whatever its response timeout.
+        .overall_response_timeout(None)
         // Redirections and TRYAGAIN during resharding are retried quickly; the command timeout
         // bounds the whole call anyway.
         .retries(12)

@@ -14,6 +14,10 @@ use super::node::{Conn, Resets, Target, Timeouts};
 /// Idle connections kept for reuse.
 const KEPT: usize = 8;
 
+/// How much longer than the command timeout a pipeline with WAIT may take to answer: WAIT itself
+/// waits up to the command timeout, and its answer must still arrive.
+pub const WAIT_SLACK: Duration = Duration::from_secs(1);
+
 pub struct ExclusivePool {
     target: Arc<Target>,
     timeouts: Timeouts,
@@ -61,7 +65,9 @@ impl ExclusivePool {
         let limit = self.timeouts.connect + self.timeouts.command;
         let connect = || async {
             let opened = self.resets.count();
-            tokio::time::timeout(limit, self.target.connect(self.timeouts))
+            let reply_limit = Some(self.timeouts.command + WAIT_SLACK);
+            let conn = self.target.connect_answering_within(self.timeouts, reply_limit);
+            tokio::time::timeout(limit, conn)
                 .await
                 .map_err(|_| timed_out(limit, "waiting for the connection"))?
                 .map(|conn| (opened, conn))

@@ -69,6 +69,17 @@ impl Target {
 
     /// A new connection. Replies are bounded by the callers' own deadlines.
     pub(crate) async fn connect(&self, timeouts: Timeouts) -> Result<Conn> {
+        self.connect_answering_within(timeouts, None).await
+    }
+
+    /// `connect`; on a cluster, `reply_limit` (if given) replaces the cluster client's own
+    /// response timeout (the command timeout), for a call that may rightly take longer: a WAIT
+    /// blocks its connection for the whole command timeout before it answers.
+    pub(crate) async fn connect_answering_within(
+        &self,
+        timeouts: Timeouts,
+        reply_limit: Option<Duration>,
+    ) -> Result<Conn> {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(timeouts.connect))
             .set_response_timeout(None);
@@ -84,7 +95,18 @@ impl Target {
                 .await
                 .map(|(_, conn)| Conn::Plain(conn)),
             Target::Cluster { client, .. } => {
-                within_connect(timeouts, client.get_async_connection())
+                let opening = async {
+                    match reply_limit {
+                        Some(limit) => {
+                            let config = redis::cluster::ClusterConfig::new()
+                                .set_connection_timeout(timeouts.connect)
+                                .set_response_timeout(limit);
+                            client.get_async_connection_with_config(config).await
+                        }
+                        None => client.get_async_connection().await,
+                    }
+                };
+                within_connect(timeouts, opening)
                     .await
                     .map(|conn| Conn::Cluster(Box::new(conn)))
             }

@@ -1,8 +1,7 @@
 //! A lock write that replicas must acknowledge (Redis WAIT) before it counts.
 
-use std::time::Duration;
-
 use super::error::{Error, Result};
+use super::exclusive::WAIT_SLACK;
 use super::node::Retry;
 use super::shared::Shared;
 use crate::protocol::lease;
@@ -37,7 +36,7 @@ pub async fn attempt_with_replicas(
         .ignore_errors();
     let (reply, wait): (redis::Value, redis::Value) = shared
         .exclusive
-        .pipeline(&pipe, limit + Duration::from_secs(1), |conn, opened| {
+        .pipeline(&pipe, limit + WAIT_SLACK, |conn, opened| {
             shared.node.keep_overdue_conn(conn, opened)
         })
         .await?;
