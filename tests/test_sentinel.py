@@ -157,3 +157,43 @@ def test_a_hung_sentinel_does_not_hide_a_failover_the_others_announce() -> None:
             if lock_value(new.port, lock.name) != (lock.token or "").encode()
         ]
         assert not elsewhere, f"{len(elsewhere)} of {len(late)} taken on the demoted master"
+
+
+def test_replicas_waiters_ride_out_a_failover() -> None:
+    # replicas=1 waiters while Sentinel replaces a killed master: their attempts go on
+    # connections of their own, which must ride out the failover as the other calls do (they
+    # raised ConnectionError "broken pipe" on the dead master's connections). With the old
+    # master gone no replica is left, so each fails like a timeout, gives the lock back, and
+    # returns within its timeout.
+    with SentinelGroup(down_after_ms=1000, failover_timeout_ms=5000) as group:
+        # The takeover (about 3 s here) is shorter than the command timeout, as calls ride
+        # out a failover for up to the command timeout.
+        holders = redmutex.Client(group.url, prefix="s:", connect_timeout=1, command_timeout=6)
+        waiters = redmutex.Client(group.url, prefix="s:", connect_timeout=1, command_timeout=6)
+        names = [f"ride-{i}" for i in range(5)]
+        for i, name in enumerate(names):
+            assert redmutex.Lock(holders, name, ttl=0.5 + 0.6 * i).acquire(timeout=5)
+        results: dict[str, object] = {}
+
+        def wait(name: str) -> None:
+            started = time.monotonic()
+            try:
+                outcome: object = redmutex.Lock(waiters, name, ttl=5, replicas=1).acquire(
+                    timeout=30
+                )
+            except Exception as exc:  # noqa: BLE001 - inspected by the test
+                outcome = exc
+            results[name] = (outcome, time.monotonic() - started)
+
+        threads = [threading.Thread(target=wait, args=(name,)) for name in names]
+        for t in threads:
+            t.start()
+        time.sleep(0.2)
+        group.kill_master()
+        for t in threads:
+            t.join(60)
+        assert [results[name][0] for name in names] == [False] * len(names), results
+        assert all(float(waited) < 30 + 5 for _, waited in results.values()), results
+        with redis.Redis(port=group.master_port(), socket_timeout=5) as r:
+            assert r.info("replication")["role"] == "master"
+            assert not [name for name in names if r.exists(f"s:{{{name}}}:lock")]

@@ -4,12 +4,12 @@
 //! let a WAIT after a reconnect vouch for nothing; here each caller has its own.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::{FromRedisValue, Pipeline};
 
 use super::error::{timed_out, Error, Result};
-use super::node::{Conn, Resets, Target, Timeouts};
+use super::node::{Conn, Resets, Target, Timeouts, FAILOVER_PAUSE};
 
 /// Idle connections kept for reuse.
 const KEPT: usize = 8;
@@ -24,6 +24,9 @@ pub struct ExclusivePool {
     /// The node's resets (see `Resets`): each connection is kept with the count it opened at.
     resets: Resets,
     idle: Mutex<Vec<(u64, Conn)>>,
+    /// A pipeline whose master cannot be reached is sent again until the command timeout (see
+    /// `pipeline`); off for a Redlock master, whose failure counts at once.
+    ride_failover: bool,
 }
 
 impl ExclusivePool {
@@ -35,6 +38,15 @@ impl ExclusivePool {
             timeouts,
             resets,
             idle: Mutex::new(Vec::new()),
+            ride_failover: false,
+        }
+    }
+
+    /// This pool's pipelines ride out a failover (Sentinel, Cluster), as the node's calls do.
+    pub fn riding_failover(self) -> Self {
+        ExclusivePool {
+            ride_failover: true,
+            ..self
         }
     }
 
@@ -66,7 +78,9 @@ impl ExclusivePool {
         let connect = || async {
             let opened = self.resets.count();
             let reply_limit = Some(self.timeouts.command + WAIT_SLACK);
-            let conn = self.target.connect_answering_within(self.timeouts, reply_limit);
+            let conn = self
+                .target
+                .connect_answering_within(self.timeouts, reply_limit);
             tokio::time::timeout(limit, conn)
                 .await
                 .map_err(|_| timed_out(limit, "waiting for the connection"))?
@@ -83,11 +97,13 @@ impl ExclusivePool {
     /// Sends `pipe` on a connection of its own, waiting at most `limit` for the replies.
     /// A connection that failed is dropped, never reused; one that timed out is given to
     /// `on_timeout` with the resets count it was opened at (its request may still run: an undo
-    /// must wait for it). A connection that broke under the call (most often a kept one the
-    /// server closed while it sat idle: its `timeout` setting, `CLIENT KILL`) is replaced and
-    /// the pipeline sent once more, never after a timeout: every script of redmutex is
-    /// token-checked (an acquire that finds its own token in place counts as granted), and a
-    /// WAIT sent again with it follows the resend's write.
+    /// must wait for it), and the call fails. A connection that broke under the call (most often
+    /// a kept one the server closed while it sat idle: its `timeout` setting, `CLIENT KILL`) is
+    /// replaced and the pipeline sent once more at once. A master that died (Sentinel, Cluster) refuses or
+    /// drops connections until its replica takes over: when the pool rides failovers, the
+    /// pipeline is sent again on a fresh connection until the command timeout has passed, as
+    /// the node's calls are. A resend is safe: the lock write is token-checked, and finding its
+    /// own token it writes again (renews the lease), so the WAIT behind it vouches for it.
     pub(crate) async fn pipeline<T: FromRedisValue + Send>(
         &self,
         pipe: &Pipeline,
@@ -96,8 +112,18 @@ impl ExclusivePool {
     ) -> Result<T> {
         let endpoint = || self.target.endpoint();
         let mut may_retry = true;
+        let ride_until = (self.ride_failover && !matches!(*self.target, Target::Direct(_)))
+            .then(|| Instant::now() + self.timeouts.command);
+        let time_left = || ride_until.is_some_and(|until| Instant::now() + FAILOVER_PAUSE < until);
         loop {
-            let (opened, mut conn) = self.take().await.map_err(|err| err.at(&endpoint()))?;
+            let (opened, mut conn) = match self.take().await {
+                Ok(found) => found,
+                Err(err) if err.is_connection() && time_left() => {
+                    tokio::time::sleep(FAILOVER_PAUSE).await;
+                    continue;
+                }
+                Err(err) => return Err(err.at(&endpoint())),
+            };
             let outcome = tokio::time::timeout(limit, pipe.query_async::<T>(&mut conn)).await;
             match outcome {
                 Ok(Ok(value)) => {
@@ -115,7 +141,13 @@ impl ExclusivePool {
                     may_retry = false;
                     self.reset();
                 }
-                Ok(Err(err)) if !err.is_timeout() => return Err(Error::from(err).at(&endpoint())),
+                Ok(Err(err)) if !err.is_timeout() => {
+                    if master_gone(&err) && time_left() {
+                        tokio::time::sleep(FAILOVER_PAUSE).await;
+                        continue;
+                    }
+                    return Err(Error::from(err).at(&endpoint()));
+                }
                 Ok(Err(_)) | Err(_) => {
                     on_timeout(conn, opened);
                     return Err(timed_out(limit, "waiting for a pipeline").at(&endpoint()));
@@ -123,4 +155,15 @@ impl ExclusivePool {
             }
         }
     }
+}
+
+/// Errors of a master that died or was demoted under the pipeline: refused, dropped, no longer
+/// writable (READONLY), or WAIT cut short as it turned replica (UNBLOCKED). Another master
+/// takes over soon; whatever ran on this one is not vouched for.
+fn master_gone(err: &redis::RedisError) -> bool {
+    err.is_connection_refusal()
+        || err.is_connection_dropped()
+        || err.is_io_error()
+        || err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+        || err.code() == Some("UNBLOCKED")
 }

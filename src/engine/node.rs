@@ -360,7 +360,7 @@ impl OverdueCalls {
 /// The pause between two tries of a call that a cluster refused for the moment.
 const CLUSTER_PAUSE: Duration = Duration::from_millis(20);
 /// The pause between two tries of a call whose server could not be reached (failing over).
-const FAILOVER_PAUSE: Duration = Duration::from_millis(100);
+pub(super) const FAILOVER_PAUSE: Duration = Duration::from_millis(100);
 
 /// Errors of a cluster that is resharding or failing over: worth another try shortly.
 fn cluster_transient(err: &redis::RedisError) -> bool {

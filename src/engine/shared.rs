@@ -111,10 +111,15 @@ impl Shared {
                     None => DirectPool::unavailable(timeouts),
                 },
             };
-            let resets = node.resets();
+            let exclusive = ExclusivePool::new(target.clone(), timeouts, node.resets());
+            let exclusive = if identify {
+                exclusive
+            } else {
+                exclusive.riding_failover()
+            };
             Shared {
                 node,
-                exclusive: ExclusivePool::new(target.clone(), timeouts, resets),
+                exclusive,
                 direct,
                 hub: WakeHub::new(target, timeouts, !identify),
                 locals: Locals::default(),
