@@ -257,3 +257,36 @@ def test_release_with_a_waiter_while_the_slot_migrates(
     assert waiting.outcome(10) is True
     assert waiting.finished_at is not None and waiting.finished_at - released_at < 1.2
     waiter.release()
+
+
+@pytest.mark.parametrize("kind", ["lock", "fair", "semaphore", "read"])
+def test_a_waiter_gives_up_in_time_while_the_slot_migrates(
+    cluster: Cluster, client: redmutex.Client, kind: str
+) -> None:
+    # The waiter's attempts declare a key that does not exist (its queue), which the source of
+    # a migrating slot answers with TRYAGAIN; they were tried again until the command timeout
+    # (5 s), past the acquire's own timeout. It must give up at its timeout: not acquired.
+    name = f"{kind}-mig-timeout"
+    holder: Any
+    if kind == "semaphore":
+        holder = redmutex.Semaphore(client, name, 1, ttl=30)
+        waiter: Any = redmutex.Semaphore(client, name, 1, ttl=30)
+    elif kind == "read":
+        holder = redmutex.RWLock(client, name, ttl=30).write()
+        waiter = redmutex.RWLock(client, name, ttl=30).read()
+    else:
+        holder = redmutex.Lock(client, name, ttl=30, fair=kind == "fair")
+        waiter = redmutex.Lock(client, name, ttl=30, fair=kind == "fair")
+    assert holder.acquire(blocking=False)
+    try:
+        with migrating(cluster, slot_of(queue_key(name, "lock"))):
+            for timeout in (0.5, 1.5):
+                started = time.monotonic()
+                assert waiter.acquire(timeout=timeout) is False
+                took = time.monotonic() - started
+                assert took < timeout + 1.5, f"gave up {took - timeout:.1f} s late"
+    finally:
+        holder.release()
+    # Nothing of the waiter's is left: the holder's release leaves the name free.
+    assert waiter.acquire(timeout=5) is True
+    waiter.release()

@@ -14,6 +14,7 @@ use super::executor::{self, Now};
 use super::hold::{Leased, OnLost};
 use super::hold_status::HoldStatus;
 use super::lock::LockContender;
+use super::node::gave_up_at_deadline;
 use super::renew::{self, Renewal, Schedule};
 use super::shared::Shared;
 use super::waiting::{self, spawn_undo, Contender, Outcome, Undo, UndoStep, Wait};
@@ -166,6 +167,8 @@ impl CompatLock {
         }
         let first = match self.first_direct(token, &req) {
             Ok(first) => first,
+            // The deadline passed while the cluster refused it (see `node::giving_up_at`).
+            Err(err) if gave_up_at_deadline(&err) => return Now::Done(Ok(None)),
             Err(err) => return Now::Done(Err(err)),
         };
         match first {
@@ -185,8 +188,9 @@ impl CompatLock {
         let spec = self.spec_for(req.lease);
         let contender = self.contender(&shared, &spec, token, req);
         let step = contender.first_step();
+        let script = executor::script_of(&step)?;
         let (reply, sent_at) =
-            waiting::attempt_direct(&shared, executor::script_of(&step)?, || contender.undo())?;
+            waiting::attempt_direct(&shared, script, req.wait, || contender.undo())?;
         let outcome = contender.read(step.parse(reply)?, sent_at)?;
         Ok((outcome, shared))
     }

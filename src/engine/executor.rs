@@ -10,12 +10,13 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use redis::{ScriptInvocation, Value};
 
 use super::direct::{Miss, Overdue};
 use super::error::{Error, Result};
-use super::node::{Identity, Node, Retry};
+use super::node::{giving_up_at, Identity, Node, Retry};
 use super::runtime;
 use super::shared::Shared;
 use crate::protocol::step::{Call, Step};
@@ -55,15 +56,22 @@ pub fn run_direct<T>(shared: &Shared, step: &Step<T>) -> Result<T> {
 /// A script sent on the caller's thread like `run_direct`, failing with the call that may still
 /// run when it timed out (`Overdue`: its direct connection, or the runtime's timed-out calls
 /// when it went through the runtime), so that an undo can wait for it.
+/// `deadline`: the acquire's (see `node::giving_up_at`), if it has one.
 pub fn invoke_direct(
     shared: &Shared,
     inv: &ScriptInvocation<'_>,
+    deadline: Option<Instant>,
 ) -> std::result::Result<Value, (Error, Option<Overdue>)> {
     match shared.direct.invoke(inv, Retry::Once) {
         Ok(reply) => Ok(reply),
         Err(Miss::Failed(err, overdue)) => Err((err, overdue)),
         Err(Miss::Elsewhere) => {
-            let sent = on_runtime(shared.node.invoke(inv, Retry::Once)).and_then(|sent| sent);
+            let call = shared.node.invoke(inv, Retry::Once);
+            let sent = match deadline {
+                Some(deadline) => on_runtime(giving_up_at(deadline, call)),
+                None => on_runtime(call),
+            };
+            let sent = sent.and_then(|sent| sent);
             sent.map_err(|err| {
                 let overdue = shared.node.overdue_calls();
                 let overdue = (err.is_connection() && !overdue.is_empty())

@@ -16,6 +16,7 @@ use super::error::{Error, Result};
 use super::executor::{self, Now};
 pub use super::hold_status::HoldStatus;
 use super::hold_status::PendingExtend;
+use super::node::gave_up_at_deadline;
 use super::redlock::Redlock;
 use super::renew::{self, Renewal, Schedule};
 use super::runtime::pid;
@@ -831,17 +832,21 @@ impl<P: Leased> Holder<P> {
                 None
             } else {
                 let (step, early) = self.first_attempt(&contender, plan.as_ref());
-                let (reply, sent_at) =
-                    attempt_direct(&shared, executor::script_of(&step)?, || contender.undo())?;
-                Some(self.read_first(
-                    &mut pending,
-                    &contender,
-                    &step,
-                    reply,
-                    sent_at,
-                    wait,
-                    early,
-                )?)
+                let script = executor::script_of(&step)?;
+                match attempt_direct(&shared, script, wait, || contender.undo()) {
+                    Ok((reply, sent_at)) => Some(self.read_first(
+                        &mut pending,
+                        &contender,
+                        &step,
+                        reply,
+                        sent_at,
+                        wait,
+                        early,
+                    )?),
+                    // The deadline passed while the cluster refused it (undone meanwhile).
+                    Err(err) if gave_up_at_deadline(&err) => Some(None),
+                    Err(err) => return Err(err),
+                }
             }
         };
         let Some(outcome) = outcome else {

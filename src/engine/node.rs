@@ -359,6 +359,27 @@ impl OverdueCalls {
 
 /// The pause between two tries of a call that a cluster refused for the moment.
 const CLUSTER_PAUSE: Duration = Duration::from_millis(20);
+
+tokio::task_local! {
+    /// The deadline of the blocking acquire that the calls of this task serve (`giving_up_at`).
+    static GIVE_UP_AT: Instant;
+}
+
+/// Runs `fut` (an acquire with a timeout) so that a call it makes which a cluster keeps
+/// refusing with an error that says nothing ran (TRYAGAIN while a declared key is away during a
+/// slot migration, MOVED, CLUSTERDOWN...) is not tried again past `deadline`: it fails with
+/// `Error::Timeout` (see `gave_up_at_deadline`), so the acquire gives up in time instead of
+/// up to a command timeout late.
+pub async fn giving_up_at<F: Future>(deadline: Instant, fut: F) -> F::Output {
+    GIVE_UP_AT.scope(deadline, fut).await
+}
+
+/// Whether `err` is a call given up at its acquire's deadline (see `giving_up_at`).
+pub fn gave_up_at_deadline(err: &Error) -> bool {
+    matches!(err, Error::Timeout(m) if m.starts_with(GAVE_UP))
+}
+
+const GAVE_UP: &str = "gave up at the acquire's deadline";
 /// The pause between two tries of a call whose server could not be reached (failing over).
 pub(super) const FAILOVER_PAUSE: Duration = Duration::from_millis(100);
 
@@ -791,6 +812,13 @@ impl Node {
                 } else {
                     FAILOVER_PAUSE
                 };
+                let past_deadline = GIVE_UP_AT
+                    .try_with(|deadline| Instant::now() + pause >= *deadline)
+                    .unwrap_or(false);
+                if transient && past_deadline {
+                    let what = format!("{GAVE_UP}: the cluster did not serve the key ({err})");
+                    return Err(Error::Timeout(what));
+                }
                 if (transient || gone) && Instant::now() + pause < until {
                     let read_only =
                         err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly);

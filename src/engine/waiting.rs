@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use super::direct::Overdue;
 use super::error::{Error, Result};
 use super::executor;
+use super::node::{gave_up_at_deadline, giving_up_at};
 use super::runtime;
 use super::shared::Shared;
 use super::wake::Registration;
@@ -105,13 +106,21 @@ pub struct Undo {
 /// out, the attempt may also run later than any undo sent on another connection (a request
 /// stuck in the server's or the network's queue): the undo is sent again once the attempt's own
 /// connection has answered it (or ended), so it never leaves an orphan for a whole lease.
+/// With a deadline (`wait`), a call that a cluster keeps refusing is given up then (see
+/// `node::giving_up_at`): the error says so (`node::gave_up_at_deadline`), and the acquire is
+/// not granted.
 pub fn attempt_direct(
     shared: &Shared,
     inv: &redis::ScriptInvocation<'_>,
+    wait: Wait,
     undo: impl Fn() -> Undo,
 ) -> Result<(redis::Value, Instant)> {
     let sent_at = Instant::now();
-    match executor::invoke_direct(shared, inv) {
+    let deadline = match wait {
+        Wait::Until(deadline) => Some(deadline),
+        Wait::Once | Wait::Forever => None,
+    };
+    match executor::invoke_direct(shared, inv, deadline) {
         Ok(reply) => Ok((reply, sent_at)),
         Err((err, overdue)) => Err(undo_failed(err, overdue, undo)),
     }
@@ -397,6 +406,26 @@ pub async fn acquire<C: Contender>(
 /// goes out (it then joins, as `Contender::first_step_joining` does). `found_busy`: where to
 /// note whether a first attempt made here found the primitive taken.
 pub async fn acquire_from<C: Contender>(
+    contender: &C,
+    plan: &Plan<'_>,
+    wait: Wait,
+    first: Option<Outcome<C::Grant>>,
+    early: Option<Early>,
+    found_busy: Option<&AtomicBool>,
+) -> Result<Option<C::Grant>> {
+    let acquiring = acquire_within(contender, plan, wait, first, early, found_busy);
+    match wait {
+        // A call that a cluster keeps refusing (nothing ran) is not retried past the deadline:
+        // the acquire gives up then. `Cleanup` gave back whatever an earlier try may have taken.
+        Wait::Until(deadline) => match giving_up_at(deadline, acquiring).await {
+            Err(err) if gave_up_at_deadline(&err) => Ok(None),
+            done => done,
+        },
+        Wait::Once | Wait::Forever => acquiring.await,
+    }
+}
+
+async fn acquire_within<C: Contender>(
     contender: &C,
     plan: &Plan<'_>,
     wait: Wait,
