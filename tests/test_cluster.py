@@ -280,9 +280,9 @@ def test_replicas_unacknowledged_fails_like_a_timeout(cluster: Cluster) -> None:
             assert time.monotonic() - started < 1 + 3
             with cluster.conn(cluster.owner(slot_of(name))) as r:
                 assert r.exists(f"{PREFIX}{{{name}}}:lock") == 0
-        with pytest.raises(redmutex.LockTimeoutError):
-            with redmutex.Lock(c, name_on(cluster, 0, "unacked-with"), replicas=1, timeout=1.5):
-                pass
+        unacked = redmutex.Lock(c, name_on(cluster, 0, "unacked-with"), replicas=1, timeout=1.5)
+        with pytest.raises(redmutex.LockTimeoutError), unacked:
+            pass
     finally:
         c.close()
 
