@@ -197,3 +197,42 @@ def test_replicas_waiters_ride_out_a_failover() -> None:
         with redis.Redis(port=group.master_port(), socket_timeout=5) as r:
             assert r.info("replication")["role"] == "master"
             assert not [name for name in names if r.exists(f"s:{{{name}}}:lock")]
+
+
+def test_a_waiter_rides_out_a_hung_master() -> None:
+    # The master hangs (SIGSTOP: its connections stay open) under a waiter, and Sentinel
+    # promotes the replica. The waiter's subscriber keepalive wakes it to look again, on the
+    # hung master: that look must move to the new master once the failover is announced (it
+    # raised ConnectionError at the command timeout), and the waiter hear the release there.
+    with SentinelGroup(down_after_ms=1000, failover_timeout_ms=5000) as group:
+        holders = redmutex.Client(group.url, prefix="s:", connect_timeout=1, command_timeout=4)
+        waiters = redmutex.Client(group.url, prefix="s:", connect_timeout=1, command_timeout=4)
+        holder = redmutex.Lock(holders, "hung", ttl=30, replicas=1)
+        assert holder.acquire(timeout=5)
+        woken: dict[str, object] = {}
+
+        def wait() -> None:
+            try:
+                woken["ok"] = redmutex.Lock(waiters, "hung", ttl=5).acquire(timeout=40)
+            except Exception as exc:  # noqa: BLE001 - inspected by the test
+                woken["ok"] = exc
+            woken["at"] = time.monotonic()
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        time.sleep(0.6)
+        hung = group.master.process
+        assert hung is not None
+        os.kill(hung.pid, signal.SIGSTOP)
+        try:
+            wait_for(
+                "Sentinel to name the new master", lambda: group.master_port() == group.replica.port
+            )
+            time.sleep(1.0)
+            released = time.monotonic()
+            holder.release()
+            waiter.join(45)
+        finally:
+            os.kill(hung.pid, signal.SIGCONT)
+        assert woken.get("ok") is True, woken
+        assert float(woken["at"]) - released < 3  # type: ignore[arg-type]

@@ -303,15 +303,36 @@ const OVERDUE_KEPT: usize = 8;
 /// How many times a node was reset (its master moved). The exclusive pool tags each connection
 /// it opens with the count, so that one of an old master is neither reused nor waited for.
 #[derive(Clone, Default)]
-pub struct Resets(Arc<std::sync::atomic::AtomicU64>);
+pub struct Resets(Arc<ResetCount>);
+
+#[derive(Default)]
+pub struct ResetCount {
+    count: std::sync::atomic::AtomicU64,
+    /// Told of every reset (see `moved_from`).
+    moved: tokio::sync::Notify,
+}
 
 impl Resets {
     pub fn count(&self) -> u64 {
-        self.0.load(Ordering::SeqCst)
+        self.0.count.load(Ordering::SeqCst)
     }
 
     fn bump(&self) {
-        self.0.fetch_add(1, Ordering::SeqCst);
+        self.0.count.fetch_add(1, Ordering::SeqCst);
+        self.0.moved.notify_waiters();
+    }
+
+    /// Resolves once the count is no longer `seen` (the master moved since).
+    async fn moved_from(&self, seen: u64) {
+        loop {
+            let notified = self.0.moved.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.count() != seen {
+                return;
+            }
+            notified.await;
+        }
     }
 }
 
@@ -766,6 +787,8 @@ impl Node {
         .then(|| Instant::now() + self.timeouts.command);
         let mut reconnected = false;
         loop {
+            // Taken before the connection, which may be the old master's if a reset comes now.
+            let resets_seen = self.resets.count();
             let (generation, live) = match self.connection().await {
                 Ok(found) => found,
                 Err(err)
@@ -786,8 +809,27 @@ impl Node {
                     continue;
                 }
             }
-            let err = match tokio::time::timeout(self.timeouts.command, op(live.conn.clone())).await
-            {
+            let call = tokio::time::timeout(self.timeouts.command, op(live.conn.clone()));
+            let answered = match failover_until {
+                // A Sentinel failover announced while the call waits for the old master (which
+                // may hang, stopped or cut off, until the call's timeout): sent again on the new
+                // one, which a repeat cannot harm (every script is token-checked); whatever the
+                // old master still runs is lost when it follows the new one.
+                Some(until) if matches!(*self.target, Target::Sentinel(_)) => tokio::select! {
+                    answered = call => answered,
+                    _ = self.resets.moved_from(resets_seen) => {
+                        // The call may run on both masters: a fault, as a dropped connection.
+                        self.drops.fetch_add(1, Ordering::Relaxed);
+                        if Instant::now() + FAILOVER_PAUSE < until {
+                            continue;
+                        }
+                        let what = "waiting for an answer (the master moved meanwhile)";
+                        return Err(timed_out(self.timeouts.command, what));
+                    }
+                },
+                _ => call.await,
+            };
+            let err = match answered {
                 Ok(Ok(value)) => return Ok((value, live.identity)),
                 Ok(Err(err)) => err,
                 Err(_) => {
