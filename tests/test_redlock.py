@@ -427,6 +427,30 @@ def test_restart_after_a_busy_first_word_is_still_discounted(masters: Masters) -
     assert_b_gets_in_after(b, a_deadline, timeout=ttl + 3)
 
 
+def test_locked_counts_a_holders_copy_on_a_discounted_master(masters: Masters) -> None:
+    """B has seen every master and used a 30 s lease; master 0 then restarts, so B discounts
+    it for 30 s. A's client had not seen master 0 before (a first sighting is trusted) and wins
+    exactly masters 0, 1 and 2 (a stale owner holds 3 and 4). By the library's rules A holds the
+    lock, so B's `locked()` must say True: a restarted master may forget a lease, never invent
+    one. (Before: QuorumError "only 4 of 5 masters answered" in every run.)"""
+    n = name()
+    b_client = client(masters)
+    warm = redmutex.Lock(b_client, name(), ttl=30)
+    assert warm.acquire(blocking=False)  # B has seen every master's run_id and a 30 s lease
+    warm.release()
+    masters.start_one(0)
+    a_client = client(masters)  # A's first word from master 0 is from the new incarnation
+    a, _ = a_holds_masters_0_to_2(masters, a_client, n, ttl=30, stale_ms=30_000)
+    b = redmutex.Lock(b_client, n, ttl=30)
+    assert b.locked() is True
+    assert b.acquire(blocking=False) is False
+    a.release()
+    for i in (3, 4):
+        with masters.conn(i) as r:
+            r.delete(f"t:{{{n}}}:lock")
+    assert b.locked() is False  # master 0's "none" is no denial: 1-4 say free
+
+
 def test_fences_increase_across_changing_majorities(masters: Masters) -> None:
     n = name()
     ttl = 0.5  # a restarted master's vote counts again after the longest lease (0.5 s)

@@ -17,7 +17,7 @@ use super::executor::{self, Now};
 pub use super::hold_status::HoldStatus;
 use super::hold_status::PendingExtend;
 use super::node::gave_up_at_deadline;
-use super::redlock::Redlock;
+use super::redlock::{Granted, Redlock, Whose};
 use super::renew::{self, Renewal, Schedule};
 use super::runtime::pid;
 use super::shared::Shared;
@@ -270,11 +270,12 @@ impl<P: Leased> Pending<'_, P> {
                 let lease = holder.primitive.lease();
                 let granted = holder.primitive.granted_lease(&detail).min(lease);
                 let deadline = lease::deadline(sent_at, granted);
-                let run_id = match backend {
-                    Backend::Single(shared) => shared.run_id(),
-                    Backend::Redlock(_) => None,
-                };
-                let status = Arc::new(HoldStatus::granted_on(deadline, run_id));
+                let status = Arc::new(match backend {
+                    Backend::Single(shared) => HoldStatus::granted_on(deadline, shared.run_id()),
+                    Backend::Redlock(redlock) => {
+                        HoldStatus::granted_on_masters(deadline, redlock.run_ids())
+                    }
+                });
                 // A shorter grant is topped up to the full lease once, when half of what is left
                 // of it has passed, unless renewal comes anyway (sooner than that, if need be).
                 let left = lease::remaining(deadline, Instant::now());
@@ -1166,7 +1167,15 @@ impl<P: Leased> Holder<P> {
         };
         let Backend::Single(shared) = &backend else {
             let step = self.primitive.quorum_release(&hold.token, &detail);
-            let outcome = release_by_quorum(&*self.primitive, &backend, &hold.token, step).await;
+            // A master's "not ours" after its connection broke under the send may be the first
+            // send's work (as `resent_own` on one server).
+            let granted = Granted {
+                deadline: hold.status.deadline(),
+                run_ids: hold.status.masters_run_ids.clone(),
+            };
+            let outcome =
+                release_by_quorum(&*self.primitive, &backend, &hold.token, step, Some(granted))
+                    .await;
             return self.finish_release(hold, outcome, false);
         };
         let (epoch, sent_at) = (shared.fault_epoch(), Instant::now());
@@ -1423,21 +1432,26 @@ async fn release_on<P: Leased>(primitive: &P, backend: &Backend, token: &str) ->
     match backend {
         Backend::Single(shared) => primitive.release_on_node(shared, token).await,
         Backend::Redlock(_) => {
-            release_by_quorum(primitive, backend, token, primitive.release(token)).await
+            release_by_quorum(primitive, backend, token, primitive.release(token), None).await
         }
     }
 }
 
-/// Runs a release `step` of `token` on every Redlock master, by majority.
+/// Runs a release `step` of `token` on every Redlock master, by majority; `granted`: the hold's
+/// (see `redlock::Granted`).
 async fn release_by_quorum<P: Leased>(
     primitive: &P,
     backend: &Backend,
     token: &str,
     step: Step<bool>,
+    granted: Option<Granted>,
 ) -> Result<bool> {
     match backend {
         Backend::Redlock(redlock) if primitive.quorum() => {
-            redlock.release_by(token, Arc::new(step)).await
+            let whose = Whose::Drawn;
+            redlock
+                .release_where(token, Arc::new(step), whose, granted.map(Arc::new))
+                .await
         }
         Backend::Redlock(_) => Err(no_quorum(primitive.naming())),
         Backend::Single(shared) => executor::run(shared, &step).await,

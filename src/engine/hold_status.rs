@@ -117,6 +117,9 @@ pub struct HoldStatus {
     releasing: AtomicBool,
     /// The run_id of the server incarnation known when the hold was granted (None: unknown).
     pub(super) run_id: Option<Arc<str>>,
+    /// On Redlock, the run_id each master last reported when the hold was granted (see
+    /// `redlock::Granted`); empty on one server.
+    pub(super) masters_run_ids: Vec<Option<Arc<str>>>,
     /// Told when the caller moved the deadline (`extend`): the renewal task plans again.
     moved: tokio::sync::Notify,
 }
@@ -136,6 +139,7 @@ impl HoldStatus {
             unanswered_release: Mutex::new(None),
             releasing: AtomicBool::new(false),
             run_id: None,
+            masters_run_ids: Vec::new(),
             moved: tokio::sync::Notify::new(),
         }
     }
@@ -143,6 +147,14 @@ impl HoldStatus {
     pub(super) fn granted_on(deadline: Instant, run_id: Option<Arc<str>>) -> Self {
         HoldStatus {
             run_id,
+            ..HoldStatus::new(deadline)
+        }
+    }
+
+    /// A hold granted by Redlock masters that last reported `run_ids`.
+    pub(super) fn granted_on_masters(deadline: Instant, run_ids: Vec<Option<Arc<str>>>) -> Self {
+        HoldStatus {
+            masters_run_ids: run_ids,
             ..HoldStatus::new(deadline)
         }
     }

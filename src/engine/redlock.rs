@@ -45,7 +45,7 @@ use super::waiting::Gate;
 use crate::protocol::keys::Keys;
 use crate::protocol::lease;
 use crate::protocol::lock;
-use crate::protocol::quorum::{self, Incarnation, Majority, Vote};
+use crate::protocol::quorum::{self, Holders, Incarnation, Majority, Vote};
 use crate::protocol::step::Step;
 
 /// How long a waiter sleeps when no master gives a lease to wait for.
@@ -113,18 +113,51 @@ pub struct Redlock {
     holds: Mutex<HashMap<(Vec<u8>, String), Held>>,
 }
 
+/// A hold's release as the hold knows it, so that a master's "not ours" that may be the work of
+/// the release's own first send counts as released there (as `hold::resent_own` on one server).
+pub struct Granted {
+    /// Until when the hold is surely ours: a send after it may find the lease ended.
+    pub deadline: Instant,
+    /// The run_id of each master when the hold was granted (`Redlock::run_ids`).
+    pub run_ids: Vec<Option<Arc<str>>>,
+}
+
+impl Granted {
+    /// Whether a release sent to master `index` at `sent_at`, whose connection broke under it
+    /// (`faulted`) and whose resend was answered by `answered_by`, may have deleted the token
+    /// with its first send: it went out while the lease was ours, and the server that answered
+    /// is the incarnation the hold was granted on (a restart in between forgot the token, so a
+    /// "not ours" there proves nothing). A master whose first connection was still opening
+    /// when the hold was granted (its vote came late) is judged by `before`, its run_id when the
+    /// release went out. An unknown run_id proves nothing.
+    fn resent_own(
+        &self,
+        index: usize,
+        sent_at: Instant,
+        before: Option<Arc<str>>,
+        faulted: bool,
+        answered_by: Option<&Identity>,
+    ) -> bool {
+        let granted_on = self.run_ids.get(index).cloned().flatten().or(before);
+        faulted
+            && sent_at < self.deadline
+            && matches!((granted_on, answered_by), (Some(g), Some(a)) if *g == *a.run_id)
+    }
+}
+
 /// What one master said to an operation, and whether its word counts now.
 pub(super) struct Answer<T> {
     value: Result<T>,
     counted: bool,
 }
 
-/// The masters' answers to a yes/no step so far: confirmations, denials (counted answers only)
-/// and what went wrong (for the quorum error).
+/// The masters' answers to a yes/no step so far: confirmations, denials (counted answers only),
+/// answers of masters discounted after a restart, and what went wrong (for the quorum error).
 #[derive(Default)]
 struct Count {
     confirmed: usize,
     denied: usize,
+    discounted: usize,
     errors: Vec<String>,
 }
 
@@ -136,7 +169,7 @@ impl Count {
                 Some(false) => self.denied += 1,
                 None => self.errors.push("unexpected reply".to_string()),
             },
-            (Ok(_), false) => {}
+            (Ok(_), false) => self.discounted += 1,
             (Err(err), _) => self.errors.push(err.to_string()),
         }
     }
@@ -191,6 +224,12 @@ impl Redlock {
             refused: OnceLock::new(),
             holds: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The run_id that each master's latest connection opened on (None: none yet), for a hold
+    /// granted now: a late vote is still on its way there, so no answer of it was counted yet.
+    pub fn run_ids(&self) -> Vec<Option<Arc<str>>> {
+        self.masters.iter().map(|m| m.shared.run_id()).collect()
     }
 
     /// `Error::Invalid` once two masters turned out to be one server.
@@ -406,10 +445,37 @@ impl Redlock {
         match quorum::majority(self.masters.len(), count.confirmed, count.denied) {
             Majority::Yes => Ok(true),
             Majority::No => Ok(false),
-            Majority::Unknown => {
-                Err(self.quorum_error(count.confirmed + count.denied, &count.errors))
-            }
+            Majority::Unknown => Err(self.undecided_error(
+                count.confirmed,
+                count.denied,
+                count.discounted,
+                &count.errors,
+            )),
         }
+    }
+
+    /// The quorum error of a step whose answers decided nothing: what the masters said, so that
+    /// a master that answered but is discounted after a restart is not taken for a silent one.
+    pub(super) fn undecided_error(
+        &self,
+        confirmed: usize,
+        denied: usize,
+        discounted: usize,
+        errors: &[String],
+    ) -> Error {
+        let answered = confirmed + denied + discounted;
+        let mut message = format!(
+            "Redlock: {answered} of {} masters answered, but no majority ({}) either way: \
+             {confirmed} confirmed, {denied} denied, {discounted} restarted within the longest \
+             lease (not counted until it has passed), {} failed",
+            self.masters.len(),
+            self.quorum(),
+            errors.len()
+        );
+        if let Some(last) = errors.last() {
+            message.push_str(&format!(" (last error: {last})"));
+        }
+        Error::Quorum(message)
     }
 
     pub(super) fn quorum_error(&self, answered: usize, errors: &[String]) -> Error {
@@ -460,15 +526,17 @@ impl Redlock {
     /// master's copy to run out with its lease, as before. For a token the library drew (never
     /// used again); caller-chosen ones: `release_chosen`.
     pub async fn release_by(&self, token: &str, step: Arc<Step<bool>>) -> Result<bool> {
-        self.release_where(token, step, Whose::Drawn).await
+        self.release_where(token, step, Whose::Drawn, None).await
     }
 
-    /// `release_by` of a token drawn or chosen (see `Whose`).
+    /// `release_by` of a token drawn or chosen (see `Whose`); `granted`: a hold's release, on
+    /// whose masters a "not ours" may be the first send's work (see `Granted`).
     pub(super) async fn release_where(
         &self,
         token: &str,
         step: Arc<Step<bool>>,
         whose: Whose,
+        granted: Option<Arc<Granted>>,
     ) -> Result<bool> {
         self.check_distinct()?;
         let handle = runtime::handle()?;
@@ -483,19 +551,31 @@ impl Redlock {
                 // A vote of this token still out on this master settles first: sent again
                 // after a NOSCRIPT, it would otherwise land after the release.
                 let earlier = self.pending_on(token, m.index);
-                let (shared, step, held, index) =
-                    (m.shared.clone(), step.clone(), held.clone(), m.index);
+                let (shared, step, held, index, granted) = (
+                    m.shared.clone(),
+                    step.clone(),
+                    held.clone(),
+                    m.index,
+                    granted.clone(),
+                );
                 let send = async move {
                     join_all(earlier).await;
                     if let Some(held) = &held {
                         if !is_held(held, index) {
-                            return Ok((redis::Value::Int(0), None));
+                            return Ok(((redis::Value::Int(0), false), None));
                         }
                         set_held(held, index, false);
                     }
-                    executor::send_identified(&shared.node, &step)
+                    let (epoch, sent_at, before) =
+                        (shared.fault_epoch(), Instant::now(), shared.run_id());
+                    let (value, identity) = executor::send_identified(&shared.node, &step)
                         .await
-                        .map_err(|err| err.to_string())
+                        .map_err(|err| err.to_string())?;
+                    let faulted = shared.fault_epoch() != epoch;
+                    let own = granted.is_some_and(|g| {
+                        g.resent_own(index, sent_at, before, faulted, identity.as_deref())
+                    });
+                    Ok(((value, own), identity))
                 }
                 .boxed()
                 .shared();
@@ -503,8 +583,11 @@ impl Redlock {
                 async move { self.answer(m, send.await.map_err(Error::Connection)) }
             })
             .collect();
-        self.decide_as_they_come(answers, |v| step.parse(v.clone()).ok(), early)
-            .await
+        // A "not ours" that may be the first send's work counts as released (see `Granted`).
+        let released = |(v, own): &(redis::Value, bool)| {
+            step.parse(v.clone()).ok().map(|released| released || *own)
+        };
+        self.decide_as_they_come(answers, released, early).await
     }
 
     /// Drives `done` (a release's send to master `index`) to its end in the background, listed
@@ -553,7 +636,8 @@ impl Redlock {
             .unwrap_or_else(|p| p.into_inner())
             .remove(&(keys.lock(), token.to_string()));
         let step = Arc::new(lock::release(keys, token));
-        self.release_where(token, step, Whose::Chosen(hold)).await
+        self.release_where(token, step, Whose::Chosen(hold), None)
+            .await
     }
 
     /// Keeps the hold of a caller-chosen `token` on the lock `key` that this client won: where
@@ -632,27 +716,15 @@ impl Redlock {
             .into_iter()
             .collect();
         let n = self.masters.len();
-        let mut counts: Vec<(Vec<u8>, usize)> = Vec::new();
-        let (mut received, mut unanswered) = (0, 0);
+        let mut holders = Holders::default();
         let mut errors = Vec::new();
         let mut decision = Majority::Unknown;
         while let Some(answer) = answers.next().await {
-            received += 1;
-            match (answer.value, answer.counted) {
-                (Ok(Some(owner)), true) => match counts.iter_mut().find(|(o, _)| *o == owner) {
-                    Some((_, c)) => *c += 1,
-                    None => counts.push((owner, 1)),
-                },
-                (Ok(None), true) => {}
-                (Ok(_), false) => unanswered += 1,
-                (Err(err), _) => {
-                    unanswered += 1;
-                    errors.push(err.to_string());
-                }
+            match answer.value {
+                Ok(owner) => holders.add(owner, answer.counted),
+                Err(err) => errors.push(err.to_string()),
             }
-            // The answers that are not the likeliest owner's deny it (and every other owner).
-            let best = counts.iter().map(|(_, c)| *c).max().unwrap_or(0);
-            decision = quorum::majority(n, best, received - best - unanswered);
+            decision = holders.majority(n);
             if decision != Majority::Unknown {
                 break;
             }
@@ -661,7 +733,12 @@ impl Redlock {
         match decision {
             Majority::Yes => Ok(true),
             Majority::No => Ok(false),
-            Majority::Unknown => Err(self.quorum_error(n - unanswered, &errors)),
+            Majority::Unknown => {
+                // Confirmed: the counted masters that name the owner denied least.
+                let (_, denied) = holders.held_and_denied();
+                let confirmed = holders.counted - denied;
+                Err(self.undecided_error(confirmed, denied, holders.discounted, &errors))
+            }
         }
     }
 

@@ -466,7 +466,7 @@ impl Drop for Cleanup {
         let held = self.held.take();
         runtime::spawn(async move {
             let whose = held.map_or(Whose::Drawn, |held| Whose::Chosen(Some(held)));
-            let _ = redlock.release_where(&token, give_back, whose).await;
+            let _ = redlock.release_where(&token, give_back, whose, None).await;
         });
         self.leave();
     }

@@ -198,6 +198,57 @@ pub fn majority(n: usize, confirmed: usize, denied: usize) -> Majority {
     }
 }
 
+/// Whether some owner holds a lock (`locked`), from what the masters said so far.
+///
+/// A master discounted after a restart may have forgotten a lease, never invented one: a copy
+/// it shows is a live lease (counted for its owner), but its "none" (or another owner) denies
+/// nobody. Otherwise a holder that won with that master's vote (a client that had not seen the
+/// restart counts it) would be reported free, or a quorum error, while it holds.
+#[derive(Clone, Debug, Default)]
+pub struct Holders {
+    /// Per owner: copies on any master, and copies on counted masters.
+    owners: Vec<(Vec<u8>, usize, usize)>,
+    /// Counted masters that answered (any owner or none).
+    pub counted: usize,
+    /// Discounted masters that answered.
+    pub discounted: usize,
+}
+
+impl Holders {
+    /// A master answered `owner` (None: free there); `counted`: its word counts now.
+    pub fn add(&mut self, owner: Option<Vec<u8>>, counted: bool) {
+        if counted {
+            self.counted += 1;
+        } else {
+            self.discounted += 1;
+        }
+        if let Some(owner) = owner {
+            match self.owners.iter_mut().find(|(o, _, _)| *o == owner) {
+                Some((_, copies, on_counted)) => {
+                    *copies += 1;
+                    *on_counted += usize::from(counted);
+                }
+                None => self.owners.push((owner, 1, usize::from(counted))),
+            }
+        }
+    }
+
+    /// The copies of the likeliest owner (any master), and the counted answers that deny the
+    /// owner they deny least (a counted "none" or another owner's copy).
+    pub fn held_and_denied(&self) -> (usize, usize) {
+        let most = self.owners.iter().map(|o| o.1).max().unwrap_or(0);
+        let most_counted = self.owners.iter().map(|o| o.2).max().unwrap_or(0);
+        (most, self.counted - most_counted)
+    }
+
+    /// Yes when some owner has copies on a majority; No when every owner is denied by more
+    /// than a minority of counted masters.
+    pub fn majority(&self, n: usize) -> Majority {
+        let (held, denied) = self.held_and_denied();
+        majority(n, held, denied)
+    }
+}
+
 /// The resolution of INFO's `uptime_in_seconds`, by which it may exceed the real uptime.
 const UPTIME_RESOLUTION: Duration = Duration::from_secs(1);
 
@@ -498,6 +549,44 @@ mod tests {
         assert_eq!(majority(5, 2, 2), Majority::Unknown);
         assert_eq!(majority(5, 0, 2), Majority::Unknown);
         assert_eq!(majority(3, 1, 2), Majority::No);
+    }
+
+    #[test]
+    fn a_discounted_master_shows_a_holder_but_denies_nobody() {
+        let x = || Some(b"x".to_vec());
+        // 3 masters: the holder's copies on a discounted master and one more; the third free.
+        let mut h = Holders::default();
+        h.add(None, true);
+        assert_eq!(h.majority(3), Majority::Unknown);
+        h.add(x(), false);
+        assert_eq!(h.majority(3), Majority::Unknown);
+        h.add(x(), true);
+        assert_eq!(h.majority(3), Majority::Yes);
+        // A discounted master's "none" is no denial: 5 masters, 2 counted free, 2 discounted free.
+        let mut h = Holders::default();
+        for counted in [true, true, false, false] {
+            h.add(None, counted);
+        }
+        assert_eq!(h.majority(5), Majority::Unknown);
+        h.add(None, true);
+        assert_eq!(h.majority(5), Majority::No);
+        // Another owner's copy on a discounted master denies x nothing; on a counted one it does.
+        let mut h = Holders::default();
+        h.add(x(), true);
+        h.add(Some(b"y".to_vec()), false);
+        h.add(Some(b"y".to_vec()), false);
+        assert_eq!(h.held_and_denied(), (2, 0));
+        h.add(None, true);
+        h.add(None, true);
+        // x may hold on its copy and both discounted masters (which may have forgotten it).
+        assert_eq!(h.held_and_denied(), (2, 2));
+        assert_eq!(h.majority(5), Majority::Unknown);
+        // Three counted answers deny every owner: free by majority.
+        let mut h = Holders::default();
+        for _ in 0..3 {
+            h.add(None, true);
+        }
+        assert_eq!(h.majority(5), Majority::No);
     }
 
     #[test]
