@@ -451,6 +451,29 @@ def test_locked_counts_a_holders_copy_on_a_discounted_master(masters: Masters) -
     assert b.locked() is False  # master 0's "none" is no denial: 1-4 say free
 
 
+def test_replicas_that_do_not_acknowledge_fail_like_a_timeout(masters: Masters) -> None:
+    """`replicas=1` on masters without replicas: every master answers, none can have its write
+    acknowledged. API.md: the lock is given back and the attempt fails like a timeout (False,
+    `with` raises LockTimeoutError), as on one server; QuorumError is for masters that do not
+    answer. (Before: QuorumError in every run.)"""
+    c = client(masters)
+    n = name()
+    lock = redmutex.Lock(c, n, ttl=30, replicas=1)
+    started = time.monotonic()
+    assert lock.acquire(timeout=10) is False
+    took = time.monotonic() - started
+    assert took < FAST["command_timeout"] + 2.0, f"took {took:.2f} s"
+    assert lock.token is None and lock.fence is None
+    with pytest.raises(redmutex.LockTimeoutError), redmutex.Lock(c, n, ttl=30, replicas=1):
+        pass
+    for i in range(len(masters.servers)):
+        with masters.conn(i) as r:
+            assert r.get(f"t:{{{n}}}:lock") is None, f"master {i} still holds"
+    plain = redmutex.Lock(c, n, ttl=30)
+    assert plain.acquire(blocking=False)  # given back everywhere: free at once
+    plain.release()
+
+
 def test_fences_increase_across_changing_majorities(masters: Masters) -> None:
     n = name()
     ttl = 0.5  # a restarted master's vote counts again after the longest lease (0.5 s)

@@ -127,8 +127,9 @@ pub(super) struct Won {
     pub(super) fence: i64,
 }
 
-/// One master's vote: `(master index, its reply, how long it is still discounted, error)`.
-type LeaseVote<R> = (usize, Option<R>, Option<Duration>, Option<String>);
+/// One master's vote: `(master index, its reply, how long it is still discounted, error,
+/// whether the error is its replicas not acknowledging the grant, given back there already)`.
+type LeaseVote<R> = (usize, Option<R>, Option<Duration>, Option<String>, bool);
 type SharedVote<R> = SharedFuture<BoxFuture<'static, LeaseVote<R>>>;
 
 /// Releases of earlier rounds still under way, per master: the next vote on a master waits for
@@ -160,6 +161,10 @@ struct GiveBackSteps {
 
 enum RoundEnd<R> {
     Won(Won),
+    /// Not won because too many masters' replicas did not acknowledge the write (`replicas=k`),
+    /// while a majority answered: the acquire fails like a timeout, as on one server, not with
+    /// a quorum error (which says that the masters did not answer).
+    Unacknowledged,
     Busy {
         retry_ms: i64,
         split: bool,
@@ -212,14 +217,19 @@ async fn vote<R: Send + 'static>(
     }
     join_all(releases).await;
     let Some(master) = redlock.masters.get(index) else {
-        return (index, None, None, None);
+        return (index, None, None, None, false);
     };
     match send.await {
         Ok((reply, identity)) => {
             let discounted = redlock.discounted(master, identity.as_deref());
-            (index, Some(reply), discounted, None)
+            (index, Some(reply), discounted, None, false)
         }
-        Err(err) => (index, None, None, Some(Redlock::labelled(master, &err))),
+        Err(err) => {
+            // Only `with_replicas` fails a vote with a timeout (see `RoundEnd::Unacknowledged`).
+            let unacknowledged = matches!(err, Error::Timeout(_));
+            let error = Some(Redlock::labelled(master, &err));
+            (index, None, None, error, unacknowledged)
+        }
     }
 }
 
@@ -294,12 +304,13 @@ async fn round<C: QuorumContender>(
     let mut replies = Vec::new();
     let mut errors = Vec::new();
     let mut refused = None;
+    let (mut failed, mut unacknowledged) = (0, 0);
     // Settled when a majority granted or cannot; a primitive may want the rest of the answers
     // that can still change its outcome (the cache: a value that a majority may yet confirm).
     let mut out = n;
     while !tally.settled() || (tally.outcome() != Outcome::Won && contender.more(n, &replies, out))
     {
-        let Some((i, reply, discounted, error)) = votes.next().await else {
+        let Some((i, reply, discounted, error, unacked)) = votes.next().await else {
             break;
         };
         if let Some(seen) = reported.get_mut(i) {
@@ -333,6 +344,8 @@ async fn round<C: QuorumContender>(
             }
             None => {
                 errors.extend(error);
+                failed += 1;
+                unacknowledged += usize::from(unacked);
                 Vote::Failed
             }
         };
@@ -409,6 +422,12 @@ async fn round<C: QuorumContender>(
         return Err(err);
     }
     match outcome {
+        // The masters that did not answer at all leave room for a majority: it was the replicas.
+        Outcome::NoQuorum { .. }
+            if unacknowledged > 0 && failed - unacknowledged <= n - redlock.quorum() =>
+        {
+            Ok(RoundEnd::Unacknowledged)
+        }
         Outcome::NoQuorum { answered } => Err(redlock.quorum_error(answered, &errors)),
         Outcome::Busy { retry_ms, split } => Ok(RoundEnd::Busy {
             retry_ms,
@@ -566,6 +585,7 @@ async fn rounds<C: QuorumContender>(
     for _ in 0..AT_ONCE {
         match round(redlock, contender, token, false, give_back, give_backs).await? {
             RoundEnd::Won(won) => return Ok(Some(won)),
+            RoundEnd::Unacknowledged => return Ok(None),
             RoundEnd::Busy { replies, .. } => {
                 if contender.done(redlock.len(), &replies) {
                     return Ok(None);
@@ -604,6 +624,7 @@ async fn rounds<C: QuorumContender>(
         let (retry_ms, split) =
             match round(redlock, contender, token, true, give_back, give_backs).await? {
                 RoundEnd::Won(won) => return Ok(Some(won)),
+                RoundEnd::Unacknowledged => return Ok(None),
                 RoundEnd::Busy {
                     retry_ms,
                     split,

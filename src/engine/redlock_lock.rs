@@ -122,7 +122,9 @@ impl QuorumContender for LockQuorum<'_> {
 }
 
 /// The write and its WAIT on a connection of their own; the master's incarnation is the one its
-/// command connection knows (looked up if it has none yet).
+/// command connection knows (looked up if it has none yet). Too few acknowledgements (the grant
+/// given back there) is `Error::Timeout`, which the round tells from a master that did not
+/// answer (`RoundEnd::Unacknowledged`).
 async fn with_replicas(
     redlock: Arc<Redlock>,
     index: usize,
