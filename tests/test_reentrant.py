@@ -554,8 +554,9 @@ def test_cancelled_reentries_keep_the_count(
 def test_a_nested_release_that_never_reached_redis_leaves_nothing_after_the_last(
     redis_server: RedisServer, r: redis.Redis, prefix: str
 ) -> None:
-    """The nested release fails (Redis unreachable), so Redis keeps the count of 2; the last
-    release still leaves nothing but the fence counter (API.md). Before, the count stayed for
+    """The nested release fails (Redis unreachable), so Redis keeps the count of 2 and so does
+    the object (the release did not count: see the retry test below); a retry and the last
+    release still leave nothing but the fence counter (API.md). Before, the count stayed for
     the whole lease (10 of 10 in the helper's script)."""
     with (
         FaultProxy(redis_server.port) as proxy,
@@ -570,7 +571,74 @@ def test_a_nested_release_that_never_reached_redis_leaves_nothing_after_the_last
         with pytest.raises(redmutex.ConnectionError):
             lock.release()
         proxy.heal()
-        lock.release()  # the outermost hold: the count went down locally already
+        assert lock._depth == 2  # unanswered: the level is still held
+        lock.release()  # the retry
+        assert lock._depth == 1
+        lock.release()  # the outermost hold
         assert lock.token is None
         assert r.get(lock_key(prefix, "dark-nested")) is None
         assert r.get(holds_key(prefix, "dark-nested")) is None
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("lost", ["reply", "request"])
+def test_a_retried_nested_release_is_that_release_not_the_outer_one(
+    redis_server: RedisServer, r: redis.Redis, prefix: str, lost: str
+) -> None:
+    """At depth 2 the nested release raises ConnectionError (its reply or its request lost).
+    The caller retries, as for a plain lock: that is the same nested release, so the outer
+    hold stays, in Redis too, and nobody else gets the lock while the outer block runs.
+    Before, the failed release had lowered the count already and the retry released the
+    outer hold (5 of 5 in the helper's script)."""
+    name = f"retry-nested-{lost}"
+    with (
+        FaultProxy(redis_server.port) as proxy,
+        redmutex.Client(proxy.url, prefix=prefix, connect_timeout=1, command_timeout=1) as client,
+        redmutex.Client(redis_server.url, prefix=prefix) as other_client,
+    ):
+        lock = redmutex.Lock(client, name, ttl=20, reentrant=True)
+        assert lock.acquire(timeout=5) and lock.acquire(timeout=5)
+        if lost == "reply":
+            proxy.drop_reply_to(f"{{{name}}}".encode(), then_blackhole=True)
+        else:
+            proxy.blackhole()
+        with pytest.raises(redmutex.ConnectionError):
+            lock.release()
+        proxy.heal()
+        proxy.disarm()
+        assert lock._depth == 2
+        lock.release()  # the retry
+        assert lock._depth == 1 and lock.owned() and not lock.lost
+        assert r.get(lock_key(prefix, name)) == lock.token.encode()
+        assert r.get(holds_key(prefix, name)) is None
+        other = redmutex.Lock(other_client, name, ttl=20)
+        assert not other.acquire(blocking=False)
+        lock.release()
+        assert other.acquire(blocking=False)
+        other.release()
+
+
+@pytest.mark.timeout(60)
+def test_a_with_block_whose_nested_release_raised_gives_its_level_up(
+    redis_server: RedisServer, r: redis.Redis, prefix: str
+) -> None:
+    """A block's exit cannot be retried: when the inner block's release raises ConnectionError,
+    its level goes anyway (Redis is told in the background), and the outer block's exit
+    releases the lock, leaving nothing but the fence counter."""
+    name = "with-nested-dark"
+    with (
+        FaultProxy(redis_server.port) as proxy,
+        redmutex.Client(
+            proxy.url, prefix=prefix, connect_timeout=0.5, command_timeout=0.5
+        ) as client,
+    ):
+        lock = redmutex.Lock(client, name, ttl=20, reentrant=True, auto_renew=True)
+        with lock:
+            with pytest.raises(redmutex.ConnectionError), lock:
+                assert lock._depth == 2
+                proxy.blackhole()
+            proxy.heal()
+            assert lock._depth == 1 and lock.owned()
+        assert lock.token is None and not lock.lost
+        assert r.get(lock_key(prefix, name)) is None
+        assert r.get(holds_key(prefix, name)) is None

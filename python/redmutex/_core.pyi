@@ -171,7 +171,8 @@ class Lock:
     def release(self) -> None:
         """Releases the hold (re-entrant: one acquire of the calling thread's). LockNotOwnedError
         when this object holds nothing, LockLostError when the lease expired or another owner
-        has the lock."""
+        has the lock. A nested release that raised ConnectionError did not count: retrying it
+        is that same release."""
     def extend(self, ttl: float | None = None) -> None:
         """The lease now ends `ttl` seconds from now (None: the lock's own ttl). Raises like
         release()."""

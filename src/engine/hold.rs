@@ -755,9 +755,9 @@ impl<P: Leased> Holder<P> {
         Ok(true)
     }
 
-    /// The release of a nested acquire, when this holder holds more than one: the count goes
-    /// down at once (whatever Redis then says, that acquire is released); a hold already found
-    /// lost says so (LockLostError) without asking Redis.
+    /// The release of a nested acquire, when this holder holds more than one: the count it
+    /// sets. A hold already found lost counts down at once and says so (LockLostError) without
+    /// asking Redis.
     fn begin_leave(&self) -> Result<Option<Nesting>> {
         let mut state = self.state();
         let State::Held(hold) = &mut *state else {
@@ -766,8 +766,8 @@ impl<P: Leased> Holder<P> {
         if hold.depth <= 1 {
             return Ok(None);
         }
-        hold.depth -= 1;
         if hold.status.is_lost() {
+            hold.depth -= 1;
             return Err(lost_error());
         }
         Ok(Some(Nesting {
@@ -776,16 +776,36 @@ impl<P: Leased> Holder<P> {
                 status: hold.status.clone(),
                 _release: None,
             },
-            depth: hold.depth,
+            depth: hold.depth - 1,
         }))
     }
 
+    /// The count goes down once Redis answered (whatever it said, that acquire is released).
+    /// Unanswered (ConnectionError), the level stays, as a plain release that raised leaves the
+    /// hold: the count is set, not decremented, so a retried release is the same release, never
+    /// the outer one's.
     fn finish_leave(&self, nesting: &Nesting, outcome: Result<bool>) -> Result<()> {
-        if outcome? {
+        let answered = outcome?;
+        if let State::Held(hold) = &mut *self.state() {
+            if hold.token == nesting.hold.token && hold.depth == nesting.depth + 1 {
+                hold.depth = nesting.depth;
+            }
+        }
+        if answered {
             return Ok(());
         }
         nesting.hold.status.mark_lost();
         Err(lost_error())
+    }
+
+    /// A block's exit cannot be retried: when its nested release at `depth` raised, the level
+    /// goes now and Redis is told in the background (retried until the lease would end).
+    pub fn drop_unreleased_level(&self, depth: u32) {
+        let token = match &*self.state() {
+            State::Held(hold) if hold.depth == depth && depth > 1 => hold.token.clone(),
+            _ => return,
+        };
+        self.give_back(&token);
     }
 
     async fn leave(&self, nesting: Nesting) -> Result<()> {

@@ -297,7 +297,11 @@ impl<H: Held> HoldCore<H> {
     pub fn exit(&self, py: Python<'_>, exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
         let body_raised = exc.get_item(0).is_ok_and(|t| !t.is_none());
         let holder = self.holder();
+        let depth = holder.depth();
         let released = blocking::run(py, || holder.release_blocking())?;
+        if released.is_err() {
+            holder.drop_unreleased_level(depth);
+        }
         leave_block(py, &self.about, body_raised, exit_outcome(holder, released))
     }
 
@@ -388,16 +392,21 @@ impl<H: Held> HoldCore<H> {
                 leave_block(py, &about, body_raised, outcome)?.into_bound_py_any(py)
             });
         }
+        let depth = handle.holder().depth();
         let begun = handle.holder().begin_release_call();
         awaitable::spawn(
             py,
             OnCancel::Finish,
             async move {
+                let holder = handle.holder();
                 let released = match begun {
-                    Ok(begun) => handle.holder().release_begun(begun).await,
+                    Ok(begun) => holder.release_begun(begun).await,
                     Err(err) => Err(err),
                 };
-                Ok(exit_outcome(handle.holder(), released))
+                if released.is_err() {
+                    holder.drop_unreleased_level(depth);
+                }
+                Ok(exit_outcome(holder, released))
             },
             move |py, outcome| leave_block(py, &about, body_raised, outcome)?.into_bound_py_any(py),
         )
