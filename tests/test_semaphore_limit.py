@@ -121,6 +121,70 @@ def test_an_unfair_waiter_keeps_the_old_limit_live(
     assert list(r.scan_iter(match=f"{prefix}{{u}}*")) == []
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("timeout", [5.0, None])
+def test_another_limit_is_refused_at_once_beside_a_waiter_of_the_same_client(
+    client: redmutex.Client, r: redis.Redis, prefix: str, timeout: float | None
+) -> None:
+    """An unfair waiter of limit 1 of this client waits; an acquire with limit 3 must not queue
+    behind it in process (where its first attempt, the one that learns the live limit, was
+    skipped): it raises SemaphoreLimitError naming both limits at once. Before, it returned
+    False after its whole timeout, or with timeout=None raised only once the holder released
+    (5 of 5 in the helper's script)."""
+    name = f"beside-{timeout}"
+    holder = redmutex.Semaphore(client, name, 1, ttl=10, fair=False)
+    assert holder.acquire(timeout=0)
+    waiter = redmutex.Semaphore(client, name, 1, ttl=10, fair=False)
+    got: list[bool] = []
+    thread = threading.Thread(target=lambda: got.append(waiter.acquire(timeout=20)))
+    thread.start()
+    try:
+        places = f"{prefix}{{{name}}}:sem:queue:deadlines"
+        deadline = time.monotonic() + 10
+        while r.zcard(places) == 0:  # the waiter competes (its place is in Redis)
+            assert time.monotonic() < deadline, "the unfair waiter left no trace in Redis"
+            time.sleep(0.01)
+        begun = time.monotonic()
+        other = redmutex.Semaphore(client, name, 3, ttl=10, fair=False)
+        with pytest.raises(SemaphoreLimitError, match="limit 3 .* limit 1"):
+            other.acquire(timeout=timeout)
+        assert time.monotonic() - begun < 2.5  # not after a timeout or the holder's release
+    finally:
+        holder.release()
+        thread.join(20)
+    assert got == [True]
+    waiter.release()
+
+
+@pytest.mark.timeout(60)
+def test_asyncio_another_limit_is_refused_at_once_beside_a_waiter(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
+    """The asyncio side of the test above: a task of limit 3 beside a waiting task of limit 1."""
+
+    async def main() -> None:
+        holder = aio.Semaphore(client, "aio-beside", 1, ttl=10, fair=False)
+        assert await holder.acquire(timeout=0)
+        waiter = aio.Semaphore(client, "aio-beside", 1, ttl=10, fair=False)
+        waiting = asyncio.ensure_future(waiter.acquire(timeout=20))
+        places = f"{prefix}{{aio-beside}}:sem:queue:deadlines"
+        deadline = time.monotonic() + 10
+        while r.zcard(places) == 0:
+            assert time.monotonic() < deadline, "the unfair waiter left no trace in Redis"
+            await asyncio.sleep(0.01)
+        begun = time.monotonic()
+        try:
+            with pytest.raises(SemaphoreLimitError, match="limit 3 .* limit 1"):
+                await aio.Semaphore(client, "aio-beside", 3, fair=False).acquire(timeout=5)
+            assert time.monotonic() - begun < 2.5
+        finally:
+            await holder.release()
+        assert await waiting
+        await waiter.release()
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize("fair", [False, True])
 def test_asyncio_semaphores_share_the_live_limit(client: redmutex.Client, fair: bool) -> None:
     async def main() -> None:

@@ -115,7 +115,7 @@ impl QuorumContender for SlotContender<'_> {
     }
 
     fn gate(&self) -> Option<Vec<u8>> {
-        Some(self.spec.keys.semaphore_holders())
+        Some(self.spec.keys.semaphore_gate(self.spec.limit))
     }
 }
 

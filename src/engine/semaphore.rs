@@ -161,13 +161,14 @@ impl Leased for SemaphoreSpec {
     fn plan<'a>(&self, shared: &'a Arc<Shared>, token: &'a str) -> Plan<'a> {
         // Fair: every waiter keeps its place in the Redis queue and is woken by name.
         // Unfair: one competitor per semaphore in this process, woken by any release; it keeps
-        // a place too (no turn: it tells that a waiter of its limit remains).
+        // a place too (no turn: it tells that a waiter of its limit remains). One per limit:
+        // a waiter of another limit must not queue behind it, but be refused by Redis at once.
         Plan {
             shared,
             channel: self.keys.wake_channel(),
             inbox: None,
             wake_token: self.fair.then_some(token),
-            gate: (!self.fair).then(|| self.keys.semaphore_holders()),
+            gate: (!self.fair).then(|| self.keys.semaphore_gate(self.limit)),
             queued: true,
         }
     }

@@ -290,7 +290,8 @@ pub struct Plan<'a> {
     /// queue in process, in FIFO order (Redis work per hand-off grows with processes, not threads).
     /// The id is the full Redis key the competitors contend for (`protocol::keys`), never a bare
     /// name: keys of different primitives differ by their suffix, so no two primitives share a
-    /// gate, even when one's name spells out the other's key.
+    /// gate, even when one's name spells out the other's key. (A semaphore adds its limit:
+    /// `Keys::semaphore_gate`.)
     pub gate: Option<Vec<u8>>,
     /// The waiter keeps a place in Redis (a queue entry or a waiting-writer mark) that it must
     /// refresh while it waits and give back when it gives up.

@@ -2,6 +2,8 @@
 //! `prefix + "{" + N + "}"`, so all of them share one cluster hash slot. This is the only place
 //! where keys and channel names are built.
 
+use std::io::Write;
+
 /// How long a fencing counter lives after the last acquisition, unless the client says
 /// otherwise (`Client(fence_ttl=...)`): a day, in ms.
 pub const DEFAULT_FENCE_TTL_MS: u64 = 86_400_000;
@@ -108,6 +110,20 @@ impl Keys {
     /// Semaphore: zset of holder token -> lease end (ms, server clock from `TIME`).
     pub fn semaphore_holders(&self) -> Vec<u8> {
         self.with_suffix(b":sem:holders")
+    }
+
+    /// Semaphore: the id of the in-process gate its unfair waiters of `limit` queue at
+    /// (`waiting::Plan::gate`), not a Redis key: the holders' key and the limit, so that a
+    /// waiter of another limit never queues behind them and hears at once that its limit
+    /// differs.
+    pub fn semaphore_gate(&self, limit: u64) -> Vec<u8> {
+        const SUFFIX: &[u8] = b":sem:holders#";
+        let mut gate = Vec::with_capacity(self.base.len() + SUFFIX.len() + 20);
+        gate.extend_from_slice(&self.base);
+        gate.extend_from_slice(SUFFIX);
+        // Writing to a Vec cannot fail (and needs no allocation of its own).
+        let _ = write!(gate, "{limit}");
+        gate
     }
 
     /// Semaphore: the limit its holders and waiters use (string), expiring with the holders and
