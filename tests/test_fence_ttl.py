@@ -39,6 +39,17 @@ def test_a_bad_fence_ttl_is_a_value_error_naming_it(redis_url: str, bad: object)
         redmutex.Client(redis_url, fence_ttl=bad)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("bad", [0, 0.0, -1, 0.0001, 0.0009])
+def test_a_fence_ttl_under_a_millisecond_is_refused_with_the_bound_of_every_lease(
+    redis_url: str, bad: float
+) -> None:
+    """The rule of `ttl` (>= 0.001 s, API.md), in one message for every value under it. Before:
+    0 said "greater than 0", -1 "at least 0 seconds", and 0.0001 became 0.001 silently."""
+    with pytest.raises(ValueError, match=r"fence_ttl: must be at least 0\.001 seconds"):
+        redmutex.Client(redis_url, fence_ttl=bad)
+    assert redmutex.Client(redis_url, fence_ttl=0.001).fence_ttl == 0.001
+
+
 @pytest.mark.parametrize("bad", ["60", True, [1], object()])
 def test_a_fence_ttl_of_another_type_is_a_type_error_naming_it(redis_url: str, bad: object) -> None:
     with pytest.raises(TypeError, match="fence_ttl"):

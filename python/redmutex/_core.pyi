@@ -113,7 +113,8 @@ class Client:
         """Closes the connections (also done on leaving `with Client(...)`)."""
     @property
     def fence_ttl(self) -> float:
-        """Seconds a name's fencing counter lives after its last acquisition (default 86400.0)."""
+        """Seconds a name's fencing counter lives after its last acquisition (default 86400.0;
+        at least 0.001, like every `ttl`)."""
     @property
     def prefix(self) -> str:
         """The key prefix of every primitive (default "redmutex:")."""

@@ -132,13 +132,10 @@ fn seconds_or(arg: &str, value: Option<&Bound<'_, PyAny>>, default: f64) -> PyRe
     }
 }
 
-/// `fence_ttl`: a finite number of seconds greater than 0 (whole ms on the wire, rounded up).
+/// `fence_ttl`: a finite number of seconds, at least 0.001 like every lease (`ttl`): the wire
+/// counts whole ms, so anything shorter would be lengthened silently.
 fn fence_ttl_seconds(value: &Bound<'_, PyAny>) -> PyResult<Duration> {
-    match args::forever_or_duration("fence_ttl", value, 0.0)? {
-        None => Err(value_error("fence_ttl", "must be finite")),
-        Some(d) if d.is_zero() => Err(value_error("fence_ttl", "must be greater than 0")),
-        Some(d) => Ok(d),
-    }
+    args::duration("fence_ttl", value, 0.001)
 }
 
 #[pymethods]
