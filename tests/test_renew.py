@@ -234,6 +234,26 @@ def test_taken_over_key_is_reported_and_left_alone(
 
 
 @pytest.mark.timeout(60)
+def test_the_loss_warning_says_what_renewal_found(
+    client: redmutex.Client, r: redis.Redis, key_of: KeyOf, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis answered the extend "not ours": the WARNING says the lock may have been taken by
+    another owner, not that the lease ended before renewal (which it said before, 1 of 1)."""
+    on_lost = _LostLog()
+    lock = redmutex.Lock(client, "told", ttl=0.6, auto_renew=True, on_lost=on_lost)
+    assert lock.acquire(timeout=5)
+    r.set(key_of("told", "lock"), b"f" * 32, px=4000)
+    with caplog.at_level("WARNING", logger="redmutex"):
+        assert on_lost.called.wait(5.0), "on_lost was not called"
+    lost = [rec.getMessage() for rec in caplog.records if "was lost" in rec.getMessage()]
+    assert len(lost) == 1, caplog.text
+    assert "another owner had taken it" in lost[0], lost[0]
+    assert "before renewal" not in lost[0], lost[0]
+    with pytest.raises(redmutex.LockLostError):
+        lock.release()
+
+
+@pytest.mark.timeout(60)
 def test_loss_without_callback(client: redmutex.Client, r: redis.Redis, key_of: KeyOf) -> None:
     lock = redmutex.Lock(client, "nocb", ttl=0.4, auto_renew=True)
     with pytest.raises(redmutex.LockLostError), lock:
@@ -415,7 +435,7 @@ def test_renewal_does_not_run_in_forked_child(
 
 @pytest.mark.timeout(60)
 def test_renewal_reports_loss_while_server_unreachable(
-    make_server: Callable[..., RedisServer],
+    make_server: Callable[..., RedisServer], caplog: pytest.LogCaptureFixture
 ) -> None:
     """Renewal never dies silently: with the server paused (SIGSTOP) past the lease, the hold is
     reported lost from the local deadline (no answer from Redis needed), once; after the server
@@ -449,6 +469,8 @@ def test_renewal_reports_loss_while_server_unreachable(
             assert conn.exists(b"ru:{down}:lock") == 0
         assert len(on_lost.calls) == 1
         assert on_lost.calls[0][0] is lock
+        # No answer came: the warning says so.
+        assert "its lease ended before renewal got an answer" in caplog.text
     finally:
         c.close()
         conn.close()

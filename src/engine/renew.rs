@@ -17,10 +17,32 @@ use super::hold_status::HoldStatus;
 use super::runtime;
 use crate::protocol::lease;
 
+/// How renewal found a hold lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Loss {
+    /// Redis answered that the token no longer holds it: its lease ended there, or another
+    /// owner took it (the extend cannot tell which).
+    NotOurs,
+    /// The lease ran out before an extend got an answer.
+    Unanswered,
+}
+
+impl std::fmt::Display for Loss {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Loss::NotOurs => {
+                "renewal found it no longer held under its token (the lease had ended in Redis, \
+                 or another owner had taken it)"
+            }
+            Loss::Unanswered => "its lease ended before renewal got an answer from Redis",
+        })
+    }
+}
+
 /// Whom renewal tells what it finds.
 pub trait Listener: Send + Sync {
-    /// The hold was found lost (called once).
-    fn lost(&self);
+    /// The hold was found lost (called once), and how.
+    fn lost(&self, how: Loss);
     /// A renewal attempt failed but the lease has not ended yet.
     fn warn(&self, message: &str);
 }
@@ -126,7 +148,7 @@ async fn renew<F, Fut>(
         let renewed = match tokio::time::timeout_at(status.deadline().into(), extend(wanted)).await
         {
             Ok(renewed) => renewed,
-            Err(_) => return report_lost(&status, &listener),
+            Err(_) => return report_lost(&status, &listener, Loss::Unanswered),
         };
         match renewed {
             Ok(Some(sent_at)) => {
@@ -136,11 +158,11 @@ async fn renew<F, Fut>(
                 }
                 next = sent_at + period;
             }
-            Ok(None) => return report_lost(&status, &listener),
+            Ok(None) => return report_lost(&status, &listener, Loss::NotOurs),
             Err(_) if status.is_releasing() => return,
             Err(err) => {
                 if Instant::now() >= status.deadline() {
-                    return report_lost(&status, &listener);
+                    return report_lost(&status, &listener, Loss::Unanswered);
                 }
                 if let Some(l) = &listener {
                     l.warn(&format!(
@@ -155,13 +177,13 @@ async fn renew<F, Fut>(
 
 /// Marks the hold lost and tells the listener, unless a release was attempted meanwhile: then
 /// the hold's end is the release's to report (a "not ours" may be the release's own doing).
-fn report_lost(status: &HoldStatus, listener: &Option<Arc<dyn Listener>>) {
+fn report_lost(status: &HoldStatus, listener: &Option<Arc<dyn Listener>>, how: Loss) {
     if status.is_releasing() {
         return;
     }
     if status.mark_lost() {
         if let Some(l) = listener {
-            l.lost();
+            l.lost(how);
         }
     }
 }

@@ -18,7 +18,7 @@ use super::log;
 use crate::engine::compat::{CompatHold, CompatLock};
 use crate::engine::hold::OnLost;
 use crate::engine::lock::Wait;
-use crate::engine::renew::Listener;
+use crate::engine::renew::{Listener, Loss};
 use crate::protocol::compat::Extended;
 
 /// A lock on `lock_key` (another library's key); `name` names redmutex's keys beside it.
@@ -67,11 +67,8 @@ struct LogListener {
 }
 
 impl Listener for LogListener {
-    fn lost(&self) {
-        self.say(format!(
-            "{} was lost: its lease ended before renewal",
-            self.label
-        ));
+    fn lost(&self, how: Loss) {
+        self.say(format!("{} was lost: {how}", self.label));
     }
 
     fn warn(&self, message: &str) {

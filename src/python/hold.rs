@@ -22,7 +22,7 @@ use super::loop_hold;
 use crate::engine::executor::Now;
 use crate::engine::hold::{Holder, Leased, OnLost, Ticket};
 use crate::engine::lock::{LockHandle, LockSpec, Wait};
-use crate::engine::renew::Listener;
+use crate::engine::renew::{Listener, Loss};
 use crate::engine::rwlock::{RwHandle, RwSide};
 use crate::engine::semaphore::{SemaphoreHandle, SemaphoreSpec};
 use crate::engine::{Error, Result};
@@ -77,10 +77,10 @@ struct PyListener {
 }
 
 impl Listener for PyListener {
-    fn lost(&self) {
+    fn lost(&self, how: Loss) {
         let target = self.target.clone();
         let on_lost = self.on_lost.clone();
-        let message = format!("{} was lost: its lease ended before renewal", self.label);
+        let message = format!("{} was lost: {how}", self.label);
         let label = self.label.clone();
         if super::interpreter_exiting() {
             return;
