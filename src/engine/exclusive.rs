@@ -99,16 +99,18 @@ impl ExclusivePool {
     /// `on_timeout` with the resets count it was opened at (its request may still run: an undo
     /// must wait for it), and the call fails. A connection that broke under the call (most often
     /// a kept one the server closed while it sat idle: its `timeout` setting, `CLIENT KILL`) is
-    /// replaced and the pipeline sent once more at once. A master that died (Sentinel, Cluster) refuses or
-    /// drops connections until its replica takes over: when the pool rides failovers, the
-    /// pipeline is sent again on a fresh connection until the command timeout has passed, as
-    /// the node's calls are. A resend is safe: the lock write is token-checked, and finding its
+    /// replaced and the pipeline sent once more at once. A master that died (Sentinel, Cluster)
+    /// refuses or drops connections until its replica takes over: when the pool rides
+    /// failovers, the pipeline is sent again on a fresh connection until the command timeout
+    /// has passed, as the node's calls are; so it is when `gone_in` finds the replies show the
+    /// master gone (a pipeline that ignores errors reads them as values). A resend is safe: the lock write is token-checked, and finding its
     /// own token it writes again (renews the lease), so the WAIT behind it vouches for it.
     pub(crate) async fn pipeline<T: FromRedisValue + Send>(
         &self,
         pipe: &Pipeline,
         limit: Duration,
         on_timeout: impl FnOnce(Conn, u64),
+        gone_in: impl Fn(&T) -> bool,
     ) -> Result<T> {
         let endpoint = || self.target.endpoint();
         let mut may_retry = true;
@@ -126,6 +128,11 @@ impl ExclusivePool {
             };
             let outcome = tokio::time::timeout(limit, pipe.query_async::<T>(&mut conn)).await;
             match outcome {
+                // Replies read one by one (the pipeline ignores errors) that show the master
+                // gone, as `master_gone` errors do: this connection is not kept.
+                Ok(Ok(value)) if gone_in(&value) && time_left() => {
+                    tokio::time::sleep(FAILOVER_PAUSE).await;
+                }
                 Ok(Ok(value)) => {
                     // One opened before a reset may be the old master's: not kept. (`Shared`
                     // resets the node, then this pool: a reset between this check and the push

@@ -36,9 +36,14 @@ pub async fn attempt_with_replicas(
         .ignore_errors();
     let (reply, wait): (redis::Value, redis::Value) = shared
         .exclusive
-        .pipeline(&pipe, limit + WAIT_SLACK, |conn, opened| {
-            shared.node.keep_overdue_conn(conn, opened)
-        })
+        .pipeline(
+            &pipe,
+            limit + WAIT_SLACK,
+            |conn, opened| shared.node.keep_overdue_conn(conn, opened),
+            |(reply, wait): &(redis::Value, redis::Value)| {
+                server_error(reply, "READONLY") || server_error(wait, "UNBLOCKED")
+            },
+        )
         .await?;
     let attempt = parse_attempt(&reply.extract_error()?)?;
     let acked = match parse_wait_acks(&wait) {
@@ -59,4 +64,12 @@ pub async fn attempt_with_replicas(
         }
     }
     Ok(Some(attempt))
+}
+
+/// Whether `value` is a server error with `code`: on a Sentinel or Cluster master, the signs
+/// that it was demoted under the pipeline (its write refused, its WAIT cut short), after which
+/// the pool sends it again to the new master while the command timeout allows; else (one
+/// server, or no time left) READONLY is reported and UNBLOCKED counts as no acknowledgement.
+fn server_error(value: &redis::Value, code: &str) -> bool {
+    matches!(value, redis::Value::ServerError(err) if err.code() == code)
 }

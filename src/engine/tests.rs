@@ -1284,9 +1284,12 @@ fn an_exclusive_call_on_the_old_master_that_times_out_after_a_reset_is_not_waite
             tokio::spawn(async move {
                 let mut pipe = redis::pipe();
                 pipe.cmd("BLPOP").arg("t-reset:never").arg(0);
-                pool.pipeline::<Value>(&pipe, Duration::from_millis(300), |conn, opened| {
-                    node.keep_overdue_conn(conn, opened)
-                })
+                pool.pipeline::<Value>(
+                    &pipe,
+                    Duration::from_millis(300),
+                    |conn, opened| node.keep_overdue_conn(conn, opened),
+                    |_| false,
+                )
                 .await
             })
         };
@@ -1313,7 +1316,7 @@ fn an_exclusive_connection_of_the_old_master_is_not_reused_after_a_reset() {
             tokio::spawn(async move {
                 let mut pipe = redis::pipe();
                 pipe.cmd("BLPOP").arg("t-reset:empty").arg(0.3);
-                pool.pipeline::<Value>(&pipe, Duration::from_secs(2), |_, _| {})
+                pool.pipeline::<Value>(&pipe, Duration::from_secs(2), |_, _| {}, |_| false)
                     .await
             })
         };
@@ -1327,7 +1330,7 @@ fn an_exclusive_connection_of_the_old_master_is_not_reused_after_a_reset() {
         let mut pipe = redis::pipe();
         pipe.cmd("PING");
         let _: Value = pool
-            .pipeline(&pipe, Duration::from_secs(2), |_, _| {})
+            .pipeline(&pipe, Duration::from_secs(2), |_, _| {}, |_| false)
             .await
             .unwrap();
         assert_eq!(pool.idle_count(), 1);
