@@ -86,3 +86,25 @@ def test_a_release_whose_reply_was_lost_is_a_release(setup: Setup) -> None:
     assert redmutex.acquire_lock(client, name, "X", 1, 0.3) == "X"
     time.sleep(0.5)
     assert redmutex.release_lock(client, name, "X") is False
+
+
+def test_a_resent_attempt_never_takes_another_calls_lock_with_the_same_identifier(
+    setup: Setup,
+) -> None:
+    # A holds the lock with identifier "X"; B tries the same identifier and its first reply is
+    # lost. B's resend finds "X" in place: it cannot tell A's hold from one its first send set,
+    # so it must not count it as its own (else A and B both hold the lock).
+    faulty, direct = setup.client(True), setup.client(False)
+    assert redmutex.acquire_lock(faulty, "warm", "w") == "w"  # the proxy path is open
+    assert redmutex.release_lock(faulty, "warm", "w")
+    granted = 0
+    for i in range(5):
+        name = f"resent-same-id-{i}-{uuid.uuid4().hex[:6]}"
+        assert redmutex.acquire_lock(direct, name, "X", 1, 10) == "X"
+        setup.proxy.drop_reply_to(f"{{{name}}}".encode())
+        if redmutex.acquire_lock(faulty, name, "X", 0.3, 10) is not False:
+            granted += 1
+        setup.proxy.disarm()
+        assert setup.owner(name) == b"X"
+        assert redmutex.release_lock(direct, name, "X") is True
+    assert granted == 0, f"{granted} of 5 resends took the other call's lock"

@@ -10,6 +10,7 @@ use super::client::{Backend, Client};
 use super::error::{Error, Result};
 use super::executor::{self, Now};
 use super::hold::{Holder, Leased, Naming};
+use super::node::Retry;
 use super::redlock::Redlock;
 use super::redlock_lock;
 use super::replicas::attempt_with_replicas;
@@ -53,8 +54,8 @@ pub struct LockContender<'a> {
     spec: &'a LockSpec,
     token: &'a str,
     /// The token was chosen by the caller (the recipes' identifier), so another call may use it
-    /// too: an attempt's first send that finds it in place is refused, only its resend after a
-    /// dropped connection may count it as ours (the first send may have set it).
+    /// too: an attempt that finds it in place is refused, its resend after a dropped connection
+    /// as well (the token may have been in place before the first send).
     shared_token: bool,
     /// The latest attempt that found the fair lock not ours: when it was sent, and the fence
     /// counter it saw. A grant with a larger fence ran after it, so its lease started later.
@@ -188,10 +189,13 @@ impl Contender for LockContender<'_> {
         } else {
             let step = steps::attempt(self.spec, self.token, fair, self.shared.hub.inbox());
             if self.shared_token && fair.is_none() {
+                // A resend after a dropped connection goes as a first send too: the token it
+                // finds may be another call's (in place before the first send), which it must
+                // never count as its own. One its lost first send set is then refused as well:
+                // the call waits on, and that copy lapses with its lease (as Redlock's votes).
                 let lease_ms = lease::lease_ms(self.spec.lease);
                 let first = scripts::acquire_first_send(&self.spec.keys, self.token, lease_ms);
-                let resend = executor::script_of(&step)?;
-                step.parse(self.shared.node.invoke_or_resend(&first, resend).await?)?
+                step.parse(self.shared.node.invoke(&first, Retry::Once).await?)?
             } else {
                 executor::run(self.shared, &step).await?
             }
@@ -307,7 +311,7 @@ pub async fn release(shared: &Shared, keys: &Keys, token: &str) -> Result<bool> 
 
 /// `acquire` on any deployment for a token the caller chose (the recipes' entry point): two
 /// calls with the same identifier never both hold the lock on one node. A token already in
-/// place counts as this call's own only on the resend of an attempt after a dropped connection.
+/// place never counts as this call's own, not even on a resend after a dropped connection.
 pub async fn acquire_on(
     backend: &Backend,
     spec: &LockSpec,

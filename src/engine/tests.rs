@@ -605,14 +605,15 @@ fn redlock_needs_a_majority_and_raises_fences_past_every_previous_one() {
 }
 
 #[test]
-fn a_caller_chosen_token_in_place_is_granted_to_a_resend_only() {
+fn a_caller_chosen_token_in_place_is_refused_by_the_first_send_form() {
     let server = Server::start();
     let client = server.client("t-same:");
     block_on(async {
         let shared = client.shared().unwrap();
         let backend = client.backend().unwrap();
         let s = spec(&client, "same", 5_000, false);
-        // The script: a first send refuses the token it finds in place, a resend takes it.
+        // The script: the first-send form refuses the token it finds in place, the plain form
+        // (a token the library drew) takes it.
         let first = scripts::acquire_first_send(&s.keys, "worker-1", 5_000);
         let taken = shared.node.invoke(&first, Retry::Never).await.unwrap();
         let fence = match parse_attempt(&taken).unwrap() {

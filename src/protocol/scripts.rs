@@ -212,10 +212,9 @@ pub fn acquire(
 }
 
 /// A non-fair acquire attempt, as the first send of a token the caller chose (the recipes'
-/// identifier, which two calls may share): a token found already in place belongs to another
-/// call, not to this one. Only the resend of this attempt after a dropped connection (`acquire`
-/// with the same arguments) may count that token as its own, since the first send may have set
-/// it (see `lock_acquire.lua`).
+/// identifier, which two calls may share): a token found already in place may belong to another
+/// call, so it is never counted as this one's. A resend after a dropped connection goes in this
+/// form too: it cannot tell a token its lost first send set from one in place before it.
 pub fn acquire_first_send(keys: &Keys, token: &str, lease_ms: u64) -> ScriptInvocation<'static> {
     let mut inv = acquire_call(keys, token, lease_ms, None, "").invocation();
     inv.arg(FIRST_SEND);

@@ -3,9 +3,9 @@
 -- KEYS[1] lock key (string: owner token)   KEYS[2] fence counter
 -- ARGV[1] token   ARGV[2] lease in ms   ARGV[3] fence counter's ttl in ms (after the last fence)
 -- ARGV[#ARGV] 'first' (optional, always the last argument, after ARGV[3]): the first send of an
---        attempt whose token the caller chose (the recipes' identifier): a token found in place
---        was put there by another call with the same identifier, so it is not a grant. Without it
---        (a resend after the connection dropped, or a token of the lock object's own) it is ours.
+--        attempt whose token the caller chose (the recipes' identifier), and of its resend: a
+--        token found in place may have been put there by another call with the same identifier,
+--        so it is not a grant. Without it (a token the library drew, nobody else's) it is ours.
 -- Reply: the fence (an integer) when ARGV[1] holds the lock now (a retry that finds its own
 --        token in place counts: nobody else can have incremented the fence while we held it;
 --        its lease is renewed to ARGV[2] from now, since the token may have been set by an
