@@ -6,6 +6,7 @@ Every redis-server here is started by the test and stopped by its PID.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -108,3 +109,57 @@ def test_a_resent_attempt_never_takes_another_calls_lock_with_the_same_identifie
         assert setup.owner(name) == b"X"
         assert redmutex.release_lock(direct, name, "X") is True
     assert granted == 0, f"{granted} of 5 resends took the other call's lock"
+
+
+def test_a_resent_release_never_deletes_a_hold_taken_since_under_the_same_identifier(
+    setup: Setup,
+) -> None:
+    # B releases "X"; the delete runs but its reply is lost, and before B's resend arrives
+    # (requests delayed 0.3 s) A takes the free lock under "X" too. B's resend must not delete
+    # A's hold: A would then believe it holds a lock that any third call can take.
+    faulty, direct = setup.client(True), setup.client(False)
+    assert redmutex.acquire_lock(faulty, "warm", "w") == "w"  # the proxy path is open
+    assert redmutex.release_lock(faulty, "warm", "w")
+    deleted = 0
+    for i in range(5):
+        name = f"resent-release-{i}-{uuid.uuid4().hex[:6]}"
+        assert redmutex.acquire_lock(faulty, name, "X", 1, 10) == "X"
+        taken: list[object] = []
+
+        def take_once_released(name: str = name, taken: list[object] = taken) -> None:
+            setup.proxy.reply_dropped.wait(5)
+            taken.append(redmutex.acquire_lock(direct, name, "X", 0, 10))
+
+        setup.proxy.set_latency(0.3, "c2s")
+        setup.proxy.drop_reply_to(f"{{{name}}}".encode())
+        other = threading.Thread(target=take_once_released)
+        other.start()
+        try:
+            assert redmutex.release_lock(faulty, name, "X") is True
+        finally:
+            other.join(10)
+            setup.proxy.set_latency(0, "c2s")
+            setup.proxy.disarm()
+        assert setup.proxy.reply_dropped.is_set(), "no reply was dropped: the test proved nothing"
+        assert taken == ["X"]
+        if setup.owner(name) != b"X":
+            deleted += 1
+        setup.redis.delete(f"p:{{{name}}}:lock")
+    assert deleted == 0, f"{deleted} of 5 resent releases deleted the other call's hold"
+
+
+def test_a_release_of_a_hold_taken_elsewhere_is_not_resent(setup: Setup) -> None:
+    # A client that did not take the hold knows no fence to tell it from a later one under the
+    # same identifier, so a release whose reply was lost is not resent: ConnectionError (the
+    # delete may have run), never a resend that could delete another call's hold.
+    faulty, direct = setup.client(True), setup.client(False)
+    assert redmutex.acquire_lock(faulty, "warm", "w") == "w"  # the proxy path is open
+    assert redmutex.release_lock(faulty, "warm", "w")
+    name = f"released-elsewhere-{uuid.uuid4().hex[:6]}"
+    assert redmutex.acquire_lock(direct, name, "X", 1, 10) == "X"
+    setup.proxy.drop_reply_to(f"{{{name}}}".encode())
+    with pytest.raises(redmutex.ConnectionError):
+        redmutex.release_lock(faulty, name, "X")
+    setup.proxy.disarm()
+    assert setup.proxy.reply_dropped.is_set(), "no reply was dropped: the test proved nothing"
+    assert setup.owner(name) is None  # the first send ran

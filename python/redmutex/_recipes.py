@@ -75,7 +75,13 @@ def acquire_lock(
 
 
 def release_lock(conn: ClientLike, lockname: str, identifier: str) -> bool:
-    """Release `lockname` if `identifier` holds it; False means "we lost the lock"."""
+    """Release `lockname` if `identifier` holds it; False means "we lost the lock".
+
+    On one server, a release whose connection dropped is resent only for a hold this process
+    took (with this client): the resend deletes that hold alone, never one another call took
+    since under the same identifier. Otherwise it raises ConnectionError (the delete may have
+    run; a hold left in place lapses after its `ltime`).
+    """
     released = bool(_core.release_token(conn, lockname, identifier))
     if metrics._active is not None:
         metrics.recipe_released(lockname, identifier, released)

@@ -324,6 +324,29 @@ pub async fn acquire_on(
     }
 }
 
+/// `release` of a token the caller chose (the recipes' identifier) on one server. A resend
+/// after a dropped connection must not delete a hold that another call took under the same
+/// token once the first send had released ours: it releases only the hold granted `fence`. With
+/// no fence known (the hold was taken elsewhere), the release is not resent: its error stands,
+/// and a hold it left in place lapses with its lease.
+pub async fn release_chosen(
+    shared: &Shared,
+    keys: &Keys,
+    token: &str,
+    fence: Option<i64>,
+) -> Result<bool> {
+    let step = steps::release(keys, token);
+    let first = executor::script_of(&step)?;
+    let reply = match fence {
+        Some(fence) => {
+            let resend = scripts::release_fenced(keys, token, fence);
+            shared.node.invoke_or_resend(first, &resend).await?
+        }
+        None => shared.node.invoke(first, Retry::Never).await?,
+    };
+    Ok(step.parse(reply)?)
+}
+
 /// `release` on any deployment for a token the caller chose (the recipes' entry point);
 /// `Ok(false)` when the lock was not ours (any more). On Redlock see `Redlock::release_chosen`.
 pub async fn release_on(backend: &Backend, keys: &Keys, token: &str) -> Result<bool> {

@@ -701,6 +701,26 @@ impl Node {
         .map(|(value, _)| value)
     }
 
+    /// `invoke` with `Retry::Once`, except that a resend after a dropped connection sends
+    /// `resend` instead of `first`: for a script whose first send must be told from its repeat.
+    pub async fn invoke_or_resend(
+        &self,
+        first: &ScriptInvocation<'_>,
+        resend: &ScriptInvocation<'_>,
+    ) -> Result<Value> {
+        let sent = std::sync::atomic::AtomicBool::new(false);
+        self.call(Retry::Once, |mut conn| {
+            let inv = if sent.swap(true, Ordering::Relaxed) {
+                resend
+            } else {
+                first
+            };
+            async move { inv.invoke_async::<Value>(&mut conn).await }
+        })
+        .await
+        .map(|(value, _)| value)
+    }
+
     /// `invoke`, also telling which server incarnation answered (on an `identified` node).
     pub async fn invoke_identified(
         &self,

@@ -329,6 +329,15 @@ pub fn release_waking<'a>(keys: &Keys, token: &str, channel: &[u8]) -> ScriptInv
     inv
 }
 
+/// `release` of the hold of `token` granted `fence` only (see `lock_release.lua`): the resend of
+/// a release of a token the caller chose, which another call may hold by then.
+pub fn release_fenced<'a>(keys: &Keys, token: &str, fence: i64) -> ScriptInvocation<'a> {
+    let mut inv = LOCK_RELEASE.prepare_invoke();
+    queue_hand_off(&mut inv, keys, token, &keys.wake_channel());
+    inv.arg(fence.to_string());
+    inv
+}
+
 /// `release` of a re-entrant lock: its hold count goes with it (see `lock_release.lua`).
 pub fn release_reentrant<'a>(keys: &Keys, token: &str) -> ScriptInvocation<'a> {
     let mut inv = LOCK_RELEASE.prepare_invoke();

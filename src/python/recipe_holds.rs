@@ -17,6 +17,8 @@ type HoldKey = (usize, Vec<u8>, String);
 struct Hold {
     deadline: Instant,
     run_id: Option<Arc<str>>,
+    /// The fence it was granted: a release's resend deletes only this hold (`release_chosen`).
+    fence: i64,
 }
 
 /// Past this many holds, those whose lease ended (never released) are dropped.
@@ -32,8 +34,9 @@ fn key(shared: &Arc<Shared>, lock_key: &[u8], token: &str) -> HoldKey {
     )
 }
 
-/// Notes a hold of `token` on `lock_key` until `deadline`, granted by the server `shared` is on.
-pub fn taken(shared: &Arc<Shared>, lock_key: &[u8], token: &str, deadline: Instant) {
+/// Notes a hold of `token` on `lock_key` until `deadline` with `fence`, granted by the server
+/// `shared` is on.
+pub fn taken(shared: &Arc<Shared>, lock_key: &[u8], token: &str, deadline: Instant, fence: i64) {
     let mut holds = HOLDS.lock().unwrap_or_else(|p| p.into_inner());
     let holds = holds.get_or_insert_with(HashMap::new);
     if holds.len() >= SWEEP_AT {
@@ -43,8 +46,19 @@ pub fn taken(shared: &Arc<Shared>, lock_key: &[u8], token: &str, deadline: Insta
     let hold = Hold {
         deadline,
         run_id: shared.run_id(),
+        fence,
     };
     holds.insert(key(shared, lock_key, token), hold);
+}
+
+/// The fence of the hold noted for `token` on `lock_key`, if this process took one.
+pub fn fence(shared: &Arc<Shared>, lock_key: &[u8], token: &str) -> Option<i64> {
+    HOLDS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .and_then(|holds| holds.get(&key(shared, lock_key, token)))
+        .map(|hold| hold.fence)
 }
 
 /// Forgets the hold and tells whether a release of it sent at `sent_at` that met a connection

@@ -75,6 +75,7 @@ pub fn acquire_token(
             &lock_key,
             &token,
             lease::deadline(g.sent_at, g.lease),
+            g.fence,
         );
     }
     Ok(granted.map(|g| g.fence))
@@ -94,13 +95,15 @@ pub fn release_token(
     let lock_key = spec.keys.lock();
     let (released, single) = blocking::wait(py, {
         let token = token.clone();
+        let lock_key = lock_key.clone();
         async move {
             let backend = client.backend()?;
             let Backend::Single(shared) = backend else {
                 return Ok((lock::release_on(&backend, &spec.keys, &token).await?, None));
             };
+            let fence = recipe_holds::fence(&shared, &lock_key, &token);
             let (epoch, sent_at) = (shared.fault_epoch(), Instant::now());
-            let released = lock::release(&shared, &spec.keys, &token).await?;
+            let released = lock::release_chosen(&shared, &spec.keys, &token, fence).await?;
             let faulted = shared.fault_epoch() != epoch;
             Ok((released, Some((shared, sent_at, faulted))))
         }
