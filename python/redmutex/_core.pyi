@@ -445,7 +445,8 @@ class RWLockSide:
     def extend(self, ttl: float | None = None) -> None:
         """This side's lease now ends `ttl` seconds from now (None: the RWLock's ttl)."""
     def locked(self) -> bool:
-        """True when a writer holds the RWLock."""
+        """True when somebody holds the RWLock: a writer, or at least one live reader (the same
+        answer on either side)."""
     def owned(self) -> bool:
         """True when this object holds its side, checked against Redis."""
     def remaining(self) -> float | None:
