@@ -19,6 +19,7 @@ from test_fence_script import AS_BEFORE_7
 
 WRITE = _script_source("rw_write_acquire")
 LEASE_MS, PLACE_MS = 10_000, 6_000
+CHANNEL = "wake-rw"
 
 Write = Callable[..., Any]
 
@@ -39,7 +40,7 @@ def write(
     keys = [f"{prefix}{{rw}}:readers", f"{prefix}{{rw}}:writer", f"{prefix}{{rw}}:waiting"]
 
     def acquire(token: str, join: bool = False, lease_ms: int = LEASE_MS) -> Any:
-        args: list[str | int] = [token, lease_ms, PLACE_MS, "1" if join else "0"]
+        args: list[str | int] = [token, lease_ms, PLACE_MS, "1" if join else "0", CHANNEL]
         return script(keys=keys, args=args)  # type: ignore[no-any-return]
 
     yield acquire, keys
@@ -90,3 +91,42 @@ def test_live_readers_keep_it_and_ended_ones_never_count(
     r.zadd(readers, {"live": _now_ms(r) - 1})  # its lease ends: nobody reads any more
     assert acquire("w") == 0
     assert r.get(writer) == b"w"
+
+
+def _published(wake: Any) -> list[bytes]:
+    """The messages the channel got so far (a PING through the subscription marks the end)."""
+    wake.ping(b"end")
+    got: list[bytes] = []
+    for _ in range(50):
+        message = wake.get_message(timeout=1.0)
+        if message is None:
+            continue
+        if message["type"] == "pong":
+            return got
+        got.append(message["data"])
+    raise AssertionError(f"no pong after {got}")
+
+
+def test_a_writer_that_takes_it_from_its_place_wakes_the_readers_held_back(
+    write: tuple[Write, list[str]], r: redis.Redis
+) -> None:
+    """Readers held back by a waiting writer's place were told to look again when it lapses: the
+    writer that takes the lock from that place tells them ('') to look now (its lease may run
+    out unreleased). A writer that never waited tells nobody (the common, uncontended case)."""
+    acquire, (readers, writer, waiting) = write
+    wake = r.pubsub(ignore_subscribe_messages=True)
+    wake.subscribe(CHANNEL)
+    try:
+        assert acquire("plain") == 0
+        assert _published(wake) == []
+        r.delete(writer)
+        r.zadd(readers, {"live": _now_ms(r) + 3_000})
+        granted, _ = acquire("w", join=True)
+        assert granted == 0 and r.zscore(waiting, "w") is not None
+        assert _published(wake) == []
+        r.zadd(readers, {"live": _now_ms(r) - 1})  # its lease ends unreleased
+        assert acquire("w", join=True) == 0
+        assert r.get(writer) == b"w" and not r.exists(waiting)
+        assert _published(wake) == [b""]
+    finally:
+        wake.close()

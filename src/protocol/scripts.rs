@@ -583,7 +583,8 @@ pub fn rw_write_acquire<'a>(
         .arg(token)
         .arg(lease_ms)
         .arg(place_ms)
-        .arg(join);
+        .arg(join)
+        .arg(keys.wake_channel());
     inv
 }
 
@@ -873,6 +874,18 @@ mod tests {
                 assert!(key.starts_with(b"p:{n}:"), "{key:?}");
             }
         }
+    }
+
+    /// A writer that takes the lock from its waiting place wakes the readers held back on the
+    /// read-write lock's channel (see rw_write_acquire.lua).
+    #[test]
+    fn a_write_acquire_names_the_wake_channel() {
+        let keys = Keys::new(b"p:", b"n");
+        let join = Queueing::Join { place_ms: 6000 };
+        let (_, args) = sent(&rw_write_acquire(&keys, "t", 10, join));
+        assert_eq!(args, [&b"t"[..], b"10", b"6000", b"1", b"p:{n}:wake"]);
+        let (_, args) = sent(&rw_write_acquire(&keys, "t", 10, Queueing::TryOnly));
+        assert_eq!(args, [&b"t"[..], b"10", b"0", b"0", b"p:{n}:wake"]);
     }
 
     #[test]

@@ -4,6 +4,8 @@
 -- ARGV[1] token   ARGV[2] lease in ms   ARGV[3] how long a silent waiting writer keeps its place, in ms
 -- ARGV[4] '1': when not granted, wait as a writer (or stay waiting): new readers are held back
 --         until the place is taken back or lapses; '0': try once
+-- ARGV[5] the read-write lock's wake-up channel: a writer that takes the lock from its waiting
+--         place publishes '' there (see below)
 -- Reply: 0 (an integer) granted (also for a retry that finds its own token in place, whose lease
 --        is then renewed to ARGV[2] from now; a grant is a
 --        bare integer: a table costs Redis more to convert);
@@ -34,8 +36,13 @@ if owner == ARGV[1] then
   return 0
 end
 if owner == false and readers == 0 then
-  -- Taken: a waiting place of this writer's is given back.
-  redis.call('ZREM', KEYS[3], ARGV[1])
+  -- Taken: a waiting place of this writer's is given back. The readers that place held back
+  -- were told to look again when it lapses (up to a place later): that this writer took the
+  -- lock, whose lease may run out unreleased, they learn now. (A writer that did not wait,
+  -- the common case, had no place: nobody to tell.)
+  if redis.call('ZREM', KEYS[3], ARGV[1]) == 1 then
+    redis.call('PUBLISH', ARGV[5], '')
+  end
   return 0
 end
 if ARGV[4] == '1' then
