@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 import redis
 import redmutex
-import redmutex.aio as aio
 from _helpers import ResultThread, wait_until
+from redmutex import aio
 
 WRITER_TTL = 0.5
 # A reader that was not told sleeps until the writer's place lapses, seconds after its lease.

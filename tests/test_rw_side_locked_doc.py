@@ -16,7 +16,7 @@ PAGE = Path(__file__).resolve().parent.parent / "docs" / "api.md"
 def _entry(signature: str) -> str:
     """The text the API page gives under `signature`'s code block."""
     page = PAGE.read_text("utf-8")
-    found = re.search(r"```python\n" + re.escape(signature) + r"\n```\n(.*?)\n\n", page, re.S)
+    found = re.search(r"```python\n" + re.escape(signature) + r"\n```\n(.*?)\n\n", page, re.DOTALL)
     assert found is not None, signature
     return found.group(1)
 
