@@ -44,6 +44,19 @@ struct Registry {
     holds: Mutex<HashMap<Context, Vec<Weak<HeldMark>>>>,
 }
 
+/// The shortest place of a waiting writer (see `writer_place`): a live one refreshes it every
+/// third, one script every 0.33 s at most per waiting process, no more than renewing a hold of
+/// that lease costs.
+pub const WRITER_PLACE_FLOOR: Duration = Duration::from_secs(1);
+
+/// How long a silent waiting writer keeps its place, holding new readers back: its lease, so a
+/// writer that died while waiting stops counting about when a dead holder would (a place of
+/// `QUEUE_PLACE` kept every reader out 6 s whatever the ttl), between `WRITER_PLACE_FLOOR` and
+/// `QUEUE_PLACE`.
+pub fn writer_place(lease: Duration) -> Duration {
+    lease.clamp(WRITER_PLACE_FLOOR, QUEUE_PLACE)
+}
+
 /// Registry entries kept before the dead ones of every context are swept.
 const REGISTRY_SWEEP_AT: usize = 64;
 
@@ -122,8 +135,17 @@ impl Contender for RwContender<'_> {
     }
 
     async fn attempt(&self, join: bool) -> Result<Outcome<Instant>> {
-        let step = self.step(waiting::queueing(join));
-        waiting::attempt_step(self, self.shared, &step).await
+        let queueing = if join {
+            waiting::join_for(self.place())
+        } else {
+            Queueing::TryOnly
+        };
+        waiting::attempt_step(self, self.shared, &self.step(queueing)).await
+    }
+
+    /// Only writers keep a place (readers never join).
+    fn place(&self) -> Duration {
+        writer_place(self.spec.lease)
     }
 
     async fn leave(&self) -> Result<()> {
@@ -371,5 +393,19 @@ impl RwHandle {
         let shared = self.holder.client().shared()?;
         let now = state(&shared, &self.spec().keys).await?;
         Ok(now.writer || now.readers > 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_writers_place_follows_its_lease_within_bounds() {
+        let place = |ms| writer_place(Duration::from_millis(ms));
+        assert_eq!(place(1), WRITER_PLACE_FLOOR);
+        assert_eq!(place(500), WRITER_PLACE_FLOOR);
+        assert_eq!(place(2_500), Duration::from_millis(2_500));
+        assert_eq!(place(10_000), QUEUE_PLACE);
     }
 }
