@@ -62,9 +62,9 @@ def test_force_release_only_frees_the_expected_holder(
     assert _core._force_release(client, name, b"somebody else") is None
     assert lock.owned()
     freed = _core._force_release(client, name, (lock.token or "").encode())
-    assert freed == ((lock.token or "").encode(), 0, None, 0, None)
+    assert freed == ((lock.token or "").encode(), 0, None, 0, None, 0)
     assert not lock.locked()
-    assert _core._force_release(client, name) == (None, 0, None, 0, None)
+    assert _core._force_release(client, name) == (None, 0, None, 0, None, 0)
     with pytest.raises(ValueError, match="client"):
         _core._force_release(redmutex.Client([redis_url, "redis://127.0.0.1:1/0"]), name)
 

@@ -902,9 +902,17 @@ class Freed:
     writer: str | None = None
     readers: int = 0
     fill: str | None = None
+    writers_waiting: int = 0  # live places of waiting RWLock writers (they hold readers back)
 
     def any(self) -> bool:
-        return bool(self.lock or self.semaphore or self.writer or self.readers or self.fill)
+        return bool(
+            self.lock
+            or self.semaphore
+            or self.writer
+            or self.readers
+            or self.fill
+            or self.writers_waiting
+        )
 
     def add(self, other: Freed) -> None:
         """Counts the holders freed on another Redlock master (tokens: the first seen)."""
@@ -913,6 +921,7 @@ class Freed:
         self.fill = self.fill or other.fill
         self.semaphore = max(self.semaphore, other.semaphore)
         self.readers = max(self.readers, other.readers)
+        self.writers_waiting = max(self.writers_waiting, other.writers_waiting)
 
     def phrases(self, name: str) -> list[str]:
         said = []
@@ -926,6 +935,12 @@ class Freed:
                 [f"{self.readers} reader{'s' if self.readers != 1 else ''}"] if self.readers else []
             )
             said.append(f"freed rwlock {name!r}: {', '.join(sides)}")
+        if self.writers_waiting:
+            s = "s" if self.writers_waiting != 1 else ""
+            said.append(
+                f"dropped {self.writers_waiting} waiting writer place{s} of rwlock {name!r}"
+                " (a live writer takes its place again)"
+            )
         if self.fill:
             said.append(f"freed the cache fill claim of {name!r} (held by {self.fill}...)")
         return said
@@ -940,13 +955,14 @@ def _force_release(node: Node, name: str, expected: bytes) -> Freed:
         raise _core_failure(exc, node) from None
     if freed is None:
         raise CliError("the holder changed meanwhile; nothing released")
-    lock, holders, writer, readers, fill = freed
+    lock, holders, writer, readers, fill, writers_waiting = freed
     return Freed(
         lock=_short(lock) if lock else None,
         semaphore=holders,
         writer=_short(writer) if writer else None,
         readers=readers,
         fill=_short(fill) if fill else None,
+        writers_waiting=writers_waiting,
     )
 
 
@@ -998,6 +1014,7 @@ def cmd_release(args: argparse.Namespace) -> int:
             "writer": freed.writer,
             "readers": freed.readers,
             "fill": freed.fill,
+            "writers_waiting": freed.writers_waiting,
         }
         if target.redlock:
             data["masters"] = masters

@@ -634,7 +634,7 @@ class _CompatLock:
 # insecure, ssl_ca_certs, ssl_certfile, ssl_keyfile, ssl_verify_peer, ssl_check_hostname.
 _UrlParts: TypeAlias = dict[str, Any]
 # (lock holder's token, live semaphore holders, writer's token, live readers, fill claim's token)
-_Freed: TypeAlias = tuple[bytes | None, int, bytes | None, int, bytes | None]
+_Freed: TypeAlias = tuple[bytes | None, int, bytes | None, int, bytes | None, int]
 
 def _keys(prefix: str, name: str | bytes) -> dict[str, bytes]:
     """`{role: key}` of every key of `name` under `prefix`, plus "wake_channel"."""

@@ -264,6 +264,8 @@ pub struct Freed {
     pub readers: i64,
     /// The cache fill claim's token.
     pub fill: Option<Vec<u8>>,
+    /// Live places of waiting RWLock writers (each holds new readers back).
+    pub writers_waiting: i64,
 }
 
 /// The outcome of a forced release.
@@ -287,6 +289,7 @@ pub fn force_release(keys: &Keys, expected: &[u8]) -> ScriptInvocation<'static> 
         .key(keys.rw_readers())
         .key(keys.cache_fill())
         .key(keys.lock_holds())
+        .key(keys.rw_writers_waiting())
         .arg(keys.wake_channel())
         .arg(expected);
     inv
@@ -307,12 +310,13 @@ pub fn parse_force_release(value: &Value) -> Result<ForceRelease, UnexpectedRepl
     };
     match value {
         Value::Int(-1) => Ok(ForceRelease::HolderChanged),
-        Value::Array(items) if items.len() == 5 => Ok(ForceRelease::Freed(Freed {
+        Value::Array(items) if items.len() == 6 => Ok(ForceRelease::Freed(Freed {
             lock: token(&items[0])?,
             semaphore_holders: count(&items[1])?,
             writer: token(&items[2])?,
             readers: count(&items[3])?,
             fill: token(&items[4])?,
+            writers_waiting: count(&items[5])?,
         })),
         _ => Err(unexpected()),
     }
@@ -404,12 +408,14 @@ mod tests {
             Value::Nil,
             Value::Int(0),
             Value::Nil,
+            Value::Int(1),
         ]);
         assert_eq!(
             parse_force_release(&freed),
             Ok(ForceRelease::Freed(Freed {
                 lock: Some(b"tok".to_vec()),
                 semaphore_holders: 2,
+                writers_waiting: 1,
                 ..Freed::default()
             }))
         );

@@ -120,13 +120,14 @@ pub fn _parse_url<'py>(py: Python<'py>, url: &str) -> PyResult<Bound<'py, PyDict
 }
 
 /// What `_force_release` freed: (lock holder's token, live semaphore holders, writer's token,
-/// live readers, fill claim's token), tokens as bytes or None.
+/// live readers, fill claim's token, live waiting writers' places), tokens as bytes or None.
 type Freed<'py> = (
     Option<Bound<'py, PyBytes>>,
     i64,
     Option<Bound<'py, PyBytes>>,
     i64,
     Option<Bound<'py, PyBytes>>,
+    i64,
 );
 
 /// Frees everything held under `name` on `client` (one server, Sentinel or Cluster) and wakes
@@ -160,6 +161,7 @@ pub fn _force_release<'py>(
             bytes(f.writer),
             f.readers,
             bytes(f.fill),
+            f.writers_waiting,
         )),
     })
 }

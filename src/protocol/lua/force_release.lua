@@ -1,15 +1,18 @@
 -- Force release (the command line's `release NAME --force`): frees everything held under one
 -- name, whoever holds it, as the holders' own releases would: the lock (when ARGV[2] is not
 -- empty, only if that is still the holder the user confirmed), the semaphore's permits, the
--- RWLock's writer and readers, the cache entry's fill claim. Then one empty message on the
+-- RWLock's writer, readers and waiting writers' places, the cache entry's fill claim. Then one empty message on the
 -- wake-up channel wakes every waiter (an empty message names nobody, so it wakes all of them,
 -- fair or not); in a fair queue the head then takes what was freed itself. Leases in zsets
 -- count only while their end (server ms) is ahead of the server's TIME.
 -- KEYS[1] lock   KEYS[2] semaphore holders   KEYS[3] rwlock writer   KEYS[4] rwlock readers
 -- KEYS[5] cache fill claim   KEYS[6] the re-entrant lock's hold counts (freed with the lock)
+-- KEYS[7] rwlock waiting writers (zset token -> place deadline, server ms): a dead waiting
+--         writer's place holds new readers back until it lapses; a live one takes it again at
+--         its next refresh
 -- ARGV[1] wake-up channel   ARGV[2] expected lock holder token or ''
 -- Reply: {lock token or false, live semaphore holders, writer token or false, live readers,
---         fill claim token or false}; -1: the lock's holder changed (nothing touched).
+--         fill claim token or false, live waiting writers' places}; -1: the lock's holder changed (nothing touched).
 local lock = redis.call('GET', KEYS[1])
 if ARGV[2] ~= '' and lock ~= ARGV[2] then
   return -1
@@ -20,8 +23,9 @@ local holders = redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')
 local writer = redis.call('GET', KEYS[3])
 local readers = redis.call('ZCOUNT', KEYS[4], '(' .. now, '+inf')
 local fill = redis.call('GET', KEYS[5])
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
-if lock or holders > 0 or writer or readers > 0 or fill then
+local waiting = redis.call('ZCOUNT', KEYS[7], '(' .. now, '+inf')
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
+if lock or holders > 0 or writer or readers > 0 or fill or waiting > 0 then
   redis.call('PUBLISH', ARGV[1], '')
 end
-return {lock, holders, writer, readers, fill}
+return {lock, holders, writer, readers, fill, waiting}
