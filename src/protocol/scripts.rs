@@ -884,8 +884,6 @@ mod tests {
         let join = Queueing::Join { place_ms: 6000 };
         let (_, args) = sent(&rw_write_acquire(&keys, "t", 10, join));
         assert_eq!(args, [&b"t"[..], b"10", b"6000", b"1", b"p:{n}:wake"]);
-        let (_, args) = sent(&rw_write_acquire(&keys, "t", 10, Queueing::TryOnly));
-        assert_eq!(args, [&b"t"[..], b"10", b"0", b"0", b"p:{n}:wake"]);
     }
 
     #[test]
@@ -935,7 +933,7 @@ mod tests {
         );
         assert_eq!(args, [&b"t"[..], b"10", b"1"]);
         let (_, args) = sent(&rw_write_acquire(&keys, "t", 10, Queueing::TryOnly));
-        assert_eq!(args, [&b"t"[..], b"10", b"0", b"0"]);
+        assert_eq!(args, [&b"t"[..], b"10", b"0", b"0", b"p:{n}:wake"]);
         let (sent_keys, _) = sent(&rw_write_extend(&keys, "t", 10));
         assert_eq!(sent_keys, [keys.rw_writer()]);
     }
