@@ -29,6 +29,14 @@ class Setup:
         url = self.proxy.url if through_proxy else self.server.url
         return redmutex.Client(url, prefix="p:", connect_timeout=1.0, command_timeout=1.0)
 
+    def warmed_faulty_client(self) -> redmutex.Client:
+        """A client through the proxy whose path is open (one acquire and release went through),
+        so that a fault armed next hits the call under test, not the connection's first one."""
+        faulty = self.client(True)
+        assert redmutex.acquire_lock(faulty, "warm", "w") == "w"
+        assert redmutex.release_lock(faulty, "warm", "w")
+        return faulty
+
     def owner(self, name: str) -> bytes | None:
         value = self.redis.get(f"p:{{{name}}}:lock")
         return value if isinstance(value, bytes) else None
@@ -48,9 +56,7 @@ def test_an_attempt_of_unknown_outcome_never_deletes_another_calls_lock(setup: S
     # A holds the lock with identifier "X"; B tries the same identifier, its reply is lost and
     # its resend cut off (ConnectionError). B's clean-up must not delete the lock it finds
     # under "X": it may be A's (the recipes leave such a lock to lapse).
-    faulty, direct, third = setup.client(True), setup.client(False), setup.client(False)
-    assert redmutex.acquire_lock(faulty, "warm", "w") == "w"  # the proxy path is open
-    assert redmutex.release_lock(faulty, "warm", "w")
+    faulty, direct, third = setup.warmed_faulty_client(), setup.client(False), setup.client(False)
     for i in range(3):
         name = f"same-id-{i}-{uuid.uuid4().hex[:6]}"
         assert redmutex.acquire_lock(direct, name, "X", 1, 10) == "X"
@@ -95,9 +101,7 @@ def test_a_resent_attempt_never_takes_another_calls_lock_with_the_same_identifie
     # A holds the lock with identifier "X"; B tries the same identifier and its first reply is
     # lost. B's resend finds "X" in place: it cannot tell A's hold from one its first send set,
     # so it must not count it as its own (else A and B both hold the lock).
-    faulty, direct = setup.client(True), setup.client(False)
-    assert redmutex.acquire_lock(faulty, "warm", "w") == "w"  # the proxy path is open
-    assert redmutex.release_lock(faulty, "warm", "w")
+    faulty, direct = setup.warmed_faulty_client(), setup.client(False)
     granted = 0
     for i in range(5):
         name = f"resent-same-id-{i}-{uuid.uuid4().hex[:6]}"
@@ -117,9 +121,7 @@ def test_a_resent_release_never_deletes_a_hold_taken_since_under_the_same_identi
     # B releases "X"; the delete runs but its reply is lost, and before B's resend arrives
     # (requests delayed 0.3 s) A takes the free lock under "X" too. B's resend must not delete
     # A's hold: A would then believe it holds a lock that any third call can take.
-    faulty, direct = setup.client(True), setup.client(False)
-    assert redmutex.acquire_lock(faulty, "warm", "w") == "w"  # the proxy path is open
-    assert redmutex.release_lock(faulty, "warm", "w")
+    faulty, direct = setup.warmed_faulty_client(), setup.client(False)
     deleted = 0
     for i in range(5):
         name = f"resent-release-{i}-{uuid.uuid4().hex[:6]}"
@@ -152,9 +154,7 @@ def test_a_release_of_a_hold_taken_elsewhere_is_not_resent(setup: Setup) -> None
     # A client that did not take the hold knows no fence to tell it from a later one under the
     # same identifier, so a release whose reply was lost is not resent: ConnectionError (the
     # delete may have run), never a resend that could delete another call's hold.
-    faulty, direct = setup.client(True), setup.client(False)
-    assert redmutex.acquire_lock(faulty, "warm", "w") == "w"  # the proxy path is open
-    assert redmutex.release_lock(faulty, "warm", "w")
+    faulty, direct = setup.warmed_faulty_client(), setup.client(False)
     name = f"released-elsewhere-{uuid.uuid4().hex[:6]}"
     assert redmutex.acquire_lock(direct, name, "X", 1, 10) == "X"
     setup.proxy.drop_reply_to(f"{{{name}}}".encode())
