@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import pty
-import select
 import subprocess
 import sys
 import threading
@@ -17,31 +15,10 @@ from typing import Any
 import pytest
 import redis
 import redmutex
+from _cli_run import cli_json, release_on_a_terminal, run_cli
 from redmutex._server import RedisServer, free_port
 
 SECRET = "Cl1-Secret-Pa55word"
-
-
-def run_cli(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 30.0
-) -> subprocess.CompletedProcess[str]:
-    environment = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-    environment.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "redmutex", *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        env=environment,
-        timeout=timeout,
-    )
-
-
-def cli_json(*args: str) -> tuple[int, Any]:
-    done = run_cli(*args, "--json")
-    assert done.stderr == "", done.stderr
-    return done.returncode, json.loads(done.stdout)
 
 
 def one_line_error(done: subprocess.CompletedProcess[str], start: str = "redmutex: error: ") -> str:
@@ -418,53 +395,18 @@ def test_release_force_of_a_free_lock(redis_url: str, prefix: str) -> None:
     assert "not released: it is not held" in done.stdout
 
 
-def _release_on_a_terminal(
-    args: list[str], answer: bytes, timeout: float = 30.0
-) -> tuple[int, str]:
-    """Runs the CLI with a pseudo-terminal as stdin (and stderr), answering its question."""
-    controller, terminal = pty.openpty()
-    environment = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "redmutex", *args],
-        stdin=terminal,
-        stdout=subprocess.PIPE,
-        stderr=terminal,
-        env=environment,
-    )
-    os.close(terminal)
-    seen = b""
-    try:
-        deadline = time.monotonic() + timeout
-        while b"[y/N]" not in seen:
-            assert time.monotonic() < deadline, f"no question asked: {seen!r}"
-            ready, _, _ = select.select([controller], [], [], 0.5)
-            if ready:
-                try:
-                    seen += os.read(controller, 1024)
-                except OSError:
-                    break
-        os.write(controller, answer)
-        stdout, _ = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=10)
-        os.close(controller)
-    return proc.returncode, seen.decode() + stdout.decode()
-
-
 def test_release_asks_on_a_terminal(redis_url: str, prefix: str, client: redmutex.Client) -> None:
     name = name_()
     lock = redmutex.Lock(client, name, ttl=60)
     lock.acquire()
     args = ["release", name, "--force", "--redis", redis_url, "--prefix", prefix]
-    code, output = _release_on_a_terminal(args, b"n\n")
+    code, output = release_on_a_terminal(args, b"n\n")
     assert code == 1, output
     assert f"held by {lock.token[:8]}..." in output  # type: ignore[index]
     assert "not confirmed" in output
     assert lock.owned()
 
-    code, output = _release_on_a_terminal(args, b"y\n")
+    code, output = release_on_a_terminal(args, b"y\n")
     assert code == 0, output
     assert "released lock" in output
     assert not lock.owned()
