@@ -34,7 +34,8 @@ Leases stored as zset scores (semaphore holders, readers, places in a queue) are
 of the Redis server's clock, so "live" is decided against the server's `TIME`, never ours.
 
 Exit codes: `status` 0 when anything under the name is held (on a Redlock: on a quorum of
-masters), 1 when it is free; `release` 0 when
+masters), 1 when it is free (a waiting RWLock writer's place holds nothing, though it holds new
+readers back: its state line says so); `release` 0 when
 it freed a holder of anything, 1 when there was nothing to free (or the confirmation was declined);
 `list` 0. Any error: 2, with one line on stderr that never contains a password.
 """
@@ -469,12 +470,16 @@ def read_status(target: Target, node: Node, name: str) -> Status:
         }
     writer = _hold_of_string(writer_token, writer_pttl)
     live_readers = _live(readers, now_ms)
-    waiting_writers = len(_live(writers_waiting, now_ms))
+    # Each live place of a waiting writer holds new readers back (writer preference) until a
+    # writer takes the lock or the place lapses: a live writer renews its place, a dead one's
+    # lapses within its ttl (1 s to 6 s).
+    writer_places = _live(writers_waiting, now_ms)
     if writer is not None or readers or writers_waiting:
         status.rwlock = {
             "writer": asdict(writer) if writer is not None else None,
             "readers": [asdict(h) for h in live_readers],
-            "writers_waiting": waiting_writers,
+            "writers_waiting": len(writer_places),
+            "writer_places": [asdict(h) for h in writer_places],
         }
     fill = _hold_of_string(fill_token, fill_pttl)
     if value_pttl != -2 or fill is not None:
@@ -505,9 +510,31 @@ def _holders_line(holds: Sequence[dict[str, Any]]) -> str:
     return f"{len(holds)}: {shown}{more}" if holds else "0"
 
 
+def _writer_places(status: Status) -> list[dict[str, Any]]:
+    """The live places of the RWLock's waiting writers, soonest lapse first."""
+    return list(status.rwlock["writer_places"]) if status.rwlock else []
+
+
+def _places_lapse(places: Sequence[dict[str, Any]]) -> str:
+    """When new readers get in at the latest, unless a waiting writer renews its place."""
+    whose = "its place" if len(places) == 1 else "the last place"
+    return f"{whose} lapses in {places[-1]['remaining']:.3f} s unless renewed"
+
+
+def _readers_held_back(places: Sequence[dict[str, Any]]) -> str:
+    """Why a new reader waits although nobody may hold the RWLock: its waiting writers."""
+    waits = "1 writer waits" if len(places) == 1 else f"{len(places)} writers wait"
+    return f"new readers are held back: {waits} ({_places_lapse(places)})"
+
+
 def status_lines(status: Status) -> Iterator[str]:
     yield f"name:      {shown_name(status.name)}   (prefix {status.prefix!r})"
-    yield f"state:     {'held' if status.held else 'free'}"
+    places = _writer_places(status)
+    state = "held" if status.held else "free"
+    if places:
+        # Not "free" alone: a reader asking why it cannot get in learns what holds it back.
+        state += ("; " if status.held else ", but ") + _readers_held_back(places)
+    yield f"state:     {state}"
     if status.lock is not None:
         nested = f", hold count {status.holds}" if (status.holds or 1) > 1 else ""
         yield f"lock:      held by {_lease(status.lock)}{nested}"
@@ -533,8 +560,12 @@ def status_lines(status: Status) -> Iterator[str]:
         writer = status.rwlock["writer"]
         yield f"rwlock:    writer {_lease(writer) if writer else 'none'}"
         yield f"           readers {_holders_line(status.rwlock['readers'])}"
-        if status.rwlock["writers_waiting"]:
-            yield f"           {status.rwlock['writers_waiting']} writers waiting"
+        if places:
+            yield f"           writers waiting {_holders_line(places)}"
+            yield (
+                "           (a live waiting writer renews its place, a dead one's lapses;"
+                " release --force drops them)"
+            )
     if status.cache is not None:
         cache = status.cache
         if cache["stored"]:
@@ -980,7 +1011,7 @@ def cmd_release(args: argparse.Namespace) -> int:
             # Ask with what each node holds now; the lock is then released only if its holder
             # is still the one the user saw.
             seen = _each_node(target, lambda node: read_status(target, node, args.name))
-            held = [(n, st) for n, st in seen if isinstance(st, Status) and st.held]
+            held = [(n, st) for n, st in seen if isinstance(st, Status) and _releasable(st)]
             if not held:
                 return _not_released(args, "nothing is held under this name")
             for i, node in enumerate(target.nodes):
@@ -1025,6 +1056,12 @@ def cmd_release(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _releasable(status: Status) -> bool:
+    """Something a forced release would free: a holder, or a waiting writer's place (which
+    holds new readers back though nobody holds the RWLock)."""
+    return status.held or bool(_writer_places(status))
+
+
 def _held_summary(status: Status) -> str:
     parts = []
     if status.lock is not None:
@@ -1033,6 +1070,13 @@ def _held_summary(status: Status) -> str:
         parts.append(f"semaphore {status.name!r} ({len(status.semaphore['holders'])} holders)")
     if status.rwlock and (status.rwlock["writer"] or status.rwlock["readers"]):
         parts.append(f"rwlock {status.name!r}")
+    places = _writer_places(status)
+    if places:
+        s = "s" if len(places) != 1 else ""
+        parts.append(
+            f"{len(places)} waiting writer place{s} of rwlock {status.name!r}"
+            f" (new readers are held back; {_places_lapse(places)})"
+        )
     if status.cache and status.cache["filling"]:
         parts.append(f"the cache fill claim of {status.name!r}")
     return ", ".join(parts)
@@ -1079,8 +1123,10 @@ def add_commands(commands: argparse._SubParsersAction[Any]) -> None:
         help="who holds a lock (and its semaphore, rwlock or cache keys), its fence and waiters",
         description="Shows the holder (first characters of its token) and the lease left, the"
         " fencing counter and the waiters in the fair queue of the lock NAME, plus semaphore"
-        " holders, read-write lock readers/writer and the cache entry stored under NAME."
-        " Exit code: 0 held, 1 free, 2 error.",
+        " holders, read-write lock readers/writer, the places of its waiting writers (each"
+        " holds new readers back until it lapses or its writer gets in; the state line says"
+        " so even when nobody holds it) and the cache entry stored under NAME."
+        " Exit code: 0 held, 1 free (also when only waiting writers' places are left), 2 error.",
     )
     status.add_argument("name", metavar="NAME")
     _common(status)
@@ -1104,7 +1150,8 @@ def add_commands(commands: argparse._SubParsersAction[Any]) -> None:
         "release",
         help="break whatever is held under NAME and wake its waiters (needs --force)",
         description="Frees everything held under NAME, whoever holds it: the lock, the"
-        " semaphore's holders, the read-write lock's writer and readers, the cache entry's fill"
+        " semaphore's holders, the read-write lock's writer, readers and waiting writers'"
+        " places (a live waiting writer takes its place again), the cache entry's fill"
         " claim; then wakes their waiters, as a release would. Holders are not told: their next"
         " extend or release raises LockLostError. Asks for confirmation on a terminal unless"
         " --yes. Says what it freed (e.g. \"freed semaphore 's': 3 holders\"). Exit code: 0"

@@ -633,7 +633,8 @@ class _CompatLock:
 # service (Sentinel), db, username, password, sentinel_username, sentinel_password, tls,
 # insecure, ssl_ca_certs, ssl_certfile, ssl_keyfile, ssl_verify_peer, ssl_check_hostname.
 _UrlParts: TypeAlias = dict[str, Any]
-# (lock holder's token, live semaphore holders, writer's token, live readers, fill claim's token)
+# (lock holder's token, live semaphore holders, writer's token, live readers, fill claim's token,
+# live waiting writers' places)
 _Freed: TypeAlias = tuple[bytes | None, int, bytes | None, int, bytes | None, int]
 
 def _keys(prefix: str, name: str | bytes) -> dict[str, bytes]:
