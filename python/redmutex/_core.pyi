@@ -390,6 +390,17 @@ class RWLock:
     """A read-write lock: `with rw.read(): ...` (many readers) or `with rw.write(): ...` (one
     writer, no readers; a waiting writer holds back new readers).
 
+    Writer-preferring: while a writer holds the write lock or waits for it, no new reader gets
+    in (readers already in keep their locks, and the writer waits for them), so readers that
+    keep arriving never starve a writer. The other side of it: a reader gets in only at a moment
+    when no writer holds or waits, so writers that follow each other without a gap starve
+    readers (two writers each holding 50 ms every 55 ms keep a reader out for as long as they
+    go on; its `acquire(timeout=...)` returns False). When readers must get through: leave
+    such moments (batch or coalesce writes, or have each writer pause after its release for
+    longer than the other writers hold), bound the readers' wait with a timeout and fall back
+    (e.g. a stale value), or, to serve readers and writers in arrival order, use one
+    `Lock(..., fair=True)` for both (readers then no longer share).
+
     `ttl: float = 10.0`: each side's lease. `timeout: float | None = None`: the default wait;
     None waits forever, 0 tries once. `auto_renew=False`, `on_lost=None` (called with the
     RWLockSide): as for Lock. A read->write upgrade through one RWLock raises LockError.
@@ -408,7 +419,8 @@ class RWLock:
         on_lost: Callable[[RWLockSide], object] | None = None,
     ) -> Self: ...
     def read(self) -> RWLockSide:
-        """A new read lock of this RWLock (shared with other readers)."""
+        """A new read lock of this RWLock (shared with other readers; it waits while a writer
+        holds or waits for the write lock)."""
     def write(self) -> RWLockSide:
         """A new write lock of this RWLock (exclusive)."""
     def locked(self) -> bool:

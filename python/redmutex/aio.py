@@ -445,7 +445,12 @@ class RWLockSide(_Hold):
 
 
 class RWLock:
-    """`redmutex.RWLock` for asyncio: `async with rw.read(): ...`, `async with rw.write(): ...`."""
+    """`redmutex.RWLock` for asyncio: `async with rw.read(): ...`, `async with rw.write(): ...`.
+
+    Writer-preferring like `redmutex.RWLock`: no new reader gets in while a writer holds or
+    waits, so writers that follow each other without a gap keep readers out (what to do about
+    it: see `redmutex.RWLock`).
+    """
 
     def __init__(
         self,
@@ -480,7 +485,8 @@ class RWLock:
         return side
 
     def read(self) -> RWLockSide:
-        """A new read lock of this RWLock (shared with other readers)."""
+        """A new read lock of this RWLock (shared with other readers; it waits while a writer
+        holds or waits for the write lock)."""
         return self._side(self._core.read())
 
     def write(self) -> RWLockSide:

@@ -19,6 +19,14 @@ use crate::engine::rwlock::{Mode, RwHandle, RwLock};
 ///
 /// `ttl: float = 10.0` is each side's lease in seconds. `timeout: float | None = None` is the
 /// default wait: None waits forever, 0 tries once. Options: `auto_renew=False`, `on_lost=None`.
+///
+/// Writer-preferring: while a writer holds the write lock or waits for it, no new reader gets
+/// in, so readers that keep arriving never starve a writer, but writers that follow each other
+/// without a gap starve readers (a reader gets in only when no writer holds or waits). When
+/// readers must get through: leave such gaps (batch writes, or have each writer pause after its
+/// release for longer than the other writers hold), give readers a timeout and a fallback, or
+/// use one `Lock(..., fair=True)` for both to serve them in arrival order (readers then do not
+/// share).
 #[pyclass(frozen, module = "redmutex", name = "RWLock")]
 pub struct PyRwLock {
     client: Py<PyClient>,
@@ -100,7 +108,8 @@ impl PyRwLock {
         })
     }
 
-    /// A new read lock object: many readers may hold the lock at once.
+    /// A new read lock object: many readers may hold the lock at once; it waits while a writer
+    /// holds or waits for the write lock.
     fn read(slf: &Bound<'_, Self>) -> PyRwSide {
         Self::side(slf, Mode::Read)
     }
