@@ -141,13 +141,42 @@ def test_killed_connections_are_opened_again_by_the_next_vote(masters: Masters, 
             assert run(c)
 
 
+# How long a vote or release still out when the call returned may take to land (loopback; they
+# land within a fraction of a second even on a loaded machine).
+LANDS_WITHIN = 5.0
+
+
+def settle(
+    masters: Masters,
+    read: Callable[[redis.Redis], object],
+    want: object,
+    allowed: set[object],
+) -> None:
+    """Reads every master until each shows `want`: what a won round's votes still out and a
+    release's sends still out (both go on in the background) leave once they landed. Every read on
+    the way may show only `allowed` values (anything else is a copy nobody should have)."""
+    deadline = time.monotonic() + LANDS_WITHIN
+    while True:
+        found = on_each(masters, read)
+        assert set(found) <= allowed, found
+        if found == [want] * len(found):
+            return
+        assert time.monotonic() < deadline, f"the masters never settled at {want!r}: {found}"
+        time.sleep(0.01)
+
+
 @pytest.mark.parametrize("kind", ["lock", "cache"])
 def test_a_vote_whose_reply_was_lost_is_resent_and_finds_its_own_grant(
     masters: Masters, kind: str
 ) -> None:
     """The vote ran on two masters of three but the connection broke before the reply: the
     resend finds this call's own token in place, which counts as its grant (a drawn token is
-    nobody else's), and the release leaves nothing behind."""
+    nobody else's), and the release leaves nothing behind.
+
+    The call returns once a majority answered; the vote (or the release) of the third master
+    may still be on its way then and lands in the background (docs/scale-out.md): what a
+    majority must show is checked as the call returns, what every master must show once it
+    landed (bounded)."""
     proxies = [FaultProxy(s.port).start() for s in masters.servers]
     try:
         with redmutex.Client([p.url for p in proxies]) as c:
@@ -157,17 +186,30 @@ def test_a_vote_whose_reply_was_lost_is_resent_and_finds_its_own_grant(
                 p.drop_reply_to(f"{{{n}}}".encode())
             if kind == "lock":
                 lock = redmutex.Lock(c, n, ttl=10)
+                # Won only if both resends count the token they find as this call's grant:
+                # otherwise master 2 alone grants.
                 assert lock.acquire(blocking=False)
                 key = f"redmutex:{{{n}}}:lock"
                 assert lock.token is not None
-                assert on_each(masters, lambda r: r.get(key)) == [lock.token.encode()] * 3
+                token = lock.token.encode()
+                copies = on_each(masters, lambda r: r.get(key))
+                assert copies.count(token) >= 2 and set(copies) <= {token, None}, copies
+                assert all(p.reply_dropped.wait(LANDS_WITHIN) for p in proxies[:2])
+                settle(masters, lambda r: r.get(key), token, {token, None})
                 lock.release()
-                assert on_each(masters, lambda r: r.exists(key)) == [0, 0, 0]
+                left = on_each(masters, lambda r: r.exists(key))
+                assert left.count(0) >= 2, left
+                settle(masters, lambda r: r.exists(key), 0, {0, 1})
             else:
                 assert redmutex.get_or_fill(c, n, lambda: "v", ttl=30) == "v"
-                fill = f"redmutex:{{{n}}}:fill"
-                assert on_each(masters, lambda r: r.exists(fill)) == [0, 0, 0]
-            assert all(p.reply_dropped.is_set() for p in proxies[:2])
+                key = f"redmutex:{{{n}}}:fill"
+                left = on_each(masters, lambda r: r.exists(key))
+                assert left.count(0) >= 2, left
+                assert all(p.reply_dropped.wait(LANDS_WITHIN) for p in proxies[:2])
+                settle(masters, lambda r: r.exists(key), 0, {0, 1})
+            # Nothing comes back: a resent vote that landed after the release would set it again.
+            time.sleep(0.1)
+            assert on_each(masters, lambda r: r.exists(key)) == [0, 0, 0]
     finally:
         for p in proxies:
             p.stop()
