@@ -11,7 +11,9 @@ cancellation is given back.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
+import sys
 import weakref
 from collections.abc import Callable, Sequence
 from types import TracebackType
@@ -412,11 +414,47 @@ class Semaphore(_Hold):
 _task_ids: weakref.WeakKeyDictionary[asyncio.Task[Any], int] = weakref.WeakKeyDictionary()
 _next_task_id = itertools.count(1 << 62)
 
+#: Before Python 3.12 `asyncio.wait_for` runs its awaitable in a task of its own.
+_WAIT_FOR_MAKES_A_TASK = sys.version_info < (3, 12)
+
+
+def _wait_for_caller(task: asyncio.Task[Any]) -> asyncio.Task[Any] | None:
+    """The task awaiting `asyncio.wait_for` when `task` is the one that `wait_for` (before
+    Python 3.12) made for its awaitable, else None. `wait_for` adds to that task a done-callback
+    `partial(_release_waiter, waiter)`, and its caller awaits `waiter` (so its wake-up method is
+    among the waiter's callbacks). Anything else, or an asyncio that differs, answers None."""
+    release_waiter = getattr(asyncio.tasks, "_release_waiter", None)
+    for callback, *_ in getattr(task, "_callbacks", None) or ():
+        if not (isinstance(callback, functools.partial) and callback.func is release_waiter):
+            continue
+        waiter = callback.args[0] if callback.args else None
+        for wakeup, *_ in getattr(waiter, "_callbacks", None) or ():
+            caller = getattr(wakeup, "__self__", None)
+            if isinstance(caller, asyncio.Task) and caller is not task:
+                return caller
+    return None
+
+
+def _guarded_task(task: asyncio.Task[Any]) -> asyncio.Task[Any]:
+    """The task the deadlock guard files `task`'s locks under: the caller of the `wait_for`
+    (nested ones too) that runs `task`, so that a read lock taken through `wait_for` counts as
+    the caller's, as it does from Python 3.12 on (its next write acquire raises instead of
+    waiting for itself); else `task`."""
+    if not _WAIT_FOR_MAKES_A_TASK:
+        return task
+    for _ in range(64):  # a bound, in case of a loop no asyncio makes
+        caller = _wait_for_caller(task)
+        if caller is None:
+            break
+        task = caller
+    return task
+
 
 def _current_task_id() -> int:
     task = asyncio.current_task()
     if task is None:
         return 0
+    task = _guarded_task(task)
     found = _task_ids.get(task)
     if found is None:
         found = _task_ids[task] = next(_next_task_id)
@@ -450,7 +488,10 @@ class RWLock:
     Writer-preferring like `redmutex.RWLock`: no new reader gets in while a writer holds or
     waits, so writers that follow each other without a gap keep readers out (what to do about
     it: see `redmutex.RWLock`).
-    """
+
+    The deadlock guard tells tasks apart: a read->write upgrade within one task raises
+    LockError, also when the read lock was taken through `asyncio.wait_for` (whose task of its
+    own, before Python 3.12, counts as the task that awaits it)."""
 
     def __init__(
         self,
