@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -105,3 +106,46 @@ def test_a_reentrant_lock_is_described_outside_a_running_loop(client: redmutex.C
     assert lock.fence is None
     assert lock.lost is False
     assert lock.remaining() is None
+
+
+def run_in_a_thread(work: Callable[[], Any]) -> Any:
+    """`work()` run on a thread of its own (which then ends), its result handed back."""
+    result: list[Any] = []
+    thread = threading.Thread(target=lambda: result.append(work()))
+    thread.start()
+    thread.join(30)
+    assert result, "the thread did not finish"
+    return result[0]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_loop_closed_by_another_thread_ends_the_renewal_of_its_holds(
+    client: redmutex.Client, other_client: redmutex.Client, kind: str
+) -> None:
+    """The thread that closes a loop need not be the one that ran it. A re-entrant Lock's hold
+    is the loop thread's, inside the object of its task: before, ending its renewal from another
+    thread looked for a hold of that other thread, found none, and the name stayed held for
+    good (failed 3 of 3 before; the other kinds passed)."""
+    name = f"closed-elsewhere-{kind}"
+    hold = KINDS[kind](client, name)
+    probe = PROBES[kind](other_client, name)
+
+    async def hold_forever() -> None:
+        async with hold:
+            await asyncio.Event().wait()
+
+    def start() -> tuple[asyncio.AbstractEventLoop, asyncio.Task[None]]:
+        loop = asyncio.new_event_loop()
+        task = loop.create_task(hold_forever())
+        loop.run_until_complete(asyncio.sleep(0.2))
+        return loop, task
+
+    loop, task = run_in_a_thread(start)
+    time.sleep(3 * TTL)
+    assert free_within(probe, 0.1) is None, "not renewed while the loop lived"
+    loop.close()
+    took = free_within(probe, TTL + MARGIN)
+    with contextlib.suppress(RuntimeError):  # as above: its exit cannot release
+        task.get_coro().close()
+    assert took is not None, f"{kind}: still held {TTL + MARGIN} s after the loop was closed"

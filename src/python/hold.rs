@@ -445,6 +445,12 @@ pub trait LockLike: PyClass<Frozen = True> + Sync {
     fn task_core(&self) -> CoreRef<'_, Self::Handle> {
         self.owner_core()
     }
+    /// The core whose hold has `token`, whichever thread calls: a token names one hold, and a
+    /// call naming it may come from another thread than its owner (an event loop closed there).
+    /// `task_core` unless the object keeps one hold per owner (a re-entrant Lock).
+    fn core_holding(&self, _token: &str) -> CoreRef<'_, Self::Handle> {
+        self.task_core()
+    }
     /// The core that `token`, `lost` and `remaining()` describe (see `owner_core`).
     fn view(&self) -> CoreRef<'_, Self::Handle> {
         self.owner_core()
@@ -732,9 +738,10 @@ macro_rules! lock_like_methods {
             }
 
             /// Ends the background renewal of the hold with `token`, if this object still has it
-            /// (the event loop it was taken on was closed: its owner is gone).
+            /// (the event loop it was taken on was closed, maybe by another thread: its owner is
+            /// gone).
             fn _stop_renewal(&self, token: &str) -> bool {
-                self.task_core().holder().stop_renewal(token)
+                self.core_holding(token).holder().stop_renewal(token)
             }
 
             /// The task awaiting this object's release was cancelled: the release goes on, and

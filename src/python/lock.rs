@@ -160,6 +160,14 @@ impl Owners {
         Ok(held.unwrap_or(own))
     }
 
+    /// This object's core, of whichever thread, whose hold has `token`.
+    fn holding_token(&self, token: &str) -> Option<Arc<HoldCore<LockHandle>>> {
+        self.map()
+            .values()
+            .find(|core| core.holder().token().as_deref() == Some(token))
+            .cloned()
+    }
+
     /// The calling thread's hold of this name through another object (see `ThreadHolds`).
     fn held_elsewhere(&self) -> Option<Arc<HoldCore<LockHandle>>> {
         let key = self.thread_key(THREAD.with(|t| *t));
@@ -210,6 +218,17 @@ impl LockLike for PyLock {
                 .mine(&self.core)
                 .map_or(CoreRef::Own(&self.core), CoreRef::Owner),
             None => CoreRef::Own(&self.core),
+        }
+    }
+    /// The hold of the loop's thread, also when another thread closes the loop.
+    fn core_holding(&self, token: &str) -> CoreRef<'_, LockHandle> {
+        match self
+            .owners
+            .as_ref()
+            .and_then(|owners| owners.holding_token(token))
+        {
+            Some(core) => CoreRef::Owner(core),
+            None => self.task_core(),
         }
     }
     fn view(&self) -> CoreRef<'_, LockHandle> {
