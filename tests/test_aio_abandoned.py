@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -149,3 +151,38 @@ def test_a_loop_closed_by_another_thread_ends_the_renewal_of_its_holds(
     with contextlib.suppress(RuntimeError):  # as above: its exit cannot release
         task.get_coro().close()
     assert took is not None, f"{kind}: still held {TTL + MARGIN} s after the loop was closed"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("ran_on", ["this-thread", "another-thread"])
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_loop_left_to_the_garbage_collector_ends_the_renewal_of_its_holds(
+    client: redmutex.Client, other_client: redmutex.Client, kind: str, ran_on: str
+) -> None:
+    """A loop nobody closes is closed by the garbage collector (`BaseEventLoop.__del__`), on
+    whichever thread collects. Before, the loop kept the holds to stop in a weak mapping of its
+    own, which the collector empties (it clears the weak references that only garbage refers
+    to) before it closes the loop: every kind but the re-entrant Lock (whose hold goes with its
+    task's object) was renewed for good."""
+    name = f"collected-{kind}-{ran_on}"
+    hold = KINDS[kind](client, name)
+    probe = PROBES[kind](other_client, name)
+
+    async def hold_forever() -> None:
+        # No `async with`: the collector closes this coroutine, which then runs no exit.
+        assert await hold.acquire()
+        await asyncio.Event().wait()
+
+    def start() -> weakref.ref[asyncio.AbstractEventLoop]:
+        loop = asyncio.new_event_loop()
+        loop.create_task(hold_forever())
+        loop.run_until_complete(asyncio.sleep(0.2))
+        return weakref.ref(loop)
+
+    loop = start() if ran_on == "this-thread" else run_in_a_thread(start)
+    time.sleep(3 * TTL)
+    assert free_within(probe, 0.1) is None, "not renewed while the loop lived"
+    gc.collect()
+    assert loop() is None, "the loop was not collected"
+    took = free_within(probe, TTL + MARGIN)
+    assert took is not None, f"{kind}: still held {TTL + MARGIN} s after the loop was collected"

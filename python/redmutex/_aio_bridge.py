@@ -68,25 +68,45 @@ def _close_conns(loop: asyncio.AbstractEventLoop) -> None:
     thread.join()
 
 
+#: The auto-renewed holds taken on each loop (see `renewed_on_loop`), by id(loop), with a weak
+#: reference to the loop. Kept here, not on the loop: a loop nobody closes is closed by the
+#: garbage collector, which first clears every weak reference that only garbage refers to, so a
+#: mapping of the loop's own would be empty by then.
+_renewed: dict[
+    int, tuple[weakref.ref[asyncio.AbstractEventLoop], weakref.WeakKeyDictionary[Any, str]]
+] = {}
+
+
 def renewed_on_loop(loop: asyncio.AbstractEventLoop, core: Any, token: str) -> None:
     """Ties the auto-renewed hold `token` of `core` (a `_core` lock-like object) to `loop`, on
     which it was taken: closing the loop ends its renewal. Its owner was a task of that loop,
     which is gone, so nobody is left to release it: its lease runs out within the ttl instead of
     being renewed from the runtime for as long as the object lives."""
     _hook_close(loop)
-    attrs: Any = loop
-    holds: weakref.WeakKeyDictionary[Any, str] | None = getattr(loop, "_redmutex_renewed", None)
-    if holds is None:
-        holds = attrs._redmutex_renewed = weakref.WeakKeyDictionary()
-    holds[core] = token
+    entry = _renewed.get(id(loop))
+    if entry is None or entry[0]() is not loop:
+        if entry is not None:
+            # A loop of the same id that ended without its close hook: its holds' owners are
+            # gone too.
+            _stop_renewals(entry[1])
+        entry = _renewed[id(loop)] = (weakref.ref(loop), weakref.WeakKeyDictionary())
+    entry[1][core] = token
 
 
 def _end_renewals(loop: asyncio.AbstractEventLoop) -> None:
     """Ends the renewal of the holds taken on `loop` that are still held (see `renewed_on_loop`);
-    a hold released meanwhile, or replaced by another one, is left alone (its token differs)."""
-    holds: weakref.WeakKeyDictionary[Any, str] | None = getattr(loop, "_redmutex_renewed", None)
-    if not holds:
+    a hold released meanwhile, or replaced by another one, is left alone (its token differs).
+    The entry's weak reference to the loop is dead when the garbage collector closes the loop."""
+    entry = _renewed.get(id(loop))
+    if entry is None:
         return
+    found = entry[0]()
+    if (found is not None and found is not loop) or _renewed.pop(id(loop), None) is not entry:
+        return
+    _stop_renewals(entry[1])
+
+
+def _stop_renewals(holds: weakref.WeakKeyDictionary[Any, str]) -> None:
     for core, token in list(holds.items()):
         try:
             core._stop_renewal(token)
