@@ -339,7 +339,7 @@ pub async fn release_chosen(
     let first = executor::script_of(&step)?;
     let reply = match fence {
         Some(fence) => {
-            let resend = scripts::release_fenced(keys, token, fence);
+            let resend = scripts::release_fenced(keys, token, &keys.wake_channel(), &[fence]);
             shared.node.invoke_or_resend(first, &resend).await?
         }
         None => shared.node.invoke(first, Retry::Never).await?,

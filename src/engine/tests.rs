@@ -650,6 +650,40 @@ fn a_caller_chosen_token_in_place_is_refused_by_the_first_send_form() {
     });
 }
 
+#[test]
+fn a_fenced_release_deletes_only_while_the_counter_reads_one_of_its_fences() {
+    let server = Server::start();
+    let client = server.client("t-fenced:");
+    block_on(async {
+        let shared = client.shared().unwrap();
+        let keys = spec(&client, "fenced", 5_000, false).keys;
+        // The lock's own keys, and a drop-in shim's (python-redis-lock's key and signal list).
+        let compat = keys
+            .clone()
+            .with_lock_key(b"lock:fenced")
+            .with_signal(b"lock-signal:fenced", 1_000);
+        for keys in [keys, compat] {
+            let first = scripts::acquire_first_send(&keys, "X", 5_000);
+            let taken = shared.node.invoke(&first, Retry::Never).await.unwrap();
+            let Attempt::Granted { fence } = parse_attempt(&taken).unwrap() else {
+                panic!("a free lock was not granted");
+            };
+            let release = |fences: &[i64]| {
+                let inv = scripts::release_fenced(&keys, "X", &keys.wake_channel(), fences);
+                let node = &shared.node;
+                async move { node.invoke(&inv, Retry::Never).await.unwrap() }
+            };
+            // Neither is what the counter reads (another grant's hold): nothing is deleted.
+            let refused = release(&[fence - 1, fence + 1]).await;
+            assert_eq!(refused, redis::Value::Int(0));
+            assert!(lock::owner(&shared, &keys).await.unwrap().is_some());
+            // One of them is: the hold is deleted.
+            assert_eq!(release(&[fence + 1, fence]).await, redis::Value::Int(1));
+            assert!(lock::owner(&shared, &keys).await.unwrap().is_none());
+        }
+    });
+}
+
 /// The asyncio acquire's ticket: an abandoned attempt gives back a grant that arrives after the
 /// abandon (a runtime task's poll under way is not stopped by its abort), gives back a hold it
 /// had already settled into, and never touches a hold that a later acquire took.

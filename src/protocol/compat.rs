@@ -19,12 +19,14 @@ pub(crate) const COMPAT_RESET_SOURCE: &str = include_str!("lua/compat_reset.lua"
 pub static COMPAT_RESET: LazyLock<Script> = LazyLock::new(|| Script::new(COMPAT_RESET_SOURCE));
 
 /// The release of keys with a signal list (`Keys::with_signal`): compare-and-delete, then the
-/// signal push and the wake-up. Reply 1 released, 0 not ours.
+/// signal push and the wake-up; only while the fence counter reads one of `fences`, if any
+/// (`scripts::release_fenced`). Reply 1 released, 0 not ours.
 pub fn signal_release<'a>(
     keys: &Keys,
     token: &str,
     signal: &[u8],
     expire_ms: u64,
+    fences: &[i64],
 ) -> ScriptInvocation<'a> {
     let mut inv = COMPAT_SIGNAL_RELEASE.prepare_invoke();
     inv.key(keys.lock())
@@ -32,6 +34,12 @@ pub fn signal_release<'a>(
         .arg(token)
         .arg(keys.wake_channel())
         .arg(expire_ms);
+    if !fences.is_empty() {
+        inv.key(keys.fence());
+        for fence in fences {
+            inv.arg(fence.to_string());
+        }
+    }
     inv
 }
 

@@ -319,22 +319,28 @@ pub const NOBODY: &[u8] = b"";
 
 /// `release`, its wake-up published on `channel`.
 pub fn release_waking<'a>(keys: &Keys, token: &str, channel: &[u8]) -> ScriptInvocation<'a> {
+    release_fenced(keys, token, channel, &[])
+}
+
+/// `release_waking` of the hold of `token` only while the fence counter reads one of `fences`
+/// (none: unfenced; see `lock_release.lua`): the resend of a release of a token the caller
+/// chose, which another call may hold by then.
+pub fn release_fenced<'a>(
+    keys: &Keys,
+    token: &str,
+    channel: &[u8],
+    fences: &[i64],
+) -> ScriptInvocation<'a> {
     // A drop-in shim's lock (`redmutex.compat.redis_lock`): python-redis-lock's waiters wait on
     // its signal list, so every release (an undo's too) pushes it.
     if let Some((signal, expire_ms)) = keys.signal() {
-        return super::compat::signal_release(keys, token, signal, expire_ms);
+        return super::compat::signal_release(keys, token, signal, expire_ms, fences);
     }
     let mut inv = LOCK_RELEASE.prepare_invoke();
     queue_hand_off(&mut inv, keys, token, channel);
-    inv
-}
-
-/// `release` of the hold of `token` granted `fence` only (see `lock_release.lua`): the resend of
-/// a release of a token the caller chose, which another call may hold by then.
-pub fn release_fenced<'a>(keys: &Keys, token: &str, fence: i64) -> ScriptInvocation<'a> {
-    let mut inv = LOCK_RELEASE.prepare_invoke();
-    queue_hand_off(&mut inv, keys, token, &keys.wake_channel());
-    inv.arg(fence.to_string());
+    for fence in fences {
+        inv.arg(fence.to_string());
+    }
     inv
 }
 

@@ -6,18 +6,26 @@
 -- ARGV[4] fence counter's ttl in ms (see fence_next.lua)
 -- KEYS[4] a re-entrant lock's hold count (optional; see lock_reenter.lua): goes with the lock,
 --         also when a nested release that should have lowered it never reached Redis
--- ARGV[5] a fence (optional): the resend of a release of a token the caller chose (the recipes'
---         identifier) after its connection dropped. It releases only the hold granted that fence
---         (the counter still reads it): if the first send ran, another call may have taken the
---         lock under the same token since, and its grant issued a larger fence.
+-- ARGV[5..] fences (optional): the resend of a release of a token the caller chose (the recipes'
+--         identifier) after its connection dropped. It releases only while the fence counter
+--         reads one of them, the values the hold's own grant (and on Redlock, its agreed fence's
+--         write-back) left there: if the first send ran, another call may have taken the lock
+--         under the same token since, and its grant issued a larger fence than any of them.
 -- Reply: 1 released; 0 not ours (the lease ended, or another owner holds it): nothing touched.
 -- With live waiters in the queue, the first is granted the lock at once (its grant is
 -- published); otherwise the wake-up message is '' (for all).
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
-if ARGV[5] and redis.call('GET', KEYS[2]) ~= ARGV[5] then
-  return 0
+if ARGV[5] then
+  local counter = redis.call('GET', KEYS[2])
+  local ours = false
+  for i = 5, #ARGV do
+    ours = ours or counter == ARGV[i]
+  end
+  if not ours then
+    return 0
+  end
 end
 if KEYS[4] then
   redis.call('DEL', KEYS[4])
