@@ -19,6 +19,7 @@ pub mod node;
 pub mod plain;
 pub mod redlock;
 pub mod redlock_cache;
+mod redlock_held;
 mod redlock_lease;
 mod redlock_lock;
 pub mod redlock_rwlock;

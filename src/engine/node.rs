@@ -708,6 +708,17 @@ impl Node {
         first: &ScriptInvocation<'_>,
         resend: &ScriptInvocation<'_>,
     ) -> Result<Value> {
+        self.invoke_or_resend_identified(first, resend)
+            .await
+            .map(|(value, _)| value)
+    }
+
+    /// `invoke_or_resend`, also telling which server incarnation answered.
+    pub async fn invoke_or_resend_identified(
+        &self,
+        first: &ScriptInvocation<'_>,
+        resend: &ScriptInvocation<'_>,
+    ) -> Result<(Value, Option<Arc<Identity>>)> {
         let sent = std::sync::atomic::AtomicBool::new(false);
         self.call(Retry::Once, |mut conn| {
             let inv = if sent.swap(true, Ordering::Relaxed) {
@@ -718,7 +729,6 @@ impl Node {
             async move { inv.invoke_async::<Value>(&mut conn).await }
         })
         .await
-        .map(|(value, _)| value)
     }
 
     /// `invoke`, also telling which server incarnation answered (on an `identified` node).

@@ -39,6 +39,7 @@ use super::error::{Error, Result};
 use super::executor;
 use super::name_map::NameMap;
 use super::node::{Identity, Retry};
+use super::redlock_held::HeldVotes;
 use super::runtime;
 use super::shared::Shared;
 use super::waiting::Gate;
@@ -175,31 +176,8 @@ impl Count {
     }
 }
 
-/// For a token the caller chose (the recipes' identifier, which another call may use too): per
-/// master, whether this acquire's own vote set the token there and it was not given back yet.
-/// The votes (a resend after a broken connection too) are first sends
-/// (`scripts::acquire_first_send`), so a grant proves that this call
-/// set the key; a give-back or a cancelled acquire deletes only there, never a lock that another
-/// call with the same identifier holds.
-pub(super) type Held = Arc<Mutex<Vec<bool>>>;
-
-pub(super) fn set_held(held: &Held, index: usize, value: bool) {
-    if let Some(slot) = held
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get_mut(index)
-    {
-        *slot = value;
-    }
-}
-
-pub(super) fn is_held(held: &Held, index: usize) -> bool {
-    held.lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(index)
-        .copied()
-        .unwrap_or(false)
-}
+/// A hold of a token the caller chose, shared by its votes, give-backs and release.
+pub(super) type Held = Arc<HeldVotes>;
 
 impl Redlock {
     pub fn new(masters: Vec<(Arc<Shared>, String)>) -> Self {
@@ -540,9 +518,11 @@ impl Redlock {
     ) -> Result<bool> {
         self.check_distinct()?;
         let handle = runtime::handle()?;
-        let (early, held) = match whose {
+        // None: a drawn token's release; Some(None): a chosen token's hold this client did not
+        // win; Some(Some(held)): one it won.
+        let (early, chosen) = match whose {
             Whose::Drawn => (true, None),
-            Whose::Chosen(held) => (false, held),
+            Whose::Chosen(held) => (false, Some(held)),
         };
         let answers: FuturesUnordered<_> = self
             .masters
@@ -551,26 +531,38 @@ impl Redlock {
                 // A vote of this token still out on this master settles first: sent again
                 // after a NOSCRIPT, it would otherwise land after the release.
                 let earlier = self.pending_on(token, m.index);
-                let (shared, step, held, index, granted) = (
+                let (shared, step, chosen, index, granted) = (
                     m.shared.clone(),
                     step.clone(),
-                    held.clone(),
+                    chosen.clone(),
                     m.index,
                     granted.clone(),
                 );
+                let token = token.to_string();
                 let send = async move {
                     join_all(earlier).await;
-                    if let Some(held) = &held {
-                        if !is_held(held, index) {
-                            return Ok(((redis::Value::Int(0), false), None));
-                        }
-                        set_held(held, index, false);
-                    }
                     let (epoch, sent_at, before) =
                         (shared.fault_epoch(), Instant::now(), shared.run_id());
-                    let (value, identity) = executor::send_identified(&shared.node, &step)
-                        .await
-                        .map_err(|err| err.to_string())?;
+                    let sent = match (chosen, step.invocation()) {
+                        (None, _) | (_, None) => {
+                            executor::send_identified(&shared.node, &step).await
+                        }
+                        // Resent after a broken connection only as the delete of this hold's
+                        // own grant (see `HeldVotes`).
+                        (Some(Some(held)), Some(first)) => {
+                            let Some(resend) = held.take(index, &token, false) else {
+                                return Ok(((redis::Value::Int(0), false), None));
+                            };
+                            let node = &shared.node;
+                            node.invoke_or_resend_identified(first, &resend).await
+                        }
+                        // Another client's hold: nothing tells its grant from a later one
+                        // under the same token, so the delete is not resent.
+                        (Some(None), Some(first)) => {
+                            shared.node.invoke_identified(first, Retry::Never).await
+                        }
+                    };
+                    let (value, identity) = sent.map_err(|err| err.to_string())?;
                     let faulted = shared.fault_epoch() != epoch;
                     let own = granted.is_some_and(|g| {
                         g.resent_own(index, sent_at, before, faulted, identity.as_deref())

@@ -24,8 +24,8 @@ use futures_util::FutureExt;
 use super::error::{Error, Result};
 use super::node::{Identity, Retry};
 use super::redlock::{
-    is_held, jitter, set_held, Held, PendingVote, Redlock, Releasing, Whose, NO_HINT_LOOK,
-    SPLIT_PAUSE, SPLIT_PAUSE_MAX,
+    jitter, Held, PendingVote, Redlock, Releasing, Whose, NO_HINT_LOOK, SPLIT_PAUSE,
+    SPLIT_PAUSE_MAX,
 };
 use super::runtime;
 use super::waiting::Wait;
@@ -233,30 +233,37 @@ async fn vote<R: Send + 'static>(
     }
 }
 
-/// Sends `step` to master `index` in the background, after `late` (its vote still out); for a
-/// token the caller chose, only where this call's own vote set it.
+/// Sends `step` (`quiet`: the give-back that wakes nobody) to master `index` in the
+/// background, after `late` (its vote still out); for a token the caller chose, only where this
+/// call's own vote set it, and resent after a broken connection only as the delete of that
+/// grant (see `HeldVotes`).
 fn give_back_on(
     redlock: &Arc<Redlock>,
     index: usize,
     step: Arc<Step<bool>>,
+    quiet: bool,
     late: Option<PendingVote>,
     held: Option<Held>,
+    token: &str,
 ) -> Option<tokio::task::JoinHandle<()>> {
     let redlock = redlock.clone();
+    let token = token.to_string();
     runtime::handle().ok().map(|h| {
         h.spawn(async move {
             if let Some(vote) = late {
                 vote.await;
             }
-            if let Some(held) = &held {
-                if !is_held(held, index) {
-                    return;
-                }
-                set_held(held, index, false);
-            }
-            if let (Some(m), Some(inv)) = (redlock.masters.get(index), step.invocation()) {
-                let _ = m.shared.node.invoke(inv, Retry::Once).await;
-            }
+            let (Some(m), Some(inv)) = (redlock.masters.get(index), step.invocation()) else {
+                return;
+            };
+            let node = &m.shared.node;
+            let _ = match &held {
+                None => node.invoke(inv, Retry::Once).await,
+                Some(held) => match held.take(index, &token, quiet) {
+                    Some(resend) => node.invoke_or_resend(inv, &resend).await,
+                    None => return,
+                },
+            };
         })
     })
 }
@@ -409,7 +416,7 @@ async fn round<C: QuorumContender>(
             continue;
         }
         let late = still_out.get_mut(i).and_then(Option::take);
-        *slot = give_back_on(redlock, i, step.clone(), late, held.clone())
+        *slot = give_back_on(redlock, i, step.clone(), quiet, late, held.clone(), token)
             .map(|handle| GiveBackUnderWay { handle, quiet });
     }
     if let Err(err) = distinct {

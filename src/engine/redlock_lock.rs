@@ -4,7 +4,7 @@
 //! agrees); votes that replicas must acknowledge (Redis WAIT); and, for a token the caller chose
 //! (the recipes' identifier), first-send votes whose grants alone are given back (`Held`).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::{join_all, BoxFuture};
@@ -12,7 +12,8 @@ use futures_util::FutureExt;
 
 use super::error::{Error, Result};
 use super::node::Retry;
-use super::redlock::{set_held, Held, Redlock};
+use super::redlock::{Held, Redlock};
+use super::redlock_held::HeldVotes;
 use super::redlock_lease::{self, send_step, Ballot, QuorumContender, Sent};
 use super::replicas::attempt_with_replicas;
 use super::runtime;
@@ -66,8 +67,8 @@ impl QuorumContender for LockQuorum<'_> {
         let held = self.held.clone();
         async move {
             let (attempt, identity) = sent.await?;
-            if let (Attempt::Granted { .. }, Some(held)) = (attempt, &held) {
-                set_held(held, index, true);
+            if let (Attempt::Granted { fence }, Some(held)) = (attempt, &held) {
+                held.granted(index, fence);
             }
             Ok((attempt, identity))
         }
@@ -208,14 +209,15 @@ pub async fn acquire(
     shared_token: bool,
 ) -> Result<Option<Granted>> {
     let held: Option<Held> = (shared_token && spec.replicas == 0)
-        .then(|| Arc::new(Mutex::new(vec![false; redlock.len()])));
+        .then(|| Arc::new(HeldVotes::new(&spec.keys, redlock.len())));
     let contender = LockQuorum {
         spec,
         token,
         held: held.clone(),
     };
     let won = redlock_lease::acquire_won(redlock, &contender, token, wait).await?;
-    if let (Some(_), Some(held)) = (&won, held) {
+    if let (Some(won), Some(held)) = (&won, held) {
+        held.agreed(won.fence);
         redlock.keep_hold(spec.keys.lock(), token, held);
     }
     Ok(won.map(|won| Granted {

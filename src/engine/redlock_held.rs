@@ -1,0 +1,78 @@
+//! A Redlock hold of a token the caller chose (the recipes' identifier, which another call may
+//! use too): per master, the fence its own vote was granted there, until that grant is released
+//! or given back.
+//!
+//! - The votes (a resend after a broken connection too) are first sends
+//!   (`scripts::acquire_first_send`), so a grant proves that this call set the key: a release, a
+//!   give-back or a cancelled acquire deletes only where its own votes set it, never a lock that
+//!   another call with the same identifier holds.
+//! - A delete whose connection broke under it may have run: another call may have taken the
+//!   master since under the same identifier. Its resend deletes only while the master's fence
+//!   counter still reads what this hold left there (`release_fenced`): its vote's fence, or the
+//!   agreed fence written back over it. A later grant there issues a fence larger than the
+//!   counter read then, so it is neither (the one exception: the write-back never landed there
+//!   and the master's clock, in µs, gave exactly the agreed fence, which another master issued).
+
+use std::sync::{Mutex, OnceLock};
+
+use redis::ScriptInvocation;
+
+use crate::protocol::keys::Keys;
+use crate::protocol::scripts;
+
+pub(super) struct HeldVotes {
+    keys: Keys,
+    /// Per master: the fence its vote granted, while that grant is this hold's.
+    grants: Mutex<Vec<Option<i64>>>,
+    /// The fence the won round agreed (unset while the round is not won): the masters whose
+    /// counter was behind it were raised to it.
+    agreed: OnceLock<i64>,
+}
+
+impl HeldVotes {
+    pub(super) fn new(keys: &Keys, masters: usize) -> Self {
+        HeldVotes {
+            keys: keys.clone(),
+            grants: Mutex::new(vec![None; masters]),
+            agreed: OnceLock::new(),
+        }
+    }
+
+    /// Master `index` granted this hold's vote with `fence`.
+    pub(super) fn granted(&self, index: usize, fence: i64) {
+        if let Some(slot) = self.lock().get_mut(index) {
+            *slot = Some(fence);
+        }
+    }
+
+    /// The round was won with `fence`.
+    pub(super) fn agreed(&self, fence: i64) {
+        let _ = self.agreed.set(fence);
+    }
+
+    /// Takes master `index`'s grant for its release or give-back (`quiet`: one that wakes
+    /// nobody), and returns that delete's resend after a broken connection; None when there is
+    /// nothing of this hold's to delete there (no grant, or deleted already).
+    pub(super) fn take(
+        &self,
+        index: usize,
+        token: &str,
+        quiet: bool,
+    ) -> Option<ScriptInvocation<'static>> {
+        let granted = self.lock().get_mut(index)?.take()?;
+        let mut fences = vec![granted];
+        fences.extend(self.agreed.get().filter(|&&agreed| agreed != granted));
+        let channel = if quiet {
+            scripts::NOBODY.to_vec()
+        } else {
+            self.keys.wake_channel()
+        };
+        Some(scripts::release_fenced(
+            &self.keys, token, &channel, &fences,
+        ))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Option<i64>>> {
+        self.grants.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}

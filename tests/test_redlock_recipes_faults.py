@@ -1,0 +1,129 @@
+"""The recipes (`acquire_lock` / `release_lock`, a caller-chosen identifier) on a Redlock client
+under a connection fault: each master's reply to the release is lost after the release ran there
+(FaultProxy.drop_reply_to), and the master's resend must not delete what another call took since
+under the same identifier.
+
+Every redis-server here is started by the test (`Masters`) and stopped by its PID.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redmutex
+from _proxy import FaultProxy
+from _scale_servers import Masters
+
+pytestmark = pytest.mark.timeout(120)
+
+FAST = {"connect_timeout": 1.0, "command_timeout": 1.0}
+
+
+class Setup:
+    """3 masters; `faulty` reaches each through its own FaultProxy, `direct` reaches them
+    directly."""
+
+    def __init__(self, masters: Masters, proxies: list[FaultProxy]) -> None:
+        self.masters, self.proxies = masters, proxies
+        self.faulty = redmutex.Client([p.url for p in proxies], prefix="p:", **FAST)
+        self.direct = redmutex.Client(masters.urls, prefix="p:", **FAST)
+        # Every connection through the proxies is open and the scripts are loaded, so that a
+        # fault armed next hits the call under test.
+        assert redmutex.acquire_lock(self.faulty, "warm", "w") == "w"
+        assert redmutex.release_lock(self.faulty, "warm", "w") is True
+
+    def owners(self, name: str) -> list[bytes | None]:
+        found = []
+        for i in range(len(self.masters.servers)):
+            with self.masters.conn(i) as r:
+                value = r.get(f"p:{{{name}}}:lock")
+                found.append(value if isinstance(value, bytes) else None)
+        return found
+
+    def wait_held_everywhere(self, name: str, token: bytes) -> None:
+        """A vote may still be on its way when the round was won: the fault must meet the
+        release, not a late vote."""
+        deadline = time.monotonic() + 5
+        while self.owners(name) != [token] * len(self.masters.servers):
+            assert time.monotonic() < deadline, "a master never granted"
+            time.sleep(0.01)
+        time.sleep(0.05)  # the fence write-backs have landed too
+
+
+@pytest.fixture
+def setup() -> Iterator[Setup]:
+    with Masters(3) as masters, contextlib.ExitStack() as stack:
+        proxies = [stack.enter_context(FaultProxy(s.port)) for s in masters.servers]
+        s = Setup(masters, proxies)
+        try:
+            yield s
+        finally:
+            s.faulty.close()
+            s.direct.close()
+
+
+def test_a_resent_release_never_deletes_a_hold_taken_since_under_the_same_identifier(
+    setup: Setup,
+) -> None:
+    # B releases "X" on every master; each delete runs but its reply is lost, and before B's
+    # resends arrive (requests delayed 0.3 s) A takes the free lock under "X" on a majority. B's
+    # resends must not delete A's copies: A would then believe it holds a lock that any third
+    # call can take.
+    deleted = 0
+    for i in range(5):
+        name = f"rl-resent-release-{i}-{uuid.uuid4().hex[:6]}"
+        assert redmutex.acquire_lock(setup.faulty, name, "X", 1, 10) == "X"
+        setup.wait_held_everywhere(name, b"X")
+        taken: list[object] = []
+
+        def take_once_released(name: str = name, taken: list[object] = taken) -> None:
+            for proxy in setup.proxies:
+                proxy.reply_dropped.wait(5)
+            taken.append(redmutex.acquire_lock(setup.direct, name, "X", 0, 10))
+
+        for proxy in setup.proxies:
+            proxy.set_latency(0.3, "c2s")
+            proxy.drop_reply_to(f"{{{name}}}".encode())
+        other = threading.Thread(target=take_once_released)
+        other.start()
+        try:
+            # Its answer is not what this test is about; that it leaves A's copies is.
+            redmutex.release_lock(setup.faulty, name, "X")
+        finally:
+            other.join(10)
+            for proxy in setup.proxies:
+                proxy.set_latency(0, "c2s")
+                proxy.disarm()
+        assert all(p.reply_dropped.is_set() for p in setup.proxies), "the test proved nothing"
+        assert taken == ["X"]
+        time.sleep(0.5)  # A's late votes and B's resends have run by now
+        deleted += sum(1 for owner in setup.owners(name) if owner != b"X")
+        for m in range(len(setup.masters.servers)):
+            with setup.masters.conn(m) as r:
+                r.delete(f"p:{{{name}}}:lock")
+    assert deleted == 0, f"B's resent releases deleted {deleted} of A's 15 copies"
+
+
+def test_a_release_of_a_hold_taken_elsewhere_is_not_resent(setup: Setup) -> None:
+    # A client that did not win the hold knows none of its fences to tell it from a later one
+    # under the same identifier, so no master's delete is resent after its reply was lost: the
+    # release is undecided (QuorumError; the deletes may have run), never a resend that could
+    # delete another call's copy.
+    name = f"rl-released-elsewhere-{uuid.uuid4().hex[:6]}"
+    assert redmutex.acquire_lock(setup.direct, name, "X", 1, 10) == "X"
+    setup.wait_held_everywhere(name, b"X")
+    for proxy in setup.proxies:
+        proxy.drop_reply_to(f"{{{name}}}".encode())
+    try:
+        with pytest.raises(redmutex.QuorumError):
+            redmutex.release_lock(setup.faulty, name, "X")
+    finally:
+        for proxy in setup.proxies:
+            proxy.disarm()
+    assert all(p.reply_dropped.is_set() for p in setup.proxies), "the test proved nothing"
+    assert setup.owners(name) == [None, None, None]  # the first sends ran
