@@ -8,13 +8,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use redis::ScriptInvocation;
+
 use super::client::Client;
 use super::error::{Error, Result};
 use super::executor::{self, Now};
 use super::hold::{Leased, OnLost};
 use super::hold_status::HoldStatus;
 use super::lock::LockContender;
-use super::node::gave_up_at_deadline;
+use super::node::{gave_up_at_deadline, Retry};
 use super::renew::{self, Renewal, Schedule};
 use super::shared::Shared;
 use super::waiting::{self, spawn_undo, Contender, Outcome, Undo, UndoStep, Wait};
@@ -22,6 +24,7 @@ use crate::protocol::compat::{self as steps, Extended};
 use crate::protocol::keys::key_slot;
 use crate::protocol::lock::{self as lock_steps, Granted, LockSpec};
 use crate::protocol::replies::Attempt;
+use crate::protocol::scripts;
 use crate::protocol::step::Step;
 use crate::protocol::wake::GrantNote;
 
@@ -45,6 +48,11 @@ impl CompatHold {
     /// Whether renewal found the lease gone.
     pub fn lost(&self) -> bool {
         self.status.is_lost()
+    }
+
+    /// The hold's status (its deadline, whether it was found lost), shared with its renewal.
+    pub fn status(&self) -> Arc<HoldStatus> {
+        self.status.clone()
     }
 
     /// Stops renewal for good (before a release, or when the hold is given up).
@@ -113,8 +121,14 @@ impl CompatLock {
         })
     }
 
-    fn shared(&self) -> Result<Arc<Shared>> {
+    /// The connections of the server the lock is on.
+    pub fn shared(&self) -> Result<Arc<Shared>> {
         self.client.shared()
+    }
+
+    /// The other library's key.
+    pub fn lock_key(&self) -> Vec<u8> {
+        self.spec.keys.lock()
     }
 
     /// Takes the lock for `token` with a lease of `lease`, waiting as `wait` allows; `chosen`:
@@ -281,25 +295,64 @@ impl CompatLock {
         executor::run(&*self.shared()?, &step).await
     }
 
+    /// The delete of the hold of `token` granted `fence` alone: a release's resend after its
+    /// connection broke. The token may be the caller's (redis-py's `token=`, python-redis-lock's
+    /// `id=`): if the first send ran, another call may have taken the lock under it since, and
+    /// its grant issued a larger fence (see `lock_release.lua`).
+    fn resend(&self, token: &str, fence: i64) -> ScriptInvocation<'static> {
+        let keys = &self.spec.keys;
+        scripts::release_fenced(keys, token, &keys.wake_channel(), &[fence])
+    }
+
     /// Compare-and-delete (with the signal push when the keys have one); false when not ours.
+    /// `fence`: that of the hold this process took with `token` (see `resend`); None (a hold
+    /// taken elsewhere): the release is not resent after a broken connection, its error stands.
     pub fn release_blocking(
         &self,
         token: &str,
+        fence: Option<i64>,
     ) -> Now<Result<bool>, impl std::future::Future<Output = Result<bool>> + Send + '_> {
-        self.now(lock_steps::release(&self.spec.keys, token))
+        let step = lock_steps::release(&self.spec.keys, token);
+        let resend = fence.map(|fence| self.resend(token, fence));
+        if let (true, Some(resend)) = (self.client.supports_direct(), &resend) {
+            return Now::Done(
+                self.shared()
+                    .and_then(|s| executor::run_direct_or_resend(&s, &step, resend)),
+            );
+        }
+        Now::Later(async move {
+            executor::run_or_resend(&*self.shared()?, &step, resend.as_ref()).await
+        })
     }
 
-    pub async fn release(&self, token: &str) -> Result<bool> {
-        self.run(lock_steps::release(&self.spec.keys, token)).await
+    /// `release_blocking` through the runtime.
+    pub async fn release(&self, token: &str, fence: Option<i64>) -> Result<bool> {
+        let step = lock_steps::release(&self.spec.keys, token);
+        let resend = fence.map(|fence| self.resend(token, fence));
+        executor::run_or_resend(&*self.shared()?, &step, resend.as_ref()).await
     }
 
-    /// Releases `token`'s hold from the runtime (an acquire whose caller stopped waiting got
-    /// it), retrying while Redis cannot be reached, until the lease would have ended anyway.
-    pub fn give_back(self: &Arc<Self>, token: String, lease: Duration) {
+    /// Releases `token`'s hold (granted `fence`) from the runtime (an acquire whose caller
+    /// stopped waiting got it), retrying while Redis cannot be reached, until the lease would
+    /// have ended anyway. Every send after the first may follow one that ran: it deletes only
+    /// the hold granted `fence` (see `resend`); with no fence known, nothing is sent again.
+    pub fn give_back(self: &Arc<Self>, token: String, lease: Duration, fence: Option<i64>) {
         let lock = self.clone();
+        let sent = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let step = move || -> UndoStep {
-            let (lock, token) = (lock.clone(), token.clone());
-            Box::pin(async move { lock.release(&token).await.map(|_| ()) })
+            let (lock, token, sent) = (lock.clone(), token.clone(), sent.clone());
+            Box::pin(async move {
+                let first = !sent.swap(true, std::sync::atomic::Ordering::Relaxed);
+                match (first, fence) {
+                    (true, _) => lock.release(&token, fence).await.map(|_| ()),
+                    (false, Some(fence)) => {
+                        let resend = lock.resend(&token, fence);
+                        lock.shared()?.node.invoke(&resend, Retry::Once).await?;
+                        Ok(())
+                    }
+                    (false, None) => Ok(()),
+                }
+            })
         };
         spawn_undo(Undo {
             step: Box::new(step),

@@ -344,6 +344,21 @@ impl DirectPool {
         self.call(key.as_deref(), retry, |conn| inv.invoke::<Value>(conn))
     }
 
+    /// `invoke` with `Retry::Once`, except that a resend after a broken connection sends
+    /// `resend` instead of `first` (as `Node::invoke_or_resend`).
+    pub fn invoke_or_resend(
+        &self,
+        first: &ScriptInvocation<'_>,
+        resend: &ScriptInvocation<'_>,
+    ) -> std::result::Result<Value, Miss> {
+        let key = self.routed().then(|| script_key(first)).flatten();
+        let sent = std::cell::Cell::new(false);
+        self.call(key.as_deref(), Retry::Once, |conn| {
+            let inv = if sent.replace(true) { resend } else { first };
+            inv.invoke::<Value>(conn)
+        })
+    }
+
     pub fn query<T: FromRedisValue>(
         &self,
         cmd: &Cmd,

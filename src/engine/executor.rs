@@ -53,6 +53,37 @@ pub fn run_direct<T>(shared: &Shared, step: &Step<T>) -> Result<T> {
     Ok(step.parse(reply)?)
 }
 
+/// Runs the script `step` through the runtime; a resend after a dropped connection goes as
+/// `resend` (a form that tells the first send's work from another call's), or not at all (None).
+pub async fn run_or_resend<T>(
+    shared: &Shared,
+    step: &Step<T>,
+    resend: Option<&ScriptInvocation<'_>>,
+) -> Result<T> {
+    let first = script_of(step)?;
+    let reply = match resend {
+        Some(resend) => shared.node.invoke_or_resend(first, resend).await?,
+        None => shared.node.invoke(first, Retry::Never).await?,
+    };
+    Ok(step.parse(reply)?)
+}
+
+/// `run_or_resend` on the caller's thread (see `run_direct`). What the direct path leaves to
+/// the runtime may have run already (a routed connection that broke under it), so the runtime
+/// sends `resend` itself.
+pub fn run_direct_or_resend<T>(
+    shared: &Shared,
+    step: &Step<T>,
+    resend: &ScriptInvocation<'_>,
+) -> Result<T> {
+    let reply = match shared.direct.invoke_or_resend(script_of(step)?, resend) {
+        Ok(reply) => reply,
+        Err(Miss::Failed(err, _)) => return Err(err),
+        Err(Miss::Elsewhere) => on_runtime(shared.node.invoke(resend, Retry::Once))??,
+    };
+    Ok(step.parse(reply)?)
+}
+
 /// A script sent on the caller's thread like `run_direct`, failing with the call that may still
 /// run when it timed out (`Overdue`: its direct connection, or the runtime's timed-out calls
 /// when it went through the runtime), so that an undo can wait for it.

@@ -13,6 +13,7 @@ use super::args;
 use super::awaitable::{self, OnCancel};
 use super::blocking;
 use super::client::coerce_client;
+use super::compat_holds;
 use super::errors::{About, Named};
 use super::log;
 use crate::engine::compat::{CompatHold, CompatLock};
@@ -57,8 +58,8 @@ impl PyCompatHold {
 #[derive(Default)]
 struct CancelTicket {
     cancelled: bool,
-    /// The token the acquire took, until the awaitable settles or is cancelled.
-    held: Option<String>,
+    /// The token the acquire took and its fence, until the awaitable settles or is cancelled.
+    held: Option<(String, i64)>,
 }
 
 /// Renewal's listener: a lost hold is logged (a WARNING on the `redmutex` logger).
@@ -112,6 +113,21 @@ fn extended_code(extended: Extended) -> i64 {
         Extended::NotOwned => -1,
         Extended::NoExpiry => -2,
     }
+}
+
+/// Notes `hold` of `token` on `engine`'s lock for its release (see `compat_holds`); with the
+/// GIL held.
+fn note_hold(engine: &CompatLock, token: &str, hold: &CompatHold) {
+    if let Ok(shared) = engine.shared() {
+        compat_holds::taken(&shared, &engine.lock_key(), token, hold);
+    }
+}
+
+/// The fence of the hold of `token` on `engine`'s lock that this process took, forgotten as it
+/// is released (None: taken elsewhere); with the GIL held.
+fn released_fence(engine: &CompatLock, token: &str) -> Option<i64> {
+    let shared = engine.shared().ok()?;
+    compat_holds::released(&shared, &engine.lock_key(), token)
 }
 
 impl PyCompatLock {
@@ -176,6 +192,9 @@ impl PyCompatLock {
             engine.acquire_blocking(&token, lease, wait, chosen, poll, renewal)
         })?
         .about(py, &self.about)?;
+        if let Some(hold) = &hold {
+            note_hold(engine, &token, hold);
+        }
         Ok(hold.map(|hold| PyCompatHold { hold }))
     }
 
@@ -205,11 +224,12 @@ impl PyCompatLock {
             Arc::new(move || {
                 let mut ticket = ticket.lock().unwrap_or_else(|p| p.into_inner());
                 ticket.cancelled = true;
-                if let Some(token) = ticket.held.take() {
-                    engine.give_back(token, lease);
+                if let Some((token, fence)) = ticket.held.take() {
+                    engine.give_back(token, lease, Some(fence));
                 }
             })
         };
+        let (noted_by, noted_token) = (engine.clone(), token.clone());
         awaitable::spawn_abandonable(
             py,
             abandon,
@@ -221,15 +241,18 @@ impl PyCompatLock {
                     let mut ticket = ticket.lock().unwrap_or_else(|p| p.into_inner());
                     if ticket.cancelled {
                         taken.stop();
-                        engine.give_back(token, lease);
+                        engine.give_back(token, lease, Some(taken.fence));
                         return Ok(Ok(None));
                     }
-                    ticket.held = Some(token);
+                    ticket.held = Some((token, taken.fence));
                 }
                 Ok(hold)
             },
             move |py, hold| match hold.about(py, &about)? {
-                Some(hold) => Ok(Bound::new(py, PyCompatHold { hold })?.into_any()),
+                Some(hold) => {
+                    note_hold(&noted_by, &noted_token, &hold);
+                    Ok(Bound::new(py, PyCompatHold { hold })?.into_any())
+                }
                 None => Ok(py.None().into_bound(py)),
             },
         )
@@ -238,24 +261,29 @@ impl PyCompatLock {
     /// Releases `token`'s hold in the background (an asyncio acquire that succeeded, whose task
     /// was cancelled before it resumed: nobody holds that hold).
     fn _give_back(&self, token: String, lease: f64) -> PyResult<()> {
-        self.engine
-            .give_back(token, args::seconds("timeout", lease)?);
+        let lease = args::seconds("timeout", lease)?;
+        let fence = released_fence(&self.engine, &token);
+        self.engine.give_back(token, lease, fence);
         Ok(())
     }
 
     /// Compare-and-delete for `token`; False when the lock was not `token`'s.
+    /// A release whose connection broke is resent only for a hold that this process took
+    /// (see `compat_holds`); otherwise its error stands.
     fn release(&self, py: Python<'_>, token: String) -> PyResult<bool> {
         let engine = &self.engine;
-        blocking::run(py, || engine.release_blocking(&token))?.about(py, &self.about)
+        let fence = released_fence(engine, &token);
+        blocking::run(py, || engine.release_blocking(&token, fence))?.about(py, &self.about)
     }
 
     fn _release_async<'py>(&self, py: Python<'py>, token: String) -> PyResult<Bound<'py, PyAny>> {
         let engine = self.engine.clone();
         let about = self.about.clone();
+        let fence = released_fence(&engine, &token);
         awaitable::spawn(
             py,
             OnCancel::Finish,
-            async move { Ok(engine.release(&token).await) },
+            async move { Ok(engine.release(&token, fence).await) },
             move |py, released| released.about(py, &about)?.into_bound_py_any(py),
         )
     }

@@ -8,6 +8,7 @@ mod blocking;
 mod cache;
 mod client;
 mod compat;
+mod compat_holds;
 mod errors;
 mod hold;
 mod lock;
