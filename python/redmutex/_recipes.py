@@ -77,10 +77,11 @@ def acquire_lock(
 def release_lock(conn: ClientLike, lockname: str, identifier: str) -> bool:
     """Release `lockname` if `identifier` holds it; False means "we lost the lock".
 
-    On one server, a release whose connection dropped is resent only for a hold this process
-    took (with this client): the resend deletes that hold alone, never one another call took
-    since under the same identifier. Otherwise it raises ConnectionError (the delete may have
-    run; a hold left in place lapses after its `ltime`).
+    A release whose connection dropped is resent only for a hold this process took (with this
+    client): the resend deletes that hold alone (with a Redlock client, on each master the grant
+    of this client's own vote), never one another call took since under the same identifier.
+    Otherwise it raises ConnectionError (with a Redlock client, QuorumError when too few masters
+    answered; the delete may have run; a hold left in place lapses after its `ltime`).
     """
     released = bool(_core.release_token(conn, lockname, identifier))
     if metrics._active is not None:
