@@ -6,7 +6,6 @@ of the hunt's script). A live waiting writer takes its place again at its next r
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -14,18 +13,10 @@ from typing import TYPE_CHECKING
 
 import redis
 import redmutex
-from _helpers import wait_until
+from _rw_dead_writer import leave_a_dead_waiting_writer
 
 if TYPE_CHECKING:
     from conftest import PyProcs
-
-WAITING_WRITER = r"""
-import sys, redmutex
-client = redmutex.Client(sys.argv[1], prefix=sys.argv[2])
-writer = redmutex.RWLock(client, sys.argv[3], ttl=10).write()
-print("waiting", flush=True)
-writer.acquire(timeout=60)
-"""
 
 
 def test_a_forced_release_drops_a_dead_waiting_writers_place(
@@ -37,17 +28,8 @@ def test_a_forced_release_drops_a_dead_waiting_writers_place(
     prefix: str,
 ) -> None:
     name = "forced-waiting-writer"
-    reader = redmutex.RWLock(client, name, ttl=10).read()
-    assert reader.acquire(timeout=5)  # the read lock the writer waits for
-    child = procs.start(WAITING_WRITER, redis_url, prefix, name)
-    assert child.stdout is not None and child.stdout.readline().strip() == "waiting"
-    waiting = key_of(name, "rw:writers_waiting")
-    wait_until(lambda: int(r.zcard(waiting)) == 1, 10, "the writer's place")
-    os.kill(child.pid, signal.SIGKILL)
-    child.wait(10)
-    reader.release()
     # Only the dead writer's place is left: a reader is held back.
-    assert not redmutex.RWLock(client, name, ttl=10).read().acquire(timeout=0)
+    waiting = leave_a_dead_waiting_writer(client, r, key_of, procs, redis_url, prefix, name)
     environment = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
     done = subprocess.run(
         [sys.executable, "-m", "redmutex", "release", name, "--force", "--yes"]

@@ -6,51 +6,19 @@ held under this name" and left the place, which `--yes` drops."""
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import redis
 import redmutex
 from _cli_run import cli_json, release_on_a_terminal, run_cli
-from _helpers import wait_until
+from _rw_dead_writer import leave_a_dead_waiting_writer
 
 if TYPE_CHECKING:
     from conftest import PyProcs
 
-WAITING_WRITER = r"""
-import sys, redmutex
-client = redmutex.Client(sys.argv[1], prefix=sys.argv[2])
-writer = redmutex.RWLock(client, sys.argv[3], ttl=10).write()
-print("waiting", flush=True)
-writer.acquire(timeout=60)
-"""
 PLACE_MAX = 6.0  # a waiting writer's place lasts its ttl, at most 6 s
-
-
-def leave_a_dead_waiting_writer(
-    client: redmutex.Client,
-    r: redis.Redis,
-    key_of: Callable[[str, str], bytes],
-    procs: PyProcs,
-    redis_url: str,
-    prefix: str,
-    name: str,
-) -> None:
-    """A writer waits behind a reader and is killed; the reader leaves. Nobody holds the RWLock,
-    and the dead writer's place holds new readers back until it lapses."""
-    reader = redmutex.RWLock(client, name, ttl=10).read()
-    assert reader.acquire(timeout=5)
-    child = procs.start(WAITING_WRITER, redis_url, prefix, name)
-    assert child.stdout is not None and child.stdout.readline().strip() == "waiting"
-    waiting = key_of(name, "rw:writers_waiting")
-    wait_until(lambda: int(r.zcard(waiting)) == 1, 10, "the writer's place")
-    os.kill(child.pid, signal.SIGKILL)
-    child.wait(10)
-    reader.release()
-    assert not redmutex.RWLock(client, name, ttl=10).read().acquire(timeout=0)
 
 
 def test_status_reports_the_waiting_writers_place_that_holds_readers_back(
