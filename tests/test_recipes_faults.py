@@ -163,3 +163,21 @@ def test_a_release_of_a_hold_taken_elsewhere_is_not_resent(setup: Setup) -> None
     setup.proxy.disarm()
     assert setup.proxy.reply_dropped.is_set(), "no reply was dropped: the test proved nothing"
     assert setup.owner(name) is None  # the first send ran
+
+
+def test_a_release_after_the_lease_ran_out_is_a_lost_lock_also_when_its_reply_was_lost(
+    setup: Setup,
+) -> None:
+    # The control of test_a_release_whose_reply_was_lost_is_a_release: the lease had run out
+    # before the release went out, so the key its resend finds gone (the fence counter still at
+    # this hold's fence: nobody took the name since) may have lapsed by itself.
+    client = setup.warmed_faulty_client()
+    name = f"lapsed-lost-reply-{uuid.uuid4().hex[:6]}"
+    assert redmutex.acquire_lock(client, name, "X", 1, 0.3) == "X"
+    time.sleep(0.5)
+    setup.proxy.drop_reply_to(f"{{{name}}}".encode())
+    try:
+        assert redmutex.release_lock(client, name, "X") is False
+    finally:
+        setup.proxy.disarm()
+    assert setup.proxy.reply_dropped.is_set(), "no reply was dropped: the test proved nothing"

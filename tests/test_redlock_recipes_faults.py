@@ -127,3 +127,43 @@ def test_a_release_of_a_hold_taken_elsewhere_is_not_resent(setup: Setup) -> None
             proxy.disarm()
     assert all(p.reply_dropped.is_set() for p in setup.proxies), "the test proved nothing"
     assert setup.owners(name) == [None, None, None]  # the first sends ran
+
+
+def _release_with_every_reply_lost(setup: Setup, name: str, token: str) -> bool:
+    """`release_lock` whose first send runs on every master while each reply is lost, so that
+    every master's answer is its resend's."""
+    for proxy in setup.proxies:
+        proxy.drop_reply_to(f"{{{name}}}".encode())
+    try:
+        released = redmutex.release_lock(setup.faulty, name, token)
+    finally:
+        for proxy in setup.proxies:
+            proxy.disarm()
+    assert all(p.reply_dropped.is_set() for p in setup.proxies), "the test proved nothing"
+    return released
+
+
+def test_a_release_whose_replies_were_lost_is_a_release(setup: Setup) -> None:
+    # Each master's delete ran and its reply was lost; the resend finds the key gone while the
+    # fence counter still reads this hold's fence (nobody took the name since), and the lease
+    # was ours when the release went out: the first send deleted it. That is this call's own
+    # release, not "we lost the lock".
+    results = []
+    for i in range(3):
+        name = f"rl-lost-reply-{i}-{uuid.uuid4().hex[:6]}"
+        assert redmutex.acquire_lock(setup.faulty, name, "X", 1, 10) == "X"
+        setup.wait_held_everywhere(name, b"X")
+        results.append(_release_with_every_reply_lost(setup, name, "X"))
+        assert setup.owners(name) == [None, None, None]
+    assert results == [True, True, True]
+
+
+def test_a_release_after_the_lease_ran_out_is_still_a_lost_lock(setup: Setup) -> None:
+    # The control: the lease had run out before the release went out, so the key the resend
+    # finds gone may have lapsed by itself: the lock is reported lost.
+    name = f"rl-lapsed-{uuid.uuid4().hex[:6]}"
+    assert redmutex.acquire_lock(setup.faulty, name, "X", 1, 0.3) == "X"
+    setup.wait_held_everywhere(name, b"X")
+    time.sleep(0.5)
+    assert setup.owners(name) == [None, None, None]
+    assert _release_with_every_reply_lost(setup, name, "X") is False

@@ -543,9 +543,11 @@ impl Redlock {
                     join_all(earlier).await;
                     let (epoch, sent_at, before) =
                         (shared.fault_epoch(), Instant::now(), shared.run_id());
-                    let sent = match (chosen, step.invocation()) {
+                    // `held`: this client's hold of a chosen token, whose resend may tell
+                    // that the first send deleted it (see `HeldVotes`).
+                    let (sent, held) = match (chosen, step.invocation()) {
                         (None, _) | (_, None) => {
-                            executor::send_identified(&shared.node, &step).await
+                            (executor::send_identified(&shared.node, &step).await, None)
                         }
                         // Resent after a broken connection only as the delete of this hold's
                         // own grant (see `HeldVotes`).
@@ -554,19 +556,21 @@ impl Redlock {
                                 return Ok(((redis::Value::Int(0), false), None));
                             };
                             let node = &shared.node;
-                            node.invoke_or_resend_identified(first, &resend).await
+                            let sent = node.invoke_or_resend_identified(first, &resend).await;
+                            (sent, Some(held))
                         }
                         // Another client's hold: nothing tells its grant from a later one
                         // under the same token, so the delete is not resent.
-                        (Some(None), Some(first)) => {
-                            shared.node.invoke_identified(first, Retry::Never).await
-                        }
+                        (Some(None), Some(first)) => (
+                            shared.node.invoke_identified(first, Retry::Never).await,
+                            None,
+                        ),
                     };
                     let (value, identity) = sent.map_err(|err| err.to_string())?;
                     let faulted = shared.fault_epoch() != epoch;
                     let own = granted.is_some_and(|g| {
                         g.resent_own(index, sent_at, before, faulted, identity.as_deref())
-                    });
+                    }) || held.is_some_and(|h| h.released_by_first_send(&value, sent_at));
                     Ok(((value, own), identity))
                 }
                 .boxed()
@@ -575,7 +579,8 @@ impl Redlock {
                 async move { self.answer(m, send.await.map_err(Error::Connection)) }
             })
             .collect();
-        // A "not ours" that may be the first send's work counts as released (see `Granted`).
+        // A "not ours" that may be the first send's work counts as released (see `Granted`,
+        // and `HeldVotes` for a chosen token's hold).
         let released = |(v, own): &(redis::Value, bool)| {
             step.parse(v.clone()).ok().map(|released| released || *own)
         };

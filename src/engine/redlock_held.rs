@@ -12,12 +12,18 @@
 //!   agreed fence written back over it. A later grant there issues a fence larger than the
 //!   counter read then, so it is neither (the one exception: the write-back never landed there
 //!   and the master's clock, in µs, gave exactly the agreed fence, which another master issued).
+//! - A resend that finds the key gone while the counter still reads one of those fences
+//!   (`GONE_AT_OWN_FENCE`): nobody took the name there since this hold's grant, so the hold
+//!   ended by the first send or by its lease running out. Sent while the lease was surely ours
+//!   (`released_by_first_send`), it was the first send: that master counts as released.
 
 use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
 
-use redis::ScriptInvocation;
+use redis::{ScriptInvocation, Value};
 
 use crate::protocol::keys::Keys;
+use crate::protocol::replies::gone_at_own_fence;
 use crate::protocol::scripts;
 
 pub(super) struct HeldVotes {
@@ -27,6 +33,9 @@ pub(super) struct HeldVotes {
     /// The fence the won round agreed (unset while the round is not won): the masters whose
     /// counter was behind it were raised to it.
     agreed: OnceLock<i64>,
+    /// Until when the won round's lease is surely ours (counted from before its votes were
+    /// sent, less the drift allowance); unset while the round is not won.
+    deadline: OnceLock<Instant>,
 }
 
 impl HeldVotes {
@@ -35,6 +44,7 @@ impl HeldVotes {
             keys: keys.clone(),
             grants: Mutex::new(vec![None; masters]),
             agreed: OnceLock::new(),
+            deadline: OnceLock::new(),
         }
     }
 
@@ -45,9 +55,18 @@ impl HeldVotes {
         }
     }
 
-    /// The round was won with `fence`.
-    pub(super) fn agreed(&self, fence: i64) {
+    /// The round was won with `fence`, its lease surely ours until `deadline`.
+    pub(super) fn agreed(&self, fence: i64, deadline: Instant) {
         let _ = self.agreed.set(fence);
+        let _ = self.deadline.set(deadline);
+    }
+
+    /// Whether a release sent at `sent_at` whose (resent) delete replied `reply` was deleted by
+    /// its first send: the resend found the key gone with the counter still at this hold's
+    /// fence, and the first send went out while the lease was surely ours, before the key
+    /// could lapse by itself.
+    pub(super) fn released_by_first_send(&self, reply: &Value, sent_at: Instant) -> bool {
+        gone_at_own_fence(reply) && self.deadline.get().is_some_and(|&end| sent_at < end)
     }
 
     /// Takes master `index`'s grant for its release or give-back (`quiet`: one that wakes

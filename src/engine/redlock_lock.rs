@@ -217,7 +217,7 @@ pub async fn acquire(
     };
     let won = redlock_lease::acquire_won(redlock, &contender, token, wait).await?;
     if let (Some(won), Some(held)) = (&won, held) {
-        held.agreed(won.fence);
+        held.agreed(won.fence, lease::deadline(won.start, spec.lease));
         redlock.keep_hold(spec.keys.lock(), token, held);
     }
     Ok(won.map(|won| Granted {

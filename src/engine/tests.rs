@@ -662,7 +662,7 @@ fn a_fenced_release_deletes_only_while_the_counter_reads_one_of_its_fences() {
             .clone()
             .with_lock_key(b"lock:fenced")
             .with_signal(b"lock-signal:fenced", 1_000);
-        for keys in [keys, compat] {
+        for (keys, signal) in [(keys, false), (compat, true)] {
             let first = scripts::acquire_first_send(&keys, "X", 5_000);
             let taken = shared.node.invoke(&first, Retry::Never).await.unwrap();
             let Attempt::Granted { fence } = parse_attempt(&taken).unwrap() else {
@@ -680,6 +680,15 @@ fn a_fenced_release_deletes_only_while_the_counter_reads_one_of_its_fences() {
             // One of them is: the hold is deleted.
             assert_eq!(release(&[fence + 1, fence]).await, redis::Value::Int(1));
             assert!(lock::owner(&shared, &keys).await.unwrap().is_none());
+            // Gone while the counter still reads one of them (the lock's own release only):
+            // nobody took the name since, which the caller tells apart from a lapsed lease.
+            let gone = if signal {
+                0
+            } else {
+                protocol::replies::GONE_AT_OWN_FENCE
+            };
+            assert_eq!(release(&[fence]).await, redis::Value::Int(gone));
+            assert_eq!(release(&[fence + 1]).await, redis::Value::Int(0));
         }
     });
 }

@@ -7,7 +7,9 @@ use redis::Value;
 
 use super::keys::Keys;
 use super::lease;
-use super::replies::{parse_attempt, parse_flag, parse_int, Attempt, UnexpectedReply};
+use super::replies::{
+    parse_attempt, parse_flag, parse_int, parse_released, Attempt, UnexpectedReply,
+};
 use super::scripts::{self, Queueing};
 use super::step::Step;
 
@@ -51,14 +53,14 @@ pub fn attempt(spec: &LockSpec, token: &str, fair: Option<Queueing>, inbox: &str
 
 /// Compare-and-delete, then the hand-off; false when the lock was not `token`'s (any more).
 pub fn release(keys: &Keys, token: &str) -> Step<bool> {
-    Step::script(scripts::release(keys, token), |v| parse_flag(&v))
+    Step::script(scripts::release(keys, token), |v| parse_released(&v))
 }
 
 /// `release` that wakes nobody: a lost Redlock round gives its grants back so (see
 /// `redlock_lease.rs`).
 pub fn give_back_quietly(keys: &Keys, token: &str) -> Step<bool> {
     Step::script(scripts::release_waking(keys, token, scripts::NOBODY), |v| {
-        parse_flag(&v)
+        parse_released(&v)
     })
 }
 

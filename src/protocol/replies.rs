@@ -188,6 +188,26 @@ pub fn parse_flag(value: &Value) -> Result<bool, UnexpectedReply> {
     }
 }
 
+/// A fenced release resend's reply (`lock_release.lua`): the key is gone while the fence counter
+/// still reads one of the hold's fences. Only the caller, who knows when the lease ends, can tell
+/// whether the first send deleted it or the lease ran out.
+pub const GONE_AT_OWN_FENCE: i64 = 2;
+
+/// A release's reply: `1` released, `0` not ours, `GONE_AT_OWN_FENCE` (a resend's) not released
+/// by this send, which is false here; the caller that can tell reads it with `gone_at_own_fence`.
+pub fn parse_released(value: &Value) -> Result<bool, UnexpectedReply> {
+    match as_int(value) {
+        Some(1) => Ok(true),
+        Some(0 | GONE_AT_OWN_FENCE) => Ok(false),
+        _ => Err(UnexpectedReply(format!("{value:?}"))),
+    }
+}
+
+/// Whether a release resend's reply says `GONE_AT_OWN_FENCE`.
+pub fn gone_at_own_fence(value: &Value) -> bool {
+    as_int(value) == Some(GONE_AT_OWN_FENCE)
+}
+
 /// An integer reply (a counter).
 pub fn parse_int(value: &Value) -> Result<i64, UnexpectedReply> {
     as_int(value).ok_or_else(|| UnexpectedReply(format!("{value:?}")))

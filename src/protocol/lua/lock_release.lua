@@ -11,10 +11,15 @@
 --         reads one of them, the values the hold's own grant (and on Redlock, its agreed fence's
 --         write-back) left there: if the first send ran, another call may have taken the lock
 --         under the same token since, and its grant issued a larger fence than any of them.
--- Reply: 1 released; 0 not ours (the lease ended, or another owner holds it): nothing touched.
+-- Reply: 1 released; 0 not ours (the lease ended, or another owner holds it): nothing touched;
+-- 2 (a resend alone) the key is gone while the counter still reads one of the fences: nobody
+-- took the name since this hold's grant, so the first send deleted it or its lease ran out (the
+-- caller, who knows when the lease ends, tells which).
 -- With live waiters in the queue, the first is granted the lock at once (its grant is
 -- published); otherwise the wake-up message is '' (for all).
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+-- (Inline, not a local function: the common release would pay for its closure on every call.)
+local owner = redis.call('GET', KEYS[1])
+if owner ~= ARGV[1] and not ARGV[5] then
   return 0
 end
 if ARGV[5] then
@@ -22,6 +27,12 @@ if ARGV[5] then
   local ours = false
   for i = 5, #ARGV do
     ours = ours or counter == ARGV[i]
+  end
+  if owner ~= ARGV[1] then
+    if ours and not owner then
+      return 2
+    end
+    return 0
   end
   if not ours then
     return 0
