@@ -11,6 +11,7 @@ mod compat;
 mod compat_holds;
 mod errors;
 mod hold;
+mod holds_by_token;
 mod lock;
 mod log;
 mod loop_conn;
