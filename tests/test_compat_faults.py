@@ -75,6 +75,17 @@ class Setup:
         assert taken == [True]
         time.sleep(0.5)  # the resend has run by now
 
+    def rounds_keep_the_other_hold(self, prefix: str, one_round: Callable[[str], str]) -> None:
+        """Runs `one_round(name)` ROUNDS times, each on a new name; it returns the lock key, which
+        must still hold the other call's token "X" after the release's resend."""
+        deleted = 0
+        for i in range(ROUNDS):
+            key = one_round(f"{prefix}-{i}-{uuid.uuid4().hex[:6]}")
+            if self.direct.get(key) != b"X":
+                deleted += 1
+            self.direct.delete(key)
+        assert deleted == 0, f"{deleted} of {ROUNDS} resent releases deleted the other call's hold"
+
 
 @pytest.fixture
 def setup() -> Iterator[Setup]:
@@ -93,29 +104,21 @@ def setup() -> Iterator[Setup]:
 def test_redis_py_a_resent_release_never_deletes_a_hold_taken_since_with_the_same_token(
     setup: Setup,
 ) -> None:
-    deleted = 0
-    for i in range(ROUNDS):
-        name = f"cf-rp-{i}-{uuid.uuid4().hex[:6]}"
+    def one_round(name: str) -> str:
         b = redis_py.Lock(setup.faulty, name, timeout=10)
         assert b.acquire(blocking=False, token="X")
         a = redis_py.Lock(setup.direct, name, timeout=10)
-        setup.resend_meets_a_new_hold(
-            name, b.release, lambda a=a: a.acquire(blocking=False, token="X")
-        )
-        if setup.direct.get(name) != b"X":
-            deleted += 1
-        setup.direct.delete(name)
-    assert deleted == 0, f"{deleted} of {ROUNDS} resent releases deleted the other call's hold"
+        setup.resend_meets_a_new_hold(name, b.release, lambda: a.acquire(blocking=False, token="X"))
+        return name
+
+    setup.rounds_keep_the_other_hold("cf-rp", one_round)
 
 
 def test_redis_py_asyncio_a_resent_release_never_deletes_a_hold_taken_since(
     setup: Setup,
 ) -> None:
-    deleted = 0
-    for i in range(ROUNDS):
-        name = f"cf-rpa-{i}-{uuid.uuid4().hex[:6]}"
-
-        async def take_then_release(name: str = name) -> None:
+    def one_round(name: str) -> str:
+        async def take_then_release() -> None:
             faulty = redis.asyncio.Redis(port=setup.proxy.port)
             try:
                 b = redis_py_aio.Lock(faulty, name, timeout=10, thread_local=False)
@@ -134,28 +137,22 @@ def test_redis_py_asyncio_a_resent_release_never_deletes_a_hold_taken_since(
                 await faulty.aclose()
 
         asyncio.run(take_then_release())
-        if setup.direct.get(name) != b"X":
-            deleted += 1
-        setup.direct.delete(name)
-    assert deleted == 0, f"{deleted} of {ROUNDS} resent releases deleted the other call's hold"
+        return name
+
+    setup.rounds_keep_the_other_hold("cf-rpa", one_round)
 
 
 def test_redis_lock_a_resent_release_never_deletes_a_hold_taken_since_with_the_same_id(
     setup: Setup,
 ) -> None:
-    deleted = 0
-    for i in range(ROUNDS):
-        name = f"cf-rl-{i}-{uuid.uuid4().hex[:6]}"
+    def one_round(name: str) -> str:
         b = redis_lock.Lock(setup.faulty, name, expire=10, id="X")
         assert b.acquire(blocking=False)
         a = redis_lock.Lock(setup.direct, name, expire=10, id="X")
-        setup.resend_meets_a_new_hold(
-            f"lock:{name}", b.release, lambda a=a: a.acquire(blocking=False)
-        )
-        if setup.direct.get(f"lock:{name}") != b"X":
-            deleted += 1
-        setup.direct.delete(f"lock:{name}")
-    assert deleted == 0, f"{deleted} of {ROUNDS} resent releases deleted the other call's hold"
+        setup.resend_meets_a_new_hold(f"lock:{name}", b.release, lambda: a.acquire(blocking=False))
+        return f"lock:{name}"
+
+    setup.rounds_keep_the_other_hold("cf-rl", one_round)
 
 
 def test_a_release_of_a_hold_taken_elsewhere_is_not_resent(setup: Setup) -> None:
