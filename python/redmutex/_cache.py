@@ -39,7 +39,9 @@ Its decisions are written once, without I/O: ``_decide`` reads a lookup's reply 
    raises, the claim is given back (waking the waiters, of which exactly one claims the fill
    anew) and the exception propagates to this caller only. A store is token-checked: when the
    claim ended meanwhile (the entry was invalidated, or the process stalled beyond the lease),
-   the value is returned to this caller but not stored. A ``fill`` that asks (in its own
+   the value is returned to this caller but not stored: an INFO line after an invalidation, a
+   WARNING when the lease had run out (another caller may then have filled too; a ``lock_ttl``
+   of a few ms is too short for its renewal to reach Redis in time). A ``fill`` that asks (in its own
    thread) for the entry it is filling raises ``RuntimeError`` instead of waiting for itself.
 4. ``timeout``: a caller that waited that long for another caller's fill raises
    ``LockTimeoutError`` (``None``: wait as long as fills go on; ``0``: never wait).
@@ -461,10 +463,19 @@ def _fill(
     except LockError as exc:  # Redis trouble: this caller still has its value
         _log.warning("cache entry %r: the filled value could not be stored: %s", key, exc)
         return value
-    if not stored:
+    if not stored and claim.lapsed:
+        # The lease ran out while the fill ran: another caller may have claimed and filled too.
+        _log.warning(
+            "cache entry %r: the filled value was not stored: the fill outlived its claim's "
+            "lease of %g s (renewed every third of it), so another caller may have filled it "
+            "too; raise lock_ttl well above Redis's round trip",
+            key,
+            settings.store.lock_ttl,
+        )
+    elif not stored:
         _log.info(
-            "cache entry %r: the filled value was not stored: the fill claim ended first "
-            "(the entry was invalidated, or the fill outlived its lease)",
+            "cache entry %r: the filled value was not stored: the entry was invalidated "
+            "while it was filled",
             key,
         )
     return value

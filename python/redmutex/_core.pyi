@@ -571,6 +571,9 @@ class FillClaim:
     @property
     def token(self) -> str:
         """The claim's owner identifier."""
+    @property
+    def lapsed(self) -> bool:
+        """After a refused store: True when the claim's lease had run out before it."""
 
 def acquire_token(
     conn: ClientLike, lockname: str, identifier: str, atime: float, ltime: float

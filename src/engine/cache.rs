@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
+use super::claim_lease::ClaimLease;
 use super::client::Client;
 use super::error::{Error, Result};
 use super::executor::{self, Now};
@@ -158,6 +159,8 @@ pub struct Claim {
     pid: u32,
     settled: bool,
     renewal: Option<tokio::task::AbortHandle>,
+    /// Where the lease ends, kept by the renewal; tells a lapse from an invalidation.
+    lease_end: Arc<ClaimLease>,
     /// Settled on a direct connection of the caller's thread by the blocking API.
     direct: bool,
 }
@@ -176,6 +179,7 @@ impl Claim {
             pid: pid(),
             settled: false,
             renewal: None,
+            lease_end: Arc::new(ClaimLease::new(Instant::now(), spec.claim_lease)),
             direct: spec.direct,
         }
     }
@@ -188,11 +192,13 @@ impl Claim {
     /// The claim was taken by a lookup sent at `sent_at`: keep its lease alive from now on.
     fn granted(mut self, sent_at: Instant) -> Self {
         self.flight = Some(self.shared.locals.get::<Flight>(&self.name));
+        self.lease_end.renewed(sent_at, self.lease);
         if let Ok(handle) = runtime::handle() {
             let task = handle.spawn(renew(
                 self.shared.clone(),
                 self.keys.clone(),
                 self.token.clone(),
+                self.lease_end.clone(),
                 self.lease,
                 sent_at,
             ));
@@ -203,6 +209,11 @@ impl Claim {
 
     pub fn token(&self) -> &str {
         &self.token
+    }
+
+    /// Where the claim's lease ends; after a refused store, whether it had run out (`lapsed`).
+    pub fn lease_end(&self) -> Arc<ClaimLease> {
+        self.lease_end.clone()
     }
 
     /// Stores `payload` for the entry's value ttl and wakes the waiters. `Ok(false)`: not stored, because the
@@ -257,6 +268,9 @@ impl Claim {
         sent_at: Instant,
     ) -> Result<bool> {
         self.settled = true;
+        if !stored {
+            self.lease_end.refused(sent_at);
+        }
         // Waiters of this process need not hear the wake-up and look again: this is the value
         // a lookup would find now, stored after they started asking.
         if let (true, Some(flight)) = (stored, self.flight.take()) {
@@ -329,11 +343,17 @@ async fn abandon(shared: &Shared, keys: &Keys, token: &str) -> Result<bool> {
 
 /// Extends the claim's lease every third of it until aborted (store, abandon, drop), or until
 /// the claim is found not ours (the store will then report it).
-async fn renew(shared: Arc<Shared>, keys: Keys, token: String, lease: Duration, from: Instant) {
+async fn renew(
+    shared: Arc<Shared>,
+    keys: Keys,
+    token: String,
+    lease_end: Arc<ClaimLease>,
+    lease: Duration,
+    from: Instant,
+) {
     let period = (lease / 3).max(Duration::from_millis(1));
     let retry = (period / 4).clamp(Duration::from_millis(1), Duration::from_millis(500));
     let lease_ms = lease::lease_ms(lease);
-    let mut lease_end = lease::deadline(from, lease);
     let mut next = lease::deadline(from, period);
     loop {
         tokio::time::sleep_until(next.into()).await;
@@ -342,12 +362,12 @@ async fn renew(shared: Arc<Shared>, keys: Keys, token: String, lease: Duration, 
         match executor::send(&shared, &step).await {
             Ok(reply) => match step.parse(reply) {
                 Ok(true) => {
-                    lease_end = lease::deadline(sent_at, lease);
+                    lease_end.renewed(sent_at, lease);
                     next = lease::deadline(sent_at, period);
                 }
                 _ => return,
             },
-            Err(_) if Instant::now() < lease_end => next = Instant::now() + retry,
+            Err(_) if Instant::now() < lease_end.end() => next = Instant::now() + retry,
             Err(_) => return,
         }
     }

@@ -2,6 +2,7 @@
 
 pub mod admin;
 pub mod cache;
+pub mod claim_lease;
 pub mod client;
 pub mod compat;
 pub mod connect;

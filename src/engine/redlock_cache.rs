@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::cache::{CacheSpec, Hit};
+use super::claim_lease::ClaimLease;
 use super::error::{Error, Result};
 use super::redlock::Redlock;
 use super::redlock_lease::{self, Ballot, QuorumContender};
@@ -245,15 +246,19 @@ pub struct Claim {
     pid: u32,
     settled: bool,
     renewal: Option<tokio::task::AbortHandle>,
+    /// Where the lease ends, kept by the renewal; tells a lapse from an invalidation.
+    lease_end: Arc<ClaimLease>,
 }
 
 impl Claim {
     fn granted(redlock: &Arc<Redlock>, spec: &CacheSpec, token: String, start: Instant) -> Self {
+        let lease_end = Arc::new(ClaimLease::new(start, spec.claim_lease));
         let renewal = runtime::handle().ok().map(|h| {
             h.spawn(renew(
                 redlock.clone(),
                 spec.keys.clone(),
                 token.clone(),
+                lease_end.clone(),
                 spec.claim_lease,
                 start,
             ))
@@ -267,11 +272,17 @@ impl Claim {
             pid: pid(),
             settled: false,
             renewal,
+            lease_end,
         }
     }
 
     pub fn token(&self) -> &str {
         &self.token
+    }
+
+    /// Where the claim's lease ends; after a refused store, whether it had run out (`lapsed`).
+    pub fn lease_end(&self) -> Arc<ClaimLease> {
+        self.lease_end.clone()
     }
 
     fn check_process(&self) -> Result<()> {
@@ -303,8 +314,12 @@ impl Claim {
             payload,
             lease::lease_ms(self.value_ttl),
         );
+        let sent_at = Instant::now();
         let stored = self.redlock.release_by(&self.token, Arc::new(step)).await?;
         self.settled = true;
+        if !stored {
+            self.lease_end.refused(sent_at);
+        }
         Ok(stored)
     }
 
@@ -346,22 +361,28 @@ impl Drop for Claim {
 /// Extends the claim on every master every third of its lease until aborted, or until a
 /// majority says it is not ours (the store then reports it), or it could not be extended
 /// before its lease ended.
-async fn renew(redlock: Arc<Redlock>, keys: Keys, token: String, lease: Duration, from: Instant) {
+async fn renew(
+    redlock: Arc<Redlock>,
+    keys: Keys,
+    token: String,
+    lease_end: Arc<ClaimLease>,
+    lease: Duration,
+    from: Instant,
+) {
     let period = (lease / 3).max(Duration::from_millis(1));
     let retry = (period / 4).clamp(Duration::from_millis(1), Duration::from_millis(500));
     let lease_ms = lease::lease_ms(lease);
-    let mut lease_end = from + lease;
     let mut next = from + period;
     loop {
         tokio::time::sleep_until(next.into()).await;
         let step = steps::extend(&keys, &token, lease_ms);
         match redlock.extend_by(&step, lease).await {
             Ok(Some(start)) => {
-                lease_end = start + lease;
+                lease_end.renewed(start, lease);
                 next = start + period;
             }
             Ok(None) => return,
-            Err(_) if Instant::now() < lease_end => next = Instant::now() + retry,
+            Err(_) if Instant::now() < lease_end.end() => next = Instant::now() + retry,
             Err(_) => return,
         }
     }

@@ -17,6 +17,7 @@ use super::blocking;
 use super::client::{coerce_client, PyClient};
 use super::errors::value_error;
 use crate::engine::cache::{self, CacheSpec, Claim, Fetched};
+use crate::engine::claim_lease::ClaimLease;
 use crate::engine::redlock_cache;
 use crate::engine::waiting::Wait;
 use crate::engine::{Backend, Client, Error};
@@ -161,6 +162,7 @@ fn found(py: Python<'_>, fetched: Fetched) -> PyResult<Bound<'_, PyAny>> {
         .into_bound_py_any(py),
         Fetched::Claimed(claim) => PyFillClaim {
             token: claim.token().to_string(),
+            lease_end: claim.lease_end(),
             claim: Mutex::new(Some(AnyClaim::Single(claim))),
         }
         .into_bound_py_any(py),
@@ -174,6 +176,7 @@ fn found_quorum(py: Python<'_>, fetched: redlock_cache::Fetched) -> PyResult<Bou
         redlock_cache::Fetched::Hit(hit) => found(py, Fetched::Hit(hit)),
         redlock_cache::Fetched::Claimed(claim) => PyFillClaim {
             token: claim.token().to_string(),
+            lease_end: claim.lease_end(),
             claim: Mutex::new(Some(AnyClaim::Quorum(claim))),
         }
         .into_bound_py_any(py),
@@ -356,6 +359,8 @@ impl PyCacheStore {
 pub struct PyFillClaim {
     claim: Mutex<Option<AnyClaim>>,
     token: String,
+    /// Outlives the claim's settling, for `lapsed`.
+    lease_end: Arc<ClaimLease>,
 }
 
 impl PyFillClaim {
@@ -425,6 +430,14 @@ impl PyFillClaim {
     #[getter]
     fn token(&self) -> &str {
         &self.token
+    }
+
+    /// True after a refused store that went out once the claim's lease had run out (the fill
+    /// outlived it): another caller may have claimed and filled the entry meanwhile. False for
+    /// a claim that somebody ended while its lease still ran (the entry was invalidated).
+    #[getter]
+    fn lapsed(&self) -> bool {
+        self.lease_end.lapsed()
     }
 
     fn __repr__(&self) -> String {
