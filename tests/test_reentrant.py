@@ -521,8 +521,8 @@ def test_cancelled_reentries_keep_the_count(
 ) -> None:
     # A re-entry cancelled at any point either counts (acquire returned True) or leaves the
     # count as it was: the hold then ends with exactly as many releases as acquires that
-    # returned True. (asyncio.timeout cancels in the same task; wait_for before Python 3.12
-    # runs the acquire in a task of its own, which is another owner and waits.)
+    # returned True. (asyncio.timeout cancels in the same task; for wait_for's own task before
+    # Python 3.12 see test_aio_reentrant_wait_for.py.)
     async def main() -> tuple[int, int]:
         lock = redmutex.aio.Lock(client, "cancelled", ttl=10, reentrant=True)
         assert await lock.acquire()

@@ -214,9 +214,9 @@ class Lock(_Hold):
     Same arguments and defaults as `redmutex.Lock` (`ttl=10.0`; `timeout=None` waits forever).
     With `reentrant=True` the owner is the asyncio task: the task that holds may acquire again
     (one release per acquire), through this object or any other re-entrant aio.Lock of the same
-    client and name; another task waits like any other waiter.
-    Before Python 3.12 `asyncio.wait_for` runs its awaitable in a task of its own (another
-    owner): bound a re-entry with `acquire(timeout=...)` or `asyncio.timeout` instead.
+    client and name; another task waits like any other waiter. The task that
+    `asyncio.wait_for` makes for its awaitable before Python 3.12 counts as the task that awaits
+    it; tasks made by `create_task`, `gather` or `shield` are other owners.
     """
 
     def __init__(
@@ -263,6 +263,7 @@ class Lock(_Hold):
         task = asyncio.current_task()
         if task is None:
             return self._own
+        task = _guarded_task(task)
         core = self._by_task.get(task)
         if core is None:
             core = self._by_task[task] = self._make()
@@ -277,6 +278,8 @@ class Lock(_Hold):
         if self._by_task is None:
             return self._own
         task = _running_task()
+        if task is not None:
+            task = _guarded_task(task)
         mine = self._by_task.get(task) if task is not None else self._own
         if mine is not None and (mine.token is not None or mine.lost):
             return mine
