@@ -1,7 +1,8 @@
 """`python -m redmutex status` and the interactive `release --force` of an RWLock held by nobody
 whose dead waiting writer's place still holds new readers back (writer preference; the place
 lasts the writer's ttl, 1 s to 6 s). `status` said only "free", so a user asking why a reader
-cannot get in was told that nothing is there; `release --force` on a terminal said "nothing is
+cannot get in was told that nothing is there (`list` said "1 writer waiting" without what that
+does to readers); `release --force` on a terminal said "nothing is
 held under this name" and left the place, which `--yes` drops."""
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ def test_status_reports_the_waiting_writers_place_that_holds_readers_back(
     [place] = data["rwlock"]["writer_places"]
     assert re.fullmatch(r"[0-9a-f]{8}", place["holder"]), place
     assert 0 < place["remaining"] <= PLACE_MAX
+
+    # `list` says it too, on the entry's one line.
+    listed = run_cli("list", *where)
+    [line] = [ln for ln in listed.stdout.splitlines() if name in ln]
+    assert "0 readers, 1 writer waiting (new readers held back)" in line, listed.stdout
 
 
 def test_release_on_a_terminal_offers_to_drop_the_waiting_writers_place(

@@ -747,6 +747,9 @@ def _state(entry: Entry, a: Any, b: Any, c: Any, now_ms: float) -> None:
         if waiting:
             parts.append(f"{waiting} writer{'s' if waiting != 1 else ''} waiting")
         entry.state = ", ".join(parts)
+        if waiting and not writer:
+            # Writer preference: a waiting writer's place keeps new readers out (see `status`).
+            entry.state += " (new readers held back)"
     else:
         stored, filling = a != -2, b != -2
         entry.detail = {
