@@ -46,8 +46,9 @@ test-rust: redis-server
 # redis-server (the session fixture); PYTEST_WORKERS=0 runs in one process.
 PYTEST_WORKERS ?= 2
 
+# --durations: the slowest tests are listed at the end, to keep the run within its budget.
 test-python: deps build
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --durations=15
 
 test: deps build test-rust test-python
 
