@@ -16,7 +16,7 @@ import redis
 import redmutex
 import redmutex.aio
 from _proxy import FaultProxy
-from _scale_servers import Masters
+from _scale_servers import Masters, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -69,6 +69,18 @@ def keys_left(rl: Proxied, indices: range | tuple[int, ...], n: str) -> list[byt
     for i in indices:
         with rl.direct(i) as r:
             found += list(r.scan_iter(f"t:{{{n}}}*"))
+    return found
+
+
+def slots_of(rl: Proxied, indices: range, slots: str, token: str) -> set[int]:
+    """The semaphore slots `token` holds on those masters; empty while one of them holds none."""
+    found: set[int] = set()
+    for i in indices:
+        with rl.direct(i) as r:
+            slot = r.hget(slots, f"t{token}")
+        if slot is None:
+            return set()
+        found.add(int(slot))
     return found
 
 
@@ -157,8 +169,12 @@ def test_semaphore_hold_counts_only_masters_holding_its_own_slot(rl: Proxied, th
     assert a.acquire(timeout=5)
     ta = a.token
     holders, slots = f"t:{{{n}}}:sem:holders", f"t:{{{n}}}:sem:slots"
-    with rl.direct(4) as r:
-        s = int(r.hget(slots, f"t{ta}"))
+    # The acquire returns once a majority granted; the other votes land later and join the
+    # hold. The scene below is set over all five grants: a vote landing after it would grant
+    # A's slot again where the scene took it away (and leave master 4 without it until then).
+    won = wait_for("A's slot on all five masters", lambda: slots_of(rl, range(5), slots, ta), 10)
+    assert len(won) == 1, won
+    (s,) = won
     other = 1 - s
     for i in (0, 1):
         with rl.direct(i) as r:
