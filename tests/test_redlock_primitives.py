@@ -418,7 +418,14 @@ def test_cache_basics_invalidate_and_quorum_error(rl: Proxied) -> None:
     assert redmutex.get_or_fill(c, n, fill, ttl=30) == 1
     assert redmutex.get_or_fill(c, n, fill, ttl=30) == 1
     assert len(fills) == 1
-    # Stored on every master; a value on a minority only is never served.
+    # Stored on every master (the store returns on a majority; the rest land in the background,
+    # and must have before two copies are deleted below); a minority's value is never served.
+    value_key = f"t:{{{n}}}:value".encode()
+    wait_for(
+        "the value on all five masters",
+        lambda: keys_left(rl, range(5), n).count(value_key) == 5,
+        10,
+    )
     rl.cut(0)
     assert redmutex.get_or_fill(client(rl), n, fill, ttl=30) == 1
     with rl.direct(2) as r2, rl.direct(3) as r3:
