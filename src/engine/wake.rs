@@ -21,7 +21,7 @@ use tokio::sync::Notify;
 
 use super::error::{timed_out, Result};
 use super::node::{within, Target, Timeouts};
-use crate::protocol::wake::{parse_wake, GrantNote, WakeMessage};
+use crate::protocol::wake::{meant_for, parse_wake, GrantNote, WakeMessage};
 
 /// Channels kept subscribed after their last waiter left, before they are dropped in a batch.
 const IDLE_CHANNELS_KEPT: usize = 256;
@@ -274,23 +274,17 @@ impl HubCore {
             let state = self.lock_state();
             if let Some(c) = state.channels.get(&channel) {
                 for waiter in &c.waiters {
-                    let meant = match (&waiter.token, message) {
-                        (None, _) | (Some(_), WakeMessage::Everyone) => true,
-                        (Some(mine), WakeMessage::Token(named)) => named == mine.as_slice(),
-                        (Some(mine), WakeMessage::Grant { token, note }) => {
-                            let ours = token == mine.as_slice();
-                            if ours {
-                                let mut slot = lock_grant(&waiter.grant);
-                                if !matches!(*slot, Some(kept) if kept.fence >= note.fence) {
-                                    *slot = Some(note);
-                                }
-                            }
-                            ours
-                        }
-                    };
-                    if meant {
-                        waiter.notify.notify_one();
+                    let token = waiter.token.as_deref();
+                    if !meant_for(message, token) {
+                        continue;
                     }
+                    if let (Some(_), WakeMessage::Grant { note, .. }) = (token, message) {
+                        let mut slot = lock_grant(&waiter.grant);
+                        if !matches!(*slot, Some(kept) if kept.fence >= note.fence) {
+                            *slot = Some(note);
+                        }
+                    }
+                    waiter.notify.notify_one();
                 }
             }
         }

@@ -8,6 +8,7 @@ pub mod keys;
 pub mod lease;
 pub mod lock;
 pub mod multilock;
+pub mod pubsub;
 pub mod quorum;
 pub mod replies;
 pub mod resp;

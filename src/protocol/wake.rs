@@ -40,6 +40,16 @@ pub fn parse_wake(payload: &[u8]) -> WakeMessage<'_> {
     WakeMessage::Token(payload)
 }
 
+/// Whether `message` wakes a waiter whose token is `token` (None: woken by every message): one
+/// for everybody, or one naming its token (a wake-up or a grant).
+pub fn meant_for(message: WakeMessage<'_>, token: Option<&[u8]>) -> bool {
+    match (token, message) {
+        (None, _) | (Some(_), WakeMessage::Everyone) => true,
+        (Some(mine), WakeMessage::Token(named)) => named == mine,
+        (Some(mine), WakeMessage::Grant { token, .. }) => token == mine,
+    }
+}
+
 fn number<T: std::str::FromStr>(bytes: &[u8]) -> Option<T> {
     if bytes.is_empty() || !bytes.iter().all(u8::is_ascii_digit) {
         return None;
@@ -65,6 +75,17 @@ mod tests {
                 }
             }
         );
+    }
+
+    #[test]
+    fn a_message_wakes_everybody_or_the_token_it_names() {
+        let grant = parse_wake(b"abc 42 7000");
+        assert!(meant_for(grant, Some(b"abc")));
+        assert!(!meant_for(grant, Some(b"xyz")));
+        assert!(meant_for(grant, None));
+        assert!(meant_for(parse_wake(b""), Some(b"xyz")));
+        assert!(meant_for(parse_wake(b"xyz"), Some(b"xyz")));
+        assert!(!meant_for(parse_wake(b"abc"), Some(b"xyz")));
     }
 
     #[test]
