@@ -16,8 +16,8 @@
 //! fails, keeping its connection so that an undo can wait for it (`Overdue`).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use redis::{
@@ -26,6 +26,7 @@ use redis::{
 };
 
 use super::error::{timed_out, Error, Result};
+use super::listener::Listener;
 use super::node::{OverdueCalls, Retry, ServerSeen, Timeouts};
 use super::plain::PlainConnection;
 use super::runtime;
@@ -43,6 +44,10 @@ struct Server {
     /// Where the client connects, named by every connection error.
     endpoint: String,
     idle: Mutex<Vec<Conn>>,
+    /// Idle subscriber connections of blocking waits (`listener.rs`), most recent last.
+    listeners: Mutex<Vec<Listener>>,
+    /// Whether `sweep_listeners` runs for this server.
+    sweeping: AtomicBool,
 }
 
 impl Server {
@@ -51,6 +56,8 @@ impl Server {
             endpoint: super::node::address(client.get_connection_info()),
             client: without_delay(client),
             idle: Mutex::new(Vec::new()),
+            listeners: Mutex::new(Vec::new()),
+            sweeping: AtomicBool::new(false),
         }
     }
 
@@ -184,6 +191,64 @@ impl DirectPool {
             timeouts,
             drops: AtomicU64::new(0),
             seen: None,
+        }
+    }
+
+    /// A subscriber connection for a wait that the caller's thread drives (`listener.rs`): on
+    /// one server only (through Sentinel or on a cluster, the hub follows the deployment), over
+    /// plain TCP or a unix socket; None where the hub serves the wait.
+    /// `fresh`: a new connection, the idle ones forgotten (one of them failed: the server
+    /// closed them, restarting or cut off).
+    pub fn listener(&self, fresh: bool) -> Option<Result<Listener>> {
+        let Route::Server(server) = &self.route else {
+            return None;
+        };
+        let idle = {
+            let mut idle = server.listeners.lock().unwrap_or_else(|p| p.into_inner());
+            if fresh {
+                idle.clear();
+            }
+            idle.pop()
+        };
+        match idle {
+            Some(listener) => Some(Ok(listener)),
+            None => Listener::connect(server.client.get_connection_info(), self.timeouts)
+                .map(|made| made.map_err(|err| err.at(&server.endpoint))),
+        }
+    }
+
+    /// An idle listener subscribed to `channels` already (an earlier wait's on the same name),
+    /// if any.
+    pub fn idle_listener_on(&self, channels: &[Vec<u8>]) -> Option<Listener> {
+        let Route::Server(server) = &self.route else {
+            return None;
+        };
+        let mut idle = server.listeners.lock().unwrap_or_else(|p| p.into_inner());
+        let at = idle.iter().rposition(|l| l.channels() == channels)?;
+        Some(idle.remove(at))
+    }
+
+    /// Takes back a listener whose wait ended, subscribed still (the next wait on the same name
+    /// needs no SUBSCRIBE): kept if it is open and fewer than `KEPT` are idle. One left idle
+    /// for `IDLE_LISTENING` gives its channels up (`sweep_listeners`).
+    pub fn give_back_listener(&self, mut listener: Listener) {
+        let Route::Server(server) = &self.route else {
+            return;
+        };
+        if !listener.is_open() {
+            return;
+        }
+        listener.idle();
+        let sweep = {
+            let mut idle = server.listeners.lock().unwrap_or_else(|p| p.into_inner());
+            if idle.len() >= KEPT {
+                return;
+            }
+            idle.push(listener);
+            !server.sweeping.swap(true, Ordering::AcqRel)
+        };
+        if sweep {
+            runtime::spawn(sweep_listeners(Arc::downgrade(server)));
         }
     }
 
@@ -455,6 +520,34 @@ impl DirectPool {
                     fresh = true;
                 }
             }
+        }
+    }
+}
+
+/// How long an idle listener keeps the channels of its last wait: long enough for the next wait
+/// on a name taken over and over, short enough that the messages it does not read stay few.
+const IDLE_LISTENING: Duration = Duration::from_secs(1);
+
+/// While idle listeners keep channels, makes those idle for `IDLE_LISTENING` give them up
+/// (one UNSUBSCRIBE each, written on a blocking thread); ends when none keeps any.
+async fn sweep_listeners(server: Weak<Server>) {
+    loop {
+        tokio::time::sleep(IDLE_LISTENING / 2).await;
+        let Some(server) = server.upgrade() else {
+            return;
+        };
+        let swept = tokio::task::spawn_blocking(move || {
+            let mut idle = server.listeners.lock().unwrap_or_else(|p| p.into_inner());
+            idle.retain_mut(|l| !l.idle_longer_than(IDLE_LISTENING) || l.quiet());
+            let more = idle.iter().any(Listener::idle_subscribed);
+            if !more {
+                server.sweeping.store(false, Ordering::Release);
+            }
+            more
+        })
+        .await;
+        if !matches!(swept, Ok(true)) {
+            return;
         }
     }
 }

@@ -13,6 +13,7 @@ pub mod executor;
 pub mod hold;
 pub mod hold_status;
 pub mod interrupt;
+pub mod listener;
 pub mod lock;
 pub mod multilock;
 pub mod name_map;

@@ -54,6 +54,14 @@ impl Stream {
         }
     }
 
+    fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_nonblocking(on),
+            #[cfg(unix)]
+            Stream::Unix(s) => s.set_nonblocking(on),
+        }
+    }
+
     fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.write_all(bytes),
@@ -155,6 +163,29 @@ impl PlainConnection {
                 continue;
             }
             return Ok(value);
+        }
+    }
+
+    /// The next frame as it comes, push messages included (what a subscribed connection reads:
+    /// its frames are not replies to requests, so a timeout leaves nothing due), waiting at most
+    /// `limit`, in slices that ask `interrupt` between them (a stop ends it as a timeout does).
+    pub fn read_any(&mut self, limit: Duration) -> RedisResult<Value> {
+        // (A socket timeout cannot be zero.)
+        self.set_read_timeout(Some(limit.max(Duration::from_micros(1))))?;
+        self.read_frame()
+    }
+
+    /// The next frame if it has come already (as `read_any`), without waiting: a socket timeout
+    /// cannot say "no wait" (Linux rounds it up to a clock tick, milliseconds).
+    pub fn read_ready(&mut self) -> RedisResult<Option<Value>> {
+        self.read_limit = Some(Duration::ZERO);
+        self.stream.set_nonblocking(true)?;
+        let frame = self.read_frame();
+        self.stream.set_nonblocking(false)?;
+        match frame {
+            Ok(value) => Ok(Some(value)),
+            Err(err) if err.is_timeout() => Ok(None),
+            Err(err) => Err(err),
         }
     }
 
