@@ -852,7 +852,7 @@ impl<P: Leased> Holder<P> {
             if plan.as_ref().is_some_and(waiting::behind_own_competitor) {
                 None
             } else {
-                let (step, early) = self.first_attempt(&contender, plan.as_ref());
+                let (step, early) = self.first_attempt(&contender, plan.as_ref(), true);
                 let script = executor::script_of(&step)?;
                 match attempt_direct(&shared, script, wait, || contender.undo()) {
                     Ok((reply, sent_at)) => Some(self.read_first(
@@ -890,18 +890,21 @@ impl<P: Leased> Holder<P> {
     /// the caller will wait (`plan`: its wait's) and the object's last first attempt found the
     /// primitive taken, the waiter's registrations made before it (`waiting::listen_early`):
     /// the step is then the joining one, so the wait needs no second look and a queued waiter
-    /// its place at once.
+    /// its place at once. `own_thread`: the caller's thread will drive the wait (the blocking
+    /// API), which may then listen on its own connection (`listener.rs`).
     #[allow(clippy::type_complexity)]
     fn first_attempt<'c>(
         &self,
         contender: &P::Contender<'c>,
         plan: Option<&Plan<'_>>,
+        own_thread: bool,
     ) -> (
         Step<<P::Contender<'c> as Contender>::Reply>,
         Option<waiting::Early>,
     ) {
         let busy_likely = self.found_busy.load(Ordering::Relaxed);
-        let early = plan.and_then(|plan| waiting::listen_early(contender, plan, busy_likely));
+        let early =
+            plan.and_then(|plan| waiting::listen_early(contender, plan, busy_likely, own_thread));
         let step = if early.is_some() {
             contender.first_step_joining()
         } else {
@@ -1032,7 +1035,7 @@ impl<P: Leased> Holder<P> {
             // attempt found the primitive taken listens first and joins with it.
             None if made_here && wait != Wait::Once && contender.joins_first() => {
                 let busy_likely = self.found_busy.load(Ordering::Relaxed);
-                waiting::listen_early(&contender, &plan, busy_likely)
+                waiting::listen_early(&contender, &plan, busy_likely, false)
             }
             None => None,
         };

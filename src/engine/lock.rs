@@ -203,6 +203,28 @@ impl Contender for LockContender<'_> {
         self.read(attempt, sent_at)
     }
 
+    /// An unfair lock's queued waiter: one per process competes (`Plan::gate`), so one
+    /// listener per process and name hears its grants. (A fair lock's waiters all compete: each
+    /// would read every grant to the process, which the hub hands to the one it names.)
+    /// `replicas` need WAIT on the write's connection (the runtime's path, see `attempt`).
+    fn waits_on_own_thread(&self) -> bool {
+        !self.spec.fair && self.queues() && self.spec.replicas == 0
+    }
+
+    fn waiting_step(&self) -> Option<Step<Attempt>> {
+        if !self.waits_on_own_thread() {
+            return None;
+        }
+        let queueing = self.queueing(true);
+        self.joined.store(true, Ordering::Relaxed);
+        Some(steps::attempt(
+            self.spec,
+            self.token,
+            queueing,
+            self.shared.hub.inbox(),
+        ))
+    }
+
     fn place(&self) -> Duration {
         if self.spec.fair {
             QUEUE_PLACE

@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 use super::direct::Overdue;
 use super::error::{Error, Result};
 use super::executor;
+use super::interrupt;
+use super::listener::Listener;
 use super::node::{gave_up_at_deadline, giving_up_at};
 use super::runtime;
 use super::shared::Shared;
@@ -25,7 +27,7 @@ use crate::protocol::lease;
 use crate::protocol::replies::Admission;
 use crate::protocol::scripts::Queueing;
 use crate::protocol::step::Step;
-use crate::protocol::wake::GrantNote;
+use crate::protocol::wake::{meant_for, parse_wake, GrantNote, WakeMessage};
 
 /// How long a silent waiter keeps its place in a Redis queue (fair lock, fair semaphore,
 /// waiting writer): a waiter that died stops holding others back within this time (the
@@ -131,19 +133,24 @@ pub fn attempt_direct(
 fn undo_failed(err: Error, overdue: Option<Overdue>, undo: impl Fn() -> Undo) -> Error {
     spawn_undo(undo());
     if let Some(overdue) = overdue {
-        let again = undo();
-        if let Ok(handle) = runtime::handle() {
-            handle.spawn_blocking(move || {
-                overdue.settle(again.horizon);
-                spawn_undo(again);
-            });
-        }
+        undo_once_settled(overdue, undo());
     }
     err
 }
 
-/// How many attempts of waiting acquires went through the runtime (first attempts are not
-/// counted), for tests (see `waiting_attempts`).
+/// Sends `undo` again once a direct call that timed out has been answered (or its connection
+/// ended): the call may run later than an undo sent on another connection.
+fn undo_once_settled(overdue: Overdue, undo: Undo) {
+    if let Ok(handle) = runtime::handle() {
+        handle.spawn_blocking(move || {
+            overdue.settle(undo.horizon);
+            spawn_undo(undo);
+        });
+    }
+}
+
+/// How many attempts waiting acquires made, through the runtime or on the caller's thread
+/// (`compete_listening`); first attempts are not counted. For tests (see `waiting_attempts`).
 static ON_RUNTIME: AtomicU64 = AtomicU64::new(0);
 
 /// Attempts made by waiting acquires (`compete`) in this process so far; first attempts are not
@@ -191,6 +198,19 @@ pub trait Contender: Sync {
     /// One attempt. `join` is false for the first try (never take a place in a queue) and true
     /// while waiting (take or refresh the waiter's place, if the primitive keeps one).
     fn attempt(&self, join: bool) -> impl Future<Output = Result<Outcome<Self::Grant>>> + Send;
+
+    /// Whether a wait that the blocking caller's thread drives may listen for itself and
+    /// attempt on the caller's direct connection (`compete_listening`, with `waiting_step`);
+    /// false (the default): it goes through the hub and the runtime.
+    fn waits_on_own_thread(&self) -> bool {
+        false
+    }
+
+    /// The step of an attempt while waiting (as `attempt(true)`) when `waits_on_own_thread`;
+    /// called only when the step will be sent.
+    fn waiting_step(&self) -> Option<Step<Self::Reply>> {
+        None
+    }
 
     /// The hold that a grant published for this waiter's token gives it (a fair lock's release
     /// hands the lock on by itself), or None when the grant is stale (it came before one of the
@@ -298,14 +318,44 @@ pub struct Plan<'a> {
     pub queued: bool,
 }
 
-/// A waiter's registrations (its wake channel and, for grants, its inbox), made and found
-/// subscribed before its first attempt was sent (`listen_early`).
+/// What a waiter listens with, made and found subscribed before its first attempt was sent
+/// (`listen_early`).
 pub struct Early {
-    wake: Registration,
-    inbox: Option<Registration>,
+    heard: Heard,
     /// The process's turn to compete (a gated plan that keeps a place: only the competitor may
     /// take one), taken before the first attempt.
     turn: Option<Turn>,
+}
+
+enum Heard {
+    /// Registrations on the hub: the wake channel and, for grants, the inbox.
+    Hub {
+        wake: Registration,
+        inbox: Option<Registration>,
+    },
+    /// The blocking caller's own listener, subscribed to both (`listener.rs`).
+    Own(Borrowed),
+}
+
+/// A listener taken from the pool, given back when dropped unused (the first attempt settled
+/// the acquire, or the wait did not start).
+struct Borrowed {
+    listener: Option<Listener>,
+    shared: Arc<Shared>,
+}
+
+impl Borrowed {
+    fn take(mut self) -> Option<Listener> {
+        self.listener.take()
+    }
+}
+
+impl Drop for Borrowed {
+    fn drop(&mut self) {
+        if let Some(listener) = self.listener.take() {
+            self.shared.direct.give_back_listener(listener);
+        }
+    }
 }
 
 /// One competitor's turn at a gate (see `Plan::gate`).
@@ -325,10 +375,27 @@ pub fn listen_early<C: Contender>(
     contender: &C,
     plan: &Plan<'_>,
     busy_likely: bool,
+    own_thread: bool,
 ) -> Option<Early> {
     let gated = plan.gate.is_some() && plan.queued;
     if (plan.queued && !contender.joins_first()) || (gated && !busy_likely) {
         return None;
+    }
+    let turn = match &plan.gate {
+        Some(id) if gated => Some(plan.shared.locals.get::<Gate>(id).try_lock_owned().ok()?),
+        _ => None,
+    };
+    if let Some(listener) = own_thread
+        .then(|| listening_already(contender, plan))
+        .flatten()
+    {
+        return Some(Early {
+            heard: Heard::Own(Borrowed {
+                listener: Some(listener),
+                shared: plan.shared.clone(),
+            }),
+            turn,
+        });
     }
     let hub = &plan.shared.hub;
     let wake = hub.register(plan.channel.clone(), plan.wake_token);
@@ -340,11 +407,30 @@ pub fn listen_early<C: Contender>(
     if !ready {
         return None;
     }
-    let turn = match &plan.gate {
-        Some(id) if gated => Some(plan.shared.locals.get::<Gate>(id).try_lock_owned().ok()?),
-        _ => None,
-    };
-    Some(Early { wake, inbox, turn })
+    Some(Early {
+        heard: Heard::Hub { wake, inbox },
+        turn,
+    })
+}
+
+/// The channels a waiter of `plan` listens on: the wake channel, and the inbox if any.
+fn channels_of(plan: &Plan<'_>) -> Vec<Vec<u8>> {
+    std::iter::once(plan.channel.clone())
+        .chain(plan.inbox.clone())
+        .collect()
+}
+
+/// An idle listener of this process subscribed to `plan`'s channels already (an earlier wait's
+/// on the same name), for a waiter whose wait its blocking caller's thread will drive
+/// (`Contender::waits_on_own_thread`); it has dropped what it heard before now.
+fn listening_already<C: Contender>(contender: &C, plan: &Plan<'_>) -> Option<Listener> {
+    if !contender.waits_on_own_thread() || !contender.other_channels().is_empty() {
+        return None;
+    }
+    let channels = channels_of(plan);
+    let mut listener = plan.shared.direct.idle_listener_on(&channels)?;
+    listener.listen(&channels).ok()?;
+    Some(listener)
 }
 
 /// Whether another waiter of this process competes at `plan`'s gate now, keeping a place in
@@ -546,16 +632,44 @@ async fn wait_for_turn<C: Contender>(
     };
     // A registration handed on through the gate has heard everything since the competitor
     // before looked; an early one, everything since this waiter's first attempt.
-    let (registration, inbox, mut busy_until) = match (inherited, early) {
-        (Some((registration, until)), _) => (registration, None, until),
-        (None, Some((early, until))) => (early.wake, early.inbox, until),
-        (None, None) => (
-            plan.shared
-                .hub
-                .register(plan.channel.clone(), plan.wake_token),
-            None,
-            None,
-        ),
+    let heard = early.map(|(early, until)| (early.heard, until));
+    let (registration, inbox, mut busy_until, mut own) = match (inherited, heard) {
+        // (An early listener of this thread goes back to the pool, see `Borrowed`.)
+        (Some((registration, until)), _) => (Some(registration), None, until, None),
+        (None, Some((Heard::Hub { wake, inbox }, until))) => (Some(wake), inbox, until, None),
+        (None, Some((Heard::Own(borrowed), until))) => {
+            (None, None, None, borrowed.take().map(|l| (l, until)))
+        }
+        (None, None) => (None, None, None, None),
+    };
+    // A blocking caller that drives its own wait, with nothing heard through the hub, listens
+    // on its own connection (see `listener.rs`).
+    if registration.is_none()
+        && executor::on_caller_thread()
+        && contender.waits_on_own_thread()
+        && contender.other_channels().is_empty()
+    {
+        let listening = match own.take() {
+            Some(early) => Some(early),
+            None => match plan.shared.direct.listener(false) {
+                Some(made) => Some((made?, None)),
+                None => None,
+            },
+        };
+        if let (Some((listener, until)), Some(step)) = (listening, contender.waiting_step()) {
+            return compete_listening(contender, plan, wait, &step, listener, until);
+        }
+    }
+    // (Not on the caller's thread after all: the hub serves the wait, which looks first.)
+    if let Some((listener, _)) = own {
+        plan.shared.direct.give_back_listener(listener);
+    }
+    let registration = match registration {
+        Some(registration) => registration,
+        None => plan
+            .shared
+            .hub
+            .register(plan.channel.clone(), plan.wake_token),
     };
     let inbox = inbox.or_else(|| {
         plan.inbox
@@ -625,6 +739,142 @@ impl Registrations<'_> {
         let inbox = self.inbox.and_then(Registration::take_grant);
         inbox.or_else(|| self.wake.take_grant())
     }
+}
+
+/// `compete` on the blocking caller's own thread, listening on its own subscriber connection
+/// (`listener.rs`) and attempting on its direct connection (`step`): a wake-up costs the
+/// caller one thread wake-up (the read returning), not two (the hub's runtime thread, then the
+/// caller). Subscribed before each look, so a release after the look is always heard; a
+/// broken listener makes the waiter look again on a new one; the server's hint and the
+/// deadline bound each read; Ctrl-C (`interrupt`) ends the wait with an error (whatever the
+/// waiter may hold is given back, see `Cleanup`).
+fn compete_listening<C: Contender>(
+    contender: &C,
+    plan: &Plan<'_>,
+    wait: Wait,
+    step: &Step<C::Reply>,
+    listener: Listener,
+    busy_until: Option<Instant>,
+) -> Result<Option<C::Grant>> {
+    let shared = plan.shared;
+    let channels = channels_of(plan);
+    let token = plan.wake_token.map(str::as_bytes);
+    let inv = executor::script_of(step)?;
+    let deadline = match wait {
+        Wait::Until(deadline) => Some(deadline),
+        Wait::Once | Wait::Forever => None,
+    };
+    let mut listener = Some(listener);
+    // Busy as the first attempt found, and the listener has heard everything since (see
+    // `listen_early`): no need to look before a wake-up.
+    let mut busy_until = busy_until;
+    let outcome = 'look: loop {
+        let now = Instant::now();
+        let retry_ms = match busy_until.take().filter(|until| *until > now) {
+            Some(until) => i64::try_from((until - now).as_millis()).unwrap_or(i64::MAX),
+            None => {
+                // Subscribed before looking, so a release after the look is always heard.
+                let heard = match listener.take() {
+                    Some(mut heard) => match heard.listen(&channels) {
+                        Ok(()) => heard,
+                        // One that failed is dropped, with the idle ones (the server closed
+                        // them): one new connection is tried.
+                        Err(_) => listen_fresh(shared, &channels)?,
+                    },
+                    None => listen_fresh(shared, &channels)?,
+                };
+                listener = Some(heard);
+                ON_RUNTIME.fetch_add(1, Ordering::Relaxed);
+                let sent_at = Instant::now();
+                let reply = match executor::invoke_direct(shared, inv, deadline) {
+                    Ok(reply) => reply,
+                    // `Cleanup` gives back whatever it may have taken; once more after a
+                    // timed-out call has been answered.
+                    Err((err, overdue)) => {
+                        if let Some(overdue) = overdue {
+                            undo_once_settled(overdue, contender.undo());
+                        }
+                        break Err(err);
+                    }
+                };
+                match contender.read(step.parse(reply)?, sent_at)? {
+                    Outcome::Granted(grant) => break Ok(Some(grant)),
+                    Outcome::Refused => break Ok(None),
+                    Outcome::Busy { retry_ms } => retry_ms,
+                }
+            }
+        };
+        let Some(heard) = listener.as_mut() else {
+            continue;
+        };
+        let now = Instant::now();
+        if wait.expired(now) {
+            break Ok(None);
+        }
+        let mut nap = lease::next_look(retry_ms, NO_HINT_LOOK, wait.deadline(), now);
+        if plan.queued {
+            // Refresh the place well before it lapses.
+            nap = nap.min(contender.place() / 3);
+        }
+        let until = now + nap;
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            let message = if left.is_zero() {
+                None
+            } else {
+                match heard.next_message(left) {
+                    Ok(message) => message,
+                    // Broken: look again, listening on a new connection.
+                    Err(_) => {
+                        listener = None;
+                        continue 'look;
+                    }
+                }
+            };
+            let Some(message) = message else {
+                if interrupt::interrupted() {
+                    break 'look Err(Error::Usage("the wait was interrupted".into()));
+                }
+                if Instant::now() < until {
+                    continue;
+                }
+                // Our own deadline: give up without one more look (a grant that comes now is
+                // given back by the leave).
+                if wait.expired(Instant::now()) {
+                    break 'look Ok(None);
+                }
+                continue 'look;
+            };
+            if !channels.contains(&message.channel) {
+                continue;
+            }
+            let wake = parse_wake(&message.payload);
+            if !meant_for(wake, token) {
+                continue;
+            }
+            // A grant: the lock is ours already, no need to look.
+            if let (Some(_), WakeMessage::Grant { note, .. }) = (token, wake) {
+                if let Some(grant) = contender.granted(note) {
+                    break 'look Ok(Some(grant));
+                }
+            }
+            continue 'look;
+        }
+    };
+    if let Some(listener) = listener {
+        shared.direct.give_back_listener(listener);
+    }
+    outcome
+}
+
+/// A new listener on `shared`'s server (the idle ones forgotten), subscribed to `channels`.
+fn listen_fresh(shared: &Shared, channels: &[Vec<u8>]) -> Result<Listener> {
+    let mut listener = shared
+        .direct
+        .listener(true)
+        .ok_or_else(|| Error::Usage("no subscriber connection of this thread here".into()))??;
+    listener.listen(channels)?;
+    Ok(listener)
 }
 
 /// The competitor's loop: look, then sleep until a wake-up or the server's hint comes due.

@@ -87,7 +87,7 @@ impl<P: Leased> Holder<P> {
         let (call, early) = {
             let contender = self.primitive.contender(&shared, &token, args)?;
             let plan = (wait != Wait::Once).then(|| self.primitive.plan(&shared, &token));
-            let (step, early) = self.first_attempt(&contender, plan.as_ref());
+            let (step, early) = self.first_attempt(&contender, plan.as_ref(), false);
             (resp::pack(step.call()), early)
         };
         // The `Try` carries the Acquiring state from here on.
