@@ -184,7 +184,11 @@ mod tests {
     use redis::IntoConnectionInfo;
 
     fn listener(server: &Server) -> Listener {
-        let info = server.url().into_connection_info().unwrap();
+        listener_at(&server.url())
+    }
+
+    fn listener_at(url: &str) -> Listener {
+        let info = url.into_connection_info().unwrap();
         let timeouts = Timeouts {
             connect: Duration::from_secs(2),
             command: Duration::from_secs(2),
@@ -276,6 +280,34 @@ mod tests {
         publish(&mut admin, "c", "again");
         let message = heard.next_message(Duration::from_secs(2)).unwrap().unwrap();
         assert_eq!(message.payload, b"again".to_vec());
+    }
+
+    #[test]
+    fn resp3_pushes_are_heard_too() {
+        let server = Server::start();
+        let mut admin = redis::Client::open(server.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let mut heard = listener_at(&format!("{}?protocol=resp3", server.url()));
+        let channels = vec![b"a".to_vec(), b"b".to_vec()];
+        heard.listen(&channels).unwrap();
+        publish(&mut admin, "a", "x");
+        let message = heard.next_message(Duration::from_secs(2)).unwrap().unwrap();
+        assert_eq!(
+            (message.channel, message.payload),
+            (b"a".to_vec(), b"x".to_vec())
+        );
+        heard.idle();
+        publish(&mut admin, "b", "stale");
+        heard.listen(&channels).unwrap();
+        heard.listen(&[b"c".to_vec()]).unwrap();
+        publish(&mut admin, "c", "y");
+        let message = heard.next_message(Duration::from_secs(2)).unwrap().unwrap();
+        assert_eq!(
+            (message.channel, message.payload),
+            (b"c".to_vec(), b"y".to_vec())
+        );
     }
 
     #[test]
