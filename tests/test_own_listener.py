@@ -10,6 +10,9 @@ subscription, whose messages would pile up until Redis drops it at its output-bu
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
 from collections.abc import Callable
 
@@ -79,4 +82,72 @@ def test_a_waiter_whose_connection_is_killed_listens_again_and_is_granted(
     assert waiting.outcome(10) is True
     # Woken by the release, not by the holder's lease (10 s) ending.
     assert time.monotonic() - t0 < 5
+    waiter.release()
+
+
+@pytest.mark.timeout(60)
+def test_a_signal_handler_may_wait_on_another_lock_while_the_main_thread_waits(
+    client: redmutex.Client, other_client: redmutex.Client
+) -> None:
+    """Python runs signal handlers on the main thread while it waits in `acquire()`: a handler
+    that waits on another lock of the same client runs outside the runtime (a nested blocking
+    wait inside it would panic), and the outer wait goes on and is granted."""
+    assert threading.current_thread() is threading.main_thread()
+    holder = redmutex.Lock(other_client, "own-listener-sig", ttl=10)
+    busy = redmutex.Lock(other_client, "own-listener-sig-busy", ttl=10)
+    waiter = redmutex.Lock(client, "own-listener-sig", ttl=10)
+    in_handler = redmutex.Lock(client, "own-listener-sig-busy", ttl=10)
+    free = redmutex.Lock(client, "own-listener-sig-free", ttl=10)
+    assert holder.acquire(timeout=0)
+    assert busy.acquire(timeout=0)
+    outcomes: list[object] = []
+
+    def handler(signum: int, frame: object) -> None:
+        try:
+            # Waits (the lock is busy) and gives up; then takes and gives back a free one.
+            outcomes.append(in_handler.acquire(timeout=0.3))
+            outcomes.append(free.acquire(timeout=1))
+            free.release()
+        except BaseException as err:  # noqa: BLE001 - recorded for the assertion below
+            outcomes.append(err)
+
+    old = signal.signal(signal.SIGUSR1, handler)
+    try:
+        signaller = threading.Timer(0.4, os.kill, args=(os.getpid(), signal.SIGUSR1))
+        releaser = threading.Timer(1.5, holder.release)
+        signaller.start()
+        releaser.start()
+        assert waiter.acquire(timeout=20) is True
+        signaller.join(5)
+        releaser.join(5)
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert outcomes == [False, True]
+    waiter.release()
+    busy.release()
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_ends_a_wait_on_the_own_listener_promptly(
+    client: redmutex.Client, other_client: redmutex.Client
+) -> None:
+    holder = redmutex.Lock(other_client, "own-listener-ctrl-c", ttl=10)
+    waiter = redmutex.Lock(client, "own-listener-ctrl-c", ttl=10)
+    assert holder.acquire(timeout=0)
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        timer = threading.Timer(0.5, os.kill, args=(os.getpid(), signal.SIGINT))
+        timer.start()
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            waiter.acquire(timeout=30)
+        elapsed = time.monotonic() - t0
+        timer.join(5)
+    finally:
+        signal.signal(signal.SIGINT, old)
+    assert elapsed < 3.0
+    assert waiter.token is None
+    holder.release()
+    # The interrupted wait neither holds nor later takes the lock.
+    assert waiter.acquire(timeout=5) is True
     waiter.release()

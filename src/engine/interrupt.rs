@@ -16,6 +16,16 @@ pub fn watching<R>(check: fn() -> bool, f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// Runs `f` with no check installed on this thread (the one installed before comes back
+/// after): for reads that a future makes while the binding blocks on it inside the runtime,
+/// where a check would run Python's signal handlers with the runtime entered (a handler's own
+/// blocking call would then panic). Such a future reads in short slices and yields between
+/// them instead, and the binding runs the handlers outside the runtime (`python::blocking`).
+pub fn unwatched<R>(f: impl FnOnce() -> R) -> R {
+    let _restore = Restore(CHECK.with(|c| c.replace(None)));
+    f()
+}
+
 /// Whether the caller asked to stop: the installed check says so (false without one).
 pub fn interrupted() -> bool {
     CHECK.with(Cell::get).is_some_and(|check| check())
@@ -46,5 +56,13 @@ mod tests {
             .join()
             .unwrap()));
         assert!(!interrupted());
+    }
+
+    #[test]
+    fn unwatched_hides_the_check_for_its_closure_only() {
+        assert!(watching(yes, || {
+            assert!(!unwatched(interrupted));
+            interrupted()
+        }));
     }
 }

@@ -651,13 +651,15 @@ async fn wait_for_turn<C: Contender>(
     {
         let listening = match own.take() {
             Some(early) => Some(early),
-            None => match plan.shared.direct.listener(false) {
+            // (Its handshake's reads must not run Python's signal handlers here, inside the
+            // runtime: see `compete_listening`.)
+            None => match interrupt::unwatched(|| plan.shared.direct.listener(false)) {
                 Some(made) => Some((made?, None)),
                 None => None,
             },
         };
         if let (Some((listener, until)), Some(step)) = (listening, contender.waiting_step()) {
-            return compete_listening(contender, plan, wait, &step, listener, until);
+            return compete_listening(contender, plan, wait, &step, listener, until).await;
         }
     }
     // (Not on the caller's thread after all: the hub serves the wait, which looks first.)
@@ -741,14 +743,22 @@ impl Registrations<'_> {
     }
 }
 
+/// The longest read of a listening wait (`compete_listening`) before it yields: the binding
+/// blocks on the wait in slices of its own and runs Python's signal handlers between them,
+/// outside the runtime (`python::blocking`), which it can do only when the wait yields.
+const LISTEN_SLICE: Duration = Duration::from_millis(50);
+
 /// `compete` on the blocking caller's own thread, listening on its own subscriber connection
 /// (`listener.rs`) and attempting on its direct connection (`step`): a wake-up costs the
 /// caller one thread wake-up (the read returning), not two (the hub's runtime thread, then the
 /// caller). Subscribed before each look, so a release after the look is always heard; a
 /// broken listener makes the waiter look again on a new one; the server's hint and the
-/// deadline bound each read; Ctrl-C (`interrupt`) ends the wait with an error (whatever the
-/// waiter may hold is given back, see `Cleanup`).
-fn compete_listening<C: Contender>(
+/// deadline bound each read. Its reads and attempts block this thread without asking
+/// `interrupt` (that would run Python's signal handlers inside the runtime): it reads in
+/// slices and yields between them, so that Ctrl-C, handled by the binding, drops the wait
+/// (whatever the waiter may hold is given back, see `Cleanup`; the listener goes back to the
+/// pool, see `Borrowed`).
+async fn compete_listening<C: Contender>(
     contender: &C,
     plan: &Plan<'_>,
     wait: Wait,
@@ -764,29 +774,33 @@ fn compete_listening<C: Contender>(
         Wait::Until(deadline) => Some(deadline),
         Wait::Once | Wait::Forever => None,
     };
-    let mut listener = Some(listener);
+    let mut held = Borrowed {
+        listener: Some(listener),
+        shared: shared.clone(),
+    };
     // Busy as the first attempt found, and the listener has heard everything since (see
     // `listen_early`): no need to look before a wake-up.
     let mut busy_until = busy_until;
-    let outcome = 'look: loop {
+    'look: loop {
         let now = Instant::now();
         let retry_ms = match busy_until.take().filter(|until| *until > now) {
             Some(until) => i64::try_from((until - now).as_millis()).unwrap_or(i64::MAX),
             None => {
                 // Subscribed before looking, so a release after the look is always heard.
-                let heard = match listener.take() {
+                let heard = interrupt::unwatched(|| match held.listener.take() {
                     Some(mut heard) => match heard.listen(&channels) {
-                        Ok(()) => heard,
+                        Ok(()) => Ok(heard),
                         // One that failed is dropped, with the idle ones (the server closed
                         // them): one new connection is tried.
-                        Err(_) => listen_fresh(shared, &channels)?,
+                        Err(_) => listen_fresh(shared, &channels),
                     },
-                    None => listen_fresh(shared, &channels)?,
-                };
-                listener = Some(heard);
+                    None => listen_fresh(shared, &channels),
+                })?;
+                held.listener = Some(heard);
                 ON_RUNTIME.fetch_add(1, Ordering::Relaxed);
                 let sent_at = Instant::now();
-                let reply = match executor::invoke_direct(shared, inv, deadline) {
+                let sent = interrupt::unwatched(|| executor::invoke_direct(shared, inv, deadline));
+                let reply = match sent {
                     Ok(reply) => reply,
                     // `Cleanup` gives back whatever it may have taken; once more after a
                     // timed-out call has been answered.
@@ -794,22 +808,19 @@ fn compete_listening<C: Contender>(
                         if let Some(overdue) = overdue {
                             undo_once_settled(overdue, contender.undo());
                         }
-                        break Err(err);
+                        return Err(err);
                     }
                 };
                 match contender.read(step.parse(reply)?, sent_at)? {
-                    Outcome::Granted(grant) => break Ok(Some(grant)),
-                    Outcome::Refused => break Ok(None),
+                    Outcome::Granted(grant) => return Ok(Some(grant)),
+                    Outcome::Refused => return Ok(None),
                     Outcome::Busy { retry_ms } => retry_ms,
                 }
             }
         };
-        let Some(heard) = listener.as_mut() else {
-            continue;
-        };
         let now = Instant::now();
         if wait.expired(now) {
-            break Ok(None);
+            return Ok(None);
         }
         let mut nap = lease::next_look(retry_ms, NO_HINT_LOOK, wait.deadline(), now);
         if plan.queued {
@@ -822,26 +833,29 @@ fn compete_listening<C: Contender>(
             let message = if left.is_zero() {
                 None
             } else {
-                match heard.next_message(left) {
+                // The binding's chance to run signal handlers (and the deadline's to drop the
+                // wait) before this thread blocks again.
+                tokio::task::yield_now().await;
+                let Some(heard) = held.listener.as_mut() else {
+                    continue 'look;
+                };
+                match interrupt::unwatched(|| heard.next_message(left.min(LISTEN_SLICE))) {
                     Ok(message) => message,
                     // Broken: look again, listening on a new connection.
                     Err(_) => {
-                        listener = None;
+                        held.listener = None;
                         continue 'look;
                     }
                 }
             };
             let Some(message) = message else {
-                if interrupt::interrupted() {
-                    break 'look Err(Error::Usage("the wait was interrupted".into()));
-                }
                 if Instant::now() < until {
                     continue;
                 }
                 // Our own deadline: give up without one more look (a grant that comes now is
                 // given back by the leave).
                 if wait.expired(Instant::now()) {
-                    break 'look Ok(None);
+                    return Ok(None);
                 }
                 continue 'look;
             };
@@ -855,16 +869,12 @@ fn compete_listening<C: Contender>(
             // A grant: the lock is ours already, no need to look.
             if let (Some(_), WakeMessage::Grant { note, .. }) = (token, wake) {
                 if let Some(grant) = contender.granted(note) {
-                    break 'look Ok(Some(grant));
+                    return Ok(Some(grant));
                 }
             }
             continue 'look;
         }
-    };
-    if let Some(listener) = listener {
-        shared.direct.give_back_listener(listener);
     }
-    outcome
 }
 
 /// A new listener on `shared`'s server (the idle ones forgotten), subscribed to `channels`.
