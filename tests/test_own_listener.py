@@ -21,6 +21,7 @@ import redis
 import redmutex
 from _helpers import ResultThread as _Thread
 from _helpers import wait_until as _wait_until
+from redmutex._server import RedisServer
 
 KeyOf = Callable[[str, str], bytes]
 
@@ -151,3 +152,43 @@ def test_ctrl_c_ends_a_wait_on_the_own_listener_promptly(
     # The interrupted wait neither holds nor later takes the lock.
     assert waiter.acquire(timeout=5) is True
     waiter.release()
+
+
+@pytest.mark.timeout(60)
+def test_a_waiter_whose_listener_cannot_connect_waits_through_the_hub(
+    make_server: Callable[..., RedisServer],
+) -> None:
+    """A server that refuses one more connection (maxclients, or the process's fd limit): the
+    waiter cannot have a listener of its own, and waits through the hub (whose subscriber
+    connection is made already) instead of failing."""
+    server = make_server()
+    admin = redis.Redis.from_url(server.url)
+    client = redmutex.Client(server.url, prefix="maxc:")
+    other = redmutex.Client(server.url, prefix="maxc:")
+    try:
+        holder = redmutex.Lock(other, "own-listener-maxclients", ttl=10)
+        waiter = redmutex.Lock(client, "own-listener-maxclients", ttl=10)
+        # Every connection the wait needs besides a listener: the hub's (a fair lock's wait is
+        # served there), the waiter's and the holder's direct ones.
+        fair_holder = redmutex.Lock(other, "maxc-fair", ttl=10, fair=True)
+        fair_waiter = redmutex.Lock(client, "maxc-fair", ttl=10, fair=True)
+        assert fair_holder.acquire(timeout=0)
+        assert fair_waiter.acquire(timeout=0.2) is False
+        fair_holder.release()
+        assert holder.acquire(timeout=0)
+        assert waiter.acquire(timeout=0) is False
+        connected = int(admin.info("clients")["connected_clients"])
+        admin.config_set("maxclients", connected)
+        t0 = time.monotonic()
+        released = threading.Timer(0.5, holder.release)
+        released.start()
+        assert waiter.acquire(timeout=20) is True
+        released.join(5)
+        # Woken by the release, not by the holder's lease (10 s) ending.
+        assert time.monotonic() - t0 < 5
+        waiter.release()
+    finally:
+        admin.config_set("maxclients", 10000)
+        client.close()
+        other.close()
+        admin.close()

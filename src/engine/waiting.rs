@@ -652,14 +652,19 @@ async fn wait_for_turn<C: Contender>(
         let listening = match own.take() {
             Some(early) => Some(early),
             // (Its handshake's reads must not run Python's signal handlers here, inside the
-            // runtime: see `compete_listening`.)
+            // runtime: see `compete_listening`.) None could be made (the server refuses more
+            // clients, no file descriptor left): the hub serves the wait.
             None => match interrupt::unwatched(|| plan.shared.direct.listener(false)) {
-                Some(made) => Some((made?, None)),
-                None => None,
+                Some(Ok(made)) => Some((made, None)),
+                Some(Err(_)) | None => None,
             },
         };
         if let (Some((listener, until)), Some(step)) = (listening, contender.waiting_step()) {
-            return compete_listening(contender, plan, wait, &step, listener, until).await;
+            match compete_listening(contender, plan, wait, &step, listener, until).await? {
+                Listened::Ended(outcome) => return Ok(outcome),
+                // The hub's registration comes after the last look: it looks again first.
+                Listened::Unheard => busy_until = None,
+            }
         }
     }
     // (Not on the caller's thread after all: the hub serves the wait, which looks first.)
@@ -748,6 +753,15 @@ impl Registrations<'_> {
 /// outside the runtime (`python::blocking`), which it can do only when the wait yields.
 const LISTEN_SLICE: Duration = Duration::from_millis(50);
 
+/// How a listening wait (`compete_listening`) ended.
+enum Listened<G> {
+    /// As a wait ends: granted, or not (refused, or the deadline came).
+    Ended(Option<G>),
+    /// Without a listener: none could be had (the server refuses more clients, no file
+    /// descriptor left), the hub serves the rest of the wait.
+    Unheard,
+}
+
 /// `compete` on the blocking caller's own thread, listening on its own subscriber connection
 /// (`listener.rs`) and attempting on its direct connection (`step`): a wake-up costs the
 /// caller one thread wake-up (the read returning), not two (the hub's runtime thread, then the
@@ -765,7 +779,7 @@ async fn compete_listening<C: Contender>(
     step: &Step<C::Reply>,
     listener: Listener,
     busy_until: Option<Instant>,
-) -> Result<Option<C::Grant>> {
+) -> Result<Listened<C::Grant>> {
     let shared = plan.shared;
     let channels = channels_of(plan);
     let token = plan.wake_token.map(str::as_bytes);
@@ -795,7 +809,10 @@ async fn compete_listening<C: Contender>(
                         Err(_) => listen_fresh(shared, &channels),
                     },
                     None => listen_fresh(shared, &channels),
-                })?;
+                });
+                let Ok(heard) = heard else {
+                    return Ok(Listened::Unheard);
+                };
                 held.listener = Some(heard);
                 ON_RUNTIME.fetch_add(1, Ordering::Relaxed);
                 let sent_at = Instant::now();
@@ -812,15 +829,15 @@ async fn compete_listening<C: Contender>(
                     }
                 };
                 match contender.read(step.parse(reply)?, sent_at)? {
-                    Outcome::Granted(grant) => return Ok(Some(grant)),
-                    Outcome::Refused => return Ok(None),
+                    Outcome::Granted(grant) => return Ok(Listened::Ended(Some(grant))),
+                    Outcome::Refused => return Ok(Listened::Ended(None)),
                     Outcome::Busy { retry_ms } => retry_ms,
                 }
             }
         };
         let now = Instant::now();
         if wait.expired(now) {
-            return Ok(None);
+            return Ok(Listened::Ended(None));
         }
         let mut nap = lease::next_look(retry_ms, NO_HINT_LOOK, wait.deadline(), now);
         if plan.queued {
@@ -855,7 +872,7 @@ async fn compete_listening<C: Contender>(
                 // Our own deadline: give up without one more look (a grant that comes now is
                 // given back by the leave).
                 if wait.expired(Instant::now()) {
-                    return Ok(None);
+                    return Ok(Listened::Ended(None));
                 }
                 continue 'look;
             };
@@ -869,7 +886,7 @@ async fn compete_listening<C: Contender>(
             // A grant: the lock is ours already, no need to look.
             if let (Some(_), WakeMessage::Grant { note, .. }) = (token, wake) {
                 if let Some(grant) = contender.granted(note) {
-                    return Ok(Some(grant));
+                    return Ok(Listened::Ended(Some(grant)));
                 }
             }
             continue 'look;
