@@ -203,12 +203,15 @@ impl DirectPool {
         let Route::Server(server) = &self.route else {
             return None;
         };
-        let idle = {
+        let (idle, _forgotten) = {
             let mut idle = server.listeners.lock().unwrap_or_else(|p| p.into_inner());
-            if fresh {
-                idle.clear();
-            }
-            idle.pop()
+            // (Dropped after the lock is let go: each may write its UNSUBSCRIBE.)
+            let forgotten = if fresh {
+                std::mem::take(&mut *idle)
+            } else {
+                Vec::new()
+            };
+            (idle.pop(), forgotten)
         };
         match idle {
             Some(listener) => Some(Ok(listener)),

@@ -26,6 +26,8 @@ pub struct Listener {
     channels: Vec<Vec<u8>>,
     /// When its last wait ended (None while one waits, or when subscribed to nothing).
     idle_since: Option<Instant>,
+    /// Whether a SUBSCRIBE was sent since the last UNSUBSCRIBE (confirmed or not).
+    subscribing: bool,
 }
 
 /// A message published on a channel the listener subscribed to.
@@ -45,6 +47,7 @@ impl Listener {
                 timeouts,
                 channels: Vec::new(),
                 idle_since: None,
+                subscribing: false,
             })
             .map_err(|err| connect_error(err, timeouts.connect)),
         )
@@ -65,7 +68,7 @@ impl Listener {
             return self.drop_pending();
         }
         let mut packed = Vec::new();
-        if !self.channels.is_empty() {
+        if self.subscribing {
             packed.extend(redis::cmd("UNSUBSCRIBE").get_packed_command());
         }
         self.channels.clear();
@@ -74,6 +77,7 @@ impl Listener {
             subscribe.arg(channel);
         }
         packed.extend(subscribe.get_packed_command());
+        self.subscribing = true;
         self.conn
             .send_packed_command(&packed)
             .map_err(|err| self.failed(err))?;
@@ -152,9 +156,10 @@ impl Listener {
     /// past it); false when the connection failed.
     pub fn quiet(&mut self) -> bool {
         self.idle_since = None;
-        if self.channels.is_empty() {
+        if !self.subscribing {
             return true;
         }
+        self.subscribing = false;
         self.channels.clear();
         let unsubscribe = redis::cmd("UNSUBSCRIBE").get_packed_command();
         self.conn.send_packed_command(&unsubscribe).is_ok()
@@ -165,6 +170,16 @@ impl Listener {
             timed_out(self.timeouts.command, "waiting for SUBSCRIBE's answer")
         } else {
             Error::from(err)
+        }
+    }
+}
+
+/// One dropped while subscribed gives its channels up first: a copy of its socket (a forked
+/// child's) would keep the connection open, subscribed, and nobody would read its messages.
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if self.is_open() {
+            self.quiet();
         }
     }
 }
@@ -308,6 +323,31 @@ mod tests {
             (message.channel, message.payload),
             (b"c".to_vec(), b"y".to_vec())
         );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn one_dropped_subscribed_gives_its_channels_up_though_its_socket_lives_on() {
+        use std::os::fd::{AsRawFd, BorrowedFd};
+        let server = Server::start();
+        let mut admin = redis::Client::open(server.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let mut heard = listener(&server);
+        heard.listen(&[b"a".to_vec()]).unwrap();
+        // A copy of its socket (as a forked child holds): dropping the listener does not close
+        // the connection, which nobody reads from then on.
+        let fd = heard.conn.as_raw_fd();
+        let _copy = unsafe { BorrowedFd::borrow_raw(fd) }
+            .try_clone_to_owned()
+            .unwrap();
+        drop(heard);
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while subscribers(&mut admin, "a") != 0 {
+            assert!(std::time::Instant::now() < deadline, "still subscribed");
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     #[test]

@@ -79,6 +79,17 @@ impl Stream {
     }
 }
 
+/// For tests that copy the socket (as a forked child holds it).
+#[cfg(all(unix, test))]
+impl std::os::fd::AsRawFd for PlainConnection {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        match &self.stream {
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.as_raw_fd(),
+        }
+    }
+}
+
 pub struct PlainConnection {
     stream: Stream,
     /// Bytes read and not yet parsed: `buf[..filled]`.
