@@ -62,7 +62,9 @@ impl Listener {
     /// (published before now, they are stale; one still in flight only costs a look); else it
     /// gives up the channels it had and subscribes, reading until the server confirmed every one
     /// (frames before the confirmations are stale).
-    pub fn listen(&mut self, channels: &[Vec<u8>]) -> Result<()> {
+    /// `within`: the wait's deadline, if it has one, which bounds the wait for the answer as
+    /// the command timeout does (a dead connection would hold a short wait that long).
+    pub fn listen(&mut self, channels: &[Vec<u8>], within: Option<Instant>) -> Result<()> {
         self.idle_since = None;
         if self.channels == channels {
             return self.drop_pending();
@@ -81,12 +83,19 @@ impl Listener {
         self.conn
             .send_packed_command(&packed)
             .map_err(|err| self.failed(err))?;
+        let started = Instant::now();
+        let limit = within.map_or(self.timeouts.command, |deadline| {
+            self.timeouts
+                .command
+                .min(deadline.saturating_duration_since(started))
+        });
         let mut confirmed = 0;
         while confirmed < channels.len() {
+            let left = limit.saturating_sub(started.elapsed());
             let value = self
                 .conn
-                .read_any(self.timeouts.command)
-                .map_err(|err| self.failed(err))?;
+                .read_any(left)
+                .map_err(|err| self.failed_within(err, limit))?;
             if let Value::ServerError(err) = &value {
                 return Err(Error::Server(format!("SUBSCRIBE: {err:?}")));
             }
@@ -166,8 +175,12 @@ impl Listener {
     }
 
     fn failed(&self, err: redis::RedisError) -> Error {
+        self.failed_within(err, self.timeouts.command)
+    }
+
+    fn failed_within(&self, err: redis::RedisError, limit: Duration) -> Error {
         if err.is_timeout() {
-            timed_out(self.timeouts.command, "waiting for SUBSCRIBE's answer")
+            timed_out(limit, "waiting for SUBSCRIBE's answer")
         } else {
             Error::from(err)
         }
@@ -237,7 +250,7 @@ mod tests {
             .unwrap();
         let mut heard = listener(&server);
         let channels = vec![b"a".to_vec(), b"b".to_vec()];
-        heard.listen(&channels).unwrap();
+        heard.listen(&channels, None).unwrap();
         assert_eq!(heard.channels(), channels.as_slice());
         publish(&mut admin, "b", "x");
         let message = heard.next_message(Duration::from_secs(2)).unwrap().unwrap();
@@ -256,7 +269,7 @@ mod tests {
         assert!(heard.idle_subscribed());
         publish(&mut admin, "a", "stale");
         assert_eq!(subscribers(&mut admin, "a"), 1);
-        heard.listen(&channels).unwrap();
+        heard.listen(&channels, None).unwrap();
         assert!(!heard.idle_subscribed());
         publish(&mut admin, "a", "fresh");
         let message = heard.next_message(Duration::from_secs(2)).unwrap().unwrap();
@@ -271,9 +284,9 @@ mod tests {
             .get_connection()
             .unwrap();
         let mut heard = listener(&server);
-        heard.listen(&[b"a".to_vec()]).unwrap();
+        heard.listen(&[b"a".to_vec()], None).unwrap();
         publish(&mut admin, "a", "old");
-        heard.listen(&[b"c".to_vec()]).unwrap();
+        heard.listen(&[b"c".to_vec()], None).unwrap();
         assert_eq!(subscribers(&mut admin, "a"), 0);
         publish(&mut admin, "c", "new");
         let message = heard.next_message(Duration::from_secs(2)).unwrap().unwrap();
@@ -291,7 +304,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         // Listening again reads past the UNSUBSCRIBE's answer.
-        heard.listen(&[b"c".to_vec()]).unwrap();
+        heard.listen(&[b"c".to_vec()], None).unwrap();
         publish(&mut admin, "c", "again");
         let message = heard.next_message(Duration::from_secs(2)).unwrap().unwrap();
         assert_eq!(message.payload, b"again".to_vec());
@@ -306,7 +319,7 @@ mod tests {
             .unwrap();
         let mut heard = listener_at(&format!("{}?protocol=resp3", server.url()));
         let channels = vec![b"a".to_vec(), b"b".to_vec()];
-        heard.listen(&channels).unwrap();
+        heard.listen(&channels, None).unwrap();
         publish(&mut admin, "a", "x");
         let message = heard.next_message(Duration::from_secs(2)).unwrap().unwrap();
         assert_eq!(
@@ -315,8 +328,8 @@ mod tests {
         );
         heard.idle();
         publish(&mut admin, "b", "stale");
-        heard.listen(&channels).unwrap();
-        heard.listen(&[b"c".to_vec()]).unwrap();
+        heard.listen(&channels, None).unwrap();
+        heard.listen(&[b"c".to_vec()], None).unwrap();
         publish(&mut admin, "c", "y");
         let message = heard.next_message(Duration::from_secs(2)).unwrap().unwrap();
         assert_eq!(
@@ -335,7 +348,7 @@ mod tests {
             .get_connection()
             .unwrap();
         let mut heard = listener(&server);
-        heard.listen(&[b"a".to_vec()]).unwrap();
+        heard.listen(&[b"a".to_vec()], None).unwrap();
         // A copy of its socket (as a forked child holds): dropping the listener does not close
         // the connection, which nobody reads from then on.
         let fd = heard.conn.as_raw_fd();
@@ -351,6 +364,34 @@ mod tests {
     }
 
     #[test]
+    fn waiting_for_subscribe_ends_at_the_waits_deadline() {
+        let server = Server::start();
+        let mut admin = redis::Client::open(server.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let info = server.url().into_connection_info().unwrap();
+        let timeouts = Timeouts {
+            connect: Duration::from_secs(2),
+            command: Duration::from_secs(20),
+        };
+        let mut heard = Listener::connect(&info, timeouts).unwrap().unwrap();
+        // The server answers nothing for 3 s (as a dead connection would; the pause ends by
+        // itself, an UNPAUSE would wait for it too).
+        redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(3_000)
+            .arg("ALL")
+            .exec(&mut admin)
+            .unwrap();
+        let started = std::time::Instant::now();
+        let listened = heard.listen(&[b"a".to_vec()], Some(started + Duration::from_millis(200)));
+        // Given up at the deadline (0.2 s), not after the answer came (3 s; the command timeout
+        // is 20 s).
+        assert!(listened.is_err(), "waited {:?}", started.elapsed());
+    }
+
+    #[test]
     fn a_closed_connection_is_an_error() {
         let server = Server::start();
         let mut admin = redis::Client::open(server.url())
@@ -358,7 +399,7 @@ mod tests {
             .get_connection()
             .unwrap();
         let mut heard = listener(&server);
-        heard.listen(&[b"a".to_vec()]).unwrap();
+        heard.listen(&[b"a".to_vec()], None).unwrap();
         redis::cmd("CLIENT")
             .arg("KILL")
             .arg("TYPE")

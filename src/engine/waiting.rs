@@ -429,7 +429,7 @@ fn listening_already<C: Contender>(contender: &C, plan: &Plan<'_>) -> Option<Lis
     }
     let channels = channels_of(plan);
     let mut listener = plan.shared.direct.idle_listener_on(&channels)?;
-    listener.listen(&channels).ok()?;
+    listener.listen(&channels, None).ok()?;
     Some(listener)
 }
 
@@ -802,13 +802,13 @@ async fn compete_listening<C: Contender>(
             None => {
                 // Subscribed before looking, so a release after the look is always heard.
                 let heard = interrupt::unwatched(|| match held.listener.take() {
-                    Some(mut heard) => match heard.listen(&channels) {
+                    Some(mut heard) => match heard.listen(&channels, deadline) {
                         Ok(()) => Ok(heard),
                         // One that failed is dropped, with the idle ones (the server closed
                         // them): one new connection is tried.
-                        Err(_) => listen_fresh(shared, &channels),
+                        Err(_) => listen_fresh(shared, &channels, deadline),
                     },
-                    None => listen_fresh(shared, &channels),
+                    None => listen_fresh(shared, &channels, deadline),
                 });
                 let Ok(heard) = heard else {
                     return Ok(Listened::Unheard);
@@ -895,12 +895,16 @@ async fn compete_listening<C: Contender>(
 }
 
 /// A new listener on `shared`'s server (the idle ones forgotten), subscribed to `channels`.
-fn listen_fresh(shared: &Shared, channels: &[Vec<u8>]) -> Result<Listener> {
+fn listen_fresh(
+    shared: &Shared,
+    channels: &[Vec<u8>],
+    within: Option<Instant>,
+) -> Result<Listener> {
     let mut listener = shared
         .direct
         .listener(true)
         .ok_or_else(|| Error::Usage("no subscriber connection of this thread here".into()))??;
-    listener.listen(channels)?;
+    listener.listen(channels, within)?;
     Ok(listener)
 }
 
