@@ -31,6 +31,16 @@ def _subscribed(r: redis.Redis, pattern: bytes) -> list[bytes]:
     return sorted(r.pubsub_channels(pattern))
 
 
+def _listening_waiter(waiter: redmutex.Lock, r: redis.Redis, wake: bytes) -> _Thread:
+    """`waiter.acquire(timeout=20)` in a thread, once it listens on the wake channel and its
+    process's inbox (`wake:<inbox>`) and has looked (it reads its connection then)."""
+    waiting = _Thread(lambda: waiter.acquire(timeout=20))
+    waiting.start()
+    _wait_until(lambda: len(_subscribed(r, wake + b"*")) == 2, 10, "the waiter to subscribe")
+    time.sleep(0.2)
+    return waiting
+
+
 @pytest.mark.timeout(60)
 def test_a_blocking_waiter_is_granted_and_its_channels_lapse_after_the_wait(
     client: redmutex.Client, other_client: redmutex.Client, r: redis.Redis, key_of: KeyOf
@@ -40,11 +50,7 @@ def test_a_blocking_waiter_is_granted_and_its_channels_lapse_after_the_wait(
     holder = redmutex.Lock(client, name, ttl=10)
     waiter = redmutex.Lock(other_client, name, ttl=10)
     assert holder.acquire(timeout=0)
-    waiting = _Thread(lambda: waiter.acquire(timeout=20))
-    waiting.start()
-    # The waiter listens on the wake channel and its process's inbox (`wake:<inbox>`).
-    _wait_until(lambda: len(_subscribed(r, wake + b"*")) == 2, 10, "the waiter to subscribe")
-    time.sleep(0.2)  # it has looked, and reads its connection now
+    waiting = _listening_waiter(waiter, r, wake)
     holder.release()
     assert waiting.outcome(10) is True
     # Granted by the release: the lock is the waiter's, nobody else's.
@@ -54,10 +60,7 @@ def test_a_blocking_waiter_is_granted_and_its_channels_lapse_after_the_wait(
     _wait_until(lambda: _subscribed(r, wake + b"*") == [], 15, "the idle listener to unsubscribe")
     # And a later wait listens again.
     assert holder.acquire(timeout=0)
-    waiting = _Thread(lambda: waiter.acquire(timeout=20))
-    waiting.start()
-    _wait_until(lambda: len(_subscribed(r, wake + b"*")) == 2, 10, "the waiter to subscribe")
-    time.sleep(0.2)
+    waiting = _listening_waiter(waiter, r, wake)
     holder.release()
     assert waiting.outcome(10) is True
     waiter.release()
@@ -72,10 +75,7 @@ def test_a_waiter_whose_connection_is_killed_listens_again_and_is_granted(
     holder = redmutex.Lock(client, name, ttl=10)
     waiter = redmutex.Lock(other_client, name, ttl=10)
     assert holder.acquire(timeout=0)
-    waiting = _Thread(lambda: waiter.acquire(timeout=20))
-    waiting.start()
-    _wait_until(lambda: len(_subscribed(r, wake + b"*")) == 2, 10, "the waiter to subscribe")
-    time.sleep(0.2)
+    waiting = _listening_waiter(waiter, r, wake)
     assert r.client_kill_filter(_type="pubsub") >= 1
     # It looks again on a new connection, subscribed before that look.
     _wait_until(lambda: len(_subscribed(r, wake + b"*")) == 2, 10, "the waiter to listen again")

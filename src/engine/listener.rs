@@ -224,6 +224,20 @@ mod tests {
         Listener::connect(&info, timeouts).unwrap().unwrap()
     }
 
+    /// A plain connection to `server`, to publish and look from.
+    fn admin(server: &Server) -> redis::Connection {
+        redis::Client::open(server.url())
+            .unwrap()
+            .get_connection()
+            .unwrap()
+    }
+
+    /// The (channel, payload) of the next message `heard` reads within 2 s.
+    fn next(heard: &mut Listener) -> (Vec<u8>, Vec<u8>) {
+        let message = heard.next_message(Duration::from_secs(2)).unwrap().unwrap();
+        (message.channel, message.payload)
+    }
+
     fn publish(conn: &mut redis::Connection, channel: &str, payload: &str) {
         redis::cmd("PUBLISH")
             .arg(channel)
@@ -244,20 +258,13 @@ mod tests {
     #[test]
     fn hears_what_is_published_after_it_listens_and_drops_what_came_before() {
         let server = Server::start();
-        let mut admin = redis::Client::open(server.url())
-            .unwrap()
-            .get_connection()
-            .unwrap();
+        let mut admin = admin(&server);
         let mut heard = listener(&server);
         let channels = vec![b"a".to_vec(), b"b".to_vec()];
         heard.listen(&channels, None).unwrap();
         assert_eq!(heard.channels(), channels.as_slice());
         publish(&mut admin, "b", "x");
-        let message = heard.next_message(Duration::from_secs(2)).unwrap().unwrap();
-        assert_eq!(
-            (message.channel, message.payload),
-            (b"b".to_vec(), b"x".to_vec())
-        );
+        assert_eq!(next(&mut heard), (b"b".to_vec(), b"x".to_vec()));
         // Nothing more: the read gives up after its limit.
         assert!(heard
             .next_message(Duration::from_millis(20))
@@ -272,28 +279,20 @@ mod tests {
         heard.listen(&channels, None).unwrap();
         assert!(!heard.idle_subscribed());
         publish(&mut admin, "a", "fresh");
-        let message = heard.next_message(Duration::from_secs(2)).unwrap().unwrap();
-        assert_eq!(message.payload, b"fresh".to_vec());
+        assert_eq!(next(&mut heard).1, b"fresh".to_vec());
     }
 
     #[test]
     fn other_channels_replace_the_old_ones_and_quiet_gives_them_up() {
         let server = Server::start();
-        let mut admin = redis::Client::open(server.url())
-            .unwrap()
-            .get_connection()
-            .unwrap();
+        let mut admin = admin(&server);
         let mut heard = listener(&server);
         heard.listen(&[b"a".to_vec()], None).unwrap();
         publish(&mut admin, "a", "old");
         heard.listen(&[b"c".to_vec()], None).unwrap();
         assert_eq!(subscribers(&mut admin, "a"), 0);
         publish(&mut admin, "c", "new");
-        let message = heard.next_message(Duration::from_secs(2)).unwrap().unwrap();
-        assert_eq!(
-            (message.channel, message.payload),
-            (b"c".to_vec(), b"new".to_vec())
-        );
+        assert_eq!(next(&mut heard), (b"c".to_vec(), b"new".to_vec()));
         heard.idle();
         assert!(heard.quiet());
         assert!(!heard.idle_subscribed());
@@ -306,36 +305,24 @@ mod tests {
         // Listening again reads past the UNSUBSCRIBE's answer.
         heard.listen(&[b"c".to_vec()], None).unwrap();
         publish(&mut admin, "c", "again");
-        let message = heard.next_message(Duration::from_secs(2)).unwrap().unwrap();
-        assert_eq!(message.payload, b"again".to_vec());
+        assert_eq!(next(&mut heard).1, b"again".to_vec());
     }
 
     #[test]
     fn resp3_pushes_are_heard_too() {
         let server = Server::start();
-        let mut admin = redis::Client::open(server.url())
-            .unwrap()
-            .get_connection()
-            .unwrap();
+        let mut admin = admin(&server);
         let mut heard = listener_at(&format!("{}?protocol=resp3", server.url()));
         let channels = vec![b"a".to_vec(), b"b".to_vec()];
         heard.listen(&channels, None).unwrap();
         publish(&mut admin, "a", "x");
-        let message = heard.next_message(Duration::from_secs(2)).unwrap().unwrap();
-        assert_eq!(
-            (message.channel, message.payload),
-            (b"a".to_vec(), b"x".to_vec())
-        );
+        assert_eq!(next(&mut heard), (b"a".to_vec(), b"x".to_vec()));
         heard.idle();
         publish(&mut admin, "b", "stale");
         heard.listen(&channels, None).unwrap();
         heard.listen(&[b"c".to_vec()], None).unwrap();
         publish(&mut admin, "c", "y");
-        let message = heard.next_message(Duration::from_secs(2)).unwrap().unwrap();
-        assert_eq!(
-            (message.channel, message.payload),
-            (b"c".to_vec(), b"y".to_vec())
-        );
+        assert_eq!(next(&mut heard), (b"c".to_vec(), b"y".to_vec()));
     }
 
     #[cfg(unix)]
@@ -343,10 +330,7 @@ mod tests {
     fn one_dropped_subscribed_gives_its_channels_up_though_its_socket_lives_on() {
         use std::os::fd::{AsRawFd, BorrowedFd};
         let server = Server::start();
-        let mut admin = redis::Client::open(server.url())
-            .unwrap()
-            .get_connection()
-            .unwrap();
+        let mut admin = admin(&server);
         let mut heard = listener(&server);
         heard.listen(&[b"a".to_vec()], None).unwrap();
         // A copy of its socket (as a forked child holds): dropping the listener does not close
@@ -366,10 +350,7 @@ mod tests {
     #[test]
     fn waiting_for_subscribe_ends_at_the_waits_deadline() {
         let server = Server::start();
-        let mut admin = redis::Client::open(server.url())
-            .unwrap()
-            .get_connection()
-            .unwrap();
+        let mut admin = admin(&server);
         let info = server.url().into_connection_info().unwrap();
         let timeouts = Timeouts {
             connect: Duration::from_secs(2),
@@ -394,10 +375,7 @@ mod tests {
     #[test]
     fn a_closed_connection_is_an_error() {
         let server = Server::start();
-        let mut admin = redis::Client::open(server.url())
-            .unwrap()
-            .get_connection()
-            .unwrap();
+        let mut admin = admin(&server);
         let mut heard = listener(&server);
         heard.listen(&[b"a".to_vec()], None).unwrap();
         redis::cmd("CLIENT")
