@@ -1288,6 +1288,13 @@ impl<P: Leased> Holder<P> {
             Some(sent_at) => {
                 pending.answered(lease::deadline(sent_at, lease));
                 hold.status.deadline_was_moved();
+                if let State::Held(h) = &*self.state() {
+                    if h.token == hold.token {
+                        if let Some(renewal) = &h.renewal {
+                            renewal.plan_again();
+                        }
+                    }
+                }
                 Ok(())
             }
             None => {

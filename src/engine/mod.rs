@@ -34,6 +34,7 @@ pub mod semaphore;
 pub mod sentinel;
 pub mod shared;
 pub mod slots;
+mod starter;
 pub mod tls;
 pub mod token;
 pub mod waiting;

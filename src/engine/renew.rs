@@ -7,6 +7,9 @@
 //! The same task, run once, tops up a lease granted shorter than the ttl (a fair lock handed on
 //! by a release, see `lock_grant.lua`): one extend to the full ttl when half of what was left of
 //! the grant has passed.
+//!
+//! A task that would first sleep a while is spawned late, by the starter (`starter.rs`), half
+//! way to its first extend: a hold released before then never had a task to spawn and abort.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -15,6 +18,7 @@ use std::time::{Duration, Instant};
 use super::error::Result;
 use super::hold_status::HoldStatus;
 use super::runtime;
+use super::starter::{self, Planned};
 use crate::protocol::lease;
 
 /// How renewal found a hold lost.
@@ -47,17 +51,34 @@ pub trait Listener: Send + Sync {
     fn warn(&self, message: &str);
 }
 
-pub struct Renewal {
-    task: Option<tokio::task::AbortHandle>,
+pub enum Renewal {
+    /// The task runs (None: there was no runtime to run it on).
+    Running(Option<tokio::task::AbortHandle>),
+    /// The task is spawned when its start falls due.
+    Planned(Planned),
 }
 
 impl Renewal {
     pub fn stop(self) {
-        if let Some(task) = self.task {
-            task.abort();
+        match self {
+            Renewal::Running(Some(task)) => task.abort(),
+            Renewal::Running(None) => {}
+            Renewal::Planned(planned) => planned.stop(),
+        }
+    }
+
+    /// The caller moved the hold's deadline: a task not spawned yet is spawned now, to plan
+    /// its next extend from the new deadline (a running one is told by the hold's status).
+    pub fn plan_again(&self) {
+        if let Renewal::Planned(planned) = self {
+            planned.start_now();
         }
     }
 }
+
+/// A first extend at least this far off is spawned late (see the module's note); a sooner one
+/// gains little from it, and its timing is left to its own task.
+const SPAWN_LATE_FROM: Duration = Duration::from_millis(100);
 
 /// When renewal extends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,19 +125,37 @@ where
     F: Fn(Duration) -> Fut + Send + 'static,
     Fut: Future<Output = Result<Option<Instant>>> + Send + 'static,
 {
-    let Ok(handle) = runtime::handle() else {
-        return Renewal { task: None };
+    let planned_at = Instant::now();
+    let first_at = planned_at + schedule.first;
+    let spawn: starter::Start = Box::new(move || {
+        let handle = runtime::handle().ok()?;
+        let task = handle.spawn(renew(
+            extend,
+            lease,
+            first_at,
+            schedule.repeat,
+            status,
+            listener,
+        ));
+        Some(task.abort_handle())
+    });
+    let spawn = if schedule.first >= SPAWN_LATE_FROM {
+        match starter::plan(planned_at + schedule.first / 2, spawn) {
+            Ok(planned) => return Renewal::Planned(planned),
+            Err(spawn) => spawn,
+        }
+    } else {
+        spawn
     };
-    let task = handle.spawn(renew(extend, lease, schedule, status, listener));
-    Renewal {
-        task: Some(task.abort_handle()),
-    }
+    Renewal::Running(spawn())
 }
 
+/// Renews from `first_at` on (once unless `repeat`).
 async fn renew<F, Fut>(
     extend: F,
     lease: Duration,
-    schedule: Schedule,
+    first_at: Instant,
+    repeat: bool,
     status: Arc<HoldStatus>,
     listener: Option<Arc<dyn Listener>>,
 ) where
@@ -126,7 +165,7 @@ async fn renew<F, Fut>(
     let period = period(lease);
     // After a failure, try again sooner, but without hammering a server that is down.
     let retry = (period / 4).clamp(Duration::from_millis(1), Duration::from_millis(500));
-    let mut next = Instant::now() + schedule.first;
+    let mut next = first_at;
     loop {
         // The caller's extend may have moved the deadline: a shorter lease is renewed by half
         // of what is left of it if that comes first (it wakes this task to plan again).
@@ -153,7 +192,7 @@ async fn renew<F, Fut>(
         match renewed {
             Ok(Some(sent_at)) => {
                 pending.answered(lease::deadline(sent_at, wanted));
-                if !schedule.repeat {
+                if !repeat {
                     return;
                 }
                 next = sent_at + period;
