@@ -62,6 +62,9 @@ class JobResult:
     end_ns: int
     sections: list[contention.Section]
     errors: list[str]
+    # The workers' CPU time (every thread of each, user + sys) from "go" until their sections
+    # were sent: the window and the drain after it, as the server's CPU is read.
+    client_cpu_s: float = 0.0
 
 
 class PoolBroken(RuntimeError):
@@ -219,8 +222,9 @@ def _worker_main(index: int, url: str, conn: Connection, counter: Any) -> None:
             message = conn.recv()
             if message[0] != "go":
                 continue  # aborted: another worker could not get ready
+            cpu0 = time.process_time()
             payload, errors = _run_job(handles, job, index, counter, message[1], message[2])
-            conn.send(("done", payload, errors))
+            conn.send(("done", payload, errors, time.process_time() - cpu0))
     except (EOFError, OSError, KeyboardInterrupt):
         return  # the parent is gone
     finally:
@@ -308,7 +312,8 @@ class WorkerPool:
         if after is not None:
             after()
         errors = [e for reply in done for e in reply[2]]
-        return JobResult(start_ns, end_ns, contention.decode(r[1] for r in done), errors)
+        cpu_s = sum(r[3] for r in done)
+        return JobResult(start_ns, end_ns, contention.decode(r[1] for r in done), errors, cpu_s)
 
     def close(self) -> None:
         """Asks every worker to stop and joins it; kills whichever does not stop in time."""

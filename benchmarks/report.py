@@ -494,13 +494,14 @@ def _handoff_table(rows: list[dict[str, Any]]) -> list[str]:
         "",
         (
             "| scenario | peer | hand-offs | p50 µs | p90 µs | p99 µs | max µs"
-            f" | {BASELINE} p50 ÷ p50 | server CPU µs/section | commands/section |"
+            f" | {BASELINE} p50 ÷ p50 | client CPU µs/section | server CPU µs/section"
+            " | commands/section |"
         ),
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         if row["status"] != "ok":
-            lines.append(_failed(row, 10))
+            lines.append(_failed(row, 11))
             continue
         lat = row.get("latency_us") or {}
         lines.append(
@@ -508,6 +509,7 @@ def _handoff_table(rows: list[dict[str, Any]]) -> list[str]:
             f" | {_num(lat.get('p50'), 1)} | {_num(lat.get('p90'), 1)}"
             f" | {_num(lat.get('p99'), 1)} | {_num(lat.get('max'), 1)}"
             f" | {_num(row['vs_baseline'], 1)}"
+            f" | {_num(row.get('client_cpu_us_per_section'), 1)}"
             f" | {_num(row.get('server_cpu_us_per_section'), 1)}"
             f" | {_num(row.get('commands_per_section'), 1)} |"
         )
@@ -531,13 +533,13 @@ def _contended_table(rows: list[dict[str, Any]]) -> list[str]:
         (
             "| scenario | peer | sections/s | owner switches % | longest wait ms | wait p50 ms"
             f" | wait p99 ms | sections per process min–max | holders | ×{BASELINE}"
-            " | server CPU µs/section | commands/section |"
+            " | client CPU µs/section | server CPU µs/section | commands/section |"
         ),
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         if row["status"] != "ok":
-            lines.append(_failed(row, 12))
+            lines.append(_failed(row, 13))
             continue
         lat = row.get("latency_us") or {}
         capacity = row.get("capacity")
@@ -553,6 +555,7 @@ def _contended_table(rows: list[dict[str, Any]]) -> list[str]:
             f"{row.get('sections_per_contender_max', '?')}"
             f" | {row.get('max_holders_max', '?')} ({'any' if capacity is None else capacity})"
             f" | {_num(row['vs_baseline'], 2)}"
+            f" | {_num(row.get('client_cpu_us_per_section'), 1)}"
             f" | {_num(row.get('server_cpu_us_per_section'), 1)}"
             f" | {_num(row.get('commands_per_section'), 1)} |"
         )

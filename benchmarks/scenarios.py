@@ -274,16 +274,22 @@ def _server_work(ctx: Context) -> tuple[dict[str, Any], dict[str, Callable[[], N
     return seen, {"before": lambda: read("before"), "after": lambda: read("after")}
 
 
-def _per_section(seen: dict[str, Any], sections: int) -> dict[str, Any]:
-    """Server CPU µs (user + sys) and commands (a script's inner calls included) per critical
-    section, over everything the job's workers did between the two reads: the window and the
-    drain after it, whose sections are all counted (`sections`)."""
-    if "before" not in seen or "after" not in seen or sections < 1:
+def _per_section(seen: dict[str, Any], result: JobResult) -> dict[str, Any]:
+    """Server CPU µs (user + sys), commands (a script's inner calls included) and the clients'
+    CPU µs (all their processes and threads) per critical section, over everything the job's
+    workers did between the two reads: the window and the drain after it, whose sections are
+    all counted."""
+    sections = len(result.sections)
+    if sections < 1:
         return {}
+    client = {"client_cpu_us_per_section": result.client_cpu_s * 1e6 / sections}
+    if "before" not in seen or "after" not in seen:
+        return client
     (cpu0, calls0), (cpu1, calls1) = seen["before"], seen["after"]
     return {
         "server_cpu_us_per_section": (cpu1 - cpu0) / sections,
         "commands_per_section": (calls1 - calls0) / sections,
+        **client,
     }
 
 
@@ -326,7 +332,7 @@ def handoff(processes: int) -> Callable[[Session, Context], Measurement]:
             {
                 "processes": processes,
                 "handoffs": len(latencies),
-                **_per_section(seen, len(result.sections)),
+                **_per_section(seen, result),
             },
         )
 
@@ -365,7 +371,7 @@ def contended(
             summary["sections"],
             result.end_ns - result.start_ns,
             waits,
-            {"processes": processes, **extra, **_per_section(seen, len(result.sections))},
+            {"processes": processes, **extra, **_per_section(seen, result)},
         )
 
     return run

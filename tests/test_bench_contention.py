@@ -63,17 +63,23 @@ def test_overlapping_sections_break_exclusion() -> None:
     )
 
 
-def test_server_work_per_section() -> None:
+def test_server_and_client_work_per_section() -> None:
     import scenarios
+    from pool import JobResult
 
+    sections = [Section(1, 0, 1, 2, 3)] * 25
+    # The workers' CPU time, summed over them: 0.05 s over 25 sections.
+    result = JobResult(0, 100, sections, [], client_cpu_s=0.05)
     seen = {"before": (1_000.0, 40), "after": (3_500.0, 140)}
-    assert scenarios._per_section(seen, 25) == {
+    assert scenarios._per_section(seen, result) == {
         "server_cpu_us_per_section": 100.0,
         "commands_per_section": 4.0,
+        "client_cpu_us_per_section": 2_000.0,
     }
-    # No reads (a peer run without the hooks) or no sections: nothing to report.
-    assert scenarios._per_section({}, 25) == {}
-    assert scenarios._per_section(seen, 0) == {}
+    # No server reads (a peer run without the hooks): the clients' CPU alone.
+    assert scenarios._per_section({}, result) == {"client_cpu_us_per_section": 2_000.0}
+    # No sections: nothing to report.
+    assert scenarios._per_section(seen, JobResult(0, 100, [], [], client_cpu_s=0.05)) == {}
 
 
 def test_server_cpu_targets_pair_the_rounds() -> None:
