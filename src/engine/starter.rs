@@ -169,7 +169,9 @@ impl Starter {
                 (due, next)
             };
             for slot in due.values() {
-                run(slot);
+                // One start that panics must not end the serving task: every later start
+                // (a hold's renewal) would then never run.
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(slot)));
             }
             drop(due);
             match next {
