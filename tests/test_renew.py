@@ -372,6 +372,36 @@ def test_forked_child_holds_nothing_parent_keeps_renewing(
     lock.release()
 
 
+def _child_renewing_its_own(url: str, prefix: str, name: str, out: Connection) -> None:
+    """Forked from a process whose renewals ran: takes a lock of its own, with auto_renew, and
+    reports whether renewal kept it past several of its leases."""
+    c = redmutex.Client(url, prefix=prefix)
+    lock = redmutex.Lock(c, name, ttl=0.5, auto_renew=True)
+    assert lock.acquire(timeout=10)
+    time.sleep(1.5)  # three leases: only renewal, run from this process, keeps it
+    out.send({"owned": lock.owned(), "lost": lock.lost})
+    lock.release()
+
+
+@pytest.mark.timeout(90)
+def test_a_forked_child_renews_its_own_holds(
+    client: redmutex.Client, redis_url: str, prefix: str, mp_procs: MpProcs
+) -> None:
+    """Renewal tasks are spawned late by a starter task of the process: a child forked after
+    the parent's starter ran needs one of its own (the parent's does not run there)."""
+    lock = redmutex.Lock(client, "fork-own-parent", ttl=0.5, auto_renew=True)
+    assert lock.acquire(timeout=5)
+    time.sleep(0.5)  # the parent's starter has spawned its renewal
+    recv, send = mp_procs.ctx("fork").Pipe(duplex=False)
+    child = mp_procs.start(_child_renewing_its_own, redis_url, prefix, "fork-own-child", send)
+    assert recv.poll(30), "the child did not report"
+    assert recv.recv() == {"owned": True, "lost": False}
+    child.join(30)
+    assert child.exitcode == 0
+    assert lock.owned() is True
+    lock.release()
+
+
 def _renewing_holder_that_forks(
     url: str, prefix: str, name: str, ttl: float, out: Connection
 ) -> None:
