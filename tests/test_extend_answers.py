@@ -85,3 +85,36 @@ def test_a_shortening_extend_without_an_answer_shortens_what_the_holder_counts_o
         time.sleep(0.6)
         assert _pttl(r, prefix, "dark-extend") == 0  # Redis did run it
         assert lock.remaining() == 0.0
+
+
+@pytest.mark.timeout(60)
+def test_with_auto_renew_a_shortening_extend_without_an_answer_is_reported_lost_in_time(
+    proxy: FaultProxy, prefix: str
+) -> None:
+    """extend(2) on an auto-renewed hold gets no answer: its request may still run late, so the
+    holder counts on no more than its 2 s (see the test above), whatever renewal does meanwhile.
+    When those 2 s are over, on_lost must say so then, not when renewal's first turn planned for
+    the 60 s ttl comes (20 s later; its task is spawned half way there, at 10 s)."""
+    lost_at: list[float] = []
+    with redmutex.Client(
+        proxy.url, prefix=prefix, connect_timeout=1, command_timeout=0.5
+    ) as client:
+        lock = redmutex.Lock(
+            client,
+            "dark-renewed",
+            ttl=60,
+            auto_renew=True,
+            on_lost=lambda _: lost_at.append(time.monotonic()),
+        )
+        assert lock.acquire(timeout=5)
+        assert lock.token is not None
+        proxy.drop_reply_to(lock.token.encode(), then_blackhole=True)
+        sent = time.monotonic()
+        with pytest.raises(redmutex.ConnectionError):
+            lock.extend(2.0)
+        proxy.heal()
+        _wait_until(lambda: bool(lost_at), 6.0, "on_lost after the extend's 2 s")
+        assert 2.0 - SLACK <= lost_at[0] - sent <= 6.0, lost_at[0] - sent
+        assert lock.lost is True
+        with pytest.raises(redmutex.LockLostError):
+            lock.release()

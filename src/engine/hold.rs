@@ -1284,22 +1284,38 @@ impl<P: Leased> Holder<P> {
         pending: PendingExtend,
         outcome: Result<Option<Instant>>,
     ) -> Result<()> {
-        match outcome? {
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err(err) => {
+                // Unanswered: the deadline drops to the extend's end if that is sooner, so
+                // renewal (if any) plans from it, as after an answer.
+                drop(pending);
+                self.deadline_moved(hold);
+                return Err(err);
+            }
+        };
+        match outcome {
             Some(sent_at) => {
                 pending.answered(lease::deadline(sent_at, lease));
-                hold.status.deadline_was_moved();
-                if let State::Held(h) = &*self.state() {
-                    if h.token == hold.token {
-                        if let Some(renewal) = &h.renewal {
-                            renewal.plan_again();
-                        }
-                    }
-                }
+                self.deadline_moved(hold);
                 Ok(())
             }
             None => {
                 hold.status.mark_lost();
                 Err(lost_error())
+            }
+        }
+    }
+
+    /// The caller's extend moved the hold's deadline: its renewal plans again (a task not
+    /// spawned yet is spawned now, see `Renewal::plan_again`).
+    fn deadline_moved(&self, hold: &HoldRef) {
+        hold.status.deadline_was_moved();
+        if let State::Held(h) = &*self.state() {
+            if h.token == hold.token {
+                if let Some(renewal) = &h.renewal {
+                    renewal.plan_again();
+                }
             }
         }
     }
