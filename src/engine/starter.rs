@@ -5,7 +5,8 @@
 //! the acquire and aborting it at the release wakes a runtime thread twice per hold, which is a
 //! measurable share of a busy hand-off. Here a planned start waits in one queue per process,
 //! served by one task that sleeps until the earliest is due: filing and withdrawing a start
-//! take a lock and wake nobody, unless the new one is due before that task wakes anyway.
+//! take a lock and wake nobody, unless the new one is due before that task wakes anyway (or
+//! that task sleeps with nothing to wait for).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicPtr, Ordering};
@@ -43,6 +44,9 @@ impl Planned {
     /// Runs the start now if it has not run yet (its task's plan changed: it must decide
     /// itself when to act).
     pub fn start_now(&self) {
+        if self.inherited() {
+            return;
+        }
         if run(&self.slot) {
             self.starter.withdraw(self.key);
         }
@@ -50,6 +54,12 @@ impl Planned {
 
     /// Withdraws the start, or aborts the task it spawned.
     pub fn stop(self) {
+        if self.inherited() {
+            // A forked child's copy of the parent's plan: its locks may have been held by a
+            // parent thread at the fork, and the parent's serving task does not run here.
+            std::mem::forget(self);
+            return;
+        }
         let was = std::mem::replace(&mut *lock(&self.slot), Slot::Stopped);
         match was {
             Slot::Waiting(start) => {
@@ -61,13 +71,18 @@ impl Planned {
             Slot::Stopped => {}
         }
     }
+
+    /// Filed in another process (this one is a forked child of it).
+    fn inherited(&self) -> bool {
+        self.starter.lineage != runtime::lineage()
+    }
 }
 
 /// Runs the slot's start if it is still waiting; true if it did.
 fn run(slot: &SharedSlot) -> bool {
     let mut slot = lock(slot);
     if !matches!(&*slot, Slot::Waiting(_)) {
-        return false;
+        return false; // started or stopped already (keeping a started task's handle)
     }
     let Slot::Waiting(start) = std::mem::replace(&mut *slot, Slot::Stopped) else {
         return false;
