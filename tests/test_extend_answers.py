@@ -62,6 +62,19 @@ def test_an_earlier_extend_answered_last_does_not_undo_a_later_shortening(
             lock.release()
 
 
+def _acquire_then_extend_unanswered(lock: redmutex.Lock, proxy: FaultProxy, ttl: float) -> float:
+    """Takes `lock`, then extends it to `ttl`: Redis runs the extend, its answer is dropped and
+    the connection goes dark, so the call fails. Returns when the extend was sent (at the
+    latest)."""
+    assert lock.acquire(timeout=5)
+    assert lock.token is not None
+    proxy.drop_reply_to(lock.token.encode(), then_blackhole=True)
+    sent = time.monotonic()
+    with pytest.raises(redmutex.ConnectionError):
+        lock.extend(ttl)
+    return sent
+
+
 @pytest.mark.timeout(60)
 def test_a_shortening_extend_without_an_answer_shortens_what_the_holder_counts_on(
     proxy: FaultProxy, r: redis.Redis, prefix: str
@@ -71,12 +84,7 @@ def test_a_shortening_extend_without_an_answer_shortens_what_the_holder_counts_o
     the old 10 s lease stayed in force)."""
     with redmutex.Client(proxy.url, prefix=prefix, connect_timeout=1, command_timeout=1) as client:
         lock = redmutex.Lock(client, "dark-extend", ttl=10)
-        assert lock.acquire(timeout=5)
-        assert lock.token is not None
-        proxy.drop_reply_to(lock.token.encode(), then_blackhole=True)
-        sent = time.monotonic()
-        with pytest.raises(redmutex.ConnectionError):
-            lock.extend(0.5)
+        sent = _acquire_then_extend_unanswered(lock, proxy, 0.5)
         assert proxy.stats.dropped_replies == 1
         left = lock.remaining()
         assert left is not None
@@ -106,12 +114,7 @@ def test_with_auto_renew_a_shortening_extend_without_an_answer_is_reported_lost_
             auto_renew=True,
             on_lost=lambda _: lost_at.append(time.monotonic()),
         )
-        assert lock.acquire(timeout=5)
-        assert lock.token is not None
-        proxy.drop_reply_to(lock.token.encode(), then_blackhole=True)
-        sent = time.monotonic()
-        with pytest.raises(redmutex.ConnectionError):
-            lock.extend(2.0)
+        sent = _acquire_then_extend_unanswered(lock, proxy, 2.0)
         proxy.heal()
         _wait_until(lambda: bool(lost_at), 6.0, "on_lost after the extend's 2 s")
         assert 2.0 - SLACK <= lost_at[0] - sent <= 6.0, lost_at[0] - sent
