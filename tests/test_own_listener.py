@@ -41,16 +41,26 @@ def _listening_waiter(waiter: redmutex.Lock, r: redis.Redis, wake: bytes) -> _Th
     return waiting
 
 
+def _held_with_a_listening_waiter(
+    clients: tuple[redmutex.Client, redmutex.Client], r: redis.Redis, key_of: KeyOf, name: str
+) -> tuple[bytes, redmutex.Lock, redmutex.Lock, _Thread]:
+    """`name` taken by a holder on the first client, and a waiter on the second that listens
+    (`_listening_waiter`): the wake channel, the holder, the waiter and the waiting thread."""
+    wake = key_of(name, "wake")
+    holder = redmutex.Lock(clients[0], name, ttl=10)
+    waiter = redmutex.Lock(clients[1], name, ttl=10)
+    assert holder.acquire(timeout=0)
+    return wake, holder, waiter, _listening_waiter(waiter, r, wake)
+
+
 @pytest.mark.timeout(60)
 def test_a_blocking_waiter_is_granted_and_its_channels_lapse_after_the_wait(
     client: redmutex.Client, other_client: redmutex.Client, r: redis.Redis, key_of: KeyOf
 ) -> None:
     name = "own-listener"
-    wake = key_of(name, "wake")
-    holder = redmutex.Lock(client, name, ttl=10)
-    waiter = redmutex.Lock(other_client, name, ttl=10)
-    assert holder.acquire(timeout=0)
-    waiting = _listening_waiter(waiter, r, wake)
+    wake, holder, waiter, waiting = _held_with_a_listening_waiter(
+        (client, other_client), r, key_of, name
+    )
     holder.release()
     assert waiting.outcome(10) is True
     # Granted by the release: the lock is the waiter's, nobody else's.
@@ -71,11 +81,9 @@ def test_a_waiter_whose_connection_is_killed_listens_again_and_is_granted(
     client: redmutex.Client, other_client: redmutex.Client, r: redis.Redis, key_of: KeyOf
 ) -> None:
     name = "own-listener-killed"
-    wake = key_of(name, "wake")
-    holder = redmutex.Lock(client, name, ttl=10)
-    waiter = redmutex.Lock(other_client, name, ttl=10)
-    assert holder.acquire(timeout=0)
-    waiting = _listening_waiter(waiter, r, wake)
+    wake, holder, waiter, waiting = _held_with_a_listening_waiter(
+        (client, other_client), r, key_of, name
+    )
     assert r.client_kill_filter(_type="pubsub") >= 1
     # It looks again on a new connection, subscribed before that look.
     _wait_until(lambda: len(_subscribed(r, wake + b"*")) == 2, 10, "the waiter to listen again")
