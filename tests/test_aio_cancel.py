@@ -367,3 +367,38 @@ def test_a_release_cut_short_leaves_the_object_released(
 
     wrong = asyncio.run(main())
     assert wrong == [], wrong
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("cut", ["read", "write"])
+def test_a_cut_release_on_the_runtime_leaves_the_task_holding_no_side_of_the_rwlock(
+    make_server: Callable[..., Any], cut: str
+) -> None:
+    """A cut release that the runtime carries (always on Redlock; on one server while the loop's
+    connection is being made) kept the RWLock's deadlock guard counting the task's hold until
+    that release settled: the task's next write acquire raised "this task holds the write lock"
+    or "read->write upgrade" (18 and 19 of 20 before). Now the guard lets go with the hold."""
+    urls = [make_server().url for _ in range(2)]
+
+    async def main(client: redmutex.Client) -> list[str]:
+        wrong: list[str] = []
+        for i in range(20):
+            rw = aio.RWLock(client, f"cut-runtime-{cut}-{i}", ttl=30)
+            side = rw.read() if cut == "read" else rw.write()
+            assert await side.acquire()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0):
+                    await side.release()
+            try:
+                writer = rw.write()
+                if not await writer.acquire(timeout=5):
+                    wrong.append(f"{i}: not acquired")
+                else:
+                    await writer.release()
+            except redmutex.LockError as err:
+                wrong.append(f"{i}: {err}")
+        return wrong
+
+    with redmutex.Client(urls) as client:
+        wrong = asyncio.run(main(client))
+    assert wrong == [], f"{len(wrong)} of 20: {wrong[:2]}"

@@ -402,11 +402,15 @@ impl Drop for ReleaseUnderWay {
 
 /// A release begun on the caller's thread (`Holder::begin_release_call`): a nested one that
 /// only counts down, or the hold's own.
-pub struct ReleaseBegun<D>(Begun<D>);
+pub struct ReleaseBegun(Begun);
 
-enum Begun<D> {
+enum Begun {
     Leave(Nesting),
-    Release(HoldRef, D),
+    /// The hold and its quorum release step (Redlock's; unused on one node), built when the
+    /// release begins: the hold's detail (an RWLock's held mark) then stays with the object's
+    /// state, and ends with it when the caller abandons the release (`release_abandoned`),
+    /// instead of living on with the release in flight.
+    Release(HoldRef, Step<bool>),
 }
 
 /// A release under way whose step a caller sends itself (`Holder::begin_release_step`).
@@ -1170,35 +1174,40 @@ impl<P: Leased> Holder<P> {
     /// The start of `release`, on the caller's thread: from here on a release is under way
     /// (`release_abandoned` sees it), even before the runtime runs the rest
     /// (`release_begun`).
-    pub fn begin_release_call(&self) -> Result<ReleaseBegun<P::Detail>> {
+    pub fn begin_release_call(&self) -> Result<ReleaseBegun> {
         if let Some(nesting) = self.begin_leave()? {
             return Ok(ReleaseBegun(Begun::Leave(nesting)));
         }
         let (hold, detail) = self.begin_release()?;
-        Ok(ReleaseBegun(Begun::Release(hold, detail)))
+        let quorum_step = self.primitive.quorum_release(&hold.token, &detail);
+        Ok(ReleaseBegun(Begun::Release(hold, quorum_step)))
     }
 
     /// The rest of a release begun by `begin_release_call`.
-    pub async fn release_begun(&self, begun: ReleaseBegun<P::Detail>) -> Result<()> {
-        let (hold, detail) = match begun.0 {
+    pub async fn release_begun(&self, begun: ReleaseBegun) -> Result<()> {
+        let (hold, quorum_step) = match begun.0 {
             Begun::Leave(nesting) => return self.leave(nesting).await,
-            Begun::Release(hold, detail) => (hold, detail),
+            Begun::Release(hold, quorum_step) => (hold, quorum_step),
         };
         let backend = match self.client.backend() {
             Ok(backend) => backend,
             Err(err) => return self.finish_release(hold, Err(err), false),
         };
         let Backend::Single(shared) = &backend else {
-            let step = self.primitive.quorum_release(&hold.token, &detail);
             // A master's "not ours" after its connection broke under the send may be the first
             // send's work (as `resent_own` on one server).
             let granted = Granted {
                 deadline: hold.status.deadline(),
                 run_ids: hold.status.masters_run_ids.clone(),
             };
-            let outcome =
-                release_by_quorum(&*self.primitive, &backend, &hold.token, step, Some(granted))
-                    .await;
+            let outcome = release_by_quorum(
+                &*self.primitive,
+                &backend,
+                &hold.token,
+                quorum_step,
+                Some(granted),
+            )
+            .await;
             return self.finish_release(hold, outcome, false);
         };
         let (epoch, sent_at) = (shared.fault_epoch(), Instant::now());
