@@ -51,10 +51,13 @@ INTERRUPTS: dict[str, Callable[[], None]] = {
 def _interrupted(call: Callable[[], object], interrupt: Callable[[], None]) -> tuple[str, float]:
     """Runs `call` while a timer interrupts the main thread after INTERRUPT_AFTER: what it ended
     with ("interrupt", or the repr of its result or other exception) and when, counted from the
-    interrupt. An interrupt that comes late (after `call` ended) is swallowed here."""
+    interrupt. An interrupt that comes late (after `call` ended) is swallowed here.
+    Python's own SIGINT handler is installed for the while: a process started in the
+    background by a shell inherits SIGINT ignored, and Python then installs none."""
     timer = threading.Timer(INTERRUPT_AFTER, interrupt)
     outcome = "not ended"
     took = float("inf")
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         t0 = time.monotonic()
         timer.start()
@@ -70,6 +73,8 @@ def _interrupted(call: Callable[[], object], interrupt: Callable[[], None]) -> t
             time.sleep(0.01)
     except KeyboardInterrupt:
         pass
+    finally:
+        signal.signal(signal.SIGINT, previous)
     return outcome, took
 
 
