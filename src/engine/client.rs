@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use redis::ConnectionInfo;
 
+use super::connect;
 use super::error::{Error, Result};
 use super::node::{Retry, Target, Timeouts};
 use super::redlock::Redlock;
@@ -101,7 +102,7 @@ pub struct Client {
 fn endpoint_target(endpoint: &Endpoint) -> Result<Arc<Target>> {
     Ok(Arc::new(match endpoint {
         Endpoint::Direct(info) => Target::Direct(
-            redis::Client::open(info.clone()).map_err(|e| Error::Invalid(format!("url: {e}")))?,
+            connect::client(info.clone()).map_err(|e| Error::Invalid(format!("url: {e}")))?,
         ),
         Endpoint::Sentinel(url) => Target::Sentinel(Arc::new(Sentinel::new(url.clone())?)),
     }))
@@ -125,11 +126,12 @@ fn cluster_target(seeds: &[ConnectionInfo], timeouts: Timeouts) -> Result<Arc<Ta
         .retries(12)
         .min_retry_wait(5)
         .max_retry_wait(200)
+        .tcp_settings(redis::io::tcp::TcpSettings::default().set_keepalive(connect::keepalive()))
         .build()
         .map_err(invalid)?;
     let seeds = seeds
         .iter()
-        .map(|info| redis::Client::open(info.clone()))
+        .map(|info| connect::client(info.clone()))
         .collect::<redis::RedisResult<Vec<_>>>()
         .map_err(invalid)?;
     Ok(Arc::new(Target::Cluster {

@@ -323,7 +323,7 @@ impl DirectPool {
                     _ => return Err(Miss::Elsewhere),
                 };
                 let info = (**template).clone().set_addr(addr);
-                let client = redis::Client::open(info).map_err(|_| Miss::Elsewhere)?;
+                let client = super::connect::client(info).map_err(|_| Miss::Elsewhere)?;
                 let server = Arc::new(Server::new(client));
                 nodes.insert((host, port), server.clone());
                 Ok((server, true))

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use redis::{Cmd, ConnectionAddr, ConnectionInfo, ConnectionLike, ErrorKind, RedisResult, Value};
 
+use super::connect::keepalive;
 use super::interrupt;
 use crate::protocol::resp;
 
@@ -259,17 +260,33 @@ impl PlainConnection {
             if !is_timeout(&err) {
                 self.open = false;
             }
-            err.into()
+            as_dropped(err).into()
         })
     }
 }
 
-/// A socket timeout's error.
+/// A socket timeout's error (`SO_RCVTIMEO`, `SO_SNDTIMEO`): EAGAIN on unix; on Windows its own
+/// timed-out error.
 fn is_timeout(err: &io::Error) -> bool {
-    matches!(
-        err.kind(),
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-    )
+    match err.kind() {
+        io::ErrorKind::WouldBlock => true,
+        io::ErrorKind::TimedOut => !cfg!(unix),
+        _ => false,
+    }
+}
+
+/// On unix a socket's ETIMEDOUT is no socket timeout (see `is_timeout`) but the end of the
+/// connection: its keepalive probes or a retransmission went unanswered. Said as a dropped
+/// connection, not as the timeout the redis crate would read it as: a timeout leaves the reply
+/// still due on a connection kept for it, a dropped one is given up for a new one.
+fn as_dropped(err: io::Error) -> io::Error {
+    if cfg!(unix) && err.kind() == io::ErrorKind::TimedOut {
+        return io::Error::new(
+            io::ErrorKind::ConnectionAborted,
+            format!("the connection is dead: {err}"),
+        );
+    }
+    err
 }
 
 fn connect_tcp(host: &str, port: u16, timeout: Duration) -> io::Result<TcpStream> {
@@ -278,6 +295,7 @@ fn connect_tcp(host: &str, port: u16, timeout: Duration) -> io::Result<TcpStream
         match TcpStream::connect_timeout(&addr, timeout) {
             Ok(stream) => {
                 stream.set_nodelay(true)?;
+                redis::io::tcp::socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive())?;
                 return Ok(stream);
             }
             Err(err) => last = Some(err),
@@ -377,6 +395,42 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.code(), Some("ERR"));
         assert!(conn.is_open() && conn.check_connection());
+    }
+
+    #[test]
+    fn a_tcp_connection_has_the_librarys_keepalive() {
+        let server = Server::start();
+        let conn = connect(&server.url()).unwrap();
+        let Stream::Tcp(stream) = &conn.stream else {
+            panic!("a redis:// URL gives a TCP connection");
+        };
+        let socket = redis::io::tcp::socket2::SockRef::from(stream);
+        assert!(socket.keepalive().unwrap());
+        assert_eq!(
+            socket.tcp_keepalive_time().unwrap(),
+            Duration::from_secs(30)
+        );
+        #[cfg(target_os = "linux")]
+        {
+            assert_eq!(
+                socket.tcp_keepalive_interval().unwrap(),
+                Duration::from_secs(5)
+            );
+            assert_eq!(socket.tcp_keepalive_retries().unwrap(), 3);
+        }
+    }
+
+    #[test]
+    #[cfg(unix)]
+    fn a_dead_connection_is_a_dropped_one_and_a_socket_timeout_a_timeout() {
+        // ETIMEDOUT: what a read or write reports once keepalive gave the server up.
+        let dead: redis::RedisError = as_dropped(io::Error::from(io::ErrorKind::TimedOut)).into();
+        assert!(dead.is_connection_dropped() && !dead.is_timeout(), "{dead}");
+        assert!(!is_timeout(&io::Error::from(io::ErrorKind::TimedOut)));
+        // EAGAIN: a socket timeout, the reply still due.
+        let late: redis::RedisError = as_dropped(io::Error::from(io::ErrorKind::WouldBlock)).into();
+        assert!(late.is_timeout() && !late.is_connection_dropped(), "{late}");
+        assert!(is_timeout(&io::Error::from(io::ErrorKind::WouldBlock)));
     }
 
     #[test]

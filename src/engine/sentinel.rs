@@ -10,7 +10,7 @@ use futures_util::StreamExt;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Value};
 
-use super::connect::{address, within, Timeouts};
+use super::connect::{self, address, within, Timeouts};
 use super::error::{Error, Result};
 use crate::protocol::url::SentinelUrl;
 
@@ -31,7 +31,7 @@ impl Sentinel {
         let sentinels = url
             .sentinels
             .iter()
-            .map(|info| redis::Client::open(info.clone()))
+            .map(|info| connect::client(info.clone()))
             .collect::<redis::RedisResult<Vec<_>>>()
             .map_err(|e| Error::Invalid(format!("url: {e}")))?;
         Ok(Sentinel {
@@ -114,7 +114,7 @@ impl Sentinel {
             )));
         };
         let info = self.url.master_info(&host, port).map_err(Error::Invalid)?;
-        let client = redis::Client::open(info).map_err(|e| Error::Invalid(format!("url: {e}")))?;
+        let client = connect::client(info).map_err(|e| Error::Invalid(format!("url: {e}")))?;
         // The master connection serves the callers, whose own deadlines bound every reply.
         let master_config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(timeouts.connect))
