@@ -6,7 +6,9 @@ child; a loss is reported through `lost`, `on_lost(lock)` (once, from a backgrou
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import signal
 import sys
 import threading
@@ -179,6 +181,44 @@ def test_renewal_never_shortens_an_extended_lease(
     assert not shorter.lost and shorter.owned()
     assert 0 < conn.pttl("q:{shorter}:lock") <= 6_000
     shorter.release()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("reentrant", [False, True], ids=["lock", "reentrant"])
+def test_an_extend_racing_a_renewal_is_the_lease_in_redis_when_it_returns(
+    client: redmutex.Client, r: redis.Redis, key_of: KeyOf, reentrant: bool
+) -> None:
+    # A renewal extend already on its way when the caller's extend(5) goes out may run after it
+    # in Redis and put the lease back to the ttl; renewal then asked for no more than that, so
+    # the caller's 5 s were gone for good. Here the lease is first cut short (renewal then comes
+    # every ~10 ms, at half of what is left) and extend(5) is sent at a random moment of that
+    # cadence, many times: every time, when extend() returns, Redis and remaining() say 5 s.
+    rng = random.Random(1)
+    lock = redmutex.Lock(client, "racing", ttl=0.3, auto_renew=True, reentrant=reentrant)
+    key = key_of("racing", "lock")
+    short: list[tuple[int, int, float | None]] = []
+    done = 0
+    deadline = time.monotonic() + 40
+    while done < 1000 and time.monotonic() < deadline:
+        if lock.token is None or lock.lost:  # a loaded machine may let a 20 ms lease lapse
+            if lock.token is not None:
+                with contextlib.suppress(redmutex.LockError):
+                    lock.release()
+            assert lock.acquire(timeout=5)
+        try:
+            lock.extend(0.02)
+            time.sleep(rng.random() * 0.01)
+            lock.extend(5)
+        except redmutex.LockError:
+            continue  # lapsed before the extend: not the race looked for
+        pttl = int(r.pttl(key))
+        remaining = lock.remaining()
+        if pttl < 4000 or remaining is None or remaining < 4:
+            short.append((done, pttl, remaining))
+        done += 1
+    lock.release()
+    assert done >= 300, done
+    assert short == [], f"{len(short)} of {done}: {short[:5]}"
 
 
 # ----------------------------------------------------------------------------- loss

@@ -16,6 +16,7 @@ use super::error::{Error, Result};
 use super::executor::{self, Now};
 pub use super::hold_status::HoldStatus;
 use super::hold_status::PendingExtend;
+use super::interrupt;
 use super::node::gave_up_at_deadline;
 use super::redlock::{Granted, Redlock, Whose};
 use super::renew::{self, Renewal, Schedule};
@@ -1334,7 +1335,7 @@ impl<P: Leased> Holder<P> {
         let lease = lease.unwrap_or(self.primitive.lease());
         let pending = hold
             .status
-            .begin_extend(lease::deadline(Instant::now(), lease));
+            .begin_caller_extend(lease::deadline(Instant::now(), lease));
         let outcome = match self.client.backend() {
             Ok(backend) => {
                 extend_on(
@@ -1351,14 +1352,22 @@ impl<P: Leased> Holder<P> {
         self.finish_extend(&hold, lease, pending, outcome)
     }
 
-    /// `extend` on the caller's thread (only when `has_direct`).
+    /// `extend` on the caller's thread (only when `has_direct`). Once answered, it waits for a
+    /// renewal extend that was under way when it began (see `HoldStatus::wait_for_renewal`):
+    /// when it returns, the lease in Redis is the one it asked for.
     fn extend_direct(&self, lease: Option<Duration>) -> Result<()> {
         let (step, extending) = self.begin_extend_step(lease)?;
-        let outcome = self
-            .client
-            .shared()
-            .and_then(|shared| executor::run_direct(&shared, &step));
-        self.finish_extend_step(extending, outcome)
+        let status = extending.hold.status.clone();
+        let begun_at = extending.pending.begun_at();
+        let shared = match self.client.shared() {
+            Ok(shared) => shared,
+            Err(err) => return self.finish_extend_step(extending, Err(err)),
+        };
+        let outcome = executor::run_direct(&shared, &step);
+        self.finish_extend_step(extending, outcome)?;
+        let limit = Instant::now() + shared.node.timeouts().command;
+        status.wait_for_renewal(begun_at, limit, interrupt::interrupted);
+        Ok(())
     }
 
     /// `extend` as one step for a caller that sends it itself; finish with `finish_extend_step`.
@@ -1367,7 +1376,9 @@ impl<P: Leased> Holder<P> {
         let lease = lease.unwrap_or(self.primitive.lease());
         let step = self.primitive.extend(&hold.token, lease);
         let sent_at = Instant::now();
-        let pending = hold.status.begin_extend(lease::deadline(sent_at, lease));
+        let pending = hold
+            .status
+            .begin_caller_extend(lease::deadline(sent_at, lease));
         let extending = Extending {
             hold,
             lease,

@@ -11,10 +11,16 @@
 //! leaves it there: its request may still run late (held back by the network) within the
 //! time the nodes keep a timed-out call's connection (`node::OVERDUE_KEEP`), so until then no
 //! answer of another extend moves the deadline past that end either.
+//!
+//! The caller's extend is what the lease should be: renewal never asks for less than the end the
+//! caller's latest extend asked for. A renewal extend already on its way when the caller's began
+//! may still run after it in Redis and cut that lease back; renewal then extends again at once
+//! (`renewal_answered`), and the caller's extend, on its own thread, waits for that before it
+//! returns (`wait_for_renewal`), so that the lease it asked for is the one in Redis.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use super::node::OVERDUE_KEEP;
 
@@ -28,16 +34,28 @@ struct Deadline {
     answered_at: Instant,
     /// Until when a shortening extend that got no answer may still run in Redis.
     late_until: Option<Instant>,
-    /// The ends that the unanswered extends would set, by id.
-    pending: Vec<(u64, Instant)>,
+    /// The unanswered extends.
+    pending: Vec<Pending>,
     next_id: u64,
+    /// The caller's latest extend: when it was begun, and the end it asked for.
+    asked: Option<(Instant, Instant)>,
+    /// A renewal extend may have cut the caller's lease back, and renewal extends again.
+    renewing_again: bool,
+}
+
+#[derive(Debug)]
+struct Pending {
+    id: u64,
+    /// The end it would set.
+    end: Instant,
+    begun_at: Instant,
 }
 
 impl Deadline {
     fn effective(&self) -> Instant {
         self.pending
             .iter()
-            .fold(self.settled, |earliest, &(_, end)| earliest.min(end))
+            .fold(self.settled, |earliest, p| earliest.min(p.end))
     }
 
     /// An answer to an extend begun at `begun_at` (before its request went out): the lease
@@ -56,8 +74,13 @@ impl Deadline {
     }
 
     fn take_pending(&mut self, id: u64) -> Option<Instant> {
-        let at = self.pending.iter().position(|&(each, _)| each == id)?;
-        Some(self.pending.swap_remove(at).1)
+        let at = self.pending.iter().position(|p| p.id == id)?;
+        Some(self.pending.swap_remove(at).end)
+    }
+
+    /// Whether an extend begun before `begun_at` is unanswered, or renewal extends again.
+    fn renewal_unsettled(&self, begun_at: Instant) -> bool {
+        self.renewing_again || self.pending.iter().any(|p| p.begun_at < begun_at)
     }
 }
 
@@ -70,15 +93,49 @@ pub struct PendingExtend {
     /// When it was begun, before its request went out.
     begun_at: Instant,
     settled: bool,
+    /// Renewal's extend again after one that may have cut the caller's lease back.
+    again: bool,
 }
 
 impl PendingExtend {
     /// Redis answered: the lease now ends at `end`.
-    pub fn answered(mut self, end: Instant) {
+    pub fn answered(self, end: Instant) {
+        self.settle(end, false);
+    }
+
+    /// Renewal's extend was answered (as `answered`): true when the caller's extend, begun
+    /// after it was, asked for a later end, which this one may have cut back (Redis may have
+    /// run the two in either order): renewal must extend again at once, to that end.
+    pub fn renewal_answered(self, end: Instant) -> bool {
+        self.settle(end, true)
+    }
+
+    /// When it was begun, before its request went out.
+    pub fn begun_at(&self) -> Instant {
+        self.begun_at
+    }
+
+    /// Marks renewal's extend as the one that extends again (see `renewal_answered`).
+    pub fn again(mut self) -> Self {
+        self.again = true;
+        self
+    }
+
+    fn settle(mut self, end: Instant, renewal: bool) -> bool {
         self.settled = true;
         let mut deadline = self.status.lock_deadline();
         deadline.take_pending(self.id);
         deadline.settle(self.begun_at, end, false);
+        let begun_at = self.begun_at;
+        // Under the same lock as the answer, so that a caller waiting for renewal never sees
+        // it settled in between.
+        let again = renewal
+            && deadline
+                .asked
+                .is_some_and(|(asked_at, asked_end)| asked_at > begun_at && asked_end > end);
+        deadline.renewing_again = again || (deadline.renewing_again && !self.again);
+        self.status.settled.notify_all();
+        again
     }
 }
 
@@ -88,6 +145,8 @@ impl Drop for PendingExtend {
             return;
         }
         let mut deadline = self.status.lock_deadline();
+        deadline.renewing_again &= !self.again;
+        self.status.settled.notify_all();
         if let Some(end) = deadline.take_pending(self.id) {
             if end < deadline.settled {
                 deadline.settled = end;
@@ -104,6 +163,8 @@ impl Drop for PendingExtend {
 #[derive(Debug)]
 pub struct HoldStatus {
     deadline: Mutex<Deadline>,
+    /// Told whenever an extend settles (answered or given up).
+    settled: Condvar,
     lost: AtomicBool,
     /// A release of this hold is under way (`begin_release`): another is refused meanwhile, so
     /// that its "not ours" (the first one's delete) is not taken for a loss.
@@ -133,7 +194,10 @@ impl HoldStatus {
                 late_until: None,
                 pending: Vec::new(),
                 next_id: 0,
+                asked: None,
+                renewing_again: false,
             }),
+            settled: Condvar::new(),
             lost: AtomicBool::new(false),
             release_under_way: AtomicBool::new(false),
             unanswered_release: Mutex::new(None),
@@ -174,12 +238,47 @@ impl HoldStatus {
         let mut deadline = self.lock_deadline();
         let id = deadline.next_id;
         deadline.next_id += 1;
-        deadline.pending.push((id, end));
+        let begun_at = Instant::now();
+        deadline.pending.push(Pending { id, end, begun_at });
         PendingExtend {
             status: self.clone(),
             id,
-            begun_at: Instant::now(),
+            begun_at,
             settled: false,
+            again: false,
+        }
+    }
+
+    /// The caller's extend is about to be sent (as `begin_extend`): from now on renewal asks
+    /// for no earlier end than `end`.
+    pub fn begin_caller_extend(self: &Arc<Self>, end: Instant) -> PendingExtend {
+        let pending = self.begin_extend(end);
+        self.lock_deadline().asked = Some((pending.begun_at, end));
+        pending
+    }
+
+    /// The end the caller's latest extend asked for, if it made one.
+    pub fn asked_end(&self) -> Option<Instant> {
+        self.lock_deadline().asked.map(|(_, end)| end)
+    }
+
+    /// After the caller's extend begun at `begun_at` was answered: waits (up to `limit`, in
+    /// slices that end early when `stop` says so) until no renewal extend begun before it is
+    /// unanswered and renewal is not extending again (see the module's note).
+    pub fn wait_for_renewal(&self, begun_at: Instant, limit: Instant, stop: impl Fn() -> bool) {
+        const SLICE: Duration = Duration::from_millis(50);
+        let mut deadline = self.lock_deadline();
+        while deadline.renewal_unsettled(begun_at) && !self.is_lost() && !self.is_releasing() {
+            let now = Instant::now();
+            if now >= limit || stop() {
+                return;
+            }
+            let wait = (limit - now).min(SLICE);
+            deadline = self
+                .settled
+                .wait_timeout(deadline, wait)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
         }
     }
 
@@ -309,6 +408,91 @@ mod tests {
         let next = Instant::now() + 20 * S;
         status.begin_extend(next).answered(next);
         assert_eq!(status.deadline(), t0 + S / 2);
+    }
+
+    #[test]
+    fn a_renewal_that_may_have_cut_the_callers_extend_back_extends_again() {
+        let t0 = Instant::now();
+        let tick = || std::thread::sleep(Duration::from_millis(2));
+        let status = Arc::new(HoldStatus::new(t0 + S));
+        // Renewal sends an extend of the ttl; the caller's extend to 20 s goes out meanwhile.
+        let renewal = status.begin_extend(t0 + S);
+        tick();
+        let caller = status.begin_caller_extend(t0 + 20 * S);
+        assert_eq!(status.asked_end(), Some(t0 + 20 * S));
+        caller.answered(t0 + 20 * S);
+        assert!(
+            renewal.renewal_answered(t0 + S),
+            "Redis may have run it last"
+        );
+        assert_eq!(status.deadline(), t0 + S);
+        // Renewal's next extend (to what the caller asked) is begun after both answers.
+        tick();
+        let again = status.begin_extend(t0 + 20 * S).again();
+        assert!(!again.renewal_answered(t0 + 20 * S));
+        assert_eq!(status.deadline(), t0 + 20 * S);
+        // A renewal begun after the caller's extend never cut it back, nor a longer one.
+        let after = status.begin_extend(t0 + 20 * S);
+        assert!(!after.renewal_answered(t0 + 20 * S));
+        let status = Arc::new(HoldStatus::new(t0 + S));
+        let longer = status.begin_extend(t0 + 30 * S);
+        tick();
+        status
+            .begin_caller_extend(t0 + 20 * S)
+            .answered(t0 + 20 * S);
+        assert!(!longer.renewal_answered(t0 + 30 * S));
+    }
+
+    #[test]
+    fn the_callers_extend_waits_for_a_renewal_under_way_and_for_its_extend_again() {
+        let t0 = Instant::now();
+        let tick = || std::thread::sleep(Duration::from_millis(2));
+        let status = Arc::new(HoldStatus::new(t0 + S));
+        let never = || false;
+        // Nothing under way: no wait.
+        let caller = status.begin_caller_extend(t0 + 20 * S);
+        let begun = caller.begun_at();
+        caller.answered(t0 + 20 * S);
+        let start = Instant::now();
+        status.wait_for_renewal(begun, start + 10 * S, never);
+        assert!(start.elapsed() < S);
+        // A renewal under way when the caller's extend began: the caller waits for its answer,
+        // then for the extend again that it calls for.
+        let renewal = status.begin_extend(t0 + S);
+        tick();
+        let caller = status.begin_caller_extend(t0 + 30 * S);
+        let begun = caller.begun_at();
+        caller.answered(t0 + 30 * S);
+        let renewing = {
+            let status = status.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                assert!(renewal.renewal_answered(t0 + S));
+                std::thread::sleep(Duration::from_millis(100));
+                status
+                    .begin_extend(t0 + 30 * S)
+                    .again()
+                    .renewal_answered(t0 + 30 * S)
+            })
+        };
+        let start = Instant::now();
+        status.wait_for_renewal(begun, start + 10 * S, never);
+        let waited = start.elapsed();
+        assert!(!renewing.join().unwrap());
+        assert!(waited >= Duration::from_millis(190), "{waited:?}");
+        assert!(waited < 5 * S, "{waited:?}");
+        assert_eq!(status.deadline(), t0 + 30 * S);
+        // It gives up at its limit, or when asked to stop.
+        let stuck = status.begin_extend(t0 + S);
+        tick();
+        let begun = Instant::now();
+        let start = Instant::now();
+        status.wait_for_renewal(begun, start + Duration::from_millis(100), never);
+        assert!(start.elapsed() >= Duration::from_millis(100));
+        let start = Instant::now();
+        status.wait_for_renewal(begun, start + 10 * S, || true);
+        assert!(start.elapsed() < S);
+        drop(stuck);
     }
 
     #[test]

@@ -166,6 +166,8 @@ async fn renew<F, Fut>(
     // After a failure, try again sooner, but without hammering a server that is down.
     let retry = (period / 4).clamp(Duration::from_millis(1), Duration::from_millis(500));
     let mut next = first_at;
+    // The next extend puts back a lease that the last one may have cut.
+    let mut again = false;
     loop {
         // The caller's extend may have moved the deadline: a shorter lease is renewed by half
         // of what is left of it if that comes first (it wakes this task to plan again).
@@ -178,10 +180,15 @@ async fn renew<F, Fut>(
         if status.is_lost() || status.is_releasing() {
             return;
         }
-        // Never shorter than the caller's extend left it: a lease extended past the ttl keeps
-        // its end until it runs down to the ttl.
-        let wanted = lease.max(status.deadline().saturating_duration_since(Instant::now()));
-        let pending = status.begin_extend(lease::deadline(Instant::now(), wanted));
+        // Never shorter than the caller's extend left it or asked for: a lease extended past
+        // the ttl keeps its end until it runs down to the ttl.
+        let now = Instant::now();
+        let asked = status.asked_end().unwrap_or(now);
+        let wanted = lease
+            .max(status.deadline().saturating_duration_since(now))
+            .max(asked.saturating_duration_since(now));
+        let pending = status.begin_extend(lease::deadline(now, wanted));
+        let pending = if again { pending.again() } else { pending };
         // An extend still unanswered when the lease ends cannot save it: stop waiting then, so
         // the loss is reported when it happens, not after the client's timeouts.
         let renewed = match tokio::time::timeout_at(status.deadline().into(), extend(wanted)).await
@@ -191,7 +198,13 @@ async fn renew<F, Fut>(
         };
         match renewed {
             Ok(Some(sent_at)) => {
-                pending.answered(lease::deadline(sent_at, wanted));
+                // The caller's extend, begun after this one, may have run first: its lease is
+                // put back at once.
+                again = pending.renewal_answered(lease::deadline(sent_at, wanted));
+                if again {
+                    next = Instant::now();
+                    continue;
+                }
                 if !repeat {
                     return;
                 }
