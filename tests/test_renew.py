@@ -213,6 +213,8 @@ def test_an_extend_racing_a_renewal_is_the_lease_in_redis_when_it_returns(
             continue  # lapsed before the extend: not the race looked for
         pttl = int(r.pttl(key))
         remaining = lock.remaining()
+        if lock.lost:
+            continue  # renewal came too late for the 20 ms lease (a loaded machine)
         if pttl < 4000 or remaining is None or remaining < 4:
             short.append((done, pttl, remaining))
         done += 1

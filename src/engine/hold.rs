@@ -1358,7 +1358,7 @@ impl<P: Leased> Holder<P> {
     fn extend_direct(&self, lease: Option<Duration>) -> Result<()> {
         let (step, extending) = self.begin_extend_step(lease)?;
         let status = extending.hold.status.clone();
-        let begun_at = extending.pending.begun_at();
+        let id = extending.pending.id();
         let shared = match self.client.shared() {
             Ok(shared) => shared,
             Err(err) => return self.finish_extend_step(extending, Err(err)),
@@ -1366,7 +1366,7 @@ impl<P: Leased> Holder<P> {
         let outcome = executor::run_direct(&shared, &step);
         self.finish_extend_step(extending, outcome)?;
         let limit = Instant::now() + shared.node.timeouts().command;
-        status.wait_for_renewal(begun_at, limit, interrupt::interrupted);
+        status.wait_for_renewal(id, limit, interrupt::interrupted);
         Ok(())
     }
 

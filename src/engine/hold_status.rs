@@ -37,8 +37,9 @@ struct Deadline {
     /// The unanswered extends.
     pending: Vec<Pending>,
     next_id: u64,
-    /// The caller's latest extend: when it was begun, and the end it asked for.
-    asked: Option<(Instant, Instant)>,
+    /// The caller's latest extend: its id (extends are numbered in the order they begin), and
+    /// the end it asked for.
+    asked: Option<(u64, Instant)>,
     /// A renewal extend may have cut the caller's lease back, and renewal extends again.
     renewing_again: bool,
 }
@@ -48,7 +49,6 @@ struct Pending {
     id: u64,
     /// The end it would set.
     end: Instant,
-    begun_at: Instant,
 }
 
 impl Deadline {
@@ -78,9 +78,17 @@ impl Deadline {
         Some(self.pending.swap_remove(at).end)
     }
 
-    /// Whether an extend begun before `begun_at` is unanswered, or renewal extends again.
-    fn renewal_unsettled(&self, begun_at: Instant) -> bool {
-        self.renewing_again || self.pending.iter().any(|p| p.begun_at < begun_at)
+    /// Whether an extend begun before extend `id` is unanswered, or renewal extends again.
+    fn renewal_unsettled(&self, id: u64) -> bool {
+        self.renewing_again || self.pending.iter().any(|p| p.id < id)
+    }
+
+    /// Registers an extend that would end the lease at `end`, under its id.
+    fn begin(&mut self, end: Instant) -> (u64, Instant) {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.pending.push(Pending { id, end });
+        (id, Instant::now())
     }
 }
 
@@ -110,15 +118,9 @@ impl PendingExtend {
         self.settle(end, true)
     }
 
-    /// When it was begun, before its request went out.
-    pub fn begun_at(&self) -> Instant {
-        self.begun_at
-    }
-
-    /// Marks renewal's extend as the one that extends again (see `renewal_answered`).
-    pub fn again(mut self) -> Self {
-        self.again = true;
-        self
+    /// Its number: extends are numbered in the order they begin.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     fn settle(mut self, end: Instant, renewal: bool) -> bool {
@@ -126,13 +128,13 @@ impl PendingExtend {
         let mut deadline = self.status.lock_deadline();
         deadline.take_pending(self.id);
         deadline.settle(self.begun_at, end, false);
-        let begun_at = self.begun_at;
+        let id = self.id;
         // Under the same lock as the answer, so that a caller waiting for renewal never sees
         // it settled in between.
         let again = renewal
             && deadline
                 .asked
-                .is_some_and(|(asked_at, asked_end)| asked_at > begun_at && asked_end > end);
+                .is_some_and(|(asked_id, asked_end)| asked_id > id && asked_end > end);
         deadline.renewing_again = again || (deadline.renewing_again && !self.again);
         self.status.settled.notify_all();
         again
@@ -235,11 +237,44 @@ impl HoldStatus {
     /// An extend is about to be sent; if Redis runs it, the lease ends at `end` (reckoned from
     /// no later than its send).
     pub fn begin_extend(self: &Arc<Self>, end: Instant) -> PendingExtend {
+        let (id, begun_at) = self.lock_deadline().begin(end);
+        self.pending_extend(id, begun_at)
+    }
+
+    /// The caller's extend is about to be sent (as `begin_extend`): from now on renewal asks
+    /// for no earlier end than `end`.
+    pub fn begin_caller_extend(self: &Arc<Self>, end: Instant) -> PendingExtend {
         let mut deadline = self.lock_deadline();
-        let id = deadline.next_id;
-        deadline.next_id += 1;
-        let begun_at = Instant::now();
-        deadline.pending.push(Pending { id, end, begun_at });
+        let (id, begun_at) = deadline.begin(end);
+        deadline.asked = Some((id, end));
+        drop(deadline);
+        self.pending_extend(id, begun_at)
+    }
+
+    /// Renewal's extend is about to be sent: for `lease` from now, or longer to keep what the
+    /// hold counts on or what the caller's latest extend asked for (read under the same lock
+    /// as the extend is registered, so that a caller's extend begun later is never missed).
+    /// `again`: it puts back a lease that the last one may have cut (see `renewal_answered`).
+    /// Returns it with the lease it asks for.
+    pub fn begin_renewal(
+        self: &Arc<Self>,
+        lease: Duration,
+        again: bool,
+    ) -> (PendingExtend, Duration) {
+        let mut deadline = self.lock_deadline();
+        let now = Instant::now();
+        let asked = deadline.asked.map_or(now, |(_, end)| end);
+        let wanted = lease
+            .max(deadline.effective().saturating_duration_since(now))
+            .max(asked.saturating_duration_since(now));
+        let (id, begun_at) = deadline.begin(crate::protocol::lease::deadline(now, wanted));
+        drop(deadline);
+        let mut pending = self.pending_extend(id, begun_at);
+        pending.again = again;
+        (pending, wanted)
+    }
+
+    fn pending_extend(self: &Arc<Self>, id: u64, begun_at: Instant) -> PendingExtend {
         PendingExtend {
             status: self.clone(),
             id,
@@ -249,26 +284,13 @@ impl HoldStatus {
         }
     }
 
-    /// The caller's extend is about to be sent (as `begin_extend`): from now on renewal asks
-    /// for no earlier end than `end`.
-    pub fn begin_caller_extend(self: &Arc<Self>, end: Instant) -> PendingExtend {
-        let pending = self.begin_extend(end);
-        self.lock_deadline().asked = Some((pending.begun_at, end));
-        pending
-    }
-
-    /// The end the caller's latest extend asked for, if it made one.
-    pub fn asked_end(&self) -> Option<Instant> {
-        self.lock_deadline().asked.map(|(_, end)| end)
-    }
-
-    /// After the caller's extend begun at `begun_at` was answered: waits (up to `limit`, in
-    /// slices that end early when `stop` says so) until no renewal extend begun before it is
-    /// unanswered and renewal is not extending again (see the module's note).
-    pub fn wait_for_renewal(&self, begun_at: Instant, limit: Instant, stop: impl Fn() -> bool) {
+    /// After the caller's extend `id` was answered: waits (up to `limit`, in slices that end
+    /// early when `stop` says so) until no renewal extend begun before it is unanswered and
+    /// renewal is not extending again (see the module's note).
+    pub fn wait_for_renewal(&self, id: u64, limit: Instant, stop: impl Fn() -> bool) {
         const SLICE: Duration = Duration::from_millis(50);
         let mut deadline = self.lock_deadline();
-        while deadline.renewal_unsettled(begun_at) && !self.is_lost() && !self.is_releasing() {
+        while deadline.renewal_unsettled(id) && !self.is_lost() && !self.is_releasing() {
             let now = Instant::now();
             if now >= limit || stop() {
                 return;
@@ -416,52 +438,57 @@ mod tests {
         let tick = || std::thread::sleep(Duration::from_millis(2));
         let status = Arc::new(HoldStatus::new(t0 + S));
         // Renewal sends an extend of the ttl; the caller's extend to 20 s goes out meanwhile.
-        let renewal = status.begin_extend(t0 + S);
+        let (renewal, wanted) = status.begin_renewal(S, false);
+        assert_eq!(wanted, S);
+        let renewal_end = renewal.begun_at + S;
         tick();
-        let caller = status.begin_caller_extend(t0 + 20 * S);
-        assert_eq!(status.asked_end(), Some(t0 + 20 * S));
-        caller.answered(t0 + 20 * S);
+        let caller_end = Instant::now() + 20 * S;
+        let caller = status.begin_caller_extend(caller_end);
+        caller.answered(caller_end);
         assert!(
-            renewal.renewal_answered(t0 + S),
+            renewal.renewal_answered(renewal_end),
             "Redis may have run it last"
         );
-        assert_eq!(status.deadline(), t0 + S);
-        // Renewal's next extend (to what the caller asked) is begun after both answers.
+        assert_eq!(status.deadline(), renewal_end);
+        // Renewal's next extend asks for what the caller asked, and is begun after both answers.
         tick();
-        let again = status.begin_extend(t0 + 20 * S).again();
-        assert!(!again.renewal_answered(t0 + 20 * S));
-        assert_eq!(status.deadline(), t0 + 20 * S);
-        // A renewal begun after the caller's extend never cut it back, nor a longer one.
-        let after = status.begin_extend(t0 + 20 * S);
-        assert!(!after.renewal_answered(t0 + 20 * S));
-        let status = Arc::new(HoldStatus::new(t0 + S));
-        let longer = status.begin_extend(t0 + 30 * S);
-        tick();
+        let (again, wanted) = status.begin_renewal(S, true);
+        assert!(wanted > 19 * S, "{wanted:?}");
+        let again_end = again.begun_at + wanted;
+        assert!(!again.renewal_answered(again_end));
+        assert_eq!(status.deadline(), again_end);
+        // A renewal begun after the caller's extend asks for its end and never cuts it back.
+        let (after, wanted) = status.begin_renewal(S, false);
+        assert!(wanted > 19 * S, "{wanted:?}");
+        let after_end = after.begun_at + wanted;
+        assert!(!after.renewal_answered(after_end));
+        // Nor does one that asked for a later end than the caller's.
+        let status = Arc::new(HoldStatus::new(t0 + 30 * S));
+        let (longer, wanted) = status.begin_renewal(S, false);
+        let longer_end = longer.begun_at + wanted;
         status
             .begin_caller_extend(t0 + 20 * S)
             .answered(t0 + 20 * S);
-        assert!(!longer.renewal_answered(t0 + 30 * S));
+        assert!(!longer.renewal_answered(longer_end));
     }
 
     #[test]
     fn the_callers_extend_waits_for_a_renewal_under_way_and_for_its_extend_again() {
         let t0 = Instant::now();
-        let tick = || std::thread::sleep(Duration::from_millis(2));
         let status = Arc::new(HoldStatus::new(t0 + S));
         let never = || false;
         // Nothing under way: no wait.
         let caller = status.begin_caller_extend(t0 + 20 * S);
-        let begun = caller.begun_at();
+        let id = caller.id();
         caller.answered(t0 + 20 * S);
         let start = Instant::now();
-        status.wait_for_renewal(begun, start + 10 * S, never);
+        status.wait_for_renewal(id, start + 10 * S, never);
         assert!(start.elapsed() < S);
         // A renewal under way when the caller's extend began: the caller waits for its answer,
         // then for the extend again that it calls for.
         let renewal = status.begin_extend(t0 + S);
-        tick();
         let caller = status.begin_caller_extend(t0 + 30 * S);
-        let begun = caller.begun_at();
+        let id = caller.id();
         caller.answered(t0 + 30 * S);
         let renewing = {
             let status = status.clone();
@@ -469,14 +496,12 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(100));
                 assert!(renewal.renewal_answered(t0 + S));
                 std::thread::sleep(Duration::from_millis(100));
-                status
-                    .begin_extend(t0 + 30 * S)
-                    .again()
-                    .renewal_answered(t0 + 30 * S)
+                let (again, _) = status.begin_renewal(S, true);
+                again.renewal_answered(t0 + 30 * S)
             })
         };
         let start = Instant::now();
-        status.wait_for_renewal(begun, start + 10 * S, never);
+        status.wait_for_renewal(id, start + 10 * S, never);
         let waited = start.elapsed();
         assert!(!renewing.join().unwrap());
         assert!(waited >= Duration::from_millis(190), "{waited:?}");
@@ -484,13 +509,14 @@ mod tests {
         assert_eq!(status.deadline(), t0 + 30 * S);
         // It gives up at its limit, or when asked to stop.
         let stuck = status.begin_extend(t0 + S);
-        tick();
-        let begun = Instant::now();
+        let later = status.begin_caller_extend(t0 + S);
+        let id = later.id();
+        later.answered(t0 + S);
         let start = Instant::now();
-        status.wait_for_renewal(begun, start + Duration::from_millis(100), never);
+        status.wait_for_renewal(id, start + Duration::from_millis(100), never);
         assert!(start.elapsed() >= Duration::from_millis(100));
         let start = Instant::now();
-        status.wait_for_renewal(begun, start + 10 * S, || true);
+        status.wait_for_renewal(id, start + 10 * S, || true);
         assert!(start.elapsed() < S);
         drop(stuck);
     }

@@ -182,13 +182,7 @@ async fn renew<F, Fut>(
         }
         // Never shorter than the caller's extend left it or asked for: a lease extended past
         // the ttl keeps its end until it runs down to the ttl.
-        let now = Instant::now();
-        let asked = status.asked_end().unwrap_or(now);
-        let wanted = lease
-            .max(status.deadline().saturating_duration_since(now))
-            .max(asked.saturating_duration_since(now));
-        let pending = status.begin_extend(lease::deadline(now, wanted));
-        let pending = if again { pending.again() } else { pending };
+        let (pending, wanted) = status.begin_renewal(lease, again);
         // An extend still unanswered when the lease ends cannot save it: stop waiting then, so
         // the loss is reported when it happens, not after the client's timeouts.
         let renewed = match tokio::time::timeout_at(status.deadline().into(), extend(wanted)).await
