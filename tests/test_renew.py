@@ -6,6 +6,7 @@ child; a loss is reported through `lost`, `on_lost(lock)` (once, from a backgrou
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import random
@@ -219,6 +220,48 @@ def test_an_extend_racing_a_renewal_is_the_lease_in_redis_when_it_returns(
             short.append((done, pttl, remaining))
         done += 1
     lock.release()
+    assert done >= 300, done
+    assert short == [], f"{len(short)} of {done}: {short[:5]}"
+
+
+@pytest.mark.timeout(120)
+def test_an_asyncio_extend_racing_a_renewal_is_the_lease_in_redis_when_it_returns(
+    client: redmutex.Client, r: redis.Redis, key_of: KeyOf
+) -> None:
+    # The same race through redmutex.aio (its extend runs on the loop's own connection, whose
+    # task cannot block: it looks again every ms until renewal put the lease back).
+    import redmutex.aio
+
+    async def race() -> tuple[int, list[tuple[int, int, float | None]]]:
+        rng = random.Random(2)
+        lock = redmutex.aio.Lock(client, "racing-aio", ttl=0.3, auto_renew=True)
+        key = key_of("racing-aio", "lock")
+        short: list[tuple[int, int, float | None]] = []
+        done = 0
+        deadline = time.monotonic() + 40
+        while done < 1000 and time.monotonic() < deadline:
+            if lock.token is None or lock.lost:
+                if lock.token is not None:
+                    with contextlib.suppress(redmutex.LockError):
+                        await lock.release()
+                assert await lock.acquire(timeout=5)
+            try:
+                await lock.extend(0.02)
+                await asyncio.sleep(rng.random() * 0.01)
+                await lock.extend(5)
+            except redmutex.LockError:
+                continue
+            pttl = int(r.pttl(key))
+            remaining = lock.remaining()
+            if lock.lost:
+                continue
+            if pttl < 4000 or remaining is None or remaining < 4:
+                short.append((done, pttl, remaining))
+            done += 1
+        await lock.release()
+        return done, short
+
+    done, short = asyncio.run(race())
     assert done >= 300, done
     assert short == [], f"{len(short)} of {done}: {short[:5]}"
 

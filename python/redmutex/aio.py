@@ -120,7 +120,16 @@ class _Hold:
 
     async def extend(self, ttl: float | None = None) -> None:
         """The lease now ends `ttl` seconds from now (None: the object's own ttl)."""
-        await self._core._extend_async(ttl)
+        core = self._core
+        await core._extend_async(ttl)
+        # A renewal extend already on its way may have run after this one in Redis; renewal
+        # then extends again at once (a round trip). Returns once it did, as the blocking
+        # extend does, so that the lease asked for is the one in Redis.
+        if core._extend_settling():
+            loop = asyncio.get_running_loop()
+            until = loop.time() + _EXTEND_SETTLE_LIMIT
+            while core._extend_settling() and loop.time() < until:
+                await asyncio.sleep(0.001)
 
     async def owned(self) -> bool:
         """True when this object holds it, checked against Redis."""
@@ -419,6 +428,10 @@ _next_task_id = itertools.count(1 << 62)
 
 #: Before Python 3.12 `asyncio.wait_for` runs its awaitable in a task of its own.
 _WAIT_FOR_MAKES_A_TASK = sys.version_info < (3, 12)
+
+# The longest an extend waits for renewal to put its lease back (see `extend`): a round trip
+# unless the server is slow, when the renewal's own timeouts end it sooner or later.
+_EXTEND_SETTLE_LIMIT = 5.0
 
 
 def _wait_for_caller(task: asyncio.Task[Any]) -> asyncio.Task[Any] | None:

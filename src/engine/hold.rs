@@ -598,6 +598,13 @@ impl<P: Leased> Holder<P> {
         true
     }
 
+    /// Whether the hold's latest extend by the caller still waits for a renewal extend that
+    /// may have cut it back (see `HoldStatus::wait_for_renewal`); false when nothing is held.
+    pub fn extend_settling(&self) -> bool {
+        self.current()
+            .is_some_and(|hold| hold.status.caller_extend_unsettled())
+    }
+
     /// Ends the background renewal of the hold with `token`, if this object still has it: its
     /// lease then runs out within the ttl unless it is released or extended. For a hold whose
     /// owner is gone (its asyncio event loop was closed while it held).

@@ -284,6 +284,16 @@ impl HoldStatus {
         }
     }
 
+    /// Whether the caller's latest extend still waits for renewal (as `wait_for_renewal`
+    /// would): for a caller that cannot block its thread, and looks again a little later.
+    pub fn caller_extend_unsettled(&self) -> bool {
+        let deadline = self.lock_deadline();
+        let unsettled = deadline
+            .asked
+            .is_some_and(|(id, _)| deadline.renewal_unsettled(id));
+        unsettled && !self.is_lost() && !self.is_releasing()
+    }
+
     /// After the caller's extend `id` was answered: waits (up to `limit`, in slices that end
     /// early when `stop` says so) until no renewal extend begun before it is unanswered and
     /// renewal is not extending again (see the module's note).

@@ -750,6 +750,12 @@ macro_rules! lock_like_methods {
                 self.task_core().holder().release_abandoned()
             }
 
+            /// Whether the last extend still waits for renewal to put its lease back (see
+            /// `Holder::extend_settling`): `aio`'s extend looks again until it does not.
+            fn _extend_settling(&self) -> bool {
+                self.task_core().holder().extend_settling()
+            }
+
             #[pyo3(signature = (ttl=None))]
             fn _extend_async<'py>(
                 &self,
