@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import pytest
 import redis
 import redmutex
+import redmutex.aio
 from _helpers import command_calls as _calls
 from _helpers import wait_until as _wait_until
 from redmutex._server import RedisServer
@@ -184,6 +185,28 @@ def test_renewal_never_shortens_an_extended_lease(
     shorter.release()
 
 
+class _ExtendTally:
+    """What the racing extends below found right after each returned: how many were looked at,
+    and those whose lease (in Redis, or as the object counts it) fell short of the 5 s asked."""
+
+    def __init__(self) -> None:
+        self.done = 0
+        self.short: list[tuple[int, int, float | None]] = []
+
+    def look(self, r: redis.Redis, key: bytes, lock: redmutex.Lock | redmutex.aio.Lock) -> None:
+        pttl = int(r.pttl(key))
+        remaining = lock.remaining()
+        if lock.lost:
+            return  # renewal came too late for the 20 ms lease (a loaded machine)
+        if pttl < 4000 or remaining is None or remaining < 4:
+            self.short.append((self.done, pttl, remaining))
+        self.done += 1
+
+    def check(self) -> None:
+        assert self.done >= 300, self.done
+        assert self.short == [], f"{len(self.short)} of {self.done}: {self.short[:5]}"
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("reentrant", [False, True], ids=["lock", "reentrant"])
 def test_an_extend_racing_a_renewal_is_the_lease_in_redis_when_it_returns(
@@ -197,10 +220,9 @@ def test_an_extend_racing_a_renewal_is_the_lease_in_redis_when_it_returns(
     rng = random.Random(1)
     lock = redmutex.Lock(client, "racing", ttl=0.3, auto_renew=True, reentrant=reentrant)
     key = key_of("racing", "lock")
-    short: list[tuple[int, int, float | None]] = []
-    done = 0
+    tally = _ExtendTally()
     deadline = time.monotonic() + 40
-    while done < 1000 and time.monotonic() < deadline:
+    while tally.done < 1000 and time.monotonic() < deadline:
         if lock.token is None or lock.lost:  # a loaded machine may let a 20 ms lease lapse
             if lock.token is not None:
                 with contextlib.suppress(redmutex.LockError):
@@ -212,16 +234,9 @@ def test_an_extend_racing_a_renewal_is_the_lease_in_redis_when_it_returns(
             lock.extend(5)
         except redmutex.LockError:
             continue  # lapsed before the extend: not the race looked for
-        pttl = int(r.pttl(key))
-        remaining = lock.remaining()
-        if lock.lost:
-            continue  # renewal came too late for the 20 ms lease (a loaded machine)
-        if pttl < 4000 or remaining is None or remaining < 4:
-            short.append((done, pttl, remaining))
-        done += 1
+        tally.look(r, key, lock)
     lock.release()
-    assert done >= 300, done
-    assert short == [], f"{len(short)} of {done}: {short[:5]}"
+    tally.check()
 
 
 @pytest.mark.timeout(120)
@@ -230,16 +245,14 @@ def test_an_asyncio_extend_racing_a_renewal_is_the_lease_in_redis_when_it_return
 ) -> None:
     # The same race through redmutex.aio (its extend runs on the loop's own connection, whose
     # task cannot block: it looks again every ms until renewal put the lease back).
-    import redmutex.aio
 
-    async def race() -> tuple[int, list[tuple[int, int, float | None]]]:
+    async def race() -> _ExtendTally:
         rng = random.Random(2)
         lock = redmutex.aio.Lock(client, "racing-aio", ttl=0.3, auto_renew=True)
         key = key_of("racing-aio", "lock")
-        short: list[tuple[int, int, float | None]] = []
-        done = 0
+        tally = _ExtendTally()
         deadline = time.monotonic() + 40
-        while done < 1000 and time.monotonic() < deadline:
+        while tally.done < 1000 and time.monotonic() < deadline:
             if lock.token is None or lock.lost:
                 if lock.token is not None:
                     with contextlib.suppress(redmutex.LockError):
@@ -251,19 +264,11 @@ def test_an_asyncio_extend_racing_a_renewal_is_the_lease_in_redis_when_it_return
                 await lock.extend(5)
             except redmutex.LockError:
                 continue
-            pttl = int(r.pttl(key))
-            remaining = lock.remaining()
-            if lock.lost:
-                continue
-            if pttl < 4000 or remaining is None or remaining < 4:
-                short.append((done, pttl, remaining))
-            done += 1
+            tally.look(r, key, lock)
         await lock.release()
-        return done, short
+        return tally
 
-    done, short = asyncio.run(race())
-    assert done >= 300, done
-    assert short == [], f"{len(short)} of {done}: {short[:5]}"
+    asyncio.run(race()).check()
 
 
 # ----------------------------------------------------------------------------- loss
