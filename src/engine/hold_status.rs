@@ -284,6 +284,14 @@ impl HoldStatus {
         }
     }
 
+    /// Whether the caller's latest extend is still unanswered.
+    pub fn caller_extend_pending(&self) -> bool {
+        let deadline = self.lock_deadline();
+        deadline
+            .asked
+            .is_some_and(|(id, _)| deadline.pending.iter().any(|p| p.id == id))
+    }
+
     /// Whether the caller's latest extend still waits for renewal (as `wait_for_renewal`
     /// would): for a caller that cannot block its thread, and looks again a little later.
     pub fn caller_extend_unsettled(&self) -> bool {

@@ -80,6 +80,10 @@ impl Renewal {
 /// gains little from it, and its timing is left to its own task.
 const SPAWN_LATE_FROM: Duration = Duration::from_millis(100);
 
+/// How often renewal, about to put back a lease it may have cut, looks whether the caller's
+/// extend was answered (it is also woken when it is).
+const CALLER_LOOK: Duration = Duration::from_millis(5);
+
 /// When renewal extends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Schedule {
@@ -196,6 +200,17 @@ async fn renew<F, Fut>(
                 // put back at once.
                 again = pending.renewal_answered(lease::deadline(sent_at, wanted));
                 if again {
+                    // Once the caller's extend is answered (or within half of what is left):
+                    // begun after that answer, the next extend ran last in Redis, and the
+                    // hold counts on its end at once.
+                    let now = Instant::now();
+                    let until = now + status.deadline().saturating_duration_since(now) / 2;
+                    while status.caller_extend_pending() && Instant::now() < until {
+                        tokio::select! {
+                            _ = status.deadline_moved() => {}
+                            _ = tokio::time::sleep(CALLER_LOOK) => {}
+                        }
+                    }
                     next = Instant::now();
                     continue;
                 }
