@@ -34,7 +34,7 @@ pub fn keepalive() -> TcpKeepalive {
 }
 
 /// `info` with the keepalive of `keepalive()`, for the redis crate's connections to it.
-pub fn with_keepalive(info: ConnectionInfo) -> ConnectionInfo {
+fn with_keepalive(info: ConnectionInfo) -> ConnectionInfo {
     let tcp = info.tcp_settings().clone().set_keepalive(keepalive());
     info.set_tcp_settings(tcp)
 }

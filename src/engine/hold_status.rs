@@ -235,7 +235,9 @@ impl HoldStatus {
     }
 
     /// An extend is about to be sent; if Redis runs it, the lease ends at `end` (reckoned from
-    /// no later than its send).
+    /// no later than its send). The library's extends are the caller's (`begin_caller_extend`)
+    /// and renewal's (`begin_renewal`); the tests use this plain one.
+    #[cfg(test)]
     pub fn begin_extend(self: &Arc<Self>, end: Instant) -> PendingExtend {
         let (id, begun_at) = self.lock_deadline().begin(end);
         self.pending_extend(id, begun_at)
