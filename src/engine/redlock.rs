@@ -260,6 +260,17 @@ impl Redlock {
             .unwrap_or_default()
     }
 
+    /// Votes of earlier won rounds (of any token) still out on master `index`.
+    fn pending_at(&self, index: usize) -> Vec<PendingVote> {
+        let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        pending
+            .values()
+            .flatten()
+            .filter(|(_, i, _)| *i == index)
+            .map(|(_, _, vote)| vote.clone())
+            .collect()
+    }
+
     /// Keeps the votes of a won round that are still out, until they settle (driven in the
     /// background): a release or give-back of `token` on their master waits for them first.
     pub(super) fn keep_pending(self: &Arc<Self>, token: &str, votes: Vec<(usize, PendingVote)>) {
@@ -349,7 +360,10 @@ impl Redlock {
         Ok(answers)
     }
 
-    /// `op` on every master, each call's answer as it comes (see `Answer`).
+    /// `op` on every master, each call's answer as it comes (see `Answer`). Each master's call
+    /// goes out after this client's votes still out there (`pending_at`): a check right after
+    /// a won round (`owned`, `extend`, `locked`) must see the round's late grants, not overtake
+    /// a vote sent again after NOSCRIPT and count that master as a denial.
     fn answers_of<'s, T, F, Fut>(&'s self, op: F) -> Vec<impl Future<Output = Answer<T>> + 's>
     where
         F: Fn(usize, &'s Shared) -> Fut,
@@ -358,8 +372,12 @@ impl Redlock {
         self.masters
             .iter()
             .map(|m| {
+                let earlier = self.pending_at(m.index);
                 let call = op(m.index, &m.shared);
-                async move { self.answer(m, call.await) }
+                async move {
+                    join_all(earlier).await;
+                    self.answer(m, call.await)
+                }
             })
             .collect()
     }
