@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import signal
@@ -385,11 +386,12 @@ def test_master_restarted_just_before_a_whole_second_is_still_discounted(
     and is asked at (x+1).05 s says 1 s after 0.15 s. Its votes must stay discounted for a whole
     lease from its real restart, not from a second earlier: B must not get in before A's lease
     ends (it did, by about half a second, when the uptime was taken as exact)."""
-    n = name()
     ttl = 2.0
-    a_client, b_client = client(masters), client(masters)
+    b_client = client(masters)
     assert b_client.ping()  # B has seen every master's run_id
     for _ in range(5):  # bounded: the restart must end in the second of A's grant
+        # A fresh name and client for each try: a client that saw master 0 restart discounts it.
+        n, a_client = name(), client(masters)
         wait_for_wall_fraction(0.50, 0.60)
         a, a_deadline = a_holds_masters_0_to_2(masters, a_client, n, ttl, stale_ms=150)
         second = int(time.time())
@@ -397,7 +399,10 @@ def test_master_restarted_just_before_a_whole_second_is_still_discounted(
         masters.start_one(0)  # restarts empty: it forgot A's lease
         if int(time.time()) == second:
             break
-        a.release()  # the second turned during the restart: not the case under test
+        # The second turned during the restart: not the case under test. A's lease is left on
+        # masters 1 and 2 only, so its release may be undecided (QuorumError).
+        with contextlib.suppress(redmutex.QuorumError):
+            a.release()
     else:
         pytest.skip("a master restart never fit in the rest of a second (machine too slow)")
     while int(time.time()) == second:  # B's first word from the new master: uptime 1 s
