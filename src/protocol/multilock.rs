@@ -139,14 +139,18 @@ pub fn release(keys: &[&Keys], token: &str) -> Step<usize> {
     })
 }
 
-/// Compare-and-pexpire of every name of `keys`: all leases end `lease` from now; false (and
-/// nothing touched) when any is not `token`'s.
+/// Compare-and-pexpire of every name of `keys`: all leases end `lease` from now (a name whose
+/// lease that cuts short wakes its waiters); false (and nothing touched) when any is not
+/// `token`'s.
 pub fn extend(keys: &[&Keys], token: &str, lease: Duration) -> Step<bool> {
     let mut inv = MULTI_EXTEND.prepare_invoke();
     for k in keys {
         inv.key(k.lock());
     }
     inv.arg(token).arg(lease::lease_ms(lease));
+    for k in keys {
+        inv.arg(k.wake_channel());
+    }
     Step::script(inv, |v| parse_flag(&v))
 }
 

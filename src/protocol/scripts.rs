@@ -363,10 +363,14 @@ fn queue_hand_off(inv: &mut ScriptInvocation<'_>, keys: &Keys, token: &str, chan
         .arg(keys.fence_ttl_ms());
 }
 
-/// Compare-and-pexpire: the lease ends `lease_ms` from now.
+/// Compare-and-pexpire: the lease ends `lease_ms` from now (waking the waiters when that cuts
+/// it short).
 pub fn extend<'a>(keys: &Keys, token: &str, lease_ms: u64) -> ScriptInvocation<'a> {
     let mut inv = LOCK_EXTEND.prepare_invoke();
-    inv.key(keys.lock()).arg(token).arg(lease_ms);
+    inv.key(keys.lock())
+        .arg(token)
+        .arg(lease_ms)
+        .arg(keys.wake_channel());
     inv
 }
 
@@ -388,7 +392,8 @@ pub fn extend_reentrant<'a>(keys: &Keys, token: &str, lease_ms: u64) -> ScriptIn
     inv.key(keys.lock())
         .key(keys.lock_holds())
         .arg(token)
-        .arg(lease_ms);
+        .arg(lease_ms)
+        .arg(keys.wake_channel());
     inv
 }
 
@@ -462,7 +467,7 @@ pub fn semaphore_leave<'a>(keys: &Keys, token: &str, limit: u64) -> ScriptInvoca
 /// Compare-and-extend of a permit: its lease ends `lease_ms` from now (server clock); the
 /// semaphore's live limit lives at least as long.
 pub fn semaphore_extend<'a>(keys: &Keys, token: &str, lease_ms: u64) -> ScriptInvocation<'a> {
-    let mut inv = lease_extend(keys.semaphore_holders(), token, lease_ms);
+    let mut inv = lease_extend(keys.semaphore_holders(), token, lease_ms, keys);
     inv.key(keys.semaphore_limit());
     inv
 }
@@ -533,14 +538,19 @@ pub fn semaphore_slot_held<'a>(
         .arg(token)
         .arg(slot);
     if let Some(ms) = lease_ms {
-        inv.arg(ms);
+        inv.arg(ms).arg(keys.wake_channel());
     }
     inv
 }
 
-fn lease_extend<'a>(key: Vec<u8>, token: &str, lease_ms: u64) -> ScriptInvocation<'a> {
+/// Compare-and-extend of a lease in the zset `key` (waking the waiters of `keys`' primitive when
+/// that cuts it short).
+fn lease_extend<'a>(key: Vec<u8>, token: &str, lease_ms: u64, keys: &Keys) -> ScriptInvocation<'a> {
     let mut inv = LEASE_EXTEND.prepare_invoke();
-    inv.key(key).arg(token).arg(lease_ms);
+    inv.key(key)
+        .arg(token)
+        .arg(lease_ms)
+        .arg(keys.wake_channel());
     inv
 }
 
@@ -623,13 +633,16 @@ pub fn rw_writer_leave<'a>(keys: &Keys, token: &str) -> ScriptInvocation<'a> {
 
 /// Compare-and-extend of a read lock.
 pub fn rw_read_extend<'a>(keys: &Keys, token: &str, lease_ms: u64) -> ScriptInvocation<'a> {
-    lease_extend(keys.rw_readers(), token, lease_ms)
+    lease_extend(keys.rw_readers(), token, lease_ms, keys)
 }
 
 /// Compare-and-pexpire of the write lock (the lock's own extend script on the writer key).
 pub fn rw_write_extend<'a>(keys: &Keys, token: &str, lease_ms: u64) -> ScriptInvocation<'a> {
     let mut inv = LOCK_EXTEND.prepare_invoke();
-    inv.key(keys.rw_writer()).arg(token).arg(lease_ms);
+    inv.key(keys.rw_writer())
+        .arg(token)
+        .arg(lease_ms)
+        .arg(keys.wake_channel());
     inv
 }
 

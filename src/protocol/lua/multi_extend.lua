@@ -1,5 +1,7 @@
 -- Extend the leases of a MultiLock's names if ARGV[1] holds every one: compare-and-pexpire.
 -- KEYS: the lock key of each name   ARGV[1] token   ARGV[2] new lease in ms, counted from now
+-- ARGV[2 + i] wake-up channel of name i: a lease cut short publishes '' there (see
+--             lock_extend.lua)
 -- Reply: 1 extended (every name); 0 some name is not ours (its lease ended, or another owner
 -- holds it): nothing touched.
 for i = 1, #KEYS do
@@ -7,7 +9,12 @@ for i = 1, #KEYS do
     return 0
   end
 end
+local ms = tonumber(ARGV[2])
 for i = 1, #KEYS do
+  local left = redis.call('PTTL', KEYS[i])
   redis.call('PEXPIRE', KEYS[i], ARGV[2])
+  if left > ms then
+    redis.call('PUBLISH', ARGV[2 + i], '')
+  end
 end
 return 1

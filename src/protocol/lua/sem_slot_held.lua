@@ -9,6 +9,8 @@
 -- ARGV[1] token   ARGV[2] the slot the hold won
 -- ARGV[3] (extend only) the new lease in ms, counted from now (server clock); the slots hash
 --         lives at least as long
+-- ARGV[4] (extend only) wake-up channel: a lease cut short publishes '' there (see
+--         lock_extend.lua)
 -- Reply: 1 held (and extended); 0 not: its lease ended, it never held one here, or it holds
 --        another slot here.
 local now = server_now_ms()
@@ -23,6 +25,9 @@ if not lease_end or tonumber(lease_end) <= now then
 end
 if ARGV[3] then
   local ms = grant_lease(KEYS[1], token, tonumber(ARGV[3]), now)
+  if ARGV[4] and tonumber(lease_end) > now + tonumber(ARGV[3]) then
+    redis.call('PUBLISH', ARGV[4], '')
+  end
   if redis.call('PTTL', KEYS[2]) < ms then
     redis.call('PEXPIRE', KEYS[2], ms)
   end
