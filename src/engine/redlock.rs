@@ -534,12 +534,16 @@ impl Redlock {
         whose: Whose,
         granted: Option<Arc<Granted>>,
     ) -> Result<bool> {
-        self.check_distinct()?;
         let handle = runtime::handle()?;
+        // A set refused (two masters are one server) after the hold was won, by a vote that came
+        // late: the release still deletes the token everywhere, and every delete lands before
+        // the refusal is raised (below, as `decide_as_they_come` ends), as an acquire refused
+        // gives back first.
+        let refused = self.check_distinct().is_err();
         // None: a drawn token's release; Some(None): a chosen token's hold this client did not
         // win; Some(Some(held)): one it won.
         let (early, chosen) = match whose {
-            Whose::Drawn => (true, None),
+            Whose::Drawn => (!refused, None),
             Whose::Chosen(held) => (false, Some(held)),
         };
         let answers: FuturesUnordered<_> = self
