@@ -462,12 +462,18 @@ struct Cleanup {
 }
 
 impl Cleanup {
-    /// The writer's place (if any) is given up on every master, in the background.
+    /// The writer's place (if any) is given up on every master, in the background. On each
+    /// master after the won round's vote still out there (`Redlock::pending_on`): one queued
+    /// behind a give-back, or sent again after NOSCRIPT, would mark the writer again after the
+    /// leave, holding new readers back for a whole place.
     fn leave(&mut self) {
         let Some(leave) = self.leave.take() else {
             return;
         };
         let redlock = self.redlock.clone();
+        let earlier: Vec<Vec<PendingVote>> = (0..redlock.len())
+            .map(|i| redlock.pending_on(&self.token, i))
+            .collect();
         runtime::spawn(async move {
             let Some(inv) = leave.invocation() else {
                 return;
@@ -475,8 +481,12 @@ impl Cleanup {
             let sends = redlock
                 .masters
                 .iter()
-                .map(|m| m.shared.node.invoke(inv, Retry::Once));
-            futures_util::future::join_all(sends).await;
+                .zip(earlier)
+                .map(|(m, earlier)| async move {
+                    join_all(earlier).await;
+                    m.shared.node.invoke(inv, Retry::Once).await
+                });
+            join_all(sends).await;
         });
     }
 }
@@ -486,6 +496,7 @@ impl Drop for Cleanup {
         if !self.armed {
             return;
         }
+        self.leave(); // (reads the token's votes still out: before the token is taken)
         let redlock = self.redlock.clone();
         let token = std::mem::take(&mut self.token);
         let give_back = self.give_back.clone();
@@ -494,7 +505,6 @@ impl Drop for Cleanup {
             let whose = held.map_or(Whose::Drawn, |held| Whose::Chosen(Some(held)));
             let _ = redlock.release_where(&token, give_back, whose, None).await;
         });
-        self.leave();
     }
 }
 
