@@ -330,6 +330,32 @@ def test_wrong_password_raises_connection_error_without_password(
 
 
 @pytest.mark.timeout(60)
+def test_a_connection_that_cannot_be_set_up_is_a_connection_error(
+    redis_server: RedisServer, auth_server: RedisServer, prefix: str
+) -> None:
+    """SELECT refused while opening the connection (a db the server does not have; a server
+    that wants a password, reached without one, on db 3): no connection can be had, so
+    `ping()` raises ConnectionError, as it promises, and so does every call that needs one
+    (they raised a bare LockError "Redis error: ... refused to switch database")."""
+    for url in (
+        f"redis://127.0.0.1:{redis_server.port}/99",
+        f"redis://127.0.0.1:{auth_server.port}/3",
+    ):
+        c = redmutex.Client(url, prefix=prefix, connect_timeout=2, command_timeout=2)
+        try:
+            with pytest.raises(redmutex.ConnectionError, match="switch database"):
+                c.ping()
+            with pytest.raises(redmutex.ConnectionError):
+                redmutex.Lock(c, "guarded").acquire(blocking=False)
+            with pytest.raises(redmutex.ConnectionError):
+                redmutex.Lock(c, "guarded").acquire(timeout=1)  # a waiter's path
+            with pytest.raises(redmutex.ConnectionError):
+                redmutex.get_or_fill(c, "entry", lambda: 1, ttl=5)
+        finally:
+            c.close()
+
+
+@pytest.mark.timeout(60)
 def test_unreachable_error_does_not_contain_password(
     prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:

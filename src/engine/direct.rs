@@ -25,7 +25,7 @@ use redis::{
     ScriptInvocation, ServerErrorKind, Value,
 };
 
-use super::error::{timed_out, Error, Result};
+use super::error::{connect_failed, timed_out, Error, Result};
 use super::listener::Listener;
 use super::node::{OverdueCalls, Retry, ServerSeen, Timeouts};
 use super::plain::PlainConnection;
@@ -375,7 +375,7 @@ impl DirectPool {
             if err.is_timeout() {
                 timed_out(connect, "connecting")
             } else {
-                Error::from(err)
+                connect_failed(err)
             }
         })?;
         conn.set_read_timeout(Some(self.timeouts.command))?;

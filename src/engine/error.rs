@@ -79,6 +79,16 @@ impl Error {
 
 const AT: &str = "Redis at ";
 
+/// An error met while opening a connection (TCP, TLS, AUTH, SELECT): whatever Redis or the TLS
+/// set-up said, no connection could be had, so it is a connection error (`ping()` promises
+/// nothing else), not a reply to some command of the caller's.
+pub fn connect_failed(err: redis::RedisError) -> Error {
+    match Error::from(err) {
+        Error::Server(m) => Error::Connection(format!("could not open a connection: {m}")),
+        other => other,
+    }
+}
+
 /// The connection error of a call that ran out of time: "timed out after N s {what}".
 pub fn timed_out(limit: Duration, what: &str) -> Error {
     Error::Connection(format!("timed out after {} s {what}", limit.as_secs_f64()))

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use redis::{ConnectionInfo, Value};
 
 use super::connect::Timeouts;
-use super::error::{timed_out, Error, Result};
+use super::error::{connect_failed, timed_out, Error, Result};
 use super::plain::PlainConnection;
 use crate::protocol::pubsub::{frame, Frame};
 
@@ -201,7 +201,7 @@ fn connect_error(err: redis::RedisError, limit: Duration) -> Error {
     if err.is_timeout() {
         timed_out(limit, "connecting")
     } else {
-        Error::from(err)
+        connect_failed(err)
     }
 }
 

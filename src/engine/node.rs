@@ -13,7 +13,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Cmd, FromRedisValue, RedisFuture, ScriptInvocation, Value};
 
 pub use super::connect::{address, within, Timeouts};
-use super::error::{timed_out, Error, Result};
+use super::error::{connect_failed, timed_out, Error, Result};
 use super::sentinel::Sentinel;
 use super::slots::SlotTable;
 use crate::protocol::replies::parse_server_info;
@@ -441,7 +441,7 @@ async fn within_connect<T>(
         Ok(Err(err)) if started.elapsed() >= timeouts.connect => {
             Err(timed_out(timeouts.connect, &format!("connecting ({err})")))
         }
-        Ok(Err(err)) => Err(err.into()),
+        Ok(Err(err)) => Err(connect_failed(err)),
         Err(_) => Err(timed_out(limit, "waiting for the connection")),
     }
 }

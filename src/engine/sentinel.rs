@@ -11,7 +11,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Value};
 
 use super::connect::{self, address, within, Timeouts};
-use super::error::{Error, Result};
+use super::error::{connect_failed, Error, Result};
 use crate::protocol::url::SentinelUrl;
 
 /// The channel on which sentinels announce a failover: "name old-ip old-port new-ip new-port".
@@ -121,7 +121,8 @@ impl Sentinel {
             .set_response_timeout(None);
         let mut master = client
             .get_multiplexed_async_connection_with_config(&master_config)
-            .await?;
+            .await
+            .map_err(connect_failed)?;
         let role: Vec<Value> = within(
             timeouts.command,
             "ROLE",
