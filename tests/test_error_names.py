@@ -228,6 +228,36 @@ def test_semaphore_and_rwlock_names(client: redmutex.Client) -> None:
     assert info.value.name == "doc" and "write lock 'doc'" in str(info.value)
 
 
+def test_cache_connection_errors_name_the_entry() -> None:
+    """The cache's connection errors say the entry and carry it as `.name`, as its timeout
+    error does (they carried None and said only the endpoint)."""
+    port = refused_port()
+    client = redmutex.Client(f"redis://:{SECRET}@127.0.0.1:{port}/0", **FAST)
+
+    @redmutex.cached(client, ttl=5, key="report:{n}")
+    def report(n: int) -> int:
+        return n
+
+    @aio.cached(client, ttl=5, key="areport:{n}")
+    async def areport(n: int) -> int:
+        return n
+
+    async def fill() -> int:
+        return 1
+
+    for call, entry in (
+        (lambda: redmutex.get_or_fill(client, "gk", lambda: 1, ttl=5), "gk"),
+        (lambda: report(7), "report:7"),
+        (lambda: report.invalidate(7), "report:7"),
+        (lambda: asyncio.run(aio.get_or_fill(client, "agk", fill, ttl=5)), "agk"),
+        (lambda: asyncio.run(areport(8)), "areport:8"),
+        (lambda: asyncio.run(areport.invalidate(8)), "areport:8"),
+    ):
+        err = connection_error(call)
+        assert err.name == entry, (err.name, str(err))
+        assert f"cache entry '{entry}'" in str(err) and f"127.0.0.1:{port}" in str(err), err
+
+
 def test_long_names_are_shortened_in_messages(client: redmutex.Client) -> None:
     name = "n" * 300_000
     lock = redmutex.Lock(client, name)

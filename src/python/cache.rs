@@ -15,7 +15,7 @@ use super::args;
 use super::awaitable::{self, OnCancel};
 use super::blocking;
 use super::client::{coerce_client, PyClient};
-use super::errors::value_error;
+use super::errors::{value_error, About, Named};
 use crate::engine::cache::{self, CacheSpec, Claim, Fetched};
 use crate::engine::claim_lease::ClaimLease;
 use crate::engine::redlock_cache;
@@ -64,10 +64,17 @@ pub struct PyCacheStore {
     timeout: Option<Duration>,
 }
 
+/// What an engine error of one entry's step is about: "cache entry 'key': ...", `.name` the key.
+fn entry(name: &str) -> About {
+    About::new("cache entry", name)
+}
+
 impl PyCacheStore {
-    fn spec(&self, key: &Bound<'_, PyAny>) -> PyResult<CacheSpec> {
+    /// The entry's spec, and what its errors are about.
+    fn spec(&self, key: &Bound<'_, PyAny>) -> PyResult<(CacheSpec, About)> {
         let name = args::name("key", key)?;
-        Ok(CacheSpec::new(&self.inner, &name, self.lock_ttl, self.ttl)?)
+        let spec = CacheSpec::new(&self.inner, &name, self.lock_ttl, self.ttl)?;
+        Ok((spec, entry(&String::from_utf8_lossy(&name))))
     }
 
     fn run_fetch<'py>(
@@ -77,33 +84,39 @@ impl PyCacheStore {
         wait: Wait,
         skip: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let spec = self.spec(key)?;
-        if let Backend::Redlock(redlock) = self.inner.backend()? {
+        let (spec, about) = self.spec(key)?;
+        if let Backend::Redlock(redlock) = self.inner.backend().about(py, &about)? {
             let fetched = blocking::wait(
                 py,
                 redlock_cache::fetch(&redlock, &spec, wait, skip.as_deref()),
-            )??;
-            return found_quorum(py, fetched);
+            )?
+            .about(py, &about)?;
+            return found_quorum(py, fetched, about);
         }
-        let shared = self.inner.shared()?;
+        let shared = self.inner.shared().about(py, &about)?;
         let skip = skip.as_deref();
-        let fetched = blocking::run(py, || cache::fetch_blocking(&shared, &spec, wait, skip))??;
-        found(py, fetched)
+        let fetched = blocking::run(py, || cache::fetch_blocking(&shared, &spec, wait, skip))?
+            .about(py, &about)?;
+        found(py, fetched, about)
     }
 
     fn invalidation(
         &self,
         key: &Bound<'_, PyAny>,
-    ) -> PyResult<impl Future<Output = Result<bool, Error>> + Send + 'static> {
-        let spec = self.spec(key)?;
+    ) -> PyResult<(
+        impl Future<Output = Result<bool, Error>> + Send + 'static,
+        About,
+    )> {
+        let (spec, about) = self.spec(key)?;
         let client = self.inner.clone();
-        Ok(async move {
+        let invalidated = async move {
             if let Backend::Redlock(redlock) = client.backend()? {
                 return redlock_cache::invalidate(&redlock, &spec.keys).await;
             }
             let shared = client.shared()?;
             cache::invalidate(&shared, &spec.keys).await
-        })
+        };
+        Ok((invalidated, about))
     }
 
     /// `fetch` as an awaitable: every step in the runtime. Cancelled, it stops waiting, and a
@@ -115,29 +128,36 @@ impl PyCacheStore {
         wait: Wait,
         skip: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let spec = self.spec(key)?;
+        let (spec, about) = self.spec(key)?;
         let client = self.inner.clone();
+        // (The engine's result is handed over whole, so that its error names the entry.)
         if client.is_redlock() {
             return awaitable::spawn(
                 py,
                 OnCancel::Abort,
                 async move {
-                    let Backend::Redlock(redlock) = client.backend()? else {
-                        return Err(Error::Usage("a Redlock client without masters".into()));
-                    };
-                    redlock_cache::fetch(&redlock, &spec, wait, skip.as_deref()).await
+                    Ok(async move {
+                        let Backend::Redlock(redlock) = client.backend()? else {
+                            return Err(Error::Usage("a Redlock client without masters".into()));
+                        };
+                        redlock_cache::fetch(&redlock, &spec, wait, skip.as_deref()).await
+                    }
+                    .await)
                 },
-                found_quorum,
+                move |py, fetched| found_quorum(py, fetched.about(py, &about)?, about),
             );
         }
         awaitable::spawn(
             py,
             OnCancel::Abort,
             async move {
-                let shared = client.shared()?;
-                cache::fetch(&shared, &spec, wait, skip.as_deref()).await
+                Ok(async move {
+                    let shared = client.shared()?;
+                    cache::fetch(&shared, &spec, wait, skip.as_deref()).await
+                }
+                .await)
             },
-            found,
+            move |py, fetched| found(py, fetched.about(py, &about)?, about),
         )
     }
 
@@ -153,7 +173,7 @@ impl PyCacheStore {
 /// What a lookup found, as Python sees it: a `CacheHit`; the `FillClaim` (whose store keeps the
 /// value for the entry's ttl, which the engine's claim carries); or None when another caller
 /// fills and the wait allowed ended first.
-fn found(py: Python<'_>, fetched: Fetched) -> PyResult<Bound<'_, PyAny>> {
+fn found(py: Python<'_>, fetched: Fetched, about: About) -> PyResult<Bound<'_, PyAny>> {
     match fetched {
         Fetched::Hit(hit) => PyCacheHit {
             payload: PyBytes::new(py, &hit.payload).unbind(),
@@ -164,6 +184,7 @@ fn found(py: Python<'_>, fetched: Fetched) -> PyResult<Bound<'_, PyAny>> {
             token: claim.token().to_string(),
             lease_end: claim.lease_end(),
             claim: Mutex::new(Some(AnyClaim::Single(claim))),
+            about,
         }
         .into_bound_py_any(py),
         Fetched::Busy => Ok(py.None().into_bound(py)),
@@ -171,13 +192,18 @@ fn found(py: Python<'_>, fetched: Fetched) -> PyResult<Bound<'_, PyAny>> {
 }
 
 /// `found` for what a Redlock lookup found on a majority.
-fn found_quorum(py: Python<'_>, fetched: redlock_cache::Fetched) -> PyResult<Bound<'_, PyAny>> {
+fn found_quorum(
+    py: Python<'_>,
+    fetched: redlock_cache::Fetched,
+    about: About,
+) -> PyResult<Bound<'_, PyAny>> {
     match fetched {
-        redlock_cache::Fetched::Hit(hit) => found(py, Fetched::Hit(hit)),
+        redlock_cache::Fetched::Hit(hit) => found(py, Fetched::Hit(hit), about),
         redlock_cache::Fetched::Claimed(claim) => PyFillClaim {
             token: claim.token().to_string(),
             lease_end: claim.lease_end(),
             claim: Mutex::new(Some(AnyClaim::Quorum(claim))),
+            about,
         }
         .into_bound_py_any(py),
         redlock_cache::Fetched::Busy => Ok(py.None().into_bound(py)),
@@ -304,7 +330,8 @@ impl PyCacheStore {
 
     /// Drops `key`'s value and any fill in progress; True when a value was dropped.
     fn invalidate(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
-        Ok(blocking::wait(py, self.invalidation(key)?)??)
+        let (invalidated, about) = self.invalidation(key)?;
+        blocking::wait(py, invalidated)?.about(py, &about)
     }
 
     /// `invalidate` as an awaitable (runs to its end even if the awaiting task is cancelled).
@@ -313,11 +340,12 @@ impl PyCacheStore {
         py: Python<'py>,
         key: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let (invalidated, about) = self.invalidation(key)?;
         awaitable::spawn(
             py,
             OnCancel::Finish,
-            self.invalidation(key)?,
-            |py, dropped| dropped.into_bound_py_any(py),
+            async move { Ok(invalidated.await) },
+            move |py, dropped| dropped.about(py, &about)?.into_bound_py_any(py),
         )
     }
 
@@ -361,6 +389,8 @@ pub struct PyFillClaim {
     token: String,
     /// Outlives the claim's settling, for `lapsed`.
     lease_end: Arc<ClaimLease>,
+    /// The entry, named by the claim's errors.
+    about: About,
 }
 
 impl PyFillClaim {
@@ -383,9 +413,11 @@ impl PyFillClaim {
         let claim = self.take()?;
         match claim {
             AnyClaim::Single(claim) => {
-                Ok(blocking::run(py, move || claim.store_blocking(payload))??)
+                blocking::run(py, move || claim.store_blocking(payload))?.about(py, &self.about)
             }
-            AnyClaim::Quorum(claim) => Ok(blocking::wait(py, claim.store(payload))??),
+            AnyClaim::Quorum(claim) => {
+                blocking::wait(py, claim.store(payload))?.about(py, &self.about)
+            }
         }
     }
 
@@ -393,28 +425,35 @@ impl PyFillClaim {
     fn _store_async<'py>(&self, py: Python<'py>, payload: &[u8]) -> PyResult<Bound<'py, PyAny>> {
         let claim = self.take()?;
         let payload = payload.to_vec();
+        let about = self.about.clone();
         awaitable::spawn(
             py,
             OnCancel::Finish,
-            async move { claim.store(&payload).await },
-            |py, stored| stored.into_bound_py_any(py),
+            async move { Ok(claim.store(&payload).await) },
+            move |py, stored| stored.about(py, &about)?.into_bound_py_any(py),
         )
     }
 
     /// `abandon` as an awaitable; it runs to its end even if the awaiting task is cancelled.
     fn _abandon_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let claim = self.take()?;
-        awaitable::spawn(py, OnCancel::Finish, claim.abandon(), |py, given_back| {
-            given_back.into_bound_py_any(py)
-        })
+        let about = self.about.clone();
+        awaitable::spawn(
+            py,
+            OnCancel::Finish,
+            async move { Ok(claim.abandon().await) },
+            move |py, given_back| given_back.about(py, &about)?.into_bound_py_any(py),
+        )
     }
 
     /// Gives the claim back without a value; one waiter takes the fill over. False: not ours.
     fn abandon(&self, py: Python<'_>) -> PyResult<bool> {
         let claim = self.take()?;
         match claim {
-            AnyClaim::Single(claim) => Ok(blocking::run(py, move || claim.abandon_blocking())??),
-            AnyClaim::Quorum(claim) => Ok(blocking::wait(py, claim.abandon())??),
+            AnyClaim::Single(claim) => {
+                blocking::run(py, move || claim.abandon_blocking())?.about(py, &self.about)
+            }
+            AnyClaim::Quorum(claim) => blocking::wait(py, claim.abandon())?.about(py, &self.about),
         }
     }
 
