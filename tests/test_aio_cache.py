@@ -406,6 +406,36 @@ def test_a_fill_asking_for_its_own_entry_raises_instead_of_hanging(
     assert not r.exists(fill_key(prefix, "self2"))
 
 
+def test_a_task_started_by_a_fill_may_ask_for_the_entry_once_the_fill_ended(
+    client: redmutex.Client,
+) -> None:
+    # A fill that starts a background refresher: the task inherits the fill's context, but once
+    # the fill has ended, its reads of the entry (a hit, and a fill after invalidate) are ordinary.
+    background: list[asyncio.Task[None]] = []
+    seen: list[Any] = []
+    fill_ended = asyncio.Event()  # bound to the loop at its first use (Python >= 3.10)
+
+    @aio.cached(client, ttl=30, key="refreshed")
+    async def load() -> int:
+        if not background:
+            background.append(asyncio.create_task(refresh()))
+        return len(seen)
+
+    async def refresh() -> None:
+        await fill_ended.wait()
+        seen.append(await load())  # a plain hit
+        await load.invalidate()
+        seen.append(await load())  # a fill of its own
+
+    async def main() -> None:
+        assert await load() == 0
+        fill_ended.set()
+        await asyncio.wait_for(background[0], 10)
+
+    run(main())
+    assert seen == [0, 1]
+
+
 # --------------------------------------------------------------------------------------------
 # The decorator, keys, codecs, XFetch
 # --------------------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ Cancellation: a task cancelled while it waits for another's fill leaves nothing 
 cancelled while its own fill runs gives the claim back, so one waiting caller takes the fill over
 (likewise a coroutine closed while its fill runs, and a fill raising GeneratorExit).
 A ``fill`` that asks for its own entry (in its task, or in a task it started) raises
-``RuntimeError`` instead of waiting for itself.
+``RuntimeError`` instead of waiting for itself; once the fill has ended, a task it started
+reads and fills the entry as any other.
 """
 
 from __future__ import annotations
@@ -52,10 +53,23 @@ R_co = TypeVar("R_co", covariant=True)
 # A fill may be an async function or a plain one (whose value may itself be awaitable).
 Fill = Callable[[], Awaitable[T] | T]
 
-# The entries this task is filling, as (client id, key); copied into the tasks a fill starts, so
-# they too are refused instead of waiting for the fill that waits for them.
-_filling: contextvars.ContextVar[frozenset[tuple[int, str]]] = contextvars.ContextVar(
-    "redmutex_aio_filling", default=frozenset()
+
+class _FillMark:
+    """One running fill of (client id, key). Tasks the fill starts copy the context holding it,
+    and ``reset`` undoes the mark only in the filler's own context: ``running`` is what the
+    copies see end, so they are refused only while the fill they would wait for still runs."""
+
+    __slots__ = ("entry", "running")
+
+    def __init__(self, entry: tuple[int, str]) -> None:
+        self.entry = entry
+        self.running = True
+
+
+# The fills running in this task or in the tasks it was started from, so that a fill asking for its
+# own entry (directly or from a task it started) is refused instead of waiting for itself.
+_filling: contextvars.ContextVar[tuple[_FillMark, ...]] = contextvars.ContextVar(
+    "redmutex_aio_filling", default=()
 )
 
 
@@ -155,21 +169,25 @@ def _consume(future: asyncio.Future[Any]) -> None:
 
 
 def _refuse_own_entry(settings: _Settings, key: str) -> None:
-    if (settings.client_id, key) in _filling.get():
+    entry = (settings.client_id, key)
+    if any(mark.running and mark.entry == entry for mark in _filling.get()):
         raise RuntimeError(
             f"cache entry {key!r} was asked for from its own fill, which would wait for itself"
         )
 
 
 async def _run_fill(settings: _Settings, key: str, fill: Fill[T]) -> T:
-    marker = _filling.set(_filling.get() | {(settings.client_id, key)})
+    mark = _FillMark((settings.client_id, key))
+    # Ended marks inherited from a fill that started this task are dropped as we go.
+    token = _filling.set((*(m for m in _filling.get() if m.running), mark))
     try:
         value = fill()
         if inspect.isawaitable(value):
             value = await value
         return cast(T, value)
     finally:
-        _filling.reset(marker)
+        mark.running = False  # for the tasks that copied the mark: this fill is over
+        _filling.reset(token)
 
 
 async def _give_back(request: _GiveBack) -> None:
