@@ -215,6 +215,31 @@ def test_already_started(r: redis.Redis, name: str) -> None:
     r.delete(f"lock:{name}")
 
 
+def test_already_started_leaves_nothing_held(r: redis.Redis, name: str) -> None:
+    # The acquire raising AlreadyStarted took the key first (as the original does); the caller is
+    # told it failed, so the key is given back, not renewed (the original's stayed until expire).
+    lk = Lock(r, name, expire=1, auto_renewal=True)
+    assert lk.acquire()
+    r.delete(f"lock:{name}")  # the lease is lost (an operator, a failover)
+    deadline = time.monotonic() + 5
+    while not lk.lost and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert lk.lost
+    with pytest.raises(AlreadyStarted):
+        lk.acquire()
+    assert r.exists(f"lock:{name}") == 0
+    time.sleep(2.0)  # past its expire and several renewal turns (every 2/3 s)
+    assert r.exists(f"lock:{name}") == 0
+    other = Lock(r, name, expire=1)
+    assert other.acquire(blocking=False)
+    other.release()
+    # The object holds nothing now: it may acquire afresh, and has nothing to release.
+    with pytest.raises(NotAcquired):
+        lk.release()
+    assert lk.acquire(blocking=False) and not lk.lost
+    lk.release()
+
+
 def test_waiter_is_woken_by_a_release(r: redis.Redis, r2: redis.StrictRedis, name: str) -> None:
     holder = Lock(r, name)  # no expiry: nothing but the release frees it
     assert holder.acquire()

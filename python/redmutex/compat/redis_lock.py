@@ -201,13 +201,15 @@ class Lock:
 
     def _try(self) -> bool:
         lease = float(self._expire) if self._expire else NO_EXPIRY_LEASE
-        hold = self._core.acquire(
-            token_text(self._id.encode(), "id"), lease, 0.0, True, self._renews()
-        )
+        token = token_text(self._id.encode(), "id")
+        hold = self._core.acquire(token, lease, 0.0, True, self._renews())
         if hold is None:
             return False
         with self._state:
-            previous, self._hold = self._hold, hold
+            # A renewed hold never released (its lease lost): the original raises AlreadyStarted
+            # then, its renewal thread still set, and so do we below, without keeping this hold.
+            started = self._hold if self._lock_renewal_interval is not None else None
+            self._hold = hold if started is None else None
         if self._expire is None:
             # Held until released through any Lock with this id, as the original's key is:
             # the renewal outlives this object.
@@ -216,8 +218,12 @@ class Lock:
             # The lock was free: a renewal this process still runs for the id belongs to a hold
             # released elsewhere, and must not keep this expiring one alive.
             stop_renewing(self._where)
-        if previous is not None and self._lock_renewal_interval is not None:
-            previous.stop()
+        if started is not None:
+            started.stop()
+            # The caller is told the acquire failed, so it must not hold the key (the
+            # original's stayed until its expire; renewed here, it would stay for ever).
+            hold.stop()
+            self._core.release(token)
             raise AlreadyStarted("Lock refresh thread already started")
         return True
 
