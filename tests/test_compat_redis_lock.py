@@ -4,6 +4,7 @@ redis-server, alone and mixed with python-redis-lock itself (both directions).""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 
@@ -121,6 +122,38 @@ def test_blocking_and_timeout(r: redis.Redis, name: str) -> None:
     with pytest.raises(NotAcquired), Lock(r, name, expire=10, blocking=False):
         pass
     holder.release()
+
+
+def test_sub_second_timeout_times_out(r: redis.Redis, name: str) -> None:
+    # python-redis-lock's int(timeout) makes 0.5 a 0, "no timeout": it waited for ever.
+    holder = Lock(r, name, expire=10)
+    assert holder.acquire()
+    other = Lock(r, name, expire=10)
+    outcome: list[tuple[bool, float]] = []
+
+    def wait() -> None:
+        start = time.monotonic()
+        outcome.append((other.acquire(timeout=0.5), time.monotonic() - start))
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    waiter.join(5)
+    holder.release()  # ends a wait that did not time out
+    waiter.join(5)
+    if outcome and outcome[0][0]:
+        other.release()
+    assert outcome and not outcome[0][0], outcome
+    assert 0.4 < outcome[0][1] < 2.5, outcome
+    # The original's checks stay, in its whole seconds; a negative fraction is negative too.
+    with pytest.raises(InvalidTimeout):
+        other.acquire(timeout=-0.5)
+    short = Lock(r, name, expire=1)
+    with pytest.raises(TimeoutTooLarge):
+        short.acquire(timeout=2)
+    assert short.acquire(timeout=1.5)  # int(1.5) is not above expire, as in the original
+    short.release()
+    with pytest.raises(TimeoutNotUsable):
+        short.acquire(blocking=False, timeout=0.5)
 
 
 def test_lease_expiry_is_noticed(r: redis.Redis, name: str) -> None:

@@ -248,15 +248,20 @@ class Lock:
             raise AlreadyAcquired("Already acquired from this Lock instance.")
         if not blocking and timeout is not None:
             raise TimeoutNotUsable("Timeout cannot be used if blocking=False")
+        seconds = 0.0
         if timeout:
-            timeout = int(timeout)
-            if timeout < 0:
+            # The original's checks, in its whole seconds (so every timeout it takes is taken,
+            # and int() refuses what it refuses); but it then waits int(timeout), which is 0,
+            # "no timeout", for 0.5: we wait the given time.
+            whole = int(timeout)
+            seconds = float(timeout)
+            if seconds < 0:
                 raise InvalidTimeout(f"Timeout ({timeout}) cannot be less than or equal to 0")
-            if self._expire and not self._lock_renewal_interval and timeout > self._expire:
+            if self._expire and not self._lock_renewal_interval and whole > self._expire:
                 raise TimeoutTooLarge(
-                    f"Timeout ({timeout}) cannot be greater than expire ({self._expire})"
+                    f"Timeout ({whole}) cannot be greater than expire ({self._expire})"
                 )
-        deadline = time.monotonic() + timeout if timeout else None
+        deadline = time.monotonic() + seconds if seconds else None
         while True:
             if self._try():
                 return True
