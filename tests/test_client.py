@@ -602,6 +602,20 @@ def test_redis_py_unix_socket_client(unix_server: tuple[RedisServer, str]) -> No
 
 
 @pytest.mark.timeout(30)
+def test_redis_py_unix_socket_client_with_an_empty_password(
+    unix_server: tuple[RedisServer, str],
+) -> None:
+    # redis-py sends no AUTH for password="" (and the TCP path drops it): nor does the socket's.
+    _, path = unix_server
+    rp = redis.Redis(unix_socket_path=path, db=3, password="")
+    try:
+        assert rp.ping() is True
+        _hold_and_check(rp, "redmutex:", rp, f"rue-{uuid.uuid4().hex}")
+    finally:
+        rp.close()
+
+
+@pytest.mark.timeout(30)
 def test_url_string_as_client(redis_url: str, r: redis.Redis) -> None:
     name = f"us-{uuid.uuid4().hex}"
     _hold_and_check(redis_url, "redmutex:", r, name)

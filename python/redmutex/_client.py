@@ -157,7 +157,7 @@ def url_of_redis_py(redis_client: Any) -> tuple[str, float | None, float | None]
         query = {"db": str(db)}
         if username:
             query["user"] = username
-        if password is not None:
+        if password:  # as over TCP: an empty password is none (redis-py sends no AUTH for it)
             query["pass"] = str(password)
         url = f"unix://{quote(path)}?{urlencode(query)}"
     else:
