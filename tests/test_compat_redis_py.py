@@ -88,6 +88,16 @@ def test_extend_adds_unless_replace_and_reacquire_resets(r: redis.Redis, name: s
     lk.release()
 
 
+def test_extend_out_of_range_is_a_response_error_as_in_redis_py(r: redis.Redis, name: str) -> None:
+    for make in (redis.lock.Lock, Lock):
+        lk = make(r, f"{name}-{make.__module__}", timeout=2)
+        assert lk.acquire()
+        with pytest.raises(redis.exceptions.ResponseError):
+            lk.extend(1e20)
+        assert lk.owned()  # the lease is left as it was
+        lk.release()
+
+
 def test_lease_expires(r: redis.Redis, name: str) -> None:
     holder = Lock(r, name, timeout=0.3)
     assert holder.acquire()

@@ -20,7 +20,7 @@ from redis.exceptions import LockError, LockNotOwnedError
 
 from ..._core import _CompatHold
 from .._common import encode, token_text
-from ._base import LockBase, Number
+from ._base import LockBase, Number, extend_ms
 from ._base import poll as _poll
 
 if TYPE_CHECKING:
@@ -150,7 +150,7 @@ class Lock(LockBase):
         return self.do_extend(additional_time, replace_ttl)
 
     def do_extend(self, additional_time: Number, replace_ttl: bool) -> Literal[True]:
-        ms = int(additional_time * 1000)
+        ms = extend_ms(additional_time)
         if self._core.extend(token_text(self.local.token), ms, bool(replace_ttl)) < 0:
             raise LockNotOwnedError(
                 "Cannot extend a lock that's no longer owned", lock_name=self.name

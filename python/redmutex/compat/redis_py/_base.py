@@ -8,6 +8,8 @@ import uuid
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
+from redis.exceptions import ResponseError
+
 from ..._core import _CompatHold, _CompatLock
 from .._common import (
     NO_EXPIRY_LEASE,
@@ -21,6 +23,16 @@ from .._common import (
 )
 
 Number = int | float
+
+
+def extend_ms(additional_time: Number) -> int:
+    """``extend``'s seconds as the ms its script takes, as redis-py computes them. A value
+    past what Redis takes is redis-py's ResponseError, as Redis answers it there (the binding
+    would raise OverflowError)."""
+    ms = int(additional_time * 1000)
+    if not -(2**63) <= ms < 2**63:
+        raise ResponseError(f"extend: {additional_time!r} s is out of range for Redis")
+    return ms
 
 
 class LockBase:

@@ -23,7 +23,7 @@ from redis.exceptions import LockError, LockNotOwnedError
 
 from ..._core import _CompatHold
 from .._common import encode, token_text
-from ._base import LockBase, Number, poll
+from ._base import LockBase, Number, extend_ms, poll
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -217,7 +217,7 @@ class Lock(LockBase):
         return self.do_extend(additional_time, replace_ttl)
 
     async def do_extend(self, additional_time: Number, replace_ttl: bool) -> Literal[True]:
-        ms = int(additional_time * 1000)
+        ms = extend_ms(additional_time)
         code = await self._core._extend_async(token_text(self.local.token), ms, bool(replace_ttl))
         if code < 0:
             raise LockNotOwnedError("Cannot extend a lock that's no longer owned")
