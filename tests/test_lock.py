@@ -575,6 +575,27 @@ def test_lost_on_external_delete(client: redmutex.Client, r: redis.Redis, key_of
 
 
 @pytest.mark.timeout(30)
+def test_acquire_after_a_loss_says_so(
+    client: redmutex.Client, r: redis.Redis, key_of: KeyOf
+) -> None:
+    """An object whose hold was found lost keeps it until its release tells the loss: acquire
+    says so, instead of claiming the object still holds the lock; after the release it
+    acquires again."""
+    lock = redmutex.Lock(client, "lost-again", ttl=30)
+    assert lock.acquire()
+    r.delete(key_of("lost-again", "lock"))
+    with pytest.raises(redmutex.LockLostError):
+        lock.extend()
+    with pytest.raises(redmutex.LockError, match="was lost and is not released yet") as info:
+        lock.acquire(blocking=False)
+    assert "already holds" not in str(info.value)
+    with pytest.raises(redmutex.LockLostError):
+        lock.release()
+    assert lock.acquire(blocking=False) and lock.lost is False
+    lock.release()
+
+
+@pytest.mark.timeout(30)
 def test_with_lost_lease_raises_on_exit(client: redmutex.Client) -> None:
     lock = redmutex.Lock(client, "wl", ttl=0.2)
     with pytest.raises(redmutex.LockLostError, match="lock was lost"), lock:

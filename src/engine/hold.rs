@@ -1062,6 +1062,12 @@ impl<P: Leased> Holder<P> {
         let naming = self.primitive.naming();
         let mut state = self.state();
         match &*state {
+            // Its loss is told by the release (LockLostError), or when leaving the `with`.
+            State::Held(hold) if hold.status.is_lost() => Err(Error::Usage(format!(
+                "this {} object's hold of {} was lost and is not released yet: release() it \
+                 first (it raises LockLostError), or use another object",
+                naming.object, naming.held
+            ))),
             State::Held(_) => Err(Error::Usage(format!(
                 "this {} object already holds {} (it is not re-entrant)",
                 naming.object, naming.held
