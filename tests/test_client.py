@@ -356,6 +356,48 @@ def test_a_connection_that_cannot_be_set_up_is_a_connection_error(
 
 
 @pytest.mark.timeout(60)
+def test_an_acl_user_without_info_works_on_one_server(
+    make_server: Callable[..., RedisServer], prefix: str
+) -> None:
+    """ACLs often take @dangerous away, and INFO with it: one server works without reading
+    its run_id (every call failed with "refused the credentials" before); a Redlock master
+    cannot, and the error says why and what to grant."""
+    servers = [make_server() for _ in range(3)]
+    urls = []
+    for server in servers:
+        with redis.Redis(host="127.0.0.1", port=server.port) as admin:
+            admin.execute_command(
+                "ACL", "SETUSER", "app", "on", ">app-pw", "~*", "&*", "+@all", "-@dangerous"
+            )
+        urls.append(f"redis://app:app-pw@127.0.0.1:{server.port}/0")
+    c = redmutex.Client(urls[0], prefix=prefix, connect_timeout=2, command_timeout=2)
+    waiter_client = redmutex.Client(urls[0], prefix=prefix, connect_timeout=2, command_timeout=2)
+    try:
+        assert c.ping()
+        lock = redmutex.Lock(c, "acl", ttl=5)
+        assert lock.acquire(blocking=False)
+        got: list[bool] = []
+        waiter = threading.Thread(
+            target=lambda: got.append(redmutex.Lock(waiter_client, "acl").acquire(timeout=5))
+        )
+        waiter.start()
+        time.sleep(0.2)
+        lock.release()
+        waiter.join(10)
+        assert got == [True]
+        sem = redmutex.Semaphore(c, "acl-sem", 2)
+        assert sem.acquire(blocking=False)
+        sem.release()
+        assert redmutex.get_or_fill(c, "acl-entry", lambda: 42, ttl=5) == 42
+    finally:
+        c.close()
+        waiter_client.close()
+    redlock = redmutex.Client(urls, prefix=prefix, connect_timeout=2, command_timeout=2)
+    with pytest.raises(redmutex.LockError, match=r"give the user \+info"):
+        redmutex.Lock(redlock, "acl-rl").acquire(blocking=False)
+
+
+@pytest.mark.timeout(60)
 def test_unreachable_error_does_not_contain_password(
     prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -382,19 +382,25 @@ impl DirectPool {
         conn.set_write_timeout(Some(self.timeouts.command))?;
         if let Some(seen) = &self.seen {
             let command = self.timeouts.command;
-            let info: String =
-                redis::cmd("INFO")
-                    .arg("server")
-                    .query(&mut conn)
-                    .map_err(|err| {
-                        if err.is_timeout() {
-                            timed_out(command, "waiting for an answer")
-                        } else {
-                            Error::from(err)
-                        }
-                    })?;
-            if let Some((run_id, _)) = parse_server_info(&info) {
-                seen.note(&run_id);
+            let info = redis::cmd("INFO")
+                .arg("server")
+                .query::<String>(&mut conn)
+                .map_err(|err| {
+                    if err.is_timeout() {
+                        timed_out(command, "waiting for an answer")
+                    } else {
+                        Error::from(err)
+                    }
+                });
+            match info {
+                Ok(info) => {
+                    if let Some((run_id, _)) = parse_server_info(&info) {
+                        seen.note(&run_id);
+                    }
+                }
+                // A user without INFO: the run_id stays unknown, as on the runtime's node.
+                Err(err) if err.is_no_permission() => {}
+                Err(err) => return Err(err),
             }
         }
         Ok(conn)

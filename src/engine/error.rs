@@ -49,6 +49,11 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {}
 
 impl Error {
+    /// Whether Redis refused the command to this user (ACL: NOPERM).
+    pub fn is_no_permission(&self) -> bool {
+        matches!(self, Error::Server(m) if m.starts_with(NO_PERMISSION))
+    }
+
     /// Whether the failure concerns the connection rather than what Redis said.
     pub fn is_connection(&self) -> bool {
         matches!(self, Error::Connection(_))
@@ -78,6 +83,7 @@ impl Error {
 }
 
 const AT: &str = "Redis at ";
+const NO_PERMISSION: &str = "Redis refused the command to this user (its ACL)";
 
 /// An error met while opening a connection (TCP, TLS, AUTH, SELECT): whatever Redis or the TLS
 /// set-up said, no connection could be had, so it is a connection error (`ping()` promises
@@ -107,11 +113,11 @@ impl From<redis::RedisError> for Error {
             || err.is_unrecoverable_error()
         {
             Error::Connection(format!("connection failed: {err}"))
-        } else if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
-            || err.code() == Some("WRONGPASS")
-            || err.code() == Some("NOAUTH")
-        {
+        } else if err.code() == Some("WRONGPASS") || err.code() == Some("NOAUTH") {
             Error::Connection(format!("refused the credentials: {err}"))
+        } else if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) {
+            // The credentials were taken; the user's ACL forbids this command (or key).
+            Error::Server(format!("{NO_PERMISSION}: {err}"))
         } else {
             Error::Server(format!("Redis error: {err}"))
         }

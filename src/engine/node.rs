@@ -263,6 +263,9 @@ pub struct Node {
     timeouts: Timeouts,
     /// Read the server's identity on every new connection (Redlock masters).
     identify: bool,
+    /// A connection whose identity cannot be read (the user may not run INFO) is refused
+    /// rather than used without it (Redlock masters).
+    identity_required: bool,
     /// The current connection and its generation; the lock is never held across a call.
     current: Mutex<(u64, Option<Live>)>,
     /// Serialises (re)connecting so a burst of callers opens one connection, not many.
@@ -453,6 +456,7 @@ impl Node {
             target,
             timeouts,
             identify: false,
+            identity_required: false,
             current: Mutex::new((0, None)),
             connecting: tokio::sync::Mutex::new(()),
             drops: std::sync::atomic::AtomicU64::new(0),
@@ -471,6 +475,14 @@ impl Node {
     pub fn in_order(self) -> Self {
         Node {
             in_order: true,
+            ..self
+        }
+    }
+
+    /// A node whose connections must tell their server's run_id (see `identity_required`).
+    pub fn requiring_identity(self) -> Self {
+        Node {
+            identity_required: true,
             ..self
         }
     }
@@ -547,12 +559,32 @@ impl Node {
     async fn open(&self) -> Result<Live> {
         let mut conn = self.target.connect(self.timeouts).await?;
         let identity = if self.identify {
-            let info: String = within(
+            let info = within(
                 self.timeouts.command,
                 "INFO",
-                redis::cmd("INFO").arg("server").query_async(&mut conn),
+                redis::cmd("INFO")
+                    .arg("server")
+                    .query_async::<String>(&mut conn),
             )
-            .await?;
+            .await;
+            let info = match info {
+                // An ACL user without INFO (it is in @dangerous, which ACLs often take away): one
+                // server goes on without its run_id (a restart then proves nothing: see
+                // `ServerSeen`); a Redlock master cannot, its restarts must be told.
+                Err(err) if err.is_no_permission() && !self.identity_required => {
+                    return Ok(Live {
+                        conn,
+                        identity: None,
+                    })
+                }
+                Err(err) if err.is_no_permission() => {
+                    return Err(Error::Server(format!(
+                        "{err} (Redlock reads each master's run_id with INFO, to tell a \
+                         restarted master: give the user +info)"
+                    )))
+                }
+                other => other?,
+            };
             let (run_id, uptime) = parse_server_info(&info).ok_or_else(|| {
                 Error::Server("INFO server did not report run_id and uptime".into())
             })?;

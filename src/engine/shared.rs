@@ -91,7 +91,7 @@ impl Shared {
             // One keyspace rides out a failover; a Redlock master (`identify`) fails at once, and
             // its calls run in the order sent (a round's give-back never after the next vote).
             let node = if identify {
-                node.in_order()
+                node.in_order().requiring_identity()
             } else {
                 node.riding_failover()
             };
