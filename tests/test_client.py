@@ -173,14 +173,19 @@ def test_unix_socket_with_user_and_password(
         admin.execute_command("ACL", "SETUSER", "default", "off")
         as_user = redis.Redis(unix_socket_path=path, db=1, username="sockuser", password=SECRET)
         try:
-            url = f"unix://{path}?db=1&user=sockuser&pass={SECRET}"
-            c = redmutex.Client(url, prefix=prefix)
-            try:
-                assert SECRET not in repr(c)
-                assert c.ping() is True
-                _hold_and_check(c, prefix, as_user)
-            finally:
-                c.close()
+            # Ours, and redis-py's query names (which were passed over before: Authentication
+            # required).
+            for query in (
+                f"db=1&user=sockuser&pass={SECRET}",
+                f"db=1&username=sockuser&password={SECRET}",
+            ):
+                c = redmutex.Client(f"unix://{path}?{query}", prefix=prefix)
+                try:
+                    assert SECRET not in repr(c)
+                    assert c.ping() is True
+                    _hold_and_check(c, prefix, as_user)
+                finally:
+                    c.close()
         finally:
             as_user.close()
     finally:

@@ -496,10 +496,7 @@ pub fn parse(url: &str) -> Result<ConnectionInfo, String> {
     }
     let normalized = normalize(url);
     let info = match normalized.as_ref().into_connection_info() {
-        Ok(info) if url.starts_with("redis://") || url.starts_with("rediss://") => {
-            with_query_settings(&normalized, info).map_err(&fail)?
-        }
-        Ok(info) => info,
+        Ok(info) => with_query_settings(&normalized, info).map_err(&fail)?,
         // The parser's own words are static descriptions; they still pass through the
         // redactor in case a future version quotes the input.
         Err(err) => return Err(fail(&scrub(&err.to_string(), url))),
@@ -510,10 +507,12 @@ pub fn parse(url: &str) -> Result<ConnectionInfo, String> {
     Ok(info)
 }
 
-/// A TCP URL's `db`, `username` and `password` query settings, read as redis-py reads them (the
+/// A URL's `db`, `username` and `password` query settings, read as redis-py reads them (the
 /// query's db over the path's; the user-info's credentials over the query's), which the standard
-/// parser passes over: `redis://host?db=5` must be the same database for every client. Other
-/// query keys (redis-py's socket and pool options) are left to the client's own settings.
+/// parser passes over: `redis://host?db=5` must be the same database for every client, and
+/// `unix:///path?password=...` (redis-py's form; `user=`/`pass=` are the standard parser's) the
+/// same credentials. Other query keys (redis-py's socket and pool options) are left to the
+/// client's own settings.
 fn with_query_settings(url: &str, info: ConnectionInfo) -> Result<ConnectionInfo, &'static str> {
     let Some((_, query)) = url.split_once('?') else {
         return Ok(info);
@@ -630,6 +629,23 @@ mod tests {
         assert!(parse("redis://h:1?db=5&password=secret")
             .map(|i| i.redis_settings().db())
             .is_ok());
+    }
+
+    #[test]
+    fn reads_redis_pys_credentials_in_a_unix_urls_query_too() {
+        let settings = |url: &str| parse(url).unwrap().redis_settings().clone();
+        let s = settings("unix:///tmp/r.sock?db=1&username=u&password=p%40w");
+        assert_eq!(
+            (s.db(), s.username(), s.password()),
+            (1, Some("u"), Some("p@w"))
+        );
+        let s = settings("unix:///tmp/r.sock?db=2&user=a&pass=b&username=u&password=p");
+        assert_eq!(
+            (s.db(), s.username(), s.password()),
+            (2, Some("a"), Some("b"))
+        );
+        let s = settings("redis+unix:///tmp/r.sock?password=p");
+        assert_eq!((s.db(), s.password()), (0, Some("p")));
     }
 
     #[test]
