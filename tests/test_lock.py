@@ -1091,6 +1091,18 @@ def test_acquire_takes_an_int_for_blocking_as_threading_does(client: redmutex.Cl
         lock.acquire("yes")  # type: ignore[arg-type]
 
 
+def test_argument_messages_say_what_was_given(client: redmutex.Client) -> None:
+    """A tiny negative timeout is written as Python writes it (it was 300 digits), and a
+    type named like a builtin is qualified by its module."""
+    with pytest.raises(ValueError, match=r"got -1e-300$"):
+        redmutex.Lock(client, "msg", timeout=-1e-300)
+    flag = type("bool", (), {"__module__": "numpy"})  # as numpy's bool_ is named
+    with pytest.raises(TypeError, match=r"expected a bool, not numpy\.bool$"):
+        redmutex.Lock(client, "msg").acquire(blocking=flag())
+    with pytest.raises(TypeError, match=r"not str$"):
+        redmutex.Lock(client, "msg").acquire(blocking="yes")  # type: ignore[arg-type]
+
+
 def test_integer_arguments_of_other_types_are_taken(client: redmutex.Client) -> None:
     class Count:
         """An integer of another type (as numpy's), with __index__."""

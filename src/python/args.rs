@@ -70,7 +70,8 @@ pub fn forever_or_duration(
     if seconds < min {
         return Err(value_error(
             arg,
-            &format!("must be at least {min} seconds, got {seconds}"),
+            // As Python writes it: 1e-300 is not 300 digits.
+            &format!("must be at least {min} seconds, got {}", py_repr(value)),
         ));
     }
     if seconds > MAX_SECONDS {
@@ -169,4 +170,9 @@ pub fn blocking(value: &Bound<'_, PyAny>) -> PyResult<bool> {
         Some(int) => int.is_truthy(),
         None => flag("blocking", value),
     }
+}
+
+/// `repr(value)` for a message, or "?" when even that fails.
+fn py_repr(value: &Bound<'_, PyAny>) -> String {
+    value.repr().map_or_else(|_| "?".into(), |r| r.to_string())
 }

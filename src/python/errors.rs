@@ -129,9 +129,10 @@ impl<T> Named<T> for std::result::Result<T, Error> {
 
 /// A `TypeError` naming the argument and what it must be.
 pub fn type_error(arg: &str, expected: &str, got: &Bound<'_, PyAny>) -> PyErr {
+    // Qualified outside builtins: numpy's bool_ is named "bool" too.
     let got = got
         .get_type()
-        .name()
+        .fully_qualified_name()
         .map(|n| n.to_string())
         .unwrap_or_else(|_| "?".into());
     PyTypeError::new_err(format!("{arg}: expected {expected}, not {got}"))
