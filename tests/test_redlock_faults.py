@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -31,6 +32,13 @@ def masters() -> Iterator[Masters]:
 
 def name() -> str:
     return "rlf-" + uuid.uuid4().hex[:12]
+
+
+def refused_port() -> int:
+    """A loopback port nobody listens on: bound to learn a free one, then closed."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def held_by(masters: Masters, key: str, token: str) -> list[int]:
@@ -153,6 +161,26 @@ def test_refused_acquire_gives_back_before_it_raises(masters: Masters) -> None:
                 left.append(iterations)
                 r.delete(key)
     assert not left, f"held right after the refusal in {len(left)} of {iterations}: {left}"
+
+
+def test_a_quorum_error_says_how_many_masters_failed(masters: Masters) -> None:
+    """One master up, two refusing: the round is decided by the two failures, maybe before
+    the live master's grant came (which is then given back). The message said "only 0 of 3
+    masters answered", as if the live one had not."""
+    urls = [
+        masters.urls[0],
+        f"redis://127.0.0.1:{refused_port()}",
+        f"redis://127.0.0.1:{refused_port()}",
+    ]
+    c = redmutex.Client(urls, prefix="t:", **FAST)
+    n = name()
+    with pytest.raises(redmutex.QuorumError, match=r"2 of 3 masters failed, so no majority \(2\)"):
+        redmutex.Lock(c, n, ttl=30).acquire(blocking=False)
+    with masters.conn(0) as r:
+        until = time.monotonic() + 5
+        while r.exists(f"t:{{{n}}}:lock") and time.monotonic() < until:
+            time.sleep(0.02)
+        assert not r.exists(f"t:{{{n}}}:lock"), "the live master's grant was not given back"
 
 
 def _held_in_dbs(key: str, dbs: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -474,9 +474,14 @@ impl Redlock {
         Error::Quorum(message)
     }
 
+    /// The error of a step that no majority can answer: `errors` (the masters that failed)
+    /// leave too few; `answered` had answered when that was clear (others may still have been
+    /// on their way, and what they took is given back).
     pub(super) fn quorum_error(&self, answered: usize, errors: &[String]) -> Error {
         let mut message = format!(
-            "Redlock: only {answered} of {} masters answered; a majority ({}) is needed",
+            "Redlock: {} of {} masters failed, so no majority ({}) can answer ({answered} had \
+             answered)",
+            errors.len(),
             self.masters.len(),
             self.quorum()
         );
