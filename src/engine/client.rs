@@ -263,9 +263,10 @@ impl Client {
             Backend::Single(shared) => Ok(shared),
             Backend::Redlock(_) => Err(Error::Unsupported(
                 "this is not available on a Redlock client (several independent masters): it \
-                 reads one keyspace (the cache, Semaphore.holders(), the RWLock's state); Lock, \
-                 Semaphore and RWLock acquire, release, extend and owned() work by majority; use \
-                 one Redis, Sentinel or Redis Cluster for the rest"
+                 reads one keyspace (Semaphore.holders(), the RWLock's state, redmutex.compat, \
+                 the command line's admin commands); Lock, Semaphore and RWLock acquire, \
+                 release, extend and owned(), and the cache, work by majority; use one Redis, \
+                 Sentinel or Redis Cluster for the rest"
                     .into(),
             )),
         }
