@@ -202,12 +202,15 @@ def test_a_hold_won_before_the_twin_answered_is_released_everywhere(masters: Mas
     x, y = masters.servers[0].port, masters.servers[1].port
     urls = [f"redis://127.0.0.1:{x}/0", f"redis://localhost:{x}/3", f"redis://127.0.0.1:{y}/0"]
     won, left = 0, []
+    clients: list[redmutex.Client] = []
     deadline = time.monotonic() + 30
     for attempt in range(60):
         if won >= 5 or time.monotonic() > deadline:
             break
         n = name()
-        lock = redmutex.Lock(redmutex.Client(urls, prefix="t:", **FAST), n, ttl=30)
+        client = redmutex.Client(urls, prefix="t:", **FAST)
+        clients.append(client)
+        lock = redmutex.Lock(client, n, ttl=30)
         try:
             if not lock.acquire(blocking=False):
                 continue
@@ -228,6 +231,8 @@ def test_a_hold_won_before_the_twin_answered_is_released_everywhere(masters: Mas
             held = _held_in_dbs(key, [(x, 0), (x, 3), (y, 0)])
         if held:
             left.append((attempt, held))
+    for client in clients:
+        client.close()
     if won == 0:
         pytest.skip("every round waited for the twin's answer (no late vote to test)")
     assert not left, f"left held after the release in {len(left)} of {won}: {left}"

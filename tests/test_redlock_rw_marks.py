@@ -51,8 +51,12 @@ def test_contending_writers_leave_no_mark_behind() -> None:
                 t.start()
             for t in threads:
                 t.join(30)
-            time.sleep(0.2)  # the leaves sent in the background have landed (loopback)
-            marks = live_marks(masters, f"t:{{{n}}}:rw:writers_waiting")
+            # The leaves go in the background, each after its round's votes still out: allow
+            # them 3 s to land (a left mark lives 6 s).
+            key = f"t:{{{n}}}:rw:writers_waiting"
+            until = time.monotonic() + 3
+            while any(marks := live_marks(masters, key)) and time.monotonic() < until:
+                time.sleep(0.05)
             reader = redmutex.RWLock(redmutex.Client(masters.urls, prefix="t:"), n).read()
             started = time.monotonic()
             assert reader.acquire(timeout=10)

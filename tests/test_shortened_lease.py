@@ -77,18 +77,23 @@ def check_shortened_lease(
     holder = make_holder(client, n)
     assert holder.acquire(blocking=False)  # type: ignore[attr-defined]
     got: list[tuple[bool, float]] = []
+    waiting = threading.Event()
+    started: list[float] = []
 
     def wait() -> None:
         waiter = make_waiter(other_client, n)
+        started.append(time.monotonic())
+        waiting.set()
         acquired = waiter.acquire(timeout=10)  # type: ignore[attr-defined]
         got.append((acquired, time.monotonic()))
         if acquired:
             waiter.release()  # type: ignore[attr-defined]
 
     thread = threading.Thread(target=wait)
-    started = time.monotonic()
     thread.start()
-    time.sleep(max(0.0, started + SHORTEN_AT - time.monotonic()))
+    assert waiting.wait(10)
+    # From when the waiter began (its queue place refreshes count from there).
+    time.sleep(max(0.0, started[0] + SHORTEN_AT - time.monotonic()))
     holder.extend(NEW_LEASE)  # type: ignore[attr-defined]
     ends = time.monotonic() + NEW_LEASE  # no later than this; the holder now "crashes"
     thread.join(15)

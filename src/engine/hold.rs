@@ -1559,6 +1559,7 @@ async fn extend_on<P: Leased>(
                         None => primitive.extend(token, lease),
                     },
                     lease,
+                    Some(token),
                 )
                 .await
         }
@@ -1579,7 +1580,9 @@ async fn reenter_on<P: Leased>(
             let sent_at = Instant::now();
             Ok(executor::run(shared, step).await?.then_some(sent_at))
         }
-        Backend::Redlock(redlock) if primitive.quorum() => redlock.extend_by(step, lease).await,
+        Backend::Redlock(redlock) if primitive.quorum() => {
+            redlock.extend_by(step, lease, None).await
+        }
         Backend::Redlock(_) => Err(no_quorum(primitive.naming())),
     }
 }
@@ -1588,7 +1591,7 @@ async fn reenter_on<P: Leased>(
 async fn nest_on<P: Leased>(primitive: &P, backend: &Backend, step: &Step<bool>) -> Result<bool> {
     match backend {
         Backend::Single(shared) => executor::run(shared, step).await,
-        Backend::Redlock(redlock) if primitive.quorum() => redlock.owned_by(step).await,
+        Backend::Redlock(redlock) if primitive.quorum() => redlock.owned_by(step, None).await,
         Backend::Redlock(_) => Err(no_quorum(primitive.naming())),
     }
 }
@@ -1604,7 +1607,7 @@ async fn owned_on<P: Leased>(
         Backend::Single(shared) => primitive.owned_on_node(shared, token).await,
         Backend::Redlock(redlock) if primitive.quorum() => {
             redlock
-                .owned_by(&primitive.quorum_owned(token, detail))
+                .owned_by(&primitive.quorum_owned(token, detail), Some(token))
                 .await
         }
         Backend::Redlock(_) => Err(no_quorum(primitive.naming())),

@@ -71,6 +71,26 @@ pub(super) struct Master {
 pub(super) type VoteResult = (usize, Vote, Option<String>);
 pub(super) type PendingVote = SharedFuture<BoxFuture<'static, VoteResult>>;
 
+/// Which of this client's votes still out on a master a call there goes after (see
+/// `keep_pending`): a check right after a won round (`owned`, `extend`, `locked`) must see the
+/// round's late grants, not overtake a vote sent again after NOSCRIPT (or still waiting for its
+/// connection) and count that master as a denial. A hold's own steps wait for their token's
+/// votes only: a call still waiting when a majority has decided is dropped unsent, which must
+/// not befall an unrelated hold's renewal on a slow master.
+#[derive(Clone, Copy)]
+pub(super) enum After<'a> {
+    Nothing,
+    Token(&'a str),
+    /// Every token's (`locked()`: it names no holder, and a read dropped unsent costs nothing).
+    Any,
+}
+
+impl<'a> After<'a> {
+    pub(super) fn of(token: Option<&'a str>) -> Self {
+        token.map_or(After::Nothing, After::Token)
+    }
+}
+
 /// Votes of won rounds still out, per token: `(round id, master index, vote)`.
 type PendingVotes = HashMap<String, Vec<(u64, usize, PendingVote)>>;
 
@@ -355,16 +375,18 @@ impl Redlock {
         Fut: Future<Output = Result<(T, Option<Arc<Identity>>)>> + 's,
     {
         self.check_distinct()?;
-        let answers = join_all(self.answers_of(op)).await;
+        let answers = join_all(self.answers_of(op, After::Nothing)).await;
         self.check_distinct()?;
         Ok(answers)
     }
 
     /// `op` on every master, each call's answer as it comes (see `Answer`). Each master's call
-    /// goes out after this client's votes still out there (`pending_at`): a check right after
-    /// a won round (`owned`, `extend`, `locked`) must see the round's late grants, not overtake
-    /// a vote sent again after NOSCRIPT and count that master as a denial.
-    fn answers_of<'s, T, F, Fut>(&'s self, op: F) -> Vec<impl Future<Output = Answer<T>> + 's>
+    /// goes out after the votes `after` names there (see `After`).
+    fn answers_of<'s, T, F, Fut>(
+        &'s self,
+        op: F,
+        after: After<'_>,
+    ) -> Vec<impl Future<Output = Answer<T>> + 's>
     where
         F: Fn(usize, &'s Shared) -> Fut,
         Fut: Future<Output = Result<(T, Option<Arc<Identity>>)>> + 's,
@@ -372,7 +394,11 @@ impl Redlock {
         self.masters
             .iter()
             .map(|m| {
-                let earlier = self.pending_at(m.index);
+                let earlier = match after {
+                    After::Nothing => Vec::new(),
+                    After::Token(token) => self.pending_on(token, m.index),
+                    After::Any => self.pending_at(m.index),
+                };
                 let call = op(m.index, &m.shared);
                 async move {
                     join_all(earlier).await;
@@ -404,13 +430,14 @@ impl Redlock {
         &'s self,
         op: F,
         yes: impl Fn(&T) -> Option<bool>,
+        after: After<'_>,
     ) -> Result<bool>
     where
         F: Fn(usize, &'s Shared) -> Fut,
         Fut: Future<Output = Result<(T, Option<Arc<Identity>>)>> + 's,
     {
         self.check_distinct()?;
-        let answers: FuturesUnordered<_> = self.answers_of(op).into_iter().collect();
+        let answers: FuturesUnordered<_> = self.answers_of(op, after).into_iter().collect();
         self.decide_as_they_come(answers, yes, true).await
     }
 
@@ -551,6 +578,7 @@ impl Redlock {
             Whose::Drawn => (!refused, None),
             Whose::Chosen(held) => (false, Some(held)),
         };
+        let mut sends = Vec::with_capacity(self.masters.len());
         let answers: FuturesUnordered<_> = self
             .masters
             .iter()
@@ -602,7 +630,9 @@ impl Redlock {
                 }
                 .boxed()
                 .shared();
-                self.under_way(handle, m.index, send.clone().map(|_| ()).boxed().shared());
+                let done = send.clone().map(|_| ()).boxed().shared();
+                self.under_way(handle, m.index, done.clone());
+                sends.push(done);
                 async move { self.answer(m, send.await.map_err(Error::Connection)) }
             })
             .collect();
@@ -611,7 +641,13 @@ impl Redlock {
         let released = |(v, own): &(redis::Value, bool)| {
             step.parse(v.clone()).ok().map(|released| released || *own)
         };
-        self.decide_as_they_come(answers, released, early).await
+        let decided = self.decide_as_they_come(answers, released, early).await;
+        if decided.is_err() && self.check_distinct().is_err() {
+            // Refused while the release went on (a late vote told of the twin): every delete
+            // lands before the refusal is raised, as when it was refused before.
+            join_all(sends).await;
+        }
+        decided
     }
 
     /// Drives `done` (a release's send to master `index`) to its end in the background, listed
@@ -682,15 +718,21 @@ impl Redlock {
         token: &str,
         lease_for: Duration,
     ) -> Result<Option<Instant>> {
-        self.extend_by(&lock::extend(keys, token, lease_for), lease_for)
-            .await
+        self.extend_by(
+            &lock::extend(keys, token, lease_for),
+            lease_for,
+            Some(token),
+        )
+        .await
     }
 
-    /// Runs an extend step (to `lease_for`) on every master; see `extend`.
+    /// Runs an extend step (to `lease_for`) of `token`'s hold (if the step has one) on every
+    /// master; see `extend`.
     pub async fn extend_by(
         &self,
         step: &Step<bool>,
         lease_for: Duration,
+        token: Option<&str>,
     ) -> Result<Option<Instant>> {
         self.note_lease(lease_for);
         let sent_at = Instant::now();
@@ -698,6 +740,7 @@ impl Redlock {
             .decided_by_majority(
                 |_, s| executor::send_identified(&s.node, step),
                 |v| step.parse(v.clone()).ok(),
+                After::of(token),
             )
             .await?;
         if !extended {
@@ -708,14 +751,16 @@ impl Redlock {
 
     /// Whether `token` holds the lock on a majority of the masters.
     pub async fn owned(&self, keys: &Keys, token: &str) -> Result<bool> {
-        self.owned_by(&lock::owned(keys, token)).await
+        self.owned_by(&lock::owned(keys, token), Some(token)).await
     }
 
-    /// Whether an ownership step says yes on a majority of the masters.
-    pub async fn owned_by(&self, step: &Step<bool>) -> Result<bool> {
+    /// Whether an ownership step (of `token`'s hold, if it has one) says yes on a majority of
+    /// the masters.
+    pub async fn owned_by(&self, step: &Step<bool>, token: Option<&str>) -> Result<bool> {
         self.decided_by_majority(
             |_, s| executor::send_identified(&s.node, step),
             |v| step.parse(v.clone()).ok(),
+            After::of(token),
         )
         .await
     }
@@ -726,17 +771,20 @@ impl Redlock {
         self.check_distinct()?;
         let key = keys.lock();
         let mut answers: FuturesUnordered<_> = self
-            .answers_of(|_, s| {
-                let key = key.clone();
-                async move {
-                    s.node
-                        .query_identified::<Option<Vec<u8>>>(
-                            redis::cmd("GET").arg(key),
-                            Retry::Once,
-                        )
-                        .await
-                }
-            })
+            .answers_of(
+                |_, s| {
+                    let key = key.clone();
+                    async move {
+                        s.node
+                            .query_identified::<Option<Vec<u8>>>(
+                                redis::cmd("GET").arg(key),
+                                Retry::Once,
+                            )
+                            .await
+                    }
+                },
+                After::Any,
+            )
             .into_iter()
             .collect();
         let n = self.masters.len();

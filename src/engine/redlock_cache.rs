@@ -233,7 +233,7 @@ pub async fn fetch(
 
 /// Drops the entry and any fill in progress on every master; whether a majority had anything.
 pub async fn invalidate(redlock: &Redlock, keys: &Keys) -> Result<bool> {
-    redlock.owned_by(&steps::invalidate(keys)).await
+    redlock.owned_by(&steps::invalidate(keys), None).await
 }
 
 /// The fill claim, held on a majority. Exactly one of `store` or `abandon` settles it; dropped
@@ -376,7 +376,7 @@ async fn renew(
     loop {
         tokio::time::sleep_until(next.into()).await;
         let step = steps::extend(&keys, &token, lease_ms);
-        match redlock.extend_by(&step, lease).await {
+        match redlock.extend_by(&step, lease, Some(&token)).await {
             Ok(Some(start)) => {
                 lease_end.renewed(start, lease);
                 next = start + period;

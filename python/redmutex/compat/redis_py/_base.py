@@ -25,12 +25,17 @@ from .._common import (
 Number = int | float
 
 
+# The largest |ms| an extend sends: the script adds what is left of the lease in Lua (a double),
+# exact to 2**53; Redis itself refuses an expiry past 2**63 ms.
+_EXTEND_MS_LIMIT = 2**53
+
+
 def extend_ms(additional_time: Number) -> int:
     """``extend``'s seconds as the ms its script takes, as redis-py computes them. A value
     past what Redis takes is redis-py's ResponseError, as Redis answers it there (the binding
-    would raise OverflowError)."""
+    would raise OverflowError, or Lua's double lose the sum)."""
     ms = int(additional_time * 1000)
-    if not -(2**63) <= ms < 2**63:
+    if not -_EXTEND_MS_LIMIT <= ms <= _EXTEND_MS_LIMIT:
         raise ResponseError(f"extend: {additional_time!r} s is out of range for Redis")
     return ms
 
