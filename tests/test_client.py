@@ -42,6 +42,17 @@ def _hold_and_check(
     assert conn.exists(_lock_key(prefix, name)) == 0
 
 
+def _url_works(url: str, prefix: str, conn: redis.Redis, secret: str = SECRET) -> None:
+    """A Client on `url` hides `secret`, answers PING and holds a Lock that `conn` sees."""
+    c = redmutex.Client(url, prefix=prefix)
+    try:
+        assert secret not in repr(c)
+        assert c.ping() is True
+        _hold_and_check(c, prefix, conn)
+    finally:
+        c.close()
+
+
 def _exception_texts(exc: BaseException) -> str:
     """str() and repr() of an exception and of everything chained to it."""
     parts: list[str] = []
@@ -179,13 +190,7 @@ def test_unix_socket_with_user_and_password(
                 f"db=1&user=sockuser&pass={SECRET}",
                 f"db=1&username=sockuser&password={SECRET}",
             ):
-                c = redmutex.Client(f"unix://{path}?{query}", prefix=prefix)
-                try:
-                    assert SECRET not in repr(c)
-                    assert c.ping() is True
-                    _hold_and_check(c, prefix, as_user)
-                finally:
-                    c.close()
+                _url_works(f"unix://{path}?{query}", prefix, as_user)
         finally:
             as_user.close()
     finally:
@@ -255,13 +260,7 @@ def test_password_only(auth_server: RedisServer, prefix: str) -> None:
             f"redis://:{SECRET}@127.0.0.1:{auth_server.port}/0",
             f"redis://default:{SECRET}@127.0.0.1:{auth_server.port}/0",
         ):
-            c = redmutex.Client(url, prefix=prefix)
-            try:
-                assert SECRET not in repr(c)
-                assert c.ping() is True
-                _hold_and_check(c, prefix, conn)
-            finally:
-                c.close()
+            _url_works(url, prefix, conn)
     finally:
         conn.close()
 
