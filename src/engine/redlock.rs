@@ -425,7 +425,8 @@ impl Redlock {
     /// `op` on every master, decided as soon as a majority confirms (true) or denies (false):
     /// a master that is slow or stopped answering (a minority) does not hold up a renewal or an
     /// ownership check until its command timeout, which can outlast the lease. The calls still
-    /// out are dropped (each was sent already unless its master could not be reached).
+    /// out are dropped (each was sent already unless its master could not be reached, or it
+    /// was still waiting for `after`'s votes there: see `After`).
     async fn decided_by_majority<'s, T, F, Fut>(
         &'s self,
         op: F,
