@@ -267,25 +267,18 @@ impl Redlock {
 
     /// Votes of earlier won rounds of `token` still out on master `index`.
     pub(super) fn pending_on(&self, token: &str, index: usize) -> Vec<PendingVote> {
-        let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        pending
-            .get(token)
-            .map(|votes| {
-                votes
-                    .iter()
-                    .filter(|(_, i, _)| *i == index)
-                    .map(|(_, _, vote)| vote.clone())
-                    .collect()
-            })
-            .unwrap_or_default()
+        self.pending_before(After::Token(token), index)
     }
 
-    /// Votes of earlier won rounds (of any token) still out on master `index`.
-    fn pending_at(&self, index: usize) -> Vec<PendingVote> {
+    /// The votes of earlier won rounds still out on master `index` that `after` names.
+    fn pending_before(&self, after: After<'_>, index: usize) -> Vec<PendingVote> {
         let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        pending
-            .values()
-            .flatten()
+        let votes: Box<dyn Iterator<Item = &(u64, usize, PendingVote)>> = match after {
+            After::Nothing => return Vec::new(),
+            After::Token(token) => Box::new(pending.get(token).into_iter().flatten()),
+            After::Any => Box::new(pending.values().flatten()),
+        };
+        votes
             .filter(|(_, i, _)| *i == index)
             .map(|(_, _, vote)| vote.clone())
             .collect()
@@ -394,11 +387,7 @@ impl Redlock {
         self.masters
             .iter()
             .map(|m| {
-                let earlier = match after {
-                    After::Nothing => Vec::new(),
-                    After::Token(token) => self.pending_on(token, m.index),
-                    After::Any => self.pending_at(m.index),
-                };
+                let earlier = self.pending_before(after, m.index);
                 let call = op(m.index, &m.shared);
                 async move {
                     join_all(earlier).await;
