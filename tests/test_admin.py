@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 
 import pytest
 import redis
 import redmutex
+from _helpers import wait_until
 from redmutex import _core
 
 
@@ -81,3 +83,34 @@ def test_force_release_frees_a_reentrant_locks_hold_counts(
     assert _core._force_release(client, name) is not None
     assert not r.exists(holds[0])
     assert not lock.locked()
+
+
+def test_force_release_drops_the_semaphores_limit_unless_a_waiter_keeps_it(
+    client: redmutex.Client, r: redis.Redis
+) -> None:
+    """The live limit goes with the last permit, as a release's would: left behind, it outlived
+    every holder for the rest of their leases."""
+    name = f"adm-{uuid.uuid4().hex[:8]}"
+    limit = _core._keys(client.prefix, name)["semaphore_limit"]
+    sem = redmutex.Semaphore(client, name, 1, ttl=30)
+    assert sem.acquire(timeout=5)
+    assert r.exists(limit)
+    assert _core._force_release(client, name) == (None, 1, None, 0, None, 0)
+    assert not r.exists(limit)
+    holder = redmutex.Semaphore(client, name, 1, ttl=30)
+    assert holder.acquire(timeout=5)
+    waiter = redmutex.Semaphore(client, name, 1, ttl=30)
+    waiting = threading.Thread(target=lambda: waiter.acquire(timeout=20))
+    waiting.start()
+    try:
+        deadlines = _core._keys(client.prefix, name)["semaphore_queue_deadlines"]
+        wait_until(lambda: bool(r.exists(deadlines)), 10, "the waiter's place")
+        assert _core._force_release(client, name) == (None, 1, None, 0, None, 0)
+        assert r.exists(limit)  # the waiter waits under that limit and takes the freed permit
+        waiting.join(20)
+        assert waiter.token is not None
+    finally:
+        waiting.join(20)
+        if waiter.token is not None:
+            waiter.release()
+    assert not r.exists(limit)

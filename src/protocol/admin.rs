@@ -290,6 +290,8 @@ pub fn force_release(keys: &Keys, expected: &[u8]) -> ScriptInvocation<'static> 
         .key(keys.cache_fill())
         .key(keys.lock_holds())
         .key(keys.rw_writers_waiting())
+        .key(keys.semaphore_limit())
+        .key(keys.semaphore_queue_deadlines())
         .arg(keys.wake_channel())
         .arg(expected);
     inv

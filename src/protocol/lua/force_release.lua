@@ -10,6 +10,8 @@
 -- KEYS[7] rwlock waiting writers (zset token -> place deadline, server ms): a dead waiting
 --         writer's place holds new readers back until it lapses; a live one takes it again at
 --         its next refresh
+-- KEYS[8] the semaphore's live limit   KEYS[9] the semaphore's waiters' place deadlines: the
+--         limit goes with the permits unless a waiter still keeps a place (see semaphore_wake.lua)
 -- ARGV[1] wake-up channel   ARGV[2] expected lock holder token or ''
 -- Reply: {lock token or false, live semaphore holders, writer token or false, live readers,
 --         fill claim token or false, live waiting writers' places}; -1: the lock's holder changed (nothing touched).
@@ -25,6 +27,9 @@ local readers = redis.call('ZCOUNT', KEYS[4], '(' .. now, '+inf')
 local fill = redis.call('GET', KEYS[5])
 local waiting = redis.call('ZCOUNT', KEYS[7], '(' .. now, '+inf')
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
+if redis.call('EXISTS', KEYS[9]) == 0 then
+  redis.call('DEL', KEYS[8])
+end
 if lock or holders > 0 or writer or readers > 0 or fill or waiting > 0 then
   redis.call('PUBLISH', ARGV[1], '')
 end
