@@ -74,6 +74,20 @@ def test_release_with_wrong_identifier_keeps_lock(r: redis.Redis, lockname: str)
 
 
 @pytest.mark.timeout(30)
+def test_release_lock_of_a_reentrant_hold_leaves_nothing_but_the_fence(
+    r: redis.Redis, lockname: str
+) -> None:
+    """A re-entrant Lock's token given to `release_lock` frees the lock and its hold count: the
+    count was left behind until the lease ended."""
+    lock = redmutex.Lock(r, lockname, ttl=30, reentrant=True)
+    assert lock.acquire(timeout=5) and lock.acquire(timeout=5)
+    assert r.exists(_key(DEFAULT_PREFIX, lockname, "lock:holds"))
+    assert release_lock(r, lockname, lock.token) is True
+    left = set(r.scan_iter(match=_key(DEFAULT_PREFIX, lockname, "*")))
+    assert left == {_key(DEFAULT_PREFIX, lockname, "fence")}
+
+
+@pytest.mark.timeout(30)
 def test_given_identifier_is_used(r: redis.Redis, lockname: str) -> None:
     mine = uuid.uuid4().hex
     assert acquire_lock(r, lockname, identifier=mine) == mine

@@ -357,11 +357,11 @@ pub async fn release_chosen(
     token: &str,
     fence: Option<i64>,
 ) -> Result<bool> {
-    let step = steps::release(keys, token);
+    let step = steps::release_chosen(keys, token);
     let first = executor::script_of(&step)?;
     let reply = match fence {
         Some(fence) => {
-            let resend = scripts::release_fenced(keys, token, &keys.wake_channel(), &[fence]);
+            let resend = scripts::release_chosen(keys, token, &[fence]);
             shared.node.invoke_or_resend(first, &resend).await?
         }
         None => shared.node.invoke(first, Retry::Never).await?,

@@ -685,7 +685,7 @@ impl Redlock {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&(keys.lock(), token.to_string()));
-        let step = Arc::new(lock::release(keys, token));
+        let step = Arc::new(lock::release_chosen(keys, token));
         self.release_where(token, step, Whose::Chosen(hold), None)
             .await
     }

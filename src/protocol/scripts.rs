@@ -344,6 +344,16 @@ pub fn release_fenced<'a>(
     inv
 }
 
+/// `release_fenced` of a token the caller chose (the recipes' identifier): it may be a
+/// re-entrant lock's, so that lock's hold count goes with it too, as `release_reentrant`'s does.
+pub fn release_chosen<'a>(keys: &Keys, token: &str, fences: &[i64]) -> ScriptInvocation<'a> {
+    let mut inv = release_fenced(keys, token, &keys.wake_channel(), fences);
+    if keys.signal().is_none() {
+        inv.key(keys.lock_holds());
+    }
+    inv
+}
+
 /// `release` of a re-entrant lock: its hold count goes with it (see `lock_release.lua`).
 pub fn release_reentrant<'a>(keys: &Keys, token: &str) -> ScriptInvocation<'a> {
     let mut inv = LOCK_RELEASE.prepare_invoke();
