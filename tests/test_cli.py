@@ -83,16 +83,18 @@ def test_status_of_a_free_lock_and_of_nothing(
     assert "nothing is stored under this name" in done.stdout
 
 
-def test_status_counts_the_fair_queue(
-    redis_url: str, prefix: str, client: redmutex.Client, r: redis.Redis
+@pytest.mark.parametrize("fair", [True, False])
+def test_status_counts_the_queue(
+    redis_url: str, prefix: str, client: redmutex.Client, r: redis.Redis, fair: bool
 ) -> None:
+    """An unfair lock's blocking waiters queue too (the text said "in the fair queue")."""
     name = name_()
-    holder = redmutex.Lock(client, name, ttl=30, fair=True)
+    holder = redmutex.Lock(client, name, ttl=30, fair=fair)
     holder.acquire()
     results: list[bool] = []
 
     def wait_for_it() -> None:
-        waiter = redmutex.Lock(redmutex.Client(redis_url, prefix=prefix), name, ttl=5, fair=True)
+        waiter = redmutex.Lock(redmutex.Client(redis_url, prefix=prefix), name, ttl=5, fair=fair)
         results.append(waiter.acquire(timeout=20))
         waiter.release()
 
@@ -105,6 +107,8 @@ def test_status_counts_the_fair_queue(
         code, data = cli_json("status", name, "--redis", redis_url, "--prefix", prefix)
         assert code == 0
         assert data["waiters"] == 2
+        done = run_cli("status", name, "--redis", redis_url, "--prefix", prefix)
+        assert "waiting:   2 in the queue" in done.stdout.splitlines(), done.stdout
     finally:
         holder.release()
         for t in threads:

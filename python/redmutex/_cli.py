@@ -551,11 +551,11 @@ def status_lines(status: Status) -> Iterator[str]:
     if status.fence is not None:
         yield f"fence:     {status.fence}"
     if status.waiters:
-        yield f"waiting:   {status.waiters} in the fair queue"
+        yield f"waiting:   {status.waiters} in the queue"
     if status.semaphore is not None:
         yield f"semaphore: holders {_holders_line(status.semaphore['holders'])}"
         if status.semaphore["waiters"]:
-            yield f"           {status.semaphore['waiters']} waiting in the fair queue"
+            yield f"           {status.semaphore['waiters']} waiting"
     if status.rwlock is not None:
         writer = status.rwlock["writer"]
         yield f"rwlock:    writer {_lease(writer) if writer else 'none'}"
@@ -1125,7 +1125,7 @@ def add_commands(commands: argparse._SubParsersAction[Any]) -> None:
         "status",
         help="who holds a lock (and its semaphore, rwlock or cache keys), its fence and waiters",
         description="Shows the holder (first characters of its token) and the lease left, the"
-        " fencing counter and the waiters in the fair queue of the lock NAME, plus semaphore"
+        " fencing counter and the queued waiters of the lock NAME, plus semaphore"
         " holders, read-write lock readers/writer, the places of its waiting writers (each"
         " holds new readers back until it lapses or its writer gets in; the state line says"
         " so even when nobody holds it) and the cache entry stored under NAME."
