@@ -83,8 +83,15 @@ def test_locks_on_1000_names_across_all_slots(cluster: Cluster, client: redmutex
             leftovers = [k for k in r.scan_iter(match=f"{PREFIX}*") if not k.endswith(b":fence")]
             assert leftovers == []
     # A name starting with '}' would leave the hash tag empty: refused, not CROSSSLOT.
-    with pytest.raises(ValueError, match="name"):
+    with pytest.raises(ValueError, match="^name: on Redis Cluster"):
         redmutex.Lock(client, "}x")
+    # The error names the argument the name came in (it said `name` for all of them).
+    with pytest.raises(ValueError, match="^key: on Redis Cluster"):
+        redmutex.get_or_fill(client, "}x", lambda: 1, ttl=5)
+    with pytest.raises(ValueError, match="^lockname: on Redis Cluster"):
+        redmutex.acquire_lock(client, "}x")
+    with pytest.raises(ValueError, match="^names: on Redis Cluster"):
+        redmutex.MultiLock(client, ["a", "}x"])
 
 
 def test_locks_from_many_threads(client: redmutex.Client) -> None:

@@ -72,7 +72,7 @@ impl CacheSpec {
         client.check_lease("lock_ttl", claim_lease)?;
         Ok(CacheSpec {
             name: name.to_vec(),
-            keys: client.keys(name)?,
+            keys: client.keys_named("key", name)?,
             claim_lease,
             value_ttl,
             direct: client.supports_direct(),

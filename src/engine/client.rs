@@ -213,16 +213,21 @@ impl Client {
         matches!(&self.plan, Plan::Single(_))
     }
 
-    /// The keys of the primitive `name`. On a cluster every key of a primitive must share one
-    /// slot, which a name starting with '}' would break (its hash tag would be empty).
+    /// The keys of the primitive `name` (the argument `name`; see `keys_named`).
     pub fn keys(&self, name: &[u8]) -> Result<Keys> {
+        self.keys_named("name", name)
+    }
+
+    /// The keys of the primitive `name`, given as the argument `arg` (named by its error). On a
+    /// cluster every key of a primitive must share one slot, which a name starting with '}'
+    /// would break (its hash tag would be empty).
+    pub fn keys_named(&self, arg: &str, name: &[u8]) -> Result<Keys> {
         let keys = Keys::new(&self.config.prefix, name).with_fence_ttl(self.config.fence_ttl_ms);
         if self.is_cluster() && !keys.single_slot() {
-            return Err(Error::Invalid(
-                "name: on Redis Cluster a name must not start with '}' (its keys would not \
+            return Err(Error::Invalid(format!(
+                "{arg}: on Redis Cluster a name must not start with '}}' (its keys would not \
                  share one hash slot)"
-                    .into(),
-            ));
+            )));
         }
         Ok(keys)
     }

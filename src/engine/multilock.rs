@@ -322,7 +322,7 @@ impl MultiLockHandle {
         }
         let keys = names
             .iter()
-            .map(|n| client.keys(n))
+            .map(|n| client.keys_named("names", n))
             .collect::<Result<Vec<_>>>()?;
         let spec = MultiSpec::new(names, keys, lease, client.is_cluster());
         Ok(MultiLockHandle {

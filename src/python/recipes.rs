@@ -21,7 +21,7 @@ fn spec_for(
 ) -> PyResult<(std::sync::Arc<crate::engine::Client>, LockSpec)> {
     let name = args::name("lockname", name)?;
     let client = coerce_client(client)?.get().inner.clone();
-    let keys = client.keys(&name).map_err(PyErr::from)?;
+    let keys = client.keys_named("lockname", &name).map_err(PyErr::from)?;
     Ok((
         client,
         LockSpec {
