@@ -13,6 +13,7 @@ when the holder dies.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from base64 import b64encode
@@ -160,6 +161,8 @@ class Lock:
             signal_expire_ms=max(int(signal_expire), 1),
         )
         self._hold: _CompatHold | None = None
+        #: The process whose acquire took `_hold`: in a forked child the hold stays the parent's.
+        self._taken_in: int | None = None
         self._state = threading.Lock()
 
     @property
@@ -170,16 +173,25 @@ class Lock:
     def _held(self) -> bool:
         return self.id == self.get_owner_id()
 
+    def _inherited(self) -> bool:
+        """Whether this is a forked child's copy of a Lock whose hold its parent took: the child
+        holds none of its parent's locks, so the copy must not release or extend it (the
+        original's does, by id). A Lock the child makes with that id still may."""
+        return self._taken_in is not None and self._taken_in != os.getpid()
+
+    def _own_hold(self) -> _CompatHold | None:
+        return None if self._inherited() else self._hold
+
     @property
     def lost(self) -> bool:
         """redmutex's addition: renewal found the lease gone (it also logs a WARNING)."""
-        hold = self._hold
+        hold = self._own_hold()
         return hold is not None and hold.lost
 
     @property
     def fence(self) -> int | None:
         """redmutex's addition: the fencing token of the current hold, None when not held."""
-        hold = self._hold
+        hold = self._own_hold()
         return None if hold is None else hold.fence
 
     def get_owner_id(self) -> str | None:
@@ -208,8 +220,9 @@ class Lock:
         with self._state:
             # A renewed hold never released (its lease lost): the original raises AlreadyStarted
             # then, its renewal thread still set, and so do we below, without keeping this hold.
-            started = self._hold if self._lock_renewal_interval is not None else None
+            started = self._own_hold() if self._lock_renewal_interval is not None else None
             self._hold = hold if started is None else None
+            self._taken_in = os.getpid()
         if self._expire is None:
             # Held until released through any Lock with this id, as the original's key is:
             # the renewal outlives this object.
@@ -284,6 +297,8 @@ class Lock:
                 "To extend a lock 'expire' must be provided as an argument to extend() method "
                 "or at initialization time."
             )
+        if self._inherited():
+            raise NotAcquired(f"Lock {self._name} is not acquired or it already expired.")
         if renews(self._where) or (self._expire is None and self._hold is not None):
             # Held "without expiry" (a renewed lease here): the original cannot extend it.
             if not self._held:
@@ -300,6 +315,8 @@ class Lock:
 
     def release(self) -> None:
         """Releases the lock this instance holds (NotAcquired when it does not)."""
+        if self._inherited():
+            raise NotAcquired(f"Lock({self._name}) is not acquired or it already expired.")
         with self._state:
             hold, self._hold = self._hold, None
         if hold is not None:

@@ -115,14 +115,14 @@ class Lock(LockBase):
 
     def owned(self) -> bool:
         """Whether this object (in this thread, when thread_local) holds the lock."""
-        token = self.local.token
+        token = self._token()
         return token is not None and self._core.owner() == token
 
     # -- release ---------------------------------------------------------------------------
 
     def release(self) -> None:
         """Releases the lock (LockError when not held, LockNotOwnedError when no longer ours)."""
-        expected_token = self.local.token
+        expected_token = self._token()
         if expected_token is None:
             raise LockError(
                 "Cannot release a lock that's not owned or is already unlocked.",
@@ -143,7 +143,7 @@ class Lock(LockBase):
 
     def extend(self, additional_time: Number, replace_ttl: bool = False) -> Literal[True]:
         """Adds ``additional_time`` seconds to the lease (or, ``replace_ttl``, sets it)."""
-        if self.local.token is None:
+        if self._token() is None:
             raise LockError("Cannot extend an unlocked lock", lock_name=self.name)
         if self.timeout is None:
             raise LockError("Cannot extend a lock with no timeout", lock_name=self.name)
@@ -151,7 +151,7 @@ class Lock(LockBase):
 
     def do_extend(self, additional_time: Number, replace_ttl: bool) -> Literal[True]:
         ms = extend_ms(additional_time)
-        if self._core.extend(token_text(self.local.token), ms, bool(replace_ttl)) < 0:
+        if self._core.extend(token_text(self._token()), ms, bool(replace_ttl)) < 0:
             raise LockNotOwnedError(
                 "Cannot extend a lock that's no longer owned", lock_name=self.name
             )
@@ -159,7 +159,7 @@ class Lock(LockBase):
 
     def reacquire(self) -> Literal[True]:
         """Resets the lease to ``timeout`` seconds from now."""
-        if self.local.token is None:
+        if self._token() is None:
             raise LockError("Cannot reacquire an unlocked lock", lock_name=self.name)
         if self.timeout is None:
             raise LockError("Cannot reacquire a lock with no timeout", lock_name=self.name)
@@ -167,7 +167,7 @@ class Lock(LockBase):
 
     def do_reacquire(self) -> Literal[True]:
         ms = int(float(self.timeout or 0) * 1000)
-        if self._core.extend(token_text(self.local.token), ms, True) < 0:
+        if self._core.extend(token_text(self._token()), ms, True) < 0:
             raise LockNotOwnedError(
                 "Cannot reacquire a lock that's no longer owned", lock_name=self.name
             )

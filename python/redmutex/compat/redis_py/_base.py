@@ -4,6 +4,7 @@ task in asyncio)."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from types import SimpleNamespace
 from typing import Any, ClassVar
@@ -100,6 +101,17 @@ class LockBase:
     def _hold(self) -> _CompatHold | None:
         return getattr(self.local, "hold", None)
 
+    def _token(self) -> bytes | None:
+        """This thread's (task's) token; None in a forked child for the token of a hold its
+        parent took: the child holds none of its parent's locks, so its copy of this object must
+        not release or extend the parent's hold (redis-py's does). A token the child sets in
+        ``local.token`` itself, or passes to ``do_release``, still works."""
+        token = self.local.token
+        taken = getattr(self.local, "taken", None)
+        if taken is not None and taken[1] is token and taken[0] != os.getpid():
+            return None
+        return token
+
     def _where(self, token: str | bytes) -> tuple[str, bytes, str] | None:
         """The registry's key of this lock's hold for `token` (see `_common.keep_renewing`);
         None for a token the shim never holds with (not UTF-8)."""
@@ -120,6 +132,7 @@ class LockBase:
                 stop_renewing(where, only=previous)
         self.local.token = token
         self.local.hold = hold
+        self.local.taken = None if token is None else (os.getpid(), token)
         where = None if hold is None or token is None else self._where(token)
         if where is not None and hold is not None:
             if renew:
@@ -139,7 +152,7 @@ class LockBase:
     def fence(self) -> int | None:
         """The fencing token of the current hold (redmutex's addition), None when not held."""
         hold = self._hold()
-        return None if hold is None or self.local.token is None else hold.fence
+        return None if hold is None or self._token() is None else hold.fence
 
 
 def poll(sleep: Number) -> float:

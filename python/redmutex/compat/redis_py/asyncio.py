@@ -179,12 +179,12 @@ class Lock(LockBase):
 
     async def owned(self) -> bool:
         """Whether this object (in this task, when thread_local) holds the lock."""
-        token = self.local.token
+        token = self._token()
         return token is not None and await self._core._owner_async() == token
 
     async def release(self) -> None:
         """Releases the lock (LockError when not held, LockNotOwnedError when no longer ours)."""
-        expected_token = self.local.token
+        expected_token = self._token()
         if expected_token is None:
             raise LockError(
                 "Cannot release a lock that's not owned or is already unlocked.",
@@ -210,7 +210,7 @@ class Lock(LockBase):
         self, additional_time: Number, replace_ttl: bool = False
     ) -> Awaitable[Literal[True]]:
         """Adds ``additional_time`` seconds to the lease (or, ``replace_ttl``, sets it)."""
-        if self.local.token is None:
+        if self._token() is None:
             raise LockError("Cannot extend an unlocked lock")
         if self.timeout is None:
             raise LockError("Cannot extend a lock with no timeout")
@@ -218,14 +218,14 @@ class Lock(LockBase):
 
     async def do_extend(self, additional_time: Number, replace_ttl: bool) -> Literal[True]:
         ms = extend_ms(additional_time)
-        code = await self._core._extend_async(token_text(self.local.token), ms, bool(replace_ttl))
+        code = await self._core._extend_async(token_text(self._token()), ms, bool(replace_ttl))
         if code < 0:
             raise LockNotOwnedError("Cannot extend a lock that's no longer owned")
         return True
 
     def reacquire(self) -> Awaitable[Literal[True]]:
         """Resets the lease to ``timeout`` seconds from now."""
-        if self.local.token is None:
+        if self._token() is None:
             raise LockError("Cannot reacquire an unlocked lock")
         if self.timeout is None:
             raise LockError("Cannot reacquire a lock with no timeout")
@@ -233,7 +233,7 @@ class Lock(LockBase):
 
     async def do_reacquire(self) -> Literal[True]:
         ms = int(float(self.timeout or 0) * 1000)
-        if await self._core._extend_async(token_text(self.local.token), ms, True) < 0:
+        if await self._core._extend_async(token_text(self._token()), ms, True) < 0:
             raise LockNotOwnedError("Cannot reacquire a lock that's no longer owned")
         return True
 

@@ -1,0 +1,95 @@
+"""A forked child's copy of a shim lock that its parent holds: the child holds none of its
+parent's locks (API.md), so leaving a `with` block in the child must not release the parent's
+hold. The originals' copies release it by token / id (the child's exit from the block deleted
+the key while the parent was still inside): both shims did too."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+from redmutex.compat import redis_lock as prl
+from redmutex.compat import redis_py
+
+
+def _in_a_child(check: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Runs `check` in a forked child and returns what it reported (bounded in time)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(read)
+            os.write(write, json.dumps(check()).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    reaped = False
+    try:
+        deadline = time.monotonic() + 30
+        while not reaped:
+            reaped = os.waitpid(pid, os.WNOHANG)[0] == pid
+            assert reaped or time.monotonic() < deadline, "the forked child did not finish"
+            time.sleep(0.01)
+        with os.fdopen(read) as f:
+            return json.loads(f.read() or "{}")
+    finally:
+        if not reaped:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+
+
+def _leave_the_block(lock: Any, state: Callable[[], dict[str, Any]]) -> Callable[[], dict]:
+    def child() -> dict[str, Any]:
+        seen = state()
+        try:
+            lock.__exit__(None, None, None)  # the child runs on past the fork and leaves the block
+            seen["left"] = "released"
+        except Exception as exc:  # what the originals' "not held" errors are
+            seen["left"] = type(exc).__name__
+        return seen
+
+    return child
+
+
+@pytest.mark.parametrize("timeout", [30, None])
+def test_redis_py_shim_child_does_not_release_the_parents_hold(
+    r: redis.Redis, timeout: float | None
+) -> None:
+    name = f"fork-{uuid.uuid4().hex[:8]}"
+    lock = redis_py.Lock(r, name, timeout=timeout)
+    with lock:
+        token = r.get(name)
+        seen = _in_a_child(
+            _leave_the_block(lock, lambda: {"owned": lock.owned(), "fence": lock.fence})
+        )
+        assert seen == {"owned": False, "fence": None, "left": "LockError"}
+        assert r.get(name) == token  # still the parent's
+        assert lock.owned()
+    assert r.get(name) is None
+
+
+@pytest.mark.parametrize("expire", [30, None])
+def test_redis_lock_shim_child_does_not_release_the_parents_hold(
+    r: redis.Redis, expire: int | None
+) -> None:
+    name = f"fork-{uuid.uuid4().hex[:8]}"
+    lock = prl.Lock(r, name, expire=expire)
+    with lock:
+        seen = _in_a_child(_leave_the_block(lock, lambda: {"fence": lock.fence}))
+        assert seen == {"fence": None, "left": "NotAcquired"}
+        assert lock.get_owner_id() == lock.id  # still the parent's
+        assert lock.fence is not None
+    assert not lock.locked()
+    # A Lock the child makes with the id still releases it, as python-redis-lock's docs say.
+    lock.acquire()
+    assert _in_a_child(lambda: {"r": prl.Lock(r, name, id=lock.id).release()}) == {"r": None}
+    assert not lock.locked()
