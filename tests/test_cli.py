@@ -764,3 +764,15 @@ def test_unreachable_cluster_or_redlock_is_one_line_without_the_password(option:
     line = one_line_error(done)
     assert "cannot reach Redis" in line and "***" in line, line
     assert SECRET not in done.stderr + done.stdout
+
+
+def test_shown_names_with_control_characters_never_read_like_printable_ones() -> None:
+    """A name holding NUL was shown as `nul\\x00x`, the same as the printable name that spells
+    the escape (audit): it is now quoted as Python writes it."""
+    from redmutex._cli import shown_name
+
+    assert shown_name("plain name") == "plain name"
+    assert shown_name("nul\\x00x") == "nul\\x00x"
+    assert shown_name("nul\0x") == "'nul\\x00x'"
+    assert shown_name("a\nb") == "'a\\nb'"
+    assert shown_name("\n" + "x" * 100, 30) == "'\\n" + "x" * 12 + "... (101 chars)"

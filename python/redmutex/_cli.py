@@ -338,14 +338,15 @@ def _run(target: Target | Node, func: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def shown_name(name: str, limit: int = NAME_SHOWN) -> str:
-    """A name as the text output shows it: at most `limit` characters, control characters
-    escaped (a name may hold newlines), and a long one cut with its length said. Names may be
-    megabytes long; only the part shown is looked at."""
+    """A name as the text output shows it: at most `limit` characters, a name with control
+    characters (it may hold newlines) in quotes with them escaped, as Python writes it (so it
+    never reads like a printable name that spells the escapes), and a long one cut with its
+    length said. Names may be megabytes long; only the part shown is looked at."""
     cut = len(name) > limit
     head = name[: limit + 1]
     if head.isprintable() and not cut:
         return name
-    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in head)
+    text = head if head.isprintable() else repr(head)
     if not cut and len(text) <= limit:
         return text
     more = f"... ({len(name)} chars)"
