@@ -59,7 +59,9 @@ pub fn release(keys: &Keys, token: &str) -> Step<bool> {
 /// `release` of a token the caller chose (the recipes' identifier), which may be a re-entrant
 /// lock's: its hold count goes too.
 pub fn release_chosen(keys: &Keys, token: &str) -> Step<bool> {
-    Step::script(scripts::release_chosen(keys, token, &[]), |v| parse_released(&v))
+    Step::script(scripts::release_chosen(keys, token, &[]), |v| {
+        parse_released(&v)
+    })
 }
 
 /// `release` that wakes nobody: a lost Redlock round gives its grants back so (see
