@@ -131,8 +131,22 @@ class _AsyncBound(_Bound):
         __kwdefaults__ = None
 
 
+def _mark_as_coroutine_function(cls: type) -> None:
+    """Python >= 3.12 marks a coroutine function with an attribute, which instances inherit
+    from their class. ``markcoroutinefunction(cls)`` itself would set it on ``cls.__func__``
+    (here the slot's descriptor, which refuses it), so a stand-in is marked and its mark
+    copied."""
+
+    def stand_in() -> None: ...
+
+    before = set(vars(stand_in))
+    inspect.markcoroutinefunction(stand_in)
+    for attr in set(vars(stand_in)) - before:
+        setattr(cls, attr, getattr(stand_in, attr))
+
+
 if hasattr(inspect, "markcoroutinefunction"):
-    inspect.markcoroutinefunction(_AsyncBound)  # the mark is an attribute: instances inherit it
+    _mark_as_coroutine_function(_AsyncBound)
 
 
 class _AsyncCached(_Descriptor):
