@@ -23,6 +23,7 @@ def waker_for(loop: asyncio.AbstractEventLoop) -> LoopWaker:
     """The waker of `loop`, registered as a reader the first time (called on the loop's thread)."""
     waker = _wakers.get(loop)
     if waker is None:
+        _hook_close(loop)
         waker = LoopWaker()
         loop.add_reader(waker.fileno(), waker.drain)
         _wakers[loop] = waker
@@ -68,12 +69,14 @@ def _close_conns(loop: asyncio.AbstractEventLoop) -> None:
     thread.join()
 
 
-#: The auto-renewed holds taken on each loop (see `renewed_on_loop`), by id(loop), with a weak
-#: reference to the loop. Kept here, not on the loop: a loop nobody closes is closed by the
-#: garbage collector, which first clears every weak reference that only garbage refers to, so a
-#: mapping of the loop's own would be empty by then.
+#: The auto-renewed holds (object -> token) and the cache's fill claims (claim -> None) taken on
+#: each loop (see `renewed_on_loop`), by id(loop), with a weak reference to the loop. Kept here,
+#: not on the loop: a loop nobody closes is closed by the garbage collector, which first clears
+#: every weak reference that only garbage refers to, so a mapping of the loop's own would be
+#: empty by then.
 _renewed: dict[
-    int, tuple[weakref.ref[asyncio.AbstractEventLoop], weakref.WeakKeyDictionary[Any, str]]
+    int,
+    tuple[weakref.ref[asyncio.AbstractEventLoop], weakref.WeakKeyDictionary[Any, str | None]],
 ] = {}
 
 
@@ -82,6 +85,17 @@ def renewed_on_loop(loop: asyncio.AbstractEventLoop, core: Any, token: str) -> N
     which it was taken: closing the loop ends its renewal. Its owner was a task of that loop,
     which is gone, so nobody is left to release it: its lease runs out within the ttl instead of
     being renewed from the runtime for as long as the object lives."""
+    _tie_to_loop(loop, core, token)
+
+
+def claimed_on_loop(loop: asyncio.AbstractEventLoop, claim: Any) -> None:
+    """Ties a cache entry's fill claim (`_core.FillClaim`, renewed while held) to `loop`, on
+    which its fill runs: closing the loop gives it back unless stored or given back already
+    (the fill's task never runs again; one waiting caller takes the fill over)."""
+    _tie_to_loop(loop, claim, None)
+
+
+def _tie_to_loop(loop: asyncio.AbstractEventLoop, held: Any, token: str | None) -> None:
     _hook_close(loop)
     entry = _renewed.get(id(loop))
     if entry is None or entry[0]() is not loop:
@@ -90,7 +104,7 @@ def renewed_on_loop(loop: asyncio.AbstractEventLoop, core: Any, token: str) -> N
             # gone too.
             _stop_renewals(entry[1])
         entry = _renewed[id(loop)] = (weakref.ref(loop), weakref.WeakKeyDictionary())
-    entry[1][core] = token
+    entry[1][held] = token
 
 
 def _end_renewals(loop: asyncio.AbstractEventLoop) -> None:
@@ -106,18 +120,21 @@ def _end_renewals(loop: asyncio.AbstractEventLoop) -> None:
     _stop_renewals(entry[1])
 
 
-def _stop_renewals(holds: weakref.WeakKeyDictionary[Any, str]) -> None:
-    for core, token in list(holds.items()):
+def _stop_renewals(holds: weakref.WeakKeyDictionary[Any, str | None]) -> None:
+    for held, token in list(holds.items()):
         try:
-            core._stop_renewal(token)
+            if token is not None:
+                held._stop_renewal(token)
+            elif held.held:
+                held.abandon()  # a fill claim: one round trip, bounded by command_timeout
         except Exception:  # noqa: BLE001 - the other holds and the loop close all the same
-            _log.warning("could not end the renewal of %r", core, exc_info=True)
+            _log.warning("could not end the renewal of %r", held, exc_info=True)
     holds.clear()
 
 
 def _hook_close(loop: asyncio.AbstractEventLoop) -> None:
-    """Makes `loop.close()` end the loop's connections and the renewal of the holds taken on it
-    first (once per loop). Closing is the one step every way of ending a loop takes:
+    """Makes `loop.close()` end the loop's connections, its acquires still under way and the
+    renewal of the holds taken on it first (once per loop). Closing is the one step every way of ending a loop takes:
     `asyncio.run` and other runners, a bare `loop.close()`, and the garbage collector
     (`BaseEventLoop.__del__` closes an unclosed loop); a loop closed without `shutdown_asyncgens`
     used to keep its connection open."""
@@ -131,6 +148,9 @@ def _hook_close(loop: asyncio.AbstractEventLoop) -> None:
                 _close_conns(loop)
             except Exception:  # noqa: BLE001 - the loop closes all the same
                 _log.warning("could not close the event loop's connections", exc_info=True)
+            waker = _wakers.get(loop)
+            if waker is not None:
+                waker.close()  # its acquires still under way belong to nobody now
             _end_renewals(loop)
         close()
 

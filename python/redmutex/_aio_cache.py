@@ -17,11 +17,13 @@ reads and fills the entry as any other.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, cast, overload
 
+from . import _aio_bridge, _core
 from ._cache import (
     _RUN_FILL,
     _SERVE,
@@ -201,7 +203,10 @@ async def _run_fill(settings: _Settings, key: str, fill: Fill[T]) -> T:
         return cast(T, value)
     finally:
         mark.running = False  # for the tasks that copied the mark: this fill is over
-        _filling.reset(token)
+        # A fill closed from outside its task (the garbage collector ending it after its loop
+        # was closed) runs this in another context, where its token cannot be reset.
+        with contextlib.suppress(ValueError):
+            _filling.reset(token)
 
 
 async def _give_back(request: _GiveBack) -> None:
@@ -215,11 +220,19 @@ async def _give_back(request: _GiveBack) -> None:
     await pending
 
 
+def _on_this_loop(reply: Any) -> Any:
+    """A lookup's reply; a fill claim it took is tied to the running loop, whose close gives it
+    back (see `_aio_bridge.claimed_on_loop`)."""
+    if isinstance(reply, _core.FillClaim):
+        _aio_bridge.claimed_on_loop(asyncio.get_running_loop(), reply)
+    return reply
+
+
 async def _get(settings: _Settings, key: str, fill: Fill[T]) -> T:
     """One cache read: ``redmutex._cache._flow`` with awaited Redis steps."""
     _refuse_own_entry(settings, key)
     store = settings.store
-    decision = _decide(settings, key, await store._fetch_async(key))
+    decision = _decide(settings, key, _on_this_loop(await store._fetch_async(key)))
     if decision[0] is _SERVE:  # the hit path: no flow needed
         served: T = decision[1]
         return served
@@ -233,9 +246,10 @@ async def _get(settings: _Settings, key: str, fill: Fill[T]) -> T:
             elif isinstance(request, _Store):
                 reply = await request.claim._store_async(request.payload)
             elif isinstance(request, _Refetch):
-                reply = await store._fetch_async(key, request.skip, timeout=request.timeout)
+                fetched = store._fetch_async(key, request.skip, timeout=request.timeout)
+                reply = _on_this_loop(await fetched)
             elif isinstance(request, _TryClaim):
-                reply = await store._try_claim_async(key, request.seen)
+                reply = _on_this_loop(await store._try_claim_async(key, request.seen))
             elif isinstance(request, _GiveBack):
                 await _give_back(request)
                 reply = None

@@ -58,6 +58,9 @@ class LoopWaker:
     def drain(self) -> None:
         """Empties the wake-up pipe."""
 
+    def close(self) -> None:
+        """The loop is closing: abandons its acquires still under way."""
+
 @disjoint_base
 class LoopConn:
     """An event loop's own connection to a client's server (the asyncio loop path): an asyncio

@@ -108,6 +108,21 @@ type Settle = Box<dyn for<'py> FnOnce(Python<'py>) -> PyResult<Bound<'py, PyAny>
 struct Finished {
     future: Py<PyAny>,
     settle: Settle,
+    /// An acquire's cancel hook, kept until its future is resolved: a cancel that reaches the
+    /// awaiting task after the acquire ended but before the loop resolved its future still
+    /// finds it, and gives the hold back at once (the object is idle as the task goes on).
+    _hook: Option<HookKey>,
+    /// An acquire's abandon: run if the loop is closed before it resolved the future.
+    abandon: Option<Abandon>,
+}
+
+/// The acquires under way on one loop's runtime tasks, by a number of their own: closing the
+/// loop abandons and aborts them (their callers, tasks of that loop, are gone).
+#[derive(Default)]
+struct InFlight {
+    closed: bool,
+    next: u64,
+    acquires: std::collections::HashMap<u64, (Abandon, Option<tokio::task::AbortHandle>)>,
 }
 
 struct Shared {
@@ -115,9 +130,14 @@ struct Shared {
     /// A wake-up byte is on its way and the loop has not drained yet.
     signalled: AtomicBool,
     writer: UnixStream,
+    in_flight: Mutex<InFlight>,
 }
 
 impl Shared {
+    fn in_flight(&self) -> std::sync::MutexGuard<'_, InFlight> {
+        self.in_flight.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn finish(&self, finished: Finished) {
         self.done
             .lock()
@@ -149,6 +169,7 @@ impl LoopWaker {
             done: Mutex::new(Vec::new()),
             signalled: AtomicBool::new(false),
             writer,
+            in_flight: Mutex::new(InFlight::default()),
         });
         Ok(LoopWaker { shared, reader })
     }
@@ -164,7 +185,7 @@ impl LoopWaker {
         self.shared.signalled.store(false, Ordering::Release);
         let finished =
             std::mem::take(&mut *self.shared.done.lock().unwrap_or_else(|p| p.into_inner()));
-        for Finished { future, settle } in finished {
+        for Finished { future, settle, .. } in finished {
             let future = future.bind(py);
             // Cancelled meanwhile: the runtime side cleans up (an acquire was told to give back
             // what it obtained).
@@ -177,6 +198,31 @@ impl LoopWaker {
             };
         }
         Ok(())
+    }
+
+    /// The loop is closing (`redmutex._aio_bridge`): its acquires still under way, or ended but
+    /// not resolved, are abandoned (a grant is given back, a wait ends), and so is every one
+    /// that ends later. Their awaiting tasks never run again: a hold they took would belong to
+    /// nobody, and with auto_renew it would be renewed for the life of the process.
+    fn close(&self) {
+        let acquires = {
+            let mut in_flight = self.shared.in_flight();
+            in_flight.closed = true;
+            std::mem::take(&mut in_flight.acquires)
+        };
+        for (abandon, task) in acquires.into_values() {
+            abandon();
+            if let Some(task) = task {
+                task.abort();
+            }
+        }
+        let finished =
+            std::mem::take(&mut *self.shared.done.lock().unwrap_or_else(|p| p.into_inner()));
+        for done in finished {
+            if let Some(abandon) = &done.abandon {
+                abandon();
+            }
+        }
     }
 }
 
@@ -274,9 +320,40 @@ where
         let hook: Box<dyn FnOnce() + Send> = Box::new(move || abandon());
         on_cancelled(py_future, hook)
     });
+    // An acquire is noted as under way on its loop, which abandons it if closed first.
+    let noted = match &abandon {
+        Some(abandon) => {
+            let mut in_flight = shared.in_flight();
+            if in_flight.closed {
+                return Err(pyo3::exceptions::PyRuntimeError::new_err(
+                    "the event loop is closing",
+                ));
+            }
+            in_flight.next += 1;
+            let id = in_flight.next;
+            in_flight.acquires.insert(id, (abandon.clone(), None));
+            Some(id)
+        }
+        None => None,
+    };
+    let ended_abandon = abandon.clone();
+    let task_shared = shared.clone();
     let task = handle.spawn(async move {
+        let shared = task_shared;
         let outcome = fut.await;
-        drop(hook);
+        if let Some(id) = noted {
+            let closed = {
+                let mut in_flight = shared.in_flight();
+                in_flight.acquires.remove(&id);
+                in_flight.closed
+            };
+            if closed {
+                if let Some(abandon) = &ended_abandon {
+                    abandon();
+                }
+                return;
+            }
+        }
         let settle: Settle = Box::new(move |py| match outcome {
             Ok(value) => convert(py, value),
             Err(err) => Err(PyErr::from(err)),
@@ -284,8 +361,15 @@ where
         shared.finish(Finished {
             future: target,
             settle,
+            _hook: hook,
+            abandon: ended_abandon,
         });
     });
+    if let Some(id) = noted {
+        if let Some(entry) = shared.in_flight().acquires.get_mut(&id) {
+            entry.1 = Some(task.abort_handle());
+        }
+    }
     if on_cancel == OnCancel::Abort {
         let canceller = AbortOnCancel {
             task: task.abort_handle(),

@@ -383,7 +383,7 @@ impl PyCacheStore {
 /// The fill claim of one entry, held while the fill runs (its lease is renewed meanwhile).
 /// Exactly one of `store` or `abandon` settles it (one round trip; on a direct connection where
 /// the deployment allows); dropped unsettled, it is given back.
-#[pyclass(frozen, module = "redmutex._core", name = "FillClaim")]
+#[pyclass(frozen, weakref, module = "redmutex._core", name = "FillClaim")]
 pub struct PyFillClaim {
     claim: Mutex<Option<AnyClaim>>,
     token: String,
