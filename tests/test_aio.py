@@ -406,3 +406,23 @@ def test_auto_renew_survives_a_blocked_loop(client: redmutex.Client) -> None:
     owned, lost = run(main())
     assert owned is True and lost is False
     assert lost_calls == []
+
+
+def test_a_second_task_acquiring_the_same_object_is_told_so(client: redmutex.Client) -> None:
+    """The refusal said "in another thread" for a task of the same thread."""
+
+    async def main() -> None:
+        holder = aio.Lock(client, "two-tasks-one-object", ttl=10)
+        assert await holder.acquire()
+        shared = aio.Lock(client, "two-tasks-one-object", ttl=10)
+        first = asyncio.create_task(shared.acquire(timeout=10))
+        await asyncio.sleep(0.1)
+        with pytest.raises(
+            redmutex.LockError, match=r"already acquiring \(in another thread or task\)"
+        ):
+            await shared.acquire(timeout=10)
+        await holder.release()
+        assert await first
+        await shared.release()
+
+    asyncio.run(main())

@@ -1073,7 +1073,7 @@ impl<P: Leased> Holder<P> {
                 naming.object, naming.held
             ))),
             State::Acquiring { .. } => Err(Error::Usage(format!(
-                "this {} object is already acquiring in another thread",
+                "this {} object is already acquiring (in another thread or task)",
                 naming.object
             ))),
             State::Idle { .. } => {
