@@ -243,3 +243,31 @@ def test_a_waiter_cancelled_around_the_release_never_keeps_the_lock(
     kept, cancelled = run(main())
     assert kept == []
     assert cancelled >= 5  # the cancels did land (a waiter that got the lock first is fine)
+
+
+@pytest.mark.parametrize("lock_class", [Lock, redis.asyncio.lock.Lock], ids=["shim", "redis-py"])
+def test_calls_awaited_in_another_task_act_for_the_caller(
+    redis_url: str, r: redis.Redis, name: str, lock_class: Any
+) -> None:
+    """`gather`, `create_task` and (before Python 3.12) `wait_for` await in a task of their own.
+    The shim's token is per task, and owned()/release()/extend()/reacquire() read it in that
+    task, which has none: the extend raised AttributeError and the release LockError, leaving the
+    lock held (an audit, against redis-py on the same server). They read it as they are called
+    now, as redis-py's release() does."""
+
+    async def main() -> None:
+        ar = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            held = lock_class(ar, name, timeout=5)
+            assert await held.acquire()
+            both = await asyncio.gather(held.owned(), held.extend(5), held.reacquire())
+            assert both == [True, True, True]
+            assert await asyncio.create_task(held.extend(1, replace_ttl=True)) is True
+            assert 0 < r.pttl(name) <= 1000
+            assert await asyncio.wait_for(held.owned(), 5) is True
+            await asyncio.wait_for(held.release(), 5)
+            assert r.get(name) is None
+        finally:
+            await ar.aclose()
+
+    run(main())

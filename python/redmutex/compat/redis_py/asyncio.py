@@ -177,12 +177,20 @@ class Lock(LockBase):
         """Whether anybody holds the lock."""
         return await self._core._owner_async() is not None
 
-    async def owned(self) -> bool:
+    # owned(), release() and the extends read this task's token as they are called, not when
+    # their coroutine first runs: awaited through `asyncio.gather`, `create_task` or (before
+    # Python 3.12) `asyncio.wait_for`, that is another task, which has no token of its own
+    # (redis-py's one token per thread is the same in every task; `release()` reads it at the
+    # call there too).
+
+    def owned(self) -> Awaitable[bool]:
         """Whether this object (in this task, when thread_local) holds the lock."""
-        token = self._token()
+        return self._owned(self._token())
+
+    async def _owned(self, token: bytes | None) -> bool:
         return token is not None and await self._core._owner_async() == token
 
-    async def release(self) -> None:
+    def release(self) -> Awaitable[None]:
         """Releases the lock (LockError when not held, LockNotOwnedError when no longer ours)."""
         expected_token = self._token()
         if expected_token is None:
@@ -190,15 +198,8 @@ class Lock(LockBase):
                 "Cannot release a lock that's not owned or is already unlocked.",
                 lock_name=self.name,
             )
-        hold = self._hold()
-        if hold is not None:
-            hold.stop()
-        try:
-            await self.do_release(expected_token)
-        except LockNotOwnedError:
-            self._set(None, None)
-            raise
-        self._set(None, None)
+        self._set(None, None)  # stops this hold's renewal
+        return self.do_release(expected_token)
 
     async def do_release(self, expected_token: bytes) -> None:
         raw = encode(self.redis, expected_token)
@@ -216,11 +217,15 @@ class Lock(LockBase):
             raise LockError("Cannot extend a lock with no timeout")
         return self.do_extend(additional_time, replace_ttl)
 
-    async def do_extend(self, additional_time: Number, replace_ttl: bool) -> Literal[True]:
+    def do_extend(self, additional_time: Number, replace_ttl: bool) -> Awaitable[Literal[True]]:
         ms = extend_ms(additional_time)
-        code = await self._core._extend_async(token_text(self._token()), ms, bool(replace_ttl))
-        if code < 0:
-            raise LockNotOwnedError("Cannot extend a lock that's no longer owned")
+        return self._extend("extend", self._token(), ms, bool(replace_ttl))
+
+    async def _extend(
+        self, what: str, token: bytes | None, ms: int, replace: bool
+    ) -> Literal[True]:
+        if await self._core._extend_async(token_text(token), ms, replace) < 0:
+            raise LockNotOwnedError(f"Cannot {what} a lock that's no longer owned")
         return True
 
     def reacquire(self) -> Awaitable[Literal[True]]:
@@ -231,11 +236,9 @@ class Lock(LockBase):
             raise LockError("Cannot reacquire a lock with no timeout")
         return self.do_reacquire()
 
-    async def do_reacquire(self) -> Literal[True]:
+    def do_reacquire(self) -> Awaitable[Literal[True]]:
         ms = int(float(self.timeout or 0) * 1000)
-        if await self._core._extend_async(token_text(self._token()), ms, True) < 0:
-            raise LockNotOwnedError("Cannot reacquire a lock that's no longer owned")
-        return True
+        return self._extend("reacquire", self._token(), ms, True)
 
     def __repr__(self) -> str:
         return (
