@@ -94,3 +94,5 @@ def test_redis_lock_shim_child_does_not_release_the_parents_hold(
     lock.acquire()
     assert _in_a_child(lambda: {"r": prl.Lock(r, name, id=lock.id).release()}) == {"r": None}
     assert not lock.locked()
+    with pytest.raises(prl.NotAcquired):
+        lock.release()  # and the parent's renewal (expire=None) stops, rather than find it lost
