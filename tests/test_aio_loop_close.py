@@ -10,6 +10,7 @@ timed out. Closing the loop now abandons its acquires and gives its fill claims 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 import redis
 import redmutex
-from redmutex import aio
+from redmutex import _aio_bridge, aio
 
 WAITERS: dict[str, Callable[[redmutex.Client, str], Any]] = {
     "lock": lambda c, n: aio.Lock(c, n, ttl=1, auto_renew=True),
@@ -84,3 +85,28 @@ def test_closing_the_loop_gives_its_fills_claim_back(
     assert value == "fast"
     assert time.monotonic() - started < 2  # not renewed: at most its lease (1 s)
     assert not r.exists(key_of(key, "fill"))
+
+
+def test_ended_and_cancelled_acquires_are_not_kept_for_the_loops_close(
+    client: redmutex.Client, other_client: redmutex.Client
+) -> None:
+    """Each acquire is noted on its loop until it ends; a cancelled one (its task aborted) too."""
+    holder = redmutex.Lock(other_client, "loop-close-noted", ttl=30)
+    assert holder.acquire(timeout=5)
+
+    async def main() -> int:
+        lock = aio.Lock(client, "loop-close-noted", ttl=5)
+        for _ in range(50):
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.01):
+                    await lock.acquire()
+        for _ in range(20):
+            assert not await lock.acquire(timeout=0.01)
+        await asyncio.sleep(0.2)  # the aborted tasks are dropped on the runtime
+        waker: Any = _aio_bridge.waker_for(asyncio.get_running_loop())
+        return int(waker._acquires_under_way())
+
+    try:
+        assert asyncio.run(main()) == 0
+    finally:
+        holder.release()

@@ -61,6 +61,8 @@ class LoopWaker:
     def close(self) -> None:
         """The loop is closing: abandons its acquires still under way."""
 
+    def _acquires_under_way(self) -> int: ...
+
 @disjoint_base
 class LoopConn:
     """An event loop's own connection to a client's server (the asyncio loop path): an asyncio

@@ -125,6 +125,28 @@ struct InFlight {
     acquires: std::collections::HashMap<u64, (Abandon, Option<tokio::task::AbortHandle>)>,
 }
 
+/// An acquire's entry in its loop's `InFlight`, taken out when its task ends, also when the
+/// task is aborted (a cancelled acquire) and dropped unfinished.
+struct Noted {
+    shared: Arc<Shared>,
+    id: u64,
+}
+
+impl Noted {
+    /// Takes the entry out; true when the loop was closed meanwhile.
+    fn end(&self) -> bool {
+        let mut in_flight = self.shared.in_flight();
+        in_flight.acquires.remove(&self.id);
+        in_flight.closed
+    }
+}
+
+impl Drop for Noted {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
 struct Shared {
     done: Mutex<Vec<Finished>>,
     /// A wake-up byte is on its way and the loop has not drained yet.
@@ -198,6 +220,12 @@ impl LoopWaker {
             };
         }
         Ok(())
+    }
+
+    /// How many acquires are noted as under way on this loop (for tests: an ended or cancelled
+    /// one must not stay noted).
+    fn _acquires_under_way(&self) -> usize {
+        self.shared.in_flight().acquires.len()
     }
 
     /// The loop is closing (`redmutex._aio_bridge`): its acquires still under way, or ended but
@@ -332,22 +360,21 @@ where
             in_flight.next += 1;
             let id = in_flight.next;
             in_flight.acquires.insert(id, (abandon.clone(), None));
-            Some(id)
+            Some(Noted {
+                shared: shared.clone(),
+                id,
+            })
         }
         None => None,
     };
+    let noted_id = noted.as_ref().map(|n| n.id);
     let ended_abandon = abandon.clone();
     let task_shared = shared.clone();
     let task = handle.spawn(async move {
         let shared = task_shared;
         let outcome = fut.await;
-        if let Some(id) = noted {
-            let closed = {
-                let mut in_flight = shared.in_flight();
-                in_flight.acquires.remove(&id);
-                in_flight.closed
-            };
-            if closed {
+        if let Some(noted) = noted {
+            if noted.end() {
                 if let Some(abandon) = &ended_abandon {
                     abandon();
                 }
@@ -365,7 +392,7 @@ where
             abandon: ended_abandon,
         });
     });
-    if let Some(id) = noted {
+    if let Some(id) = noted_id {
         if let Some(entry) = shared.in_flight().acquires.get_mut(&id) {
             entry.1 = Some(task.abort_handle());
         }
