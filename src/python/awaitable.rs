@@ -132,18 +132,9 @@ struct Noted {
     id: u64,
 }
 
-impl Noted {
-    /// Takes the entry out; true when the loop was closed meanwhile.
-    fn end(&self) -> bool {
-        let mut in_flight = self.shared.in_flight();
-        in_flight.acquires.remove(&self.id);
-        in_flight.closed
-    }
-}
-
 impl Drop for Noted {
     fn drop(&mut self) {
-        self.end();
+        self.shared.in_flight().acquires.remove(&self.id);
     }
 }
 
@@ -160,11 +151,31 @@ impl Shared {
         self.in_flight.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn done(&self) -> std::sync::MutexGuard<'_, Vec<Finished>> {
+        self.done.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn finish(&self, finished: Finished) {
-        self.done
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(finished);
+        self.done().push(finished);
+        self.signal();
+    }
+
+    /// `finish` for a noted acquire: its entry goes, and unless the loop was closed meanwhile
+    /// it is queued, in one step with `close` (which takes the queue under the same lock), so
+    /// that none is queued after `close` emptied the queue. Gives the outcome back if closed.
+    fn finish_noted(&self, noted: &Noted, finished: Finished) -> Option<Finished> {
+        let mut in_flight = self.in_flight();
+        in_flight.acquires.remove(&noted.id);
+        if in_flight.closed {
+            return Some(finished);
+        }
+        self.done().push(finished);
+        drop(in_flight);
+        self.signal();
+        None
+    }
+
+    fn signal(&self) {
         if !self.signalled.swap(true, Ordering::AcqRel) {
             // Non-blocking: if the socket buffer is full, a byte is pending anyway.
             let _ = (&self.writer).write(&[1]);
@@ -205,8 +216,7 @@ impl LoopWaker {
         let mut sink = [0u8; 64];
         while matches!((&self.reader).read(&mut sink), Ok(n) if n > 0) {}
         self.shared.signalled.store(false, Ordering::Release);
-        let finished =
-            std::mem::take(&mut *self.shared.done.lock().unwrap_or_else(|p| p.into_inner()));
+        let finished = std::mem::take(&mut *self.shared.done());
         for Finished { future, settle, .. } in finished {
             let future = future.bind(py);
             // Cancelled meanwhile: the runtime side cleans up (an acquire was told to give back
@@ -233,10 +243,11 @@ impl LoopWaker {
     /// that ends later. Their awaiting tasks never run again: a hold they took would belong to
     /// nobody, and with auto_renew it would be renewed for the life of the process.
     fn close(&self) {
-        let acquires = {
+        let (acquires, finished) = {
             let mut in_flight = self.shared.in_flight();
             in_flight.closed = true;
-            std::mem::take(&mut in_flight.acquires)
+            let finished = std::mem::take(&mut *self.shared.done());
+            (std::mem::take(&mut in_flight.acquires), finished)
         };
         for (abandon, task) in acquires.into_values() {
             abandon();
@@ -244,8 +255,6 @@ impl LoopWaker {
                 task.abort();
             }
         }
-        let finished =
-            std::mem::take(&mut *self.shared.done.lock().unwrap_or_else(|p| p.into_inner()));
         for done in finished {
             if let Some(abandon) = &done.abandon {
                 abandon();
@@ -373,24 +382,26 @@ where
     let task = handle.spawn(async move {
         let shared = task_shared;
         let outcome = fut.await;
-        if let Some(noted) = noted {
-            if noted.end() {
-                if let Some(abandon) = &ended_abandon {
-                    abandon();
-                }
-                return;
-            }
-        }
         let settle: Settle = Box::new(move |py| match outcome {
             Ok(value) => convert(py, value),
             Err(err) => Err(PyErr::from(err)),
         });
-        shared.finish(Finished {
+        let finished = Finished {
             future: target,
             settle,
             _hook: hook,
             abandon: ended_abandon,
-        });
+        };
+        match &noted {
+            Some(noted) => {
+                if let Some(closed) = shared.finish_noted(noted, finished) {
+                    if let Some(abandon) = &closed.abandon {
+                        abandon();
+                    }
+                }
+            }
+            None => shared.finish(finished),
+        }
     });
     if let Some(id) = noted_id {
         if let Some(entry) = shared.in_flight().acquires.get_mut(&id) {
