@@ -110,3 +110,36 @@ def test_ended_and_cancelled_acquires_are_not_kept_for_the_loops_close(
         assert asyncio.run(main()) == 0
     finally:
         holder.release()
+
+
+class _LoopWithoutAttributes(asyncio.SelectorEventLoop):
+    """A loop whose class takes no new instance attributes (as a C-implemented one may)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ("close", "_redmutex_close", "_redmutex_opening", "_redmutex_conns"):
+            raise AttributeError(name)
+        super().__setattr__(name, value)
+
+
+def test_a_loop_that_takes_no_attributes_still_works_without_the_close_hook(
+    client: redmutex.Client, other_client: redmutex.Client
+) -> None:
+    """Hooking the close of every loop the bridge serves made each call through the runtime
+    raise AttributeError on such a loop (a review found it)."""
+    holder = redmutex.Lock(other_client, "loop-close-no-attributes", ttl=30)
+    assert holder.acquire(timeout=5)
+
+    async def main() -> bool:
+        lock = aio.Lock(client, "loop-close-no-attributes", ttl=5)
+        waiting = asyncio.create_task(lock.acquire(timeout=10))  # busy: through the runtime
+        await asyncio.sleep(0.2)
+        holder.release()
+        got = await waiting
+        await lock.release()
+        return got
+
+    loop = _LoopWithoutAttributes()
+    try:
+        assert loop.run_until_complete(main())
+    finally:
+        loop.close()

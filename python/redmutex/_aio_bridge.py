@@ -157,8 +157,11 @@ def _hook_close(loop: asyncio.AbstractEventLoop) -> None:
     # The wrapper lives on the loop (and refers to it): no reference from outside keeps the
     # loop alive. `Any`: the loop's own attributes, which its type does not declare.
     attrs: Any = loop
-    attrs._redmutex_close = close
-    attrs.close = close_with_conns
+    try:
+        attrs._redmutex_close = close
+        attrs.close = close_with_conns
+    except AttributeError:  # a loop class without instance attributes: closing it does less
+        return
 
 
 def open_connection(
