@@ -133,11 +133,11 @@ def _stop_renewals(holds: weakref.WeakKeyDictionary[Any, str | None]) -> None:
 
 
 def _hook_close(loop: asyncio.AbstractEventLoop) -> None:
-    """Makes `loop.close()` end the loop's connections, its acquires still under way and the
-    renewal of the holds taken on it first (once per loop). Closing is the one step every way of ending a loop takes:
-    `asyncio.run` and other runners, a bare `loop.close()`, and the garbage collector
-    (`BaseEventLoop.__del__` closes an unclosed loop); a loop closed without `shutdown_asyncgens`
-    used to keep its connection open."""
+    """Makes `loop.close()` end the loop's connections, its acquires still under way, the
+    renewal of the holds and the fill claims taken on it first (once per loop). Closing is the
+    one step every way of ending a loop takes: `asyncio.run` and other runners, a bare
+    `loop.close()`, and the garbage collector (`BaseEventLoop.__del__` closes an unclosed
+    loop); a loop closed without `shutdown_asyncgens` used to keep its connection open."""
     if getattr(loop, "_redmutex_close", None) is not None:
         return
     close = loop.close
