@@ -1,11 +1,16 @@
 """Small helpers shared by the test modules (threads that keep their outcome, waiting for a
-condition, how soon a release wakes a waiter, counting Redis commands)."""
+condition, a check run in a forked child, how soon a release wakes a waiter, counting Redis
+commands)."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import redis
 
@@ -41,6 +46,37 @@ def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
     while not cond():
         assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
         time.sleep(0.01)
+
+
+def in_a_forked_child(check: Callable[[], Any], timeout: float = 30) -> Any:
+    """Runs `check` in a child made by os.fork() and returns its result (JSON-able) as the
+    child reported it; the child exits at once with os._exit, and is killed past `timeout`."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(read)
+            os.write(write, json.dumps(check()).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    reaped = False
+    try:
+        deadline = time.monotonic() + timeout
+        while not reaped:
+            reaped = os.waitpid(pid, os.WNOHANG)[0] == pid
+            assert reaped or time.monotonic() < deadline, "the forked child did not finish"
+            time.sleep(0.01)
+        with os.fdopen(read) as f:
+            text = f.read()
+        assert text, "the forked child reported nothing (it failed)"
+        return json.loads(text)
+    finally:
+        if not reaped:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
 
 
 def wake_delay(

@@ -5,47 +5,16 @@ the key while the parent was still inside): both shims did too."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import redis
+from _helpers import in_a_forked_child
 from redis.exceptions import LockError
 from redmutex.compat import redis_lock as prl
 from redmutex.compat import redis_py
-
-
-def _in_a_child(check: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """Runs `check` in a forked child and returns what it reported (bounded in time)."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.close(read)
-            os.write(write, json.dumps(check()).encode())
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(write)
-    reaped = False
-    try:
-        deadline = time.monotonic() + 30
-        while not reaped:
-            reaped = os.waitpid(pid, os.WNOHANG)[0] == pid
-            assert reaped or time.monotonic() < deadline, "the forked child did not finish"
-            time.sleep(0.01)
-        with os.fdopen(read) as f:
-            return json.loads(f.read() or "{}")
-    finally:
-        if not reaped:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
 
 
 def _leave_the_block(lock: Any, state: Callable[[], dict[str, Any]]) -> Callable[[], dict]:
@@ -69,7 +38,7 @@ def test_redis_py_shim_child_does_not_release_the_parents_hold(
     lock = redis_py.Lock(r, name, timeout=timeout)
     with lock:
         token = r.get(name)
-        seen = _in_a_child(
+        seen = in_a_forked_child(
             _leave_the_block(lock, lambda: {"owned": lock.owned(), "fence": lock.fence})
         )
         assert seen == {"owned": False, "fence": None, "left": "LockError"}
@@ -85,14 +54,14 @@ def test_redis_lock_shim_child_does_not_release_the_parents_hold(
     name = f"fork-{uuid.uuid4().hex[:8]}"
     lock = prl.Lock(r, name, expire=expire)
     with lock:
-        seen = _in_a_child(_leave_the_block(lock, lambda: {"fence": lock.fence}))
+        seen = in_a_forked_child(_leave_the_block(lock, lambda: {"fence": lock.fence}))
         assert seen == {"fence": None, "left": "NotAcquired"}
         assert lock.get_owner_id() == lock.id  # still the parent's
         assert lock.fence is not None
     assert not lock.locked()
     # A Lock the child makes with the id still releases it, as python-redis-lock's docs say.
     lock.acquire()
-    assert _in_a_child(lambda: {"r": prl.Lock(r, name, id=lock.id).release()}) == {"r": None}
+    assert in_a_forked_child(lambda: {"r": prl.Lock(r, name, id=lock.id).release()}) == {"r": None}
     assert not lock.locked()
     with pytest.raises(prl.NotAcquired):
         lock.release()  # and the parent's renewal (expire=None) stops, rather than find it lost

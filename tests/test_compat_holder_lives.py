@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import os
-import signal
 import threading
 import time
 import uuid
@@ -21,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 import redis.asyncio
-from _helpers import wait_until
+from _helpers import in_a_forked_child, wait_until
 from redis.exceptions import LockNotOwnedError
 from redmutex.compat import _common, redis_py
 from redmutex.compat import redis_lock as prl
@@ -215,31 +213,8 @@ def test_a_forked_child_neither_renews_nor_stops_the_parents_holds(
 ) -> None:
     redis_py.lock(r, name).acquire(token="parent")
     gc.collect()
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: report what it renews, then exit at once
-        code = 1
-        try:
-            os.close(read)
-            seen = renewing(name.encode())
-            os.write(write, repr(seen).encode())
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(write)
-    reaped = False
-    try:
-        deadline = time.monotonic() + 30
-        while not reaped:
-            reaped = os.waitpid(pid, os.WNOHANG)[0] == pid
-            assert reaped or time.monotonic() < deadline, "the forked child did not finish"
-            time.sleep(0.01)
-        with os.fdopen(read) as f:
-            assert f.read() == "[]"
-    finally:
-        if not reaped:  # still ours to end: not reaped yet
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+    # The child reports what it renews, then exits at once.
+    assert in_a_forked_child(lambda: repr(renewing(name.encode()))) == "[]"
     assert_outlives(r, name, b"parent")  # the parent still renews
     redis_py.lock(r, name).do_release(b"parent")
     assert renewing(name.encode()) == []
