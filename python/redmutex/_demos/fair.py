@@ -20,6 +20,7 @@ import uuid
 from typing import Any, TextIO
 
 from redmutex._core import Client, Lock, _redact_text
+from redmutex._demos.connect import redis_py_client
 
 WAITERS = 4
 HOLD_SECONDS = 0.05  # each waiter keeps the lock this long once it has it
@@ -108,7 +109,7 @@ def fair_demo(url: str, waiters: int = WAITERS, out: TextIO = sys.stdout) -> int
         file=out,
     )
     client = Client(url, prefix=prefix)
-    conn = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
+    conn = redis_py_client(redis.Redis, url, socket_timeout=10)
     holder = Lock(client, name, ttl=10, timeout=10, fair=True)
     problem = ""
     granted: list[tuple[Any, ...]] = []

@@ -13,19 +13,24 @@ with it, the total is conserved and no balance ever goes negative, which the dem
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import queue
 import random
+import shutil
 import signal
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
 from redmutex import redis_lock
 from redmutex._core import _redact_text
+from redmutex._demos.connect import redis_py_client, server_settings
 
 if TYPE_CHECKING:
     import redis
@@ -76,7 +81,7 @@ def _audited_connection(url: str) -> Any:
             pipe.execute = audited_execute
             return pipe
 
-    return AuditedRedis.from_url(url, socket_connect_timeout=5, socket_timeout=30)
+    return redis_py_client(AuditedRedis, url, socket_timeout=30)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -188,6 +193,9 @@ def _transfer_from_processes(
             raise DemoError(f"the transfers did not finish within {RUN_TIMEOUT:.0f} s")
         return seconds, replies
     finally:
+        # Interrupted (Ctrl-C, which the workers leave to us) before the start: the workers
+        # stop waiting for it now, not after START_TIMEOUT. (Harmless once they all started.)
+        barrier.abort()
         for worker in workers:  # only the processes started here, each by its own handle
             worker.join(timeout=5)
             if worker.is_alive():
@@ -211,7 +219,7 @@ def run_demo(url: str, processes: int, transfers: int, out: TextIO, label: str) 
         import redis
     except ImportError:
         raise DemoError("the demo needs redis-py: pip install 'redmutex[redis]'") from None
-    conn = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
+    conn = redis_py_client(redis.Redis, url, socket_timeout=10)
     try:
         try:
             conn.ping()
@@ -318,15 +326,42 @@ def main(
     if url is None:
         url, label = os.environ.get("REDIS_URL") or None, "from REDIS_URL"
     if url is not None:
-        return _run_all(url, processes, transfers, out, label)
-    from redmutex._server import RedisServer
+        try:
+            server_settings(url)
+        except ValueError as exc:
+            raise DemoError(str(exc)) from None
+    with _cleaned_up_on_termination():
+        if url is not None:
+            return _run_all(url, processes, transfers, out, label)
+        from redmutex._server import RedisServer
 
-    server = RedisServer()
+        server = RedisServer()
+        try:
+            try:
+                server.start()
+            except RuntimeError as exc:
+                raise DemoError(f"cannot start a private redis-server: {exc}") from None
+            return _run_all(server.url, processes, transfers, out, "private, for this demo")
+        finally:
+            server.stop()
+            shutil.rmtree(server.dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _cleaned_up_on_termination() -> Iterator[None]:
+    """SIGTERM and SIGHUP (`kill`, `timeout`, a closed terminal) end the demo as Ctrl-C does,
+    through its cleanup: its worker processes and its private redis-server (in a session of its
+    own, which those signals do not reach) are stopped, rather than left running."""
+
+    def leave(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, leave) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        server.start()
-    except RuntimeError as exc:
-        raise DemoError(f"cannot start a private redis-server: {exc}") from None
-    try:
-        return _run_all(server.url, processes, transfers, out, "private, for this demo")
+        yield
     finally:
-        server.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
