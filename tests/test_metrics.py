@@ -261,3 +261,19 @@ def test_lost_leases_are_logged_without_secrets(
     assert any("on leaving a block that raised" in t for t in texts)
     assert all(r.levelno == logging.WARNING for r in records)
     assert not any(SECRET in t for t in texts)
+
+
+def test_measured_reports_each_nested_hold_of_a_reentrant_lock(
+    client: redmutex.Client, events: Recorder
+) -> None:
+    """A nested `with` on one measured re-entrant lock overwrote the outer hold's start, and
+    its exit cleared it: 2 acquires and 1 release were reported, with the inner hold's time."""
+    measured = metrics.measured(redmutex.Lock(client, name_(), ttl=10, reentrant=True))
+    with measured:
+        time.sleep(0.05)
+        with measured:
+            time.sleep(0.05)
+        time.sleep(0.05)
+    assert [e.acquired for e in events.acquired] == [True, True]
+    inner, outer = events.released
+    assert 0.04 < inner.held < outer.held and outer.held >= 0.14

@@ -162,7 +162,9 @@ class measured(Generic[H]):  # a class used like a function: `with measured(lock
     def __init__(self, hold: H) -> None:
         self._hold = hold
         self._kind: str | None = None
-        self._acquired_at: float | None = None  # set while a measured hold lasts
+        # When each hold still on was taken (None: hooks were off then), innermost last: a
+        # re-entrant lock's nested `with` blocks are holds of their own, each reported.
+        self._acquired_at: list[float | None] = []
 
     def _started(self) -> float | None:
         if _active is None:
@@ -172,19 +174,19 @@ class measured(Generic[H]):  # a class used like a function: `with measured(lock
         return time.perf_counter()
 
     def _entered(self, started: float | None, acquired: bool) -> None:
-        if started is None:
-            return
-        now = time.perf_counter()
+        now = None if started is None else time.perf_counter()
         if acquired:
-            self._acquired_at = now
+            self._acquired_at.append(now)
+        if started is None or now is None:
+            return
         name = str(getattr(self._hold, "name", "?"))
         report_acquire(name, self._kind or "lock", now - started, acquired)
 
     def _left(self, lost: bool) -> None:
-        if self._acquired_at is None:
+        acquired_at = self._acquired_at.pop() if self._acquired_at else None
+        if acquired_at is None:
             return
-        held = time.perf_counter() - self._acquired_at
-        self._acquired_at = None
+        held = time.perf_counter() - acquired_at
         lost = lost or bool(getattr(self._hold, "lost", False))
         report_release(str(getattr(self._hold, "name", "?")), self._kind or "lock", held, lost)
 
