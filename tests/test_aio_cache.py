@@ -389,9 +389,16 @@ def test_a_fill_asking_for_its_own_entry_raises_instead_of_hanging(
     async def via_task() -> str:
         return await asyncio.ensure_future(aio.get_or_fill(client, "self2", via_task, ttl=30))
 
+    same_place = redmutex.Client(client.url, prefix=prefix)
+
+    async def through_another_client() -> str:
+        return await aio.get_or_fill(same_place, "self3", through_another_client, ttl=30, timeout=5)
+
     async def main() -> None:
         with pytest.raises(RuntimeError, match="its own fill"):
             await aio.get_or_fill(client, "self", own, ttl=30)
+        with pytest.raises(RuntimeError, match="its own fill"):
+            await aio.get_or_fill(client, "self3", through_another_client, ttl=30, timeout=5)
         with pytest.raises(RuntimeError, match="its own fill"):
             await aio.get_or_fill(client, "self2", via_task, ttl=30)
 

@@ -1050,6 +1050,16 @@ def test_a_fill_asking_for_its_own_entry_raises_instead_of_hanging(
     with pytest.raises(RuntimeError, match="its own fill"):
         redmutex.get_or_fill(client, "self", fill, ttl=30)
     assert not r.exists(fill_key(prefix, "self"))
+
+    # Through another client of the same server and prefix it is the same entry (it hung: the
+    # guard compared the client objects).
+    same_place = redmutex.Client(client.url, prefix=prefix)
+
+    def fill_through_another_client() -> str:
+        return redmutex.get_or_fill(same_place, "self", fill, ttl=30, timeout=5)
+
+    with pytest.raises(RuntimeError, match="its own fill"):
+        redmutex.get_or_fill(client, "self", fill_through_another_client, ttl=30)
     # Other entries may be filled from within a fill.
     outer = redmutex.get_or_fill(
         client, "outer", lambda: redmutex.get_or_fill(client, "inner", lambda: 1, ttl=30), ttl=30

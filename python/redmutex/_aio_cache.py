@@ -63,7 +63,7 @@ class _FillMark:
 
     __slots__ = ("entry", "running")
 
-    def __init__(self, entry: tuple[int, str]) -> None:
+    def __init__(self, entry: tuple[tuple[str, str], str]) -> None:
         self.entry = entry
         self.running = True
 
@@ -185,7 +185,7 @@ def _consume(future: asyncio.Future[Any]) -> None:
 
 
 def _refuse_own_entry(settings: _Settings, key: str) -> None:
-    entry = (settings.client_id, key)
+    entry = (settings.space, key)
     if any(mark.running and mark.entry == entry for mark in _filling.get()):
         raise RuntimeError(
             f"cache entry {key!r} was asked for from its own fill, which would wait for itself"
@@ -193,7 +193,7 @@ def _refuse_own_entry(settings: _Settings, key: str) -> None:
 
 
 async def _run_fill(settings: _Settings, key: str, fill: Fill[T]) -> T:
-    mark = _FillMark((settings.client_id, key))
+    mark = _FillMark((settings.space, key))
     # Ended marks inherited from a fill that started this task are dropped as we go.
     token = _filling.set((*(m for m in _filling.get() if m.running), mark))
     try:

@@ -230,7 +230,7 @@ class _Cached(_Descriptor):
 class _Settings:
     """The validated options of one ``get_or_fill`` call or one ``@cached`` function."""
 
-    __slots__ = ("beta", "client_id", "codec", "store", "timeout")
+    __slots__ = ("beta", "codec", "space", "store", "timeout")
 
     def __init__(
         self,
@@ -246,7 +246,10 @@ class _Settings:
         self.codec: Codec = make_codec(serializer, secret)
         self.beta = validate_beta(beta)
         self.timeout = self.store.timeout  # validated: None (forever) or seconds
-        self.client_id = id(self.store.client)  # stable: the store keeps its client alive
+        # Where its keys live (the server(s), redacted, and the prefix): a fill that asks for its
+        # own entry through another client of the same server is caught as through the same.
+        client = self.store.client
+        self.space = (client.url, client.prefix)
 
 
 # -- the flow of one cache read, written once (sans-I/O) ------------------------------------------
@@ -483,16 +486,17 @@ def _fill(
 
 # -- the blocking driver ------------------------------------------------------------------------
 
-# The entries each thread is filling right now, as (client id, key): a fill that asks for its
-# own entry would wait for itself (its claim is renewed while it runs), so it raises instead.
+# The entries each thread is filling right now, as (space, key) (see `_Settings.space`): a fill
+# that asks for its own entry would wait for itself (its claim is renewed while it runs), so it
+# raises instead.
 _filling = threading.local()
 
 
-def _fill_guard(settings: _Settings, key: str) -> set[tuple[int, str]]:
-    entries: set[tuple[int, str]] | None = getattr(_filling, "entries", None)
+def _fill_guard(settings: _Settings, key: str) -> set[tuple[tuple[str, str], str]]:
+    entries: set[tuple[tuple[str, str], str]] | None = getattr(_filling, "entries", None)
     if entries is None:
         entries = _filling.entries = set()
-    if (settings.client_id, key) in entries:
+    if (settings.space, key) in entries:
         raise RuntimeError(
             f"cache entry {key!r} was asked for from its own fill, which would wait for itself"
         )
@@ -513,7 +517,7 @@ def _timeout_error(settings: _Settings, key: str) -> LockTimeoutError:
 
 def _run_fill(settings: _Settings, key: str, fill: Callable[[], T]) -> T:
     entries = _fill_guard(settings, key)
-    entry = (settings.client_id, key)
+    entry = (settings.space, key)
     entries.add(entry)
     try:
         value = fill()
