@@ -50,6 +50,10 @@ struct HubCore {
 struct HubState {
     generation: u64,
     sink: Option<PubSubSink>,
+    /// Dropped to end the dispatch task of the current connection, and with it the connection:
+    /// when the connection is given up, or with the hub (the task holds the hub only weakly, so
+    /// a hub that nobody uses any more, e.g. after `Client::close`, is dropped at all).
+    dispatching: Option<tokio::sync::oneshot::Sender<()>>,
     channels: HashMap<Vec<u8>, Channel>,
     next_id: u64,
 }
@@ -218,16 +222,23 @@ impl HubCore {
             self.target.pubsub(self.timeouts).await?
         };
         let (sink, stream) = pubsub.split();
+        let (dispatching, given_up) = tokio::sync::oneshot::channel();
         let generation = {
             let mut state = self.lock_state();
             state.generation += 1;
             state.sink = Some(sink.clone());
+            state.dispatching = Some(dispatching);
             for channel in state.channels.values_mut() {
                 channel.subscribed_on = None;
             }
             state.generation
         };
-        tokio::spawn(self.clone().dispatch(stream, generation));
+        tokio::spawn(Self::dispatch(
+            Arc::downgrade(self),
+            stream,
+            generation,
+            given_up,
+        ));
         tokio::spawn(Self::keep_alive(
             Arc::downgrade(self),
             sink.clone(),
@@ -264,14 +275,28 @@ impl HubCore {
         }
     }
 
-    /// Delivers messages until the connection ends, then wakes everybody to look again.
-    async fn dispatch(self: Arc<Self>, mut stream: PubSubStream, generation: u64) {
-        while let Some(msg) = stream.next().await {
+    /// Delivers messages until the connection ends, then wakes everybody to look again; ends
+    /// at once, dropping the connection, when it is given up or the hub is gone (`given_up`).
+    async fn dispatch(
+        hub: std::sync::Weak<Self>,
+        mut stream: PubSubStream,
+        generation: u64,
+        mut given_up: tokio::sync::oneshot::Receiver<()>,
+    ) {
+        loop {
+            let msg = tokio::select! {
+                msg = stream.next() => msg,
+                _ = &mut given_up => return,
+            };
+            let Some(msg) = msg else { break };
+            let Some(core) = hub.upgrade() else {
+                return;
+            };
             let Ok(channel) = msg.get_channel::<Vec<u8>>() else {
                 continue;
             };
             let message = parse_wake(msg.get_payload_bytes());
-            let state = self.lock_state();
+            let state = core.lock_state();
             if let Some(c) = state.channels.get(&channel) {
                 for waiter in &c.waiters {
                     let token = waiter.token.as_deref();
@@ -288,7 +313,9 @@ impl HubCore {
                 }
             }
         }
-        self.disconnected(generation);
+        if let Some(core) = hub.upgrade() {
+            core.disconnected(generation);
+        }
     }
 
     fn disconnected(&self, generation: u64) {
@@ -297,6 +324,7 @@ impl HubCore {
             return;
         }
         state.sink = None;
+        state.dispatching = None;
         for channel in state.channels.values_mut() {
             channel.subscribed_on = None;
             for waiter in &channel.waiters {
