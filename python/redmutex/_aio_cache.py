@@ -133,7 +133,7 @@ class _AsyncBound(_Bound):
         __kwdefaults__ = None
 
 
-def _mark_as_coroutine_function(cls: type) -> None:
+def _mark_as_coroutine_function(cls: type, mark: Callable[[Any], Any]) -> None:
     """Python >= 3.12 marks a coroutine function with an attribute, which instances inherit
     from their class. ``markcoroutinefunction(cls)`` itself would set it on ``cls.__func__``
     (here the slot's descriptor, which refuses it), so a stand-in is marked and its mark
@@ -142,13 +142,14 @@ def _mark_as_coroutine_function(cls: type) -> None:
     def stand_in() -> None: ...
 
     before = set(vars(stand_in))
-    inspect.markcoroutinefunction(stand_in)
+    mark(stand_in)
     for attr in set(vars(stand_in)) - before:
         setattr(cls, attr, getattr(stand_in, attr))
 
 
-if hasattr(inspect, "markcoroutinefunction"):
-    _mark_as_coroutine_function(_AsyncBound)
+_markcoroutinefunction = getattr(inspect, "markcoroutinefunction", None)  # Python >= 3.12
+if _markcoroutinefunction is not None:
+    _mark_as_coroutine_function(_AsyncBound, _markcoroutinefunction)
 
 
 class _AsyncCached(_Descriptor):

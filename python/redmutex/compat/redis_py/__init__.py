@@ -151,7 +151,8 @@ class Lock(LockBase):
 
     def do_extend(self, additional_time: Number, replace_ttl: bool) -> Literal[True]:
         ms = extend_ms(additional_time)
-        if self._core.extend(token_text(self._token()), ms, bool(replace_ttl)) < 0:
+        token = self._held_token(self._token(), "extend")
+        if self._core.extend(token_text(token), ms, bool(replace_ttl)) < 0:
             raise LockNotOwnedError(
                 "Cannot extend a lock that's no longer owned", lock_name=self.name
             )
@@ -167,7 +168,8 @@ class Lock(LockBase):
 
     def do_reacquire(self) -> Literal[True]:
         ms = int(float(self.timeout or 0) * 1000)
-        if self._core.extend(token_text(self._token()), ms, True) < 0:
+        token = self._held_token(self._token(), "reacquire")
+        if self._core.extend(token_text(token), ms, True) < 0:
             raise LockNotOwnedError(
                 "Cannot reacquire a lock that's no longer owned", lock_name=self.name
             )

@@ -9,7 +9,7 @@ import uuid
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
-from redis.exceptions import ResponseError
+from redis.exceptions import LockError, ResponseError
 
 from ..._core import _CompatHold, _CompatLock
 from .._common import (
@@ -106,10 +106,17 @@ class LockBase:
         parent took: the child holds none of its parent's locks, so its copy of this object must
         not release or extend the parent's hold (redis-py's does). A token the child sets in
         ``local.token`` itself, or passes to ``do_release``, still works."""
-        token = self.local.token
+        token: bytes | None = self.local.token
         taken = getattr(self.local, "taken", None)
         if taken is not None and taken[1] is token and taken[0] != os.getpid():
             return None
+        return token
+
+    def _held_token(self, token: bytes | None, what: str) -> bytes:
+        """`token`, or redis-py's LockError for a call on an unlocked lock (its `do_extend`
+        and `do_reacquire` hooks called directly)."""
+        if token is None:
+            raise LockError(f"Cannot {what} an unlocked lock", lock_name=self.name)
         return token
 
     def _where(self, token: str | bytes) -> tuple[str, bytes, str] | None:

@@ -224,7 +224,8 @@ class Lock(LockBase):
     async def _extend(
         self, what: str, token: bytes | None, ms: int, replace: bool
     ) -> Literal[True]:
-        if await self._core._extend_async(token_text(token), ms, replace) < 0:
+        held = self._held_token(token, what)
+        if await self._core._extend_async(token_text(held), ms, replace) < 0:
             raise LockNotOwnedError(f"Cannot {what} a lock that's no longer owned")
         return True
 
