@@ -380,6 +380,40 @@ def test_timeout_waiting_for_another_fill(client: redmutex.Client) -> None:
     assert 0.25 < waited < 1.5, waited
 
 
+def test_a_fill_asking_for_its_own_entry_through_a_url_spelled_otherwise_raises(
+    redis_server: RedisServer, r: redis.Redis
+) -> None:
+    # The same server, db and prefix spelled otherwise is the same entry: the fill waited for
+    # its own claim (for ever with timeout=None).
+    port = redis_server.port
+    outer = redmutex.Client(f"redis://127.0.0.1:{port}")
+    inner = redmutex.Client(f"redis://127.0.0.1:{port}/0")
+    elsewhere = redmutex.Client(f"redis://127.0.0.1:{port}/1")
+
+    async def own() -> str:
+        return await aio.get_or_fill(inner, "spelled", lambda: "inner", ttl=30, timeout=3)
+
+    async def via_task() -> str:
+        return await asyncio.ensure_future(own())
+
+    async def other_db() -> int:
+        return await aio.get_or_fill(elsewhere, "spelled-db", lambda: 5, ttl=30, timeout=3)
+
+    async def main() -> None:
+        for fill in (own, via_task):
+            with pytest.raises(RuntimeError, match="its own fill"):
+                await aio.get_or_fill(outer, "spelled", fill, ttl=30)
+        assert await aio.get_or_fill(outer, "spelled-db", other_db, ttl=30) == 5
+
+    try:
+        asyncio.run(main())
+        assert not r.exists("redmutex:{spelled}:fill")
+    finally:
+        r.delete("redmutex:{spelled-db}:value")
+        for c in (outer, inner, elsewhere):
+            c.close()
+
+
 def test_a_fill_asking_for_its_own_entry_raises_instead_of_hanging(
     client: redmutex.Client, r: redis.Redis, prefix: str
 ) -> None:

@@ -1067,6 +1067,58 @@ def test_a_fill_asking_for_its_own_entry_raises_instead_of_hanging(
     assert outer == 1
 
 
+def _spellings_of(server: RedisServer) -> list[tuple[str, Callable[[], Any]]]:
+    """Clients of the server's db 0 with the default prefix, each spelled otherwise."""
+    port = server.port
+    return [
+        ("no db", lambda: redmutex.Client(f"redis://127.0.0.1:{port}")),
+        ("db 0", lambda: redmutex.Client(f"redis://127.0.0.1:{port}/0")),
+        ("a query", lambda: redmutex.Client(f"redis://127.0.0.1:{port}/0?socket_timeout=5")),
+        ("redis.Redis", lambda: redis.Redis(host="127.0.0.1", port=port, db=0)),
+    ]
+
+
+def test_a_fill_asking_for_its_own_entry_through_a_url_spelled_otherwise_raises(
+    redis_server: RedisServer, r: redis.Redis
+) -> None:
+    """The same server, db and prefix spelled otherwise is the same entry: the fill waited for
+    its own claim (for ever with timeout=None), renewed while it waited."""
+    spellings = _spellings_of(redis_server)
+    for outer_name, make_outer in spellings:
+        for inner_name, make_inner in spellings:
+            outer, inner = make_outer(), make_inner()
+            key = f"spelled-{uuid.uuid4().hex[:8]}"
+
+            def fill(inner: Any = inner, key: str = key) -> str:
+                return redmutex.get_or_fill(inner, key, lambda: "inner", ttl=30, timeout=3)
+
+            with pytest.raises(RuntimeError, match="its own fill"):
+                redmutex.get_or_fill(outer, key, fill, ttl=30)
+            assert not r.exists(fill_key("redmutex:", key)), (outer_name, inner_name)
+            outer.close()
+            inner.close()
+
+
+def test_a_fill_may_ask_for_the_same_key_of_another_db_or_prefix(redis_server: RedisServer) -> None:
+    """Only Redis tells a URL spelled otherwise from another place: the same key there is
+    another entry, filled as any other."""
+    port = redis_server.port
+    outer = redmutex.Client(f"redis://127.0.0.1:{port}")
+    for elsewhere in (
+        redmutex.Client(f"redis://127.0.0.1:{port}/1"),
+        redmutex.Client(f"redis://127.0.0.1:{port}/0", prefix="other:"),
+    ):
+        key = f"elsewhere-{uuid.uuid4().hex[:8]}"
+
+        def fill(elsewhere: redmutex.Client = elsewhere, key: str = key) -> int:
+            return redmutex.get_or_fill(elsewhere, key, lambda: 7, ttl=30, timeout=3)
+
+        assert redmutex.get_or_fill(outer, key, fill, ttl=30) == 7
+        assert redmutex.get_or_fill(elsewhere, key, lambda: 0, ttl=30) == 7  # stored there
+        elsewhere.close()
+    outer.close()
+
+
 def _store_in_child(claim: Any, out: Any) -> None:
     try:
         claim.store(b"from the child")

@@ -407,6 +407,30 @@ def test_cache_one_fill_per_stampede_across_6_processes_with_2_masters_cut(
     assert len(values) == 3
 
 
+def test_a_fill_asking_for_its_own_entry_through_other_urls_of_the_masters_raises(
+    rl: Proxied,
+) -> None:
+    # The masters through their proxies and directly: other URLs, the same entry. The fill
+    # waited for its own claim (held on a majority, renewed while it waited).
+    outer, inner = client(rl), redmutex.Client(rl.masters.urls, prefix="t:", **FAST)
+    n = name()
+
+    def fill() -> str:
+        return redmutex.get_or_fill(inner, n, lambda: "inner", ttl=30, timeout=3)
+
+    with pytest.raises(RuntimeError, match="its own fill"):
+        redmutex.get_or_fill(outer, n, fill, ttl=30)
+    assert wait_empty(rl, range(5), n) == []
+    # Another prefix there is another entry.
+    other = redmutex.Client(rl.masters.urls, prefix="u:", **FAST)
+    assert (
+        redmutex.get_or_fill(
+            outer, n, lambda: redmutex.get_or_fill(other, n, lambda: 1, ttl=30), ttl=30
+        )
+        == 1
+    )
+
+
 def test_cache_basics_invalidate_and_quorum_error(rl: Proxied) -> None:
     c, n = client(rl), name()
     fills: list[int] = []

@@ -25,16 +25,19 @@ from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, cast, overl
 
 from . import _aio_bridge, _core
 from ._cache import (
-    _RUN_FILL,
     _SERVE,
     _Bound,
     _decide,
     _decorator,
     _Descriptor,
     _Driven,
+    _Filling,
     _flow,
     _GiveBack,
+    _own_entry_error,
+    _own_fill_suspects,
     _Refetch,
+    _RunFill,
     _Settings,
     _Store,
     _TryClaim,
@@ -57,14 +60,14 @@ Fill = Callable[[], Awaitable[T] | T]
 
 
 class _FillMark:
-    """One running fill of (client id, key). Tasks the fill starts copy the context holding it,
+    """One running fill (see ``_Filling``). Tasks the fill starts copy the context holding it,
     and ``reset`` undoes the mark only in the filler's own context: ``running`` is what the
     copies see end, so they are refused only while the fill they would wait for still runs."""
 
-    __slots__ = ("entry", "running")
+    __slots__ = ("fill", "running")
 
-    def __init__(self, entry: tuple[tuple[str, str], str]) -> None:
-        self.entry = entry
+    def __init__(self, fill: _Filling) -> None:
+        self.fill = fill
         self.running = True
 
 
@@ -185,16 +188,22 @@ def _consume(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
-def _refuse_own_entry(settings: _Settings, key: str) -> None:
-    entry = (settings.space, key)
-    if any(mark.running and mark.entry == entry for mark in _filling.get()):
-        raise RuntimeError(
-            f"cache entry {key!r} was asked for from its own fill, which would wait for itself"
-        )
+def _own_fill_suspects_here(settings: _Settings, key: str) -> list[str]:
+    """``_own_fill_suspects`` among the fills running in this task (or the one that started it)."""
+    marks = _filling.get()
+    if not marks:  # not inside a fill: the common case
+        return []
+    return _own_fill_suspects((m.fill for m in marks if m.running), settings, key)
 
 
-async def _run_fill(settings: _Settings, key: str, fill: Fill[T]) -> T:
-    mark = _FillMark((settings.space, key))
+async def _refuse_own_entry(settings: _Settings, key: str, suspects: list[str]) -> None:
+    for token in suspects:
+        if await settings.store._holds_claim_async(key, token):
+            raise _own_entry_error(key)
+
+
+async def _run_fill(settings: _Settings, key: str, fill: Fill[T], claim_token: str) -> T:
+    mark = _FillMark(_Filling(settings.space, key, claim_token))
     # Ended marks inherited from a fill that started this task are dropped as we go.
     token = _filling.set((*(m for m in _filling.get() if m.running), mark))
     try:
@@ -231,7 +240,9 @@ def _on_this_loop(reply: Any) -> Any:
 
 async def _get(settings: _Settings, key: str, fill: Fill[T]) -> T:
     """One cache read: ``redmutex._cache._flow`` with awaited Redis steps."""
-    _refuse_own_entry(settings, key)
+    suspects = _own_fill_suspects_here(settings, key)
+    if suspects:
+        await _refuse_own_entry(settings, key, suspects)
     store = settings.store
     decision = _decide(settings, key, _on_this_loop(await store._fetch_async(key)))
     if decision[0] is _SERVE:  # the hit path: no flow needed
@@ -242,8 +253,8 @@ async def _get(settings: _Settings, key: str, fill: Fill[T]) -> T:
     while not flow.done:
         request = flow.request
         try:
-            if request is _RUN_FILL:
-                reply = await _run_fill(settings, key, fill)
+            if isinstance(request, _RunFill):
+                reply = await _run_fill(settings, key, fill, request.token)
             elif isinstance(request, _Store):
                 reply = await request.claim._store_async(request.payload)
             elif isinstance(request, _Refetch):

@@ -72,7 +72,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, cast, overload
 
@@ -247,7 +247,8 @@ class _Settings:
         self.beta = validate_beta(beta)
         self.timeout = self.store.timeout  # validated: None (forever) or seconds
         # Where its keys live (the server(s), redacted, and the prefix): a fill that asks for its
-        # own entry through another client of the same server is caught as through the same.
+        # own entry through another client of the same URL is caught as through the same (and
+        # through a URL spelled otherwise by asking Redis: see `_own_fill_suspects`).
         client = self.store.client
         self.space = (client.url, client.prefix)
 
@@ -316,10 +317,14 @@ class _Raise:
     error: BaseException
 
 
-# The request to run ``fill`` (reply: its value, awaited if need be).
-_RUN_FILL = "run fill"
+@dataclass(slots=True)
+class _RunFill:
+    """Run ``fill``, holding the claim with ``token``. Reply: its value (awaited if need be)."""
 
-_Request = str | _Refetch | _TryClaim | _Store | _GiveBack
+    token: str
+
+
+_Request = _RunFill | _Refetch | _TryClaim | _Store | _GiveBack
 Flow = Generator[_Request, Any, Any]
 
 
@@ -332,7 +337,7 @@ class _Driven:
     def __init__(self, flow: Flow) -> None:
         self._flow = flow
         self.done = False
-        self.request: _Request = _RUN_FILL
+        self.request: _Request = _RunFill("")
         self._result: Any = None
         self.send(None)
 
@@ -435,7 +440,7 @@ def _fill(
     of a failure of the fill."""
     started = time.monotonic()
     try:
-        value = yield _RUN_FILL
+        value = yield _RunFill(claim.token)
         delta = time.monotonic() - started
         # What the filler's caller gets is what every later caller gets: the value as it
         # round-trips through the serializer (loads of the bytes just dumped).
@@ -486,21 +491,52 @@ def _fill(
 
 # -- the blocking driver ------------------------------------------------------------------------
 
-# The entries each thread is filling right now, as (space, key) (see `_Settings.space`): a fill
-# that asks for its own entry would wait for itself (its claim is renewed while it runs), so it
-# raises instead.
+@dataclass(frozen=True, slots=True)
+class _Filling:
+    """A fill under way: where its entry lives (``_Settings.space``), its key, its claim's token."""
+
+    space: tuple[str, str]
+    key: str
+    token: str
+
+
+def _own_entry_error(key: str) -> RuntimeError:
+    return RuntimeError(
+        f"cache entry {key!r} was asked for from its own fill, which would wait for itself"
+    )
+
+
+def _own_fill_suspects(fills: Iterable[_Filling], settings: _Settings, key: str) -> list[str]:
+    """The claim tokens of those of ``fills`` that may be the entry ``key`` of ``settings``: the
+    same key and prefix through a client whose URL is spelled otherwise (``/0``, ``localhost``, a
+    redis.Redis...), which only Redis can tell. Raises ``RuntimeError`` for one surely the same
+    (the same URL and prefix)."""
+    suspects = []
+    for fill in fills:
+        if fill.key != key or fill.space[1] != settings.space[1]:
+            continue
+        if fill.space == settings.space:
+            raise _own_entry_error(key)
+        suspects.append(fill.token)
+    return suspects
+
+
+# The fills each thread is running right now: a fill that asks for its own entry would wait for
+# itself (its claim is renewed while it runs), so it raises instead.
 _filling = threading.local()
 
 
-def _fill_guard(settings: _Settings, key: str) -> set[tuple[tuple[str, str], str]]:
-    entries: set[tuple[tuple[str, str], str]] | None = getattr(_filling, "entries", None)
-    if entries is None:
-        entries = _filling.entries = set()
-    if (settings.space, key) in entries:
-        raise RuntimeError(
-            f"cache entry {key!r} was asked for from its own fill, which would wait for itself"
-        )
-    return entries
+def _fills_of_this_thread() -> list[_Filling]:
+    fills: list[_Filling] | None = getattr(_filling, "fills", None)
+    if fills is None:
+        fills = _filling.fills = []
+    return fills
+
+
+def _refuse_own_entry(settings: _Settings, key: str) -> None:
+    for token in _own_fill_suspects(_fills_of_this_thread(), settings, key):
+        if settings.store.holds_claim(key, token):
+            raise _own_entry_error(key)
 
 
 def _digest(payload: bytes) -> str:
@@ -515,10 +551,10 @@ def _timeout_error(settings: _Settings, key: str) -> LockTimeoutError:
     )
 
 
-def _run_fill(settings: _Settings, key: str, fill: Callable[[], T]) -> T:
-    entries = _fill_guard(settings, key)
-    entry = (settings.space, key)
-    entries.add(entry)
+def _run_fill(settings: _Settings, key: str, fill: Callable[[], T], token: str) -> T:
+    fills = _fills_of_this_thread()
+    mine = _Filling(settings.space, key, token)
+    fills.append(mine)
     try:
         value = fill()
         if inspect.isawaitable(value):
@@ -530,13 +566,13 @@ def _run_fill(settings: _Settings, key: str, fill: Callable[[], T]) -> T:
             raise TypeError(f"fill for {key!r} returned an awaitable; use redmutex.aio.get_or_fill")
         return value
     finally:
-        entries.discard(entry)
+        fills.remove(mine)
 
 
 def _get(settings: _Settings, key: str, fill: Callable[[], T]) -> T:
     """One cache read: ``_flow`` with blocking Redis steps."""
-    if getattr(_filling, "entries", None):  # inside a fill: refuse to wait for ourselves
-        _fill_guard(settings, key)
+    if getattr(_filling, "fills", None):  # inside a fill: refuse to wait for ourselves
+        _refuse_own_entry(settings, key)
     store = settings.store
     decision = _decide(settings, key, store.fetch(key))
     if decision[0] is _SERVE:  # the hit path: no flow needed
@@ -547,8 +583,8 @@ def _get(settings: _Settings, key: str, fill: Callable[[], T]) -> T:
     while not flow.done:
         request = flow.request
         try:
-            if request is _RUN_FILL:
-                reply = _run_fill(settings, key, fill)
+            if isinstance(request, _RunFill):
+                reply = _run_fill(settings, key, fill, request.token)
             elif isinstance(request, _Store):
                 reply = request.claim.store(request.payload)
             elif isinstance(request, _Refetch):

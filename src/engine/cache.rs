@@ -602,6 +602,11 @@ pub async fn invalidate(shared: &Shared, keys: &Keys) -> Result<bool> {
     executor::run(shared, &steps::invalidate(keys)).await
 }
 
+/// Whether `token` holds the entry's fill claim.
+pub async fn claim_held_by(shared: &Shared, keys: &Keys, token: &str) -> Result<bool> {
+    executor::run(shared, &steps::claim_held_by(keys, token)).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -236,6 +236,13 @@ pub async fn invalidate(redlock: &Redlock, keys: &Keys) -> Result<bool> {
     redlock.owned_by(&steps::invalidate(keys), None).await
 }
 
+/// Whether `token` holds the entry's fill claim on a majority of the masters.
+pub async fn claim_held_by(redlock: &Redlock, keys: &Keys, token: &str) -> Result<bool> {
+    redlock
+        .owned_by(&steps::claim_held_by(keys, token), Some(token))
+        .await
+}
+
 /// The fill claim, held on a majority. Exactly one of `store` or `abandon` settles it; dropped
 /// unsettled, it is given back in the background.
 pub struct Claim {

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use super::keys::Keys;
 use super::lease;
+use super::lock::parse_owner;
 use super::replies::{parse_flag, parse_lookup, Lookup};
 use super::scripts;
 use super::step::Step;
@@ -49,6 +50,15 @@ pub fn invalidate(keys: &Keys) -> Step<bool> {
     Step::script(scripts::cache_invalidate(keys), |v| parse_flag(&v))
 }
 
+/// Whether `token` holds the entry's fill claim: a fill asking for its own entry through
+/// another client (a URL spelled otherwise) would wait for that claim, which it holds itself.
+pub fn claim_held_by(keys: &Keys, token: &str) -> Step<bool> {
+    let mut get = redis::cmd("GET");
+    get.arg(keys.cache_fill());
+    let token = token.as_bytes().to_vec();
+    Step::command(get, parse_owner).map(move |owner| owner.as_deref() == Some(token.as_slice()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -77,5 +87,9 @@ mod tests {
         assert_eq!(store(&keys, "t", b"v", 10).parse(Value::Int(1)), Ok(true));
         assert_eq!(abandon(&keys, "t").parse(Value::Int(0)), Ok(false));
         assert_eq!(invalidate(&keys).parse(Value::Int(1)), Ok(true));
+        let held = claim_held_by(&keys, "t");
+        assert_eq!(held.parse(Value::BulkString(b"t".to_vec())), Ok(true));
+        assert_eq!(held.parse(Value::BulkString(b"u".to_vec())), Ok(false));
+        assert_eq!(held.parse(Value::Nil), Ok(false));
     }
 }

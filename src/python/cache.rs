@@ -119,6 +119,28 @@ impl PyCacheStore {
         Ok((invalidated, about))
     }
 
+    /// Whether `token` holds `key`'s fill claim, and what its errors are about.
+    fn claim_check(
+        &self,
+        key: &Bound<'_, PyAny>,
+        token: &str,
+    ) -> PyResult<(
+        impl Future<Output = Result<bool, Error>> + Send + 'static,
+        About,
+    )> {
+        let (spec, about) = self.spec(key)?;
+        let client = self.inner.clone();
+        let token = token.to_string();
+        let held = async move {
+            if let Backend::Redlock(redlock) = client.backend()? {
+                return redlock_cache::claim_held_by(&redlock, &spec.keys, &token).await;
+            }
+            let shared = client.shared()?;
+            cache::claim_held_by(&shared, &spec.keys, &token).await
+        };
+        Ok((held, about))
+    }
+
     /// `fetch` as an awaitable: every step in the runtime. Cancelled, it stops waiting, and a
     /// claim its lookups took is given back (the engine's `Claim` does so when dropped).
     fn run_fetch_async<'py>(
@@ -346,6 +368,29 @@ impl PyCacheStore {
             OnCancel::Finish,
             async move { Ok(invalidated.await) },
             move |py, dropped| dropped.about(py, &about)?.into_bound_py_any(py),
+        )
+    }
+
+    /// Whether the fill claim of `key` is held with `token` (a FillClaim's): a fill's guard
+    /// against waiting for its own claim through another client of the same server.
+    fn holds_claim(&self, py: Python<'_>, key: &Bound<'_, PyAny>, token: &str) -> PyResult<bool> {
+        let (held, about) = self.claim_check(key, token)?;
+        blocking::wait(py, held)?.about(py, &about)
+    }
+
+    /// `holds_claim` as an awaitable resolving to the same.
+    fn _holds_claim_async<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+        token: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let (held, about) = self.claim_check(key, token)?;
+        awaitable::spawn(
+            py,
+            OnCancel::Abort,
+            async move { Ok(held.await) },
+            move |py, held| held.about(py, &about)?.into_bound_py_any(py),
         )
     }
 
