@@ -491,6 +491,7 @@ def _fill(
 
 # -- the blocking driver ------------------------------------------------------------------------
 
+
 @dataclass(frozen=True, slots=True)
 class _Filling:
     """A fill under way: where its entry lives (``_Settings.space``), its key, its claim's token."""

@@ -218,7 +218,9 @@ class Lock:
         """Acquires with the constructor's timeout; LockTimeoutError when not acquired."""
     def __exit__(self, *exc: object) -> Literal[False]:
         """Releases; LockLostError if the lease was lost while the block ran (when the block
-        raised, its exception propagates and the loss is logged)."""
+        raised, its exception propagates and the loss is logged). A release that raised
+        (ConnectionError) still ends the hold here: it goes on in the background until the lease
+        would end."""
     # Awaited by redmutex.aio.Lock; same semantics as the blocking methods.
     def _acquire_async(
         self, blocking: bool | None = None, timeout: float | None = None
@@ -297,7 +299,9 @@ class MultiLock:
     def __enter__(self) -> Self:
         """Acquires with the constructor's timeout; LockTimeoutError when not acquired."""
     def __exit__(self, *exc: object) -> Literal[False]:
-        """Releases; LockLostError if a lease was lost while the block ran."""
+        """Releases; LockLostError if a lease was lost while the block ran. A release that
+        raised (ConnectionError) still ends the hold here: it goes on in the background until
+        the leases would end."""
     # Awaited by redmutex.aio.MultiLock; same semantics as the blocking methods.
     def _acquire_async(
         self, blocking: bool | None = None, timeout: float | None = None
@@ -377,7 +381,9 @@ class Semaphore:
     def __enter__(self) -> Self:
         """Acquires with the constructor's timeout; LockTimeoutError when not acquired."""
     def __exit__(self, *exc: object) -> Literal[False]:
-        """Releases; LockLostError if the lease was lost while the block ran."""
+        """Releases; LockLostError if the lease was lost while the block ran. A release that
+        raised (ConnectionError) still ends the hold here: it goes on in the background until
+        the lease would end."""
     # Awaited by redmutex.aio.Semaphore; same semantics as the blocking methods.
     def _acquire_async(
         self, blocking: bool | None = None, timeout: float | None = None
@@ -494,7 +500,9 @@ class RWLockSide:
     def __enter__(self) -> Self:
         """Acquires with the RWLock's timeout; LockTimeoutError when not acquired."""
     def __exit__(self, *exc: object) -> Literal[False]:
-        """Releases; LockLostError if the lease was lost while the block ran."""
+        """Releases; LockLostError if the lease was lost while the block ran. A release that
+        raised (ConnectionError) still ends the hold here: it goes on in the background until
+        the lease would end."""
     # Awaited by redmutex.aio.RWLockSide; `context` tells asyncio tasks apart for the
     # deadlock guard (a read->write upgrade within one task raises LockError).
     def _acquire_async(

@@ -810,11 +810,13 @@ impl<P: Leased> Holder<P> {
         Err(lost_error())
     }
 
-    /// A block's exit cannot be retried: when its nested release at `depth` raised, the level
-    /// goes now and Redis is told in the background (retried until the lease would end).
+    /// A block's exit cannot be retried: when its release at `depth` raised (a nested one's, or
+    /// the hold's own), the level goes now and Redis is told in the background (retried until
+    /// the lease would end), so the object holds nothing it cannot give up and may enter a block
+    /// again. (A plain `release()` that raised keeps the hold for the caller's retry.)
     pub fn drop_unreleased_level(&self, depth: u32) {
         let token = match &*self.state() {
-            State::Held(hold) if hold.depth == depth && depth > 1 => hold.token.clone(),
+            State::Held(hold) if hold.depth == depth => hold.token.clone(),
             _ => return,
         };
         self.give_back(&token);

@@ -387,7 +387,11 @@ impl<H: Held> HoldCore<H> {
         let (handle, about) = (self.handle.clone(), self.about.clone());
         if let Some(conn) = loop_hold::conn_for(py, &self.handle)? {
             let holder = handle.clone();
+            let depth = holder.holder().depth();
             return loop_hold::release(&conn, handle, move |py, released| {
+                if released.is_err() {
+                    holder.holder().drop_unreleased_level(depth);
+                }
                 let outcome = exit_outcome(holder.holder(), released);
                 leave_block(py, &about, body_raised, outcome)?.into_bound_py_any(py)
             });
