@@ -285,6 +285,13 @@ def test_a_waiter_gives_up_in_time_while_the_slot_migrates(
                 assert waiter.acquire(timeout=timeout) is False
                 took = time.monotonic() - started
                 assert took < timeout + 1.5, f"gave up {took - timeout:.1f} s late"
+            # A try-once gives up likewise, at once: it was tried again for the whole command
+            # timeout, then raised ConnectionError.
+            for once in ({"blocking": False}, {"timeout": 0}):
+                started = time.monotonic()
+                assert waiter.acquire(**once) is False
+                took = time.monotonic() - started
+                assert took < 1.5, f"{once}: gave up after {took:.1f} s"
     finally:
         holder.release()
     # Nothing of the waiter's is left: the holder's release leaves the name free.

@@ -43,6 +43,11 @@ pub const UNFAIR_QUEUE_PLACE: Duration = Duration::from_secs(2);
 /// How long a waiter sleeps when Redis gives no lease to wait for (a key without expiry).
 const NO_HINT_LOOK: Duration = Duration::from_millis(500);
 
+/// How long a try-once (`Wait::Once`) keeps trying a call that a cluster refuses (nothing ran:
+/// a slot migrating, a failover): a few of its short pauses, then it gives up, not acquired,
+/// instead of trying for the whole command timeout.
+const ONCE_ON_A_CLUSTER: Duration = Duration::from_millis(100);
+
 /// How long `acquire` may wait.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Wait {
@@ -66,6 +71,17 @@ impl Wait {
     pub fn deadline(self) -> Option<Instant> {
         match self {
             Wait::Once => Some(Instant::now()),
+            Wait::Until(d) => Some(d),
+            Wait::Forever => None,
+        }
+    }
+
+    /// When a call that a cluster keeps refusing (nothing ran) is given up, not acquired (see
+    /// `node::giving_up_at`): the wait's deadline, a try-once's `ONCE_ON_A_CLUSTER` from now;
+    /// None (forever): tried until the command timeout.
+    pub fn gives_up_at(self) -> Option<Instant> {
+        match self {
+            Wait::Once => Some(Instant::now() + ONCE_ON_A_CLUSTER),
             Wait::Until(d) => Some(d),
             Wait::Forever => None,
         }
@@ -108,9 +124,9 @@ pub struct Undo {
 /// out, the attempt may also run later than any undo sent on another connection (a request
 /// stuck in the server's or the network's queue): the undo is sent again once the attempt's own
 /// connection has answered it (or ended), so it never leaves an orphan for a whole lease.
-/// With a deadline (`wait`), a call that a cluster keeps refusing is given up then (see
-/// `node::giving_up_at`): the error says so (`node::gave_up_at_deadline`), and the acquire is
-/// not granted.
+/// With a deadline (`wait`'s, see `Wait::gives_up_at`), a call that a cluster keeps refusing is
+/// given up then (see `node::giving_up_at`): the error says so (`node::gave_up_at_deadline`),
+/// and the acquire is not granted.
 pub fn attempt_direct(
     shared: &Shared,
     inv: &redis::ScriptInvocation<'_>,
@@ -118,11 +134,7 @@ pub fn attempt_direct(
     undo: impl Fn() -> Undo,
 ) -> Result<(redis::Value, Instant)> {
     let sent_at = Instant::now();
-    let deadline = match wait {
-        Wait::Until(deadline) => Some(deadline),
-        Wait::Once | Wait::Forever => None,
-    };
-    match executor::invoke_direct(shared, inv, deadline) {
+    match executor::invoke_direct(shared, inv, wait.gives_up_at()) {
         Ok(reply) => Ok((reply, sent_at)),
         Err((err, overdue)) => Err(undo_failed(err, overdue, undo)),
     }
@@ -501,14 +513,14 @@ pub async fn acquire_from<C: Contender>(
     found_busy: Option<&AtomicBool>,
 ) -> Result<Option<C::Grant>> {
     let acquiring = acquire_within(contender, plan, wait, first, early, found_busy);
-    match wait {
+    match wait.gives_up_at() {
         // A call that a cluster keeps refusing (nothing ran) is not retried past the deadline:
         // the acquire gives up then. `Cleanup` gave back whatever an earlier try may have taken.
-        Wait::Until(deadline) => match giving_up_at(deadline, acquiring).await {
+        Some(at) => match giving_up_at(at, acquiring).await {
             Err(err) if gave_up_at_deadline(&err) => Ok(None),
             done => done,
         },
-        Wait::Once | Wait::Forever => acquiring.await,
+        None => acquiring.await,
     }
 }
 
