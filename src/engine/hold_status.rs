@@ -307,20 +307,34 @@ impl HoldStatus {
     /// After the caller's extend `id` was answered: waits (up to `limit`, in slices that end
     /// early when `stop` says so) until no renewal extend begun before it is unanswered and
     /// renewal is not extending again (see the module's note).
+    /// `stop` runs without the lock held: it may run Python's signal handlers, taking the GIL,
+    /// and a thread holding the GIL may be waiting for the lock (`deadline()`, for
+    /// `remaining()`), or be this thread's own signal handler calling it.
     pub fn wait_for_renewal(&self, id: u64, limit: Instant, stop: impl Fn() -> bool) {
         const SLICE: Duration = Duration::from_millis(50);
-        let mut deadline = self.lock_deadline();
-        while deadline.renewal_unsettled(id) && !self.is_lost() && !self.is_releasing() {
+        let waits = |deadline: &Deadline| {
+            deadline.renewal_unsettled(id) && !self.is_lost() && !self.is_releasing()
+        };
+        loop {
+            if !waits(&self.lock_deadline()) {
+                return;
+            }
             let now = Instant::now();
             if now >= limit || stop() {
                 return;
             }
-            let wait = (limit - now).min(SLICE);
-            deadline = self
-                .settled
-                .wait_timeout(deadline, wait)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            // Looked at again under the lock that the wait releases: a renewal settled since
+            // the look above is not waited for.
+            let deadline = self.lock_deadline();
+            if !waits(&deadline) {
+                return;
+            }
+            let wait = limit.saturating_duration_since(Instant::now()).min(SLICE);
+            drop(
+                self.settled
+                    .wait_timeout(deadline, wait)
+                    .unwrap_or_else(|p| p.into_inner()),
+            );
         }
     }
 
