@@ -1325,6 +1325,9 @@ impl<P: Leased> Holder<P> {
                 self.deadline_moved(hold);
                 Ok(())
             }
+            // "Not ours" because this object's own release (begun meanwhile, from another
+            // thread) got there first: nothing was lost.
+            None if hold.status.is_releasing() => Err(self.not_owned()),
             None => {
                 hold.status.mark_lost();
                 Err(lost_error())
