@@ -9,6 +9,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -408,3 +409,39 @@ def test_a_hung_subscriber_node_strands_no_waiter() -> None:
             assert redmutex.Lock(idle, second, ttl=5).acquire(timeout=15)
         finally:
             os.kill(hung.process.pid, signal.SIGCONT)
+
+
+def test_waiters_are_woken_after_every_seed_died() -> None:
+    # One seed is enough to start; nodes come and go. The client's only seed (a replica, so the
+    # cluster stays whole) dies: the wake-up subscriber opened on the primaries the client has
+    # learned of since. It was only ever opened on the seeds, so every waiter failed with
+    # ConnectionError after the command timeout, though the lock was released long before.
+    with Cluster(3, replicas=1, node_timeout_ms=1000) as cl:
+        seed = next(s for s in cl.servers if cl.role(s) == "slave")
+        c = redmutex.Client(cluster=[seed.url], prefix=PREFIX, connect_timeout=1, command_timeout=4)
+        name = name_on(cl, 1, "seedless")
+        holder = redmutex.Lock(c, name, ttl=20)
+        assert holder.acquire(timeout=5)  # the client has learned the cluster's map
+        cl.kill(seed)
+        for kind in ("lock", "fair", "semaphore"):
+            waiter: Any = (
+                redmutex.Semaphore(c, name + kind, 1, ttl=20)
+                if kind == "semaphore"
+                else redmutex.Lock(c, name + kind, ttl=20, fair=kind == "fair")
+            )
+            held: Any = (
+                redmutex.Semaphore(c, name + kind, 1, ttl=20)
+                if kind == "semaphore"
+                else redmutex.Lock(c, name + kind, ttl=20, fair=kind == "fair")
+            )
+            assert held.acquire(timeout=5)
+            released = threading.Timer(1.0, held.release)
+            released.start()
+            started = time.monotonic()
+            assert waiter.acquire(timeout=10), kind
+            took = time.monotonic() - started
+            released.join()
+            assert 0.8 < took < 3, f"{kind}: acquired after {took:.1f} s"
+            waiter.release()
+        holder.release()
+        c.close()

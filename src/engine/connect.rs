@@ -50,6 +50,26 @@ pub struct Timeouts {
     pub command: Duration,
 }
 
+/// `template` (a cluster seed's settings: credentials, TLS) for another node of its cluster, at
+/// `host:port`; None for a Unix socket seed (its nodes are not reached that way).
+pub fn node_info(template: &ConnectionInfo, host: &str, port: u16) -> Option<ConnectionInfo> {
+    let addr = match template.addr() {
+        redis::ConnectionAddr::Tcp(..) => redis::ConnectionAddr::Tcp(host.to_string(), port),
+        redis::ConnectionAddr::TcpTls {
+            insecure,
+            tls_params,
+            ..
+        } => redis::ConnectionAddr::TcpTls {
+            host: host.to_string(),
+            port,
+            insecure: *insecure,
+            tls_params: tls_params.clone(),
+        },
+        _ => return None,
+    };
+    Some(template.clone().set_addr(addr))
+}
+
 /// One server's address for messages: "host:port", or "unix socket /path".
 pub fn address(info: &redis::ConnectionInfo) -> String {
     match info.addr() {

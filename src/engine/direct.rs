@@ -21,8 +21,8 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use redis::{
-    Cmd, ConnectionAddr, ConnectionInfo, ConnectionLike, ErrorKind, FromRedisValue,
-    ScriptInvocation, ServerErrorKind, Value,
+    Cmd, ConnectionInfo, ConnectionLike, ErrorKind, FromRedisValue, ScriptInvocation,
+    ServerErrorKind, Value,
 };
 
 use super::error::{connect_failed, timed_out, Error, Result};
@@ -308,21 +308,8 @@ impl DirectPool {
                 if let Some(server) = nodes.get(&(host.clone(), port)) {
                     return Ok((server.clone(), true));
                 }
-                let addr = match template.addr() {
-                    ConnectionAddr::Tcp(..) => ConnectionAddr::Tcp(host.clone(), port),
-                    ConnectionAddr::TcpTls {
-                        insecure,
-                        tls_params,
-                        ..
-                    } => ConnectionAddr::TcpTls {
-                        host: host.clone(),
-                        port,
-                        insecure: *insecure,
-                        tls_params: tls_params.clone(),
-                    },
-                    _ => return Err(Miss::Elsewhere),
-                };
-                let info = (**template).clone().set_addr(addr);
+                let info =
+                    super::connect::node_info(template, &host, port).ok_or(Miss::Elsewhere)?;
                 let client = super::connect::client(info).map_err(|_| Miss::Elsewhere)?;
                 let server = Arc::new(Server::new(client));
                 nodes.insert((host, port), server.clone());

@@ -12,6 +12,7 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Cmd, FromRedisValue, RedisFuture, ScriptInvocation, Value};
 
+use super::connect::{self, node_info};
 pub use super::connect::{address, within, Timeouts};
 use super::error::{connect_failed, timed_out, Error, Result};
 use super::sentinel::Sentinel;
@@ -136,7 +137,10 @@ impl Target {
                 .await
             }
             Target::Cluster {
-                seeds, next_seed, ..
+                seeds,
+                next_seed,
+                slots,
+                ..
             } => {
                 let start = next_seed.load(Ordering::Relaxed);
                 let mut last = Error::Connection("no cluster node to subscribe on".into());
@@ -152,6 +156,34 @@ impl Target {
                             next_seed.store(index + 1, Ordering::Relaxed);
                             return Ok(pubsub);
                         }
+                        Err(err) => last = err,
+                    }
+                }
+                // Every seed is gone (one is enough to start, and nodes come and go): the
+                // primaries the cluster client has learned of since serve as well.
+                let Some(template) = seeds.first().map(|s| s.get_connection_info().clone()) else {
+                    return Err(last);
+                };
+                let seeded = |host: &str, port: u16| {
+                    seeds.iter().any(|s| {
+                        matches!(s.get_connection_info().addr(),
+                            redis::ConnectionAddr::Tcp(h, p)
+                            | redis::ConnectionAddr::TcpTls { host: h, port: p, .. }
+                            if h == host && *p == port)
+                    })
+                };
+                for (host, port) in slots.primaries() {
+                    if seeded(&host, port) {
+                        continue;
+                    }
+                    let Some(node) = node_info(&template, &host, port)
+                        .and_then(|info| connect::client(info).ok())
+                    else {
+                        continue;
+                    };
+                    match within(limit, "the subscriber connection", node.get_async_pubsub()).await
+                    {
+                        Ok(pubsub) => return Ok(pubsub),
                         Err(err) => last = err,
                     }
                 }

@@ -30,6 +30,23 @@ impl SlotTable {
         (*start <= slot && slot <= *end).then(|| (host.clone(), *port))
     }
 
+    /// Every primary of the last map (each once), in slot order.
+    pub fn primaries(&self) -> Vec<(String, u16)> {
+        let ranges = self
+            .ranges
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .unwrap_or_default();
+        let mut found: Vec<(String, u16)> = Vec::new();
+        for (_, _, host, port) in ranges.iter() {
+            if !found.iter().any(|(h, p)| h == host && p == port) {
+                found.push((host.clone(), *port));
+            }
+        }
+        found
+    }
+
     fn set(&self, topology: &ClusterTopology) {
         let mut ranges: Vec<SlotRange> = topology
             .shards()
@@ -94,5 +111,10 @@ mod tests {
         // A slot no shard covers has no primary: the runtime serves it.
         assert_eq!(table.primary(300), None);
         assert_eq!(table.primary(16383), None);
+        let primaries = table.primaries();
+        assert_eq!(
+            primaries,
+            vec![("127.0.0.1".into(), 7000), ("127.0.0.1".into(), 7001)]
+        );
     }
 }
