@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -137,3 +140,65 @@ def test_an_async_block_whose_release_failed_holds_nothing_after(
     finally:
         with contextlib.suppress(Exception):
             client.close()
+
+
+def test_a_loss_found_before_the_failed_exit_stays_reported(server: RedisServer) -> None:
+    # Renewal finds the lease lost while the block runs (writes paused past the 1 s lease);
+    # the exit's release then fails too. The object holds nothing after, and `lost` stays True
+    # (giving the hold back reset it).
+    client = _client(server)
+    lock = redmutex.Lock(client, "exit-lost", ttl=1, auto_renew=True)
+    try:
+        with pytest.raises(redmutex.LockError), lock:
+            with redis.Redis(port=server.port) as admin:
+                admin.execute_command("CLIENT", "PAUSE", 3000, "WRITE")
+            deadline = time.monotonic() + 5
+            while not lock.lost:
+                assert time.monotonic() < deadline, "renewal never found the loss"
+                time.sleep(0.05)
+        assert lock.lost and lock.token is None
+    finally:
+        client.close()
+
+
+def test_an_extend_after_a_failed_release_still_reports_a_real_loss(server: RedisServer) -> None:
+    # A plain release() that raised keeps the hold for a retry; if another owner takes the name
+    # meanwhile, an extend says the lock was lost (it said "not owned" while `token` was set).
+    client = _client(server)
+    lock = redmutex.Lock(client, "released-then-taken", ttl=30)
+    other = redmutex.Lock(client, "released-then-taken", ttl=30)
+    try:
+        assert lock.acquire(timeout=5)
+        _pause_writes(server)
+        with pytest.raises(redmutex.ConnectionError):
+            lock.release()
+        assert lock.token is not None
+        time.sleep(PAUSE_MS / 1000 + 0.2)
+        with redis.Redis(port=server.port) as r:  # the lease lapses (as if it had run out)
+            r.delete("redmutex:{released-then-taken}:lock")
+        assert other.acquire(timeout=5)
+        with pytest.raises(redmutex.LockLostError):
+            lock.extend()
+        assert lock.lost
+        other.release()
+    finally:
+        client.close()
+
+
+def test_an_exit_interrupted_by_ctrl_c_holds_nothing_after(server: RedisServer) -> None:
+    # Ctrl-C while the exit's release waits for a paused server: the KeyboardInterrupt goes
+    # on, and the object holds nothing (it kept the hold: every later `with` was refused).
+    client = redmutex.Client(server.url, command_timeout=5)
+    lock = redmutex.Lock(client, "exit-ctrl-c", ttl=30)
+    interrupt = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    try:
+        with pytest.raises(KeyboardInterrupt), lock:
+            _pause_writes(server)
+            interrupt.start()
+        assert lock.token is None
+        _wait_released(server, "exit-ctrl-c")
+        with lock:
+            assert lock.owned()
+    finally:
+        interrupt.cancel()
+        client.close()

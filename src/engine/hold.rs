@@ -588,7 +588,9 @@ impl<P: Leased> Holder<P> {
                 return true;
             }
         }
-        let taken = std::mem::replace(&mut *state, State::Idle { lost: false });
+        // A hold already found lost stays reported so (`lost`).
+        let lost = matches!(&*state, State::Held(h) if h.status.is_lost());
+        let taken = std::mem::replace(&mut *state, State::Idle { lost });
         drop(state);
         // Dropping the hold stops its renewal or top-up.
         drop(taken);
@@ -810,16 +812,20 @@ impl<P: Leased> Holder<P> {
         Err(lost_error())
     }
 
-    /// A block's exit cannot be retried: when its release at `depth` raised (a nested one's, or
-    /// the hold's own), the level goes now and Redis is told in the background (retried until
-    /// the lease would end), so the object holds nothing it cannot give up and may enter a block
-    /// again. (A plain `release()` that raised keeps the hold for the caller's retry.)
-    pub fn drop_unreleased_level(&self, depth: u32) {
-        let token = match &*self.state() {
-            State::Held(hold) if hold.depth == depth => hold.token.clone(),
-            _ => return,
-        };
-        self.give_back(&token);
+    /// A block's exit cannot be retried: when its release of `token`'s hold at `depth` failed
+    /// (`err`; None: interrupted), the level goes now (a nested one's, or the hold's own) and
+    /// Redis is told in the background (retried until the lease would end), so the object holds
+    /// nothing it cannot give up and may enter a block again. (A plain `release()` that raised
+    /// keeps the hold for the caller's retry.) Nothing goes when the release never began here
+    /// (another thread's was under way) or found the hold lost (the object holds nothing then).
+    pub fn drop_unreleased_level(&self, token: &str, depth: u32, err: Option<&Error>) {
+        if matches!(err, Some(Error::NotOwned(_) | Error::Lost(_))) {
+            return;
+        }
+        if matches!(&*self.state(), State::Held(hold) if hold.token == token && hold.depth == depth)
+        {
+            self.give_back(token);
+        }
     }
 
     async fn leave(&self, nesting: Nesting) -> Result<()> {
@@ -1327,7 +1333,9 @@ impl<P: Leased> Holder<P> {
             }
             // "Not ours" because this object's own release (begun meanwhile, from another
             // thread) got there first: nothing was lost.
-            None if hold.status.is_releasing() => Err(self.not_owned()),
+            None if hold.status.is_release_under_way() || self.released_since(&hold.token) => {
+                Err(self.not_owned())
+            }
             None => {
                 hold.status.mark_lost();
                 Err(lost_error())
@@ -1500,6 +1508,16 @@ impl<P: Leased> Holder<P> {
     pub fn remaining(&self) -> Option<Duration> {
         self.current()
             .map(|h| lease::remaining(h.status.deadline(), Instant::now()))
+    }
+
+    /// Whether the hold of `token` has left this object other than by being found lost (its
+    /// release, or a give-back, ran).
+    fn released_since(&self, token: &str) -> bool {
+        match &*self.state() {
+            State::Held(hold) => hold.token != token,
+            State::Idle { lost } => !lost,
+            State::Acquiring { .. } => true,
+        }
     }
 
     fn not_owned(&self) -> Error {

@@ -297,10 +297,16 @@ impl<H: Held> HoldCore<H> {
     pub fn exit(&self, py: Python<'_>, exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
         let body_raised = exc.get_item(0).is_ok_and(|t| !t.is_none());
         let holder = self.holder();
-        let depth = holder.depth();
-        let released = blocking::run(py, || holder.release_blocking())?;
-        if released.is_err() {
-            holder.drop_unreleased_level(depth);
+        let (token, depth) = (holder.token().unwrap_or_default(), holder.depth());
+        let released = match blocking::run(py, || holder.release_blocking()) {
+            Ok(released) => released,
+            Err(interrupted) => {
+                holder.drop_unreleased_level(&token, depth, None);
+                return Err(interrupted);
+            }
+        };
+        if let Err(err) = &released {
+            holder.drop_unreleased_level(&token, depth, Some(err));
         }
         leave_block(py, &self.about, body_raised, exit_outcome(holder, released))
     }
@@ -387,16 +393,24 @@ impl<H: Held> HoldCore<H> {
         let (handle, about) = (self.handle.clone(), self.about.clone());
         if let Some(conn) = loop_hold::conn_for(py, &self.handle)? {
             let holder = handle.clone();
-            let depth = holder.holder().depth();
+            let (token, depth) = (
+                holder.holder().token().unwrap_or_default(),
+                holder.holder().depth(),
+            );
             return loop_hold::release(&conn, handle, move |py, released| {
-                if released.is_err() {
-                    holder.holder().drop_unreleased_level(depth);
+                if let Err(err) = &released {
+                    holder
+                        .holder()
+                        .drop_unreleased_level(&token, depth, Some(err));
                 }
                 let outcome = exit_outcome(holder.holder(), released);
                 leave_block(py, &about, body_raised, outcome)?.into_bound_py_any(py)
             });
         }
-        let depth = handle.holder().depth();
+        let (token, depth) = (
+            handle.holder().token().unwrap_or_default(),
+            handle.holder().depth(),
+        );
         let begun = handle.holder().begin_release_call();
         awaitable::spawn(
             py,
@@ -407,8 +421,8 @@ impl<H: Held> HoldCore<H> {
                     Ok(begun) => holder.release_begun(begun).await,
                     Err(err) => Err(err),
                 };
-                if released.is_err() {
-                    holder.drop_unreleased_level(depth);
+                if let Err(err) = &released {
+                    holder.drop_unreleased_level(&token, depth, Some(err));
                 }
                 Ok(exit_outcome(holder, released))
             },
