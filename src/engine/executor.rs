@@ -10,13 +10,12 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
 
 use redis::{ScriptInvocation, Value};
 
 use super::direct::{Miss, Overdue};
 use super::error::{Error, Result};
-use super::node::{giving_up_at, Identity, Node, Retry};
+use super::node::{giving_up_at, GiveUp, Identity, Node, Retry};
 use super::runtime;
 use super::shared::Shared;
 use crate::protocol::step::{Call, Step};
@@ -91,7 +90,7 @@ pub fn run_direct_or_resend<T>(
 pub fn invoke_direct(
     shared: &Shared,
     inv: &ScriptInvocation<'_>,
-    deadline: Option<Instant>,
+    deadline: Option<GiveUp>,
 ) -> std::result::Result<Value, (Error, Option<Overdue>)> {
     match shared.direct.invoke(inv, Retry::Once) {
         Ok(reply) => Ok(reply),

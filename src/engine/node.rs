@@ -416,18 +416,55 @@ impl OverdueCalls {
 /// The pause between two tries of a call that a cluster refused for the moment.
 const CLUSTER_PAUSE: Duration = Duration::from_millis(20);
 
-tokio::task_local! {
-    /// The deadline of the blocking acquire that the calls of this task serve (`giving_up_at`).
-    static GIVE_UP_AT: Instant;
+/// When the calls of an acquire stop retrying what a cluster refuses (see `giving_up_at`).
+#[derive(Clone, Copy, Debug)]
+pub struct GiveUp {
+    at: Instant,
+    /// A try-once's: only a slot in migration (TRYAGAIN, ASK: its keys are moving) is given
+    /// up; a cluster that cannot serve the slot at all (CLUSTERDOWN, a dead master) is tried
+    /// until the command timeout, then a ConnectionError, not "somebody holds it".
+    migrating_only: bool,
 }
 
-/// Runs `fut` (an acquire with a timeout) so that a call it makes which a cluster keeps
-/// refusing with an error that says nothing ran (TRYAGAIN while a declared key is away during a
-/// slot migration, MOVED, CLUSTERDOWN...) is not tried again past `deadline`: it fails with
-/// `Error::Timeout` (see `gave_up_at_deadline`), so the acquire gives up in time instead of
-/// up to a command timeout late.
-pub async fn giving_up_at<F: Future>(deadline: Instant, fut: F) -> F::Output {
-    GIVE_UP_AT.scope(deadline, fut).await
+impl GiveUp {
+    /// An acquire with a timeout: at its deadline.
+    pub fn at(deadline: Instant) -> Self {
+        GiveUp {
+            at: deadline,
+            migrating_only: false,
+        }
+    }
+
+    /// A try-once: a slot in migration after `within`.
+    pub fn once(within: Duration) -> Self {
+        GiveUp {
+            at: Instant::now() + within,
+            migrating_only: true,
+        }
+    }
+
+    fn due(&self, err: &redis::RedisError, pause: Duration) -> bool {
+        use redis::{ErrorKind, ServerErrorKind};
+        let migrating = matches!(
+            err.kind(),
+            ErrorKind::Server(ServerErrorKind::TryAgain | ServerErrorKind::Ask)
+        );
+        (migrating || !self.migrating_only) && Instant::now() + pause >= self.at
+    }
+}
+
+tokio::task_local! {
+    /// When the blocking acquire that the calls of this task serve gives up (`giving_up_at`).
+    static GIVE_UP_AT: GiveUp;
+}
+
+/// Runs `fut` (an acquire with a timeout, or a try-once) so that a call it makes which a
+/// cluster keeps refusing with an error that says nothing ran (TRYAGAIN while a declared key is
+/// away during a slot migration, MOVED, CLUSTERDOWN...) is not tried again past `give_up`: it
+/// fails with `Error::Timeout` (see `gave_up_at_deadline`), so the acquire gives up in time
+/// instead of up to a command timeout late.
+pub async fn giving_up_at<F: Future>(give_up: GiveUp, fut: F) -> F::Output {
+    GIVE_UP_AT.scope(give_up, fut).await
 }
 
 /// Whether `err` is a call given up at its acquire's deadline (see `giving_up_at`).
@@ -929,7 +966,7 @@ impl Node {
                     FAILOVER_PAUSE
                 };
                 let past_deadline = GIVE_UP_AT
-                    .try_with(|deadline| Instant::now() + pause >= *deadline)
+                    .try_with(|give_up| give_up.due(&err, pause))
                     .unwrap_or(false);
                 if transient && past_deadline {
                     let what = format!("{GAVE_UP}: the cluster did not serve the key ({err})");

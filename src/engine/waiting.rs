@@ -19,7 +19,7 @@ use super::error::{Error, Result};
 use super::executor;
 use super::interrupt;
 use super::listener::Listener;
-use super::node::{gave_up_at_deadline, giving_up_at};
+use super::node::{gave_up_at_deadline, giving_up_at, GiveUp};
 use super::runtime;
 use super::shared::Shared;
 use super::wake::Registration;
@@ -43,8 +43,8 @@ pub const UNFAIR_QUEUE_PLACE: Duration = Duration::from_secs(2);
 /// How long a waiter sleeps when Redis gives no lease to wait for (a key without expiry).
 const NO_HINT_LOOK: Duration = Duration::from_millis(500);
 
-/// How long a try-once (`Wait::Once`) keeps trying a call that a cluster refuses (nothing ran:
-/// a slot migrating, a failover): a few of its short pauses, then it gives up, not acquired,
+/// How long a try-once (`Wait::Once`) keeps trying a call that a cluster refuses while the
+/// slot migrates (nothing ran): a few of its short pauses, then it gives up, not acquired,
 /// instead of trying for the whole command timeout.
 const ONCE_ON_A_CLUSTER: Duration = Duration::from_millis(100);
 
@@ -77,12 +77,12 @@ impl Wait {
     }
 
     /// When a call that a cluster keeps refusing (nothing ran) is given up, not acquired (see
-    /// `node::giving_up_at`): the wait's deadline, a try-once's `ONCE_ON_A_CLUSTER` from now;
-    /// None (forever): tried until the command timeout.
-    pub fn gives_up_at(self) -> Option<Instant> {
+    /// `node::giving_up_at`): at the wait's deadline; a try-once's slot in migration
+    /// `ONCE_ON_A_CLUSTER` from now; None (forever): tried until the command timeout.
+    pub fn gives_up_at(self) -> Option<GiveUp> {
         match self {
-            Wait::Once => Some(Instant::now() + ONCE_ON_A_CLUSTER),
-            Wait::Until(d) => Some(d),
+            Wait::Once => Some(GiveUp::once(ONCE_ON_A_CLUSTER)),
+            Wait::Until(d) => Some(GiveUp::at(d)),
             Wait::Forever => None,
         }
     }
@@ -828,7 +828,8 @@ async fn compete_listening<C: Contender>(
                 held.listener = Some(heard);
                 ON_RUNTIME.fetch_add(1, Ordering::Relaxed);
                 let sent_at = Instant::now();
-                let sent = interrupt::unwatched(|| executor::invoke_direct(shared, inv, deadline));
+                let give_up = deadline.map(GiveUp::at);
+                let sent = interrupt::unwatched(|| executor::invoke_direct(shared, inv, give_up));
                 let reply = match sent {
                     Ok(reply) => reply,
                     // `Cleanup` gives back whatever it may have taken; once more after a
