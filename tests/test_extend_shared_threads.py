@@ -73,8 +73,11 @@ _SCRIPT = textwrap.dedent(
         t.join()
     signal.setitimer(signal.ITIMER_REAL, 0)
     faulthandler.cancel_dump_traceback_later()
-    assert held.owned() and not held.lost
-    held.release()
+    # (A 0.3 s lease may lapse on a starved machine: reported, not a freeze.)
+    try:
+        held.release()
+    except redmutex.LockLostError:
+        assert held.lost
     print("ok", counts)
     """
 )

@@ -100,6 +100,9 @@ pub fn timed_out(limit: Duration, what: &str) -> Error {
     Error::Connection(format!("timed out after {} s {what}", limit.as_secs_f64()))
 }
 
+/// What Redis answers a connection beyond its `maxclients`.
+const MAX_CLIENTS: &str = "max number of clients reached";
+
 impl From<redis::RedisError> for Error {
     fn from(err: redis::RedisError) -> Self {
         // Messages of redis-rs name addresses and server replies, never the password.
@@ -113,6 +116,9 @@ impl From<redis::RedisError> for Error {
             || err.is_unrecoverable_error()
         {
             Error::Connection(format!("connection failed: {err}"))
+        } else if err.to_string().contains(MAX_CLIENTS) {
+            // Said as a new connection opens (then closed): the server is unreachable for now.
+            Error::Connection(format!("refused the connection: {err}"))
         } else if err.code() == Some("WRONGPASS") || err.code() == Some("NOAUTH") {
             Error::Connection(format!("refused the credentials: {err}"))
         } else if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) {
@@ -133,6 +139,16 @@ impl From<crate::protocol::replies::UnexpectedReply> for Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_server_at_maxclients_is_a_connection_error() {
+        let err = redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+            "An error was signalled by the server",
+            "max number of clients reached".to_string(),
+        ));
+        assert!(matches!(Error::from(err), Error::Connection(_)));
+    }
 
     #[test]
     fn connection_errors_are_told_where_once() {
