@@ -13,7 +13,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 import pytest
@@ -751,6 +751,20 @@ def test_cached_validates_at_decoration_time(client: redmutex.Client) -> None:
         @redmutex.cached(client, ttl=1)
         async def g() -> int:
             return 1
+
+    # A generator is no value a serializer stores: every call claimed, ran, failed and gave
+    # the claim back. Refused at decoration, as @locked refuses what it cannot wrap.
+    with pytest.raises(TypeError, match="generator function"):
+
+        @redmutex.cached(client, ttl=1)
+        def gen() -> Iterator[int]:
+            yield 1
+
+    with pytest.raises(TypeError, match="generator function"):
+
+        @redmutex.aio.cached(client, ttl=1)
+        async def agen() -> AsyncIterator[int]:
+            yield 1
 
 
 # --------------------------------------------------------------------------------------------

@@ -703,6 +703,13 @@ def _decorator(
                 f"@cached: {getattr(plain, '__qualname__', plain)!r} is an async function; "
                 "use redmutex.aio.cached"
             )
+        if inspect.isgeneratorfunction(plain) or inspect.isasyncgenfunction(plain):
+            # Its value would be a generator, which no serializer stores: every call would
+            # claim, run, fail and give the claim back.
+            raise TypeError(
+                f"{label}: {getattr(plain, '__qualname__', plain)!r} is a generator function; "
+                "cache a function that returns the values (e.g. a list)"
+            )
         receiver = None if binding is None else binding == "class"
         return kind(plain, binding, settings, compile_key(key, plain, receiver))
 
