@@ -64,6 +64,14 @@ pub struct PyCacheStore {
     timeout: Option<Duration>,
 }
 
+/// A one-step operation on an entry (`PyCacheStore::entry_op`).
+enum EntryOp {
+    /// Drop the value and any fill in progress.
+    Invalidate,
+    /// Whether this token holds the fill claim.
+    ClaimHeldBy(String),
+}
+
 /// What an engine error of one entry's step is about: "cache entry 'key': ...", `.name` the key.
 fn entry(name: &str) -> About {
     About::new("cache entry", name)
@@ -100,45 +108,34 @@ impl PyCacheStore {
         found(py, fetched, about)
     }
 
-    fn invalidation(
+    /// `op` on the entry `key`, on whichever deployment the client has, and what its errors are
+    /// about.
+    fn entry_op(
         &self,
         key: &Bound<'_, PyAny>,
+        op: EntryOp,
     ) -> PyResult<(
         impl Future<Output = Result<bool, Error>> + Send + 'static,
         About,
     )> {
         let (spec, about) = self.spec(key)?;
         let client = self.inner.clone();
-        let invalidated = async move {
-            if let Backend::Redlock(redlock) = client.backend()? {
-                return redlock_cache::invalidate(&redlock, &spec.keys).await;
+        let done = async move {
+            let keys = &spec.keys;
+            match (client.backend()?, &op) {
+                (Backend::Redlock(r), EntryOp::Invalidate) => {
+                    redlock_cache::invalidate(&r, keys).await
+                }
+                (Backend::Redlock(r), EntryOp::ClaimHeldBy(token)) => {
+                    redlock_cache::claim_held_by(&r, keys, token).await
+                }
+                (Backend::Single(s), EntryOp::Invalidate) => cache::invalidate(&s, keys).await,
+                (Backend::Single(s), EntryOp::ClaimHeldBy(token)) => {
+                    cache::claim_held_by(&s, keys, token).await
+                }
             }
-            let shared = client.shared()?;
-            cache::invalidate(&shared, &spec.keys).await
         };
-        Ok((invalidated, about))
-    }
-
-    /// Whether `token` holds `key`'s fill claim, and what its errors are about.
-    fn claim_check(
-        &self,
-        key: &Bound<'_, PyAny>,
-        token: &str,
-    ) -> PyResult<(
-        impl Future<Output = Result<bool, Error>> + Send + 'static,
-        About,
-    )> {
-        let (spec, about) = self.spec(key)?;
-        let client = self.inner.clone();
-        let token = token.to_string();
-        let held = async move {
-            if let Backend::Redlock(redlock) = client.backend()? {
-                return redlock_cache::claim_held_by(&redlock, &spec.keys, &token).await;
-            }
-            let shared = client.shared()?;
-            cache::claim_held_by(&shared, &spec.keys, &token).await
-        };
-        Ok((held, about))
+        Ok((done, about))
     }
 
     /// `fetch` as an awaitable: every step in the runtime. Cancelled, it stops waiting, and a
@@ -352,7 +349,7 @@ impl PyCacheStore {
 
     /// Drops `key`'s value and any fill in progress; True when a value was dropped.
     fn invalidate(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
-        let (invalidated, about) = self.invalidation(key)?;
+        let (invalidated, about) = self.entry_op(key, EntryOp::Invalidate)?;
         blocking::wait(py, invalidated)?.about(py, &about)
     }
 
@@ -362,7 +359,7 @@ impl PyCacheStore {
         py: Python<'py>,
         key: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let (invalidated, about) = self.invalidation(key)?;
+        let (invalidated, about) = self.entry_op(key, EntryOp::Invalidate)?;
         awaitable::spawn(
             py,
             OnCancel::Finish,
@@ -374,7 +371,7 @@ impl PyCacheStore {
     /// Whether the fill claim of `key` is held with `token` (a FillClaim's): a fill's guard
     /// against waiting for its own claim through another client of the same server.
     fn holds_claim(&self, py: Python<'_>, key: &Bound<'_, PyAny>, token: &str) -> PyResult<bool> {
-        let (held, about) = self.claim_check(key, token)?;
+        let (held, about) = self.entry_op(key, EntryOp::ClaimHeldBy(token.to_string()))?;
         blocking::wait(py, held)?.about(py, &about)
     }
 
@@ -385,7 +382,7 @@ impl PyCacheStore {
         key: &Bound<'py, PyAny>,
         token: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let (held, about) = self.claim_check(key, token)?;
+        let (held, about) = self.entry_op(key, EntryOp::ClaimHeldBy(token.to_string()))?;
         awaitable::spawn(
             py,
             OnCancel::Abort,
