@@ -370,6 +370,25 @@ impl<D> Drop for Hold<D> {
     }
 }
 
+/// An object dropped while it holds leaves the lease to run out, as a dead holder's would. A
+/// waited-for Lock's grant (shorter than the ttl) still gets its one top-up: the caller asked for
+/// `ttl`, and an acquire that did not wait would have left that much. Auto-renewal stops.
+impl<P: Leased> Drop for Holder<P> {
+    fn drop(&mut self) {
+        if self.auto_renew {
+            return;
+        }
+        let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let State::Held(hold) = state {
+            if hold.pid == pid() {
+                if let Some(top_up) = hold.renewal.take() {
+                    top_up.detach();
+                }
+            }
+        }
+    }
+}
+
 enum State<D> {
     Idle {
         lost: bool,

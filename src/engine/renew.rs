@@ -67,6 +67,12 @@ impl Renewal {
         }
     }
 
+    /// Lets the task run on (or start when due: a planned start stays filed) with nobody left
+    /// to stop it: for a one-off top-up, which ends by itself.
+    pub fn detach(self) {
+        drop(self);
+    }
+
     /// The caller moved the hold's deadline: a task not spawned yet is spawned now, to plan
     /// its next extend from the new deadline (a running one is told by the hold's status).
     pub fn plan_again(&self) {
