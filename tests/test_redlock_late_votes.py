@@ -74,3 +74,30 @@ def test_a_check_right_after_acquire_waits_for_the_late_votes(masters: Masters, 
         lock.release()
     warm.release()
     assert not failures, f"{ask}() after a won round, {len(failures)} of {rounds}: {failures}"
+
+
+def test_an_extend_decided_without_a_slow_master_still_reaches_it(masters: Masters) -> None:
+    """An extend is decided by the first majority, but the masters that answer later must get it
+    too: otherwise their copy runs out with the old lease, and the hold then stands on a bare
+    majority that one more master's failure ends."""
+    client = redmutex.Client(masters.urls, prefix="t:", connect_timeout=1, command_timeout=1)
+    assert client.ping()
+    warm = redmutex.Lock(client, name(), ttl=60)
+    assert warm.acquire(blocking=False)
+    short: list[str] = []
+    rounds = 3
+    for _ in range(rounds):
+        lock_name = name()
+        lock = redmutex.Lock(client, lock_name, ttl=3)
+        slow_acquire_votes(masters, warm)
+        assert lock.acquire(blocking=False)
+        lock.extend(60)
+        time.sleep(1.0)  # the slow masters answered long ago
+        for i in range(len(masters.urls)):
+            with masters.conn(i) as r:
+                pttl = r.pttl("t:{" + lock_name + "}:lock")
+            if pttl < 30_000:
+                short.append(f"master {i}: {pttl} ms")
+        lock.release()
+    warm.release()
+    assert not short, f"extend(60) missed a master in {rounds} rounds: {short}"

@@ -728,7 +728,7 @@ impl<P: Leased> Holder<P> {
             .primitive
             .nest(&nesting.hold.token, nesting.depth, Some(lease));
         let outcome = match self.client.backend() {
-            Ok(backend) => reenter_on(&*self.primitive, &backend, &step, lease).await,
+            Ok(backend) => reenter_on(&*self.primitive, &backend, step, lease).await,
             Err(err) => Err(err),
         };
         self.finish_reentry(nesting, lease, begun, outcome, ticket)
@@ -1596,10 +1596,10 @@ async fn extend_on<P: Leased>(
         Backend::Redlock(redlock) if primitive.quorum() => {
             redlock
                 .extend_by(
-                    &match detail {
+                    Arc::new(match detail {
                         Some(detail) => primitive.quorum_extend(token, detail, lease),
                         None => primitive.extend(token, lease),
-                    },
+                    }),
                     lease,
                     Some(token),
                 )
@@ -1614,16 +1614,16 @@ async fn extend_on<P: Leased>(
 async fn reenter_on<P: Leased>(
     primitive: &P,
     backend: &Backend,
-    step: &Step<bool>,
+    step: Step<bool>,
     lease: Duration,
 ) -> Result<Option<Instant>> {
     match backend {
         Backend::Single(shared) => {
             let sent_at = Instant::now();
-            Ok(executor::run(shared, step).await?.then_some(sent_at))
+            Ok(executor::run(shared, &step).await?.then_some(sent_at))
         }
         Backend::Redlock(redlock) if primitive.quorum() => {
-            redlock.extend_by(step, lease, None).await
+            redlock.extend_by(Arc::new(step), lease, None).await
         }
         Backend::Redlock(_) => Err(no_quorum(primitive.naming())),
     }

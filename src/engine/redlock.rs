@@ -709,7 +709,7 @@ impl Redlock {
         lease_for: Duration,
     ) -> Result<Option<Instant>> {
         self.extend_by(
-            &lock::extend(keys, token, lease_for),
+            Arc::new(lock::extend(keys, token, lease_for)),
             lease_for,
             Some(token),
         )
@@ -717,23 +717,47 @@ impl Redlock {
     }
 
     /// Runs an extend step (to `lease_for`) of `token`'s hold (if the step has one) on every
-    /// master; see `extend`.
+    /// master; see `extend`. Decided as soon as a majority confirms or denies, but every
+    /// master's send is driven to its end in the background: one that waited for a vote still
+    /// out there (or that was slow) must extend too, or its copy runs out with the old lease and
+    /// the hold stands on a bare majority that one more failure ends.
     pub async fn extend_by(
         &self,
-        step: &Step<bool>,
+        step: Arc<Step<bool>>,
         lease_for: Duration,
         token: Option<&str>,
     ) -> Result<Option<Instant>> {
         self.note_lease(lease_for);
+        let handle = runtime::handle()?;
+        self.check_distinct()?;
         let sent_at = Instant::now();
+        let mut sends = Vec::with_capacity(self.masters.len());
+        let answers: FuturesUnordered<_> = self
+            .masters
+            .iter()
+            .map(|m| {
+                let earlier = self.pending_before(After::of(token), m.index);
+                let (shared, step) = (m.shared.clone(), step.clone());
+                let send = async move {
+                    join_all(earlier).await;
+                    executor::send_identified(&shared.node, &step)
+                        .await
+                        .map_err(|err| err.to_string())
+                }
+                .boxed()
+                .shared();
+                sends.push(send.clone());
+                async move { self.answer(m, send.await.map_err(Error::Connection)) }
+            })
+            .collect();
         let extended = self
-            .decided_by_majority(
-                |_, s| executor::send_identified(&s.node, step),
-                |v| step.parse(v.clone()).ok(),
-                After::of(token),
-            )
-            .await?;
-        if !extended {
+            .decide_as_they_come(answers, |v| step.parse(v.clone()).ok(), true)
+            .await;
+        let still_out: Vec<_> = sends.into_iter().filter(|s| s.peek().is_none()).collect();
+        if !still_out.is_empty() {
+            handle.spawn(join_all(still_out));
+        }
+        if !extended? {
             return Ok(None);
         }
         Ok(Some(quorum::lease_start(sent_at, lease_for)))

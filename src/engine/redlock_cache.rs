@@ -383,7 +383,7 @@ async fn renew(
     loop {
         tokio::time::sleep_until(next.into()).await;
         let step = steps::extend(&keys, &token, lease_ms);
-        match redlock.extend_by(&step, lease, Some(&token)).await {
+        match redlock.extend_by(Arc::new(step), lease, Some(&token)).await {
             Ok(Some(start)) => {
                 lease_end.renewed(start, lease);
                 next = start + period;
