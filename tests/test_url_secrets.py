@@ -49,6 +49,11 @@ def forms(pw: str) -> list[str]:
         f"redis+sentinel://127.0.0.1:1/svc/0?sentinel_password={pw}",
         f"redis+sentinel://user:{pw}@127.0.0.1:1/svc/x",
         f"rediss+sentinel://127.0.0.1:1/svc?sentinel_password={pw}#bogus",
+        # A scheme written wrong or left out: refused, and echoed without the password.
+        f"redis:/user:{pw}@127.0.0.1:1/0",
+        f"user:{pw}@127.0.0.1:1",
+        f"//user:{pw}@127.0.0.1:1",
+        f"127.0.0.1:1/0?pass={pw}",
     ]
 
 

@@ -47,6 +47,12 @@ fn after_scheme(url: &str) -> Option<usize> {
     url.find("://").map(|i| i + 3)
 }
 
+/// Where the user-info would start: after `://`, or in a URL that lacks it (refused, but echoed
+/// in the error) after its leading slashes, so that its password is masked all the same.
+fn authority_start(url: &str) -> usize {
+    after_scheme(url).unwrap_or_else(|| url.len() - url.trim_start_matches('/').len())
+}
+
 /// The first `?key=` or `&key=` of a secret query key in `rest`, if any.
 fn first_secret_query(rest: &str) -> Option<usize> {
     SECRET_KEYS
@@ -63,7 +69,7 @@ fn first_secret_query(rest: &str) -> Option<usize> {
 /// it, which is the last `@` before any secret query key. None when there is none (a socket
 /// URL whose path follows `://` directly has none either).
 fn userinfo_range(url: &str) -> Option<(usize, usize)> {
-    let start = after_scheme(url)?;
+    let start = authority_start(url);
     let rest = url.get(start..)?;
     if rest.starts_with('/') {
         return None;
@@ -83,9 +89,7 @@ fn secret_ranges(url: &str) -> Vec<(usize, usize)> {
             ranges.push((start + colon + 1, at));
         }
     }
-    let Some(start) = after_scheme(url) else {
-        return ranges;
-    };
+    let start = authority_start(url);
     let end_of_values = if url.ends_with("#insecure") {
         url.len() - "#insecure".len()
     } else {
@@ -597,6 +601,22 @@ mod tests {
             "unix:///tmp/r.sock?db=2&pass=***&user=u"
         );
         assert_eq!(redact("redis://h:6379/0"), "redis://h:6379/0");
+    }
+
+    #[test]
+    fn a_url_missing_its_scheme_is_refused_without_its_password() {
+        for (url, shown) in [
+            ("redis:/alice:S3CRET@h:1/0", "redis:***@h:1/0"),
+            ("alice:S3CRET@h:1", "alice:***@h:1"),
+            ("//alice:S3CRET@h", "//alice:***@h"),
+            ("redis//alice:S3CRET@h", "redis//alice:***@h"),
+            ("h:1?pass=S3CRET", "h:1?pass=***"),
+            ("h:1/0", "h:1/0"),
+        ] {
+            assert_eq!(redact(url), shown);
+            let err = parse(url).unwrap_err();
+            assert!(!err.contains("S3CRET") && err.contains(shown), "{err}");
+        }
     }
 
     #[test]
