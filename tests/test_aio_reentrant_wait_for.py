@@ -73,3 +73,25 @@ def test_another_task_still_waits(client: redmutex.Client) -> None:
             assert await both == [False]
 
     asyncio.run(main())
+
+
+def test_a_holding_task_awaited_through_wait_for_releases_its_own_hold(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
+    # Before 3.12 `wait_for(task, t)` gives the task the same mark as a task it made itself: the
+    # worker's exit was filed under its awaiting caller, which held nothing (LockNotOwnedError),
+    # and the worker's hold stayed in Redis until its lease ran out.
+    async def worker(lock: aio.Lock) -> str | None:
+        async with lock:
+            await asyncio.sleep(0.2)
+            return lock.token
+
+    async def main() -> None:
+        lock = aio.Lock(client, "wf-worker", ttl=10, reentrant=True)
+        task = asyncio.create_task(worker(lock))
+        await asyncio.sleep(0.05)  # the worker holds now
+        assert await asyncio.wait_for(task, 5) is not None
+        assert lock.token is None
+
+    asyncio.run(main())
+    assert not r.exists(lock_key(prefix, "wf-worker"))

@@ -225,7 +225,9 @@ class Lock(_Hold):
     (one release per acquire), through this object or any other re-entrant aio.Lock of the same
     client and name; another task waits like any other waiter. The task that
     `asyncio.wait_for` makes for its awaitable before Python 3.12 counts as the task that awaits
-    it; tasks made by `create_task`, `gather` or `shield` are other owners.
+    it; tasks made by `create_task`, `gather` or `shield` are other owners. (Before 3.12 a task
+    passed to `wait_for` looks the same as one `wait_for` made: while it holds nothing, it acts
+    for the task that awaits it. Once it holds, it acts on its own hold.)
     """
 
     def __init__(
@@ -272,6 +274,11 @@ class Lock(_Hold):
         task = asyncio.current_task()
         if task is None:
             return self._own
+        own = self._by_task.get(task)
+        if own is not None and own.token is not None:
+            # A task acts on its own hold, also once its caller awaits it through `wait_for`
+            # (which would otherwise file it under that caller, see `_guarded_task`).
+            return own
         task = _guarded_task(task)
         core = self._by_task.get(task)
         if core is None:
