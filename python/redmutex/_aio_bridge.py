@@ -34,10 +34,44 @@ class LoopProtocol(LoopConn, asyncio.BufferedProtocol):
     """The loop path's protocol: a `BufferedProtocol` (so that the transport reads into
     `get_buffer()` instead of making a new bytes object per read), all of it in `LoopConn`."""
 
-    __slots__ = ()
+    __slots__ = ("__weakref__",)
 
 
 _log = logging.getLogger("redmutex")
+
+#: The loop connections opened for each client (by the address of its core, which is the key of
+#: the loop's `_redmutex_conns`), each with its loop, so that closing the client closes them.
+#: Held weakly: the loop's dict holds a connection while it is in use.
+_client_conns: dict[
+    int, list[tuple[weakref.ref[asyncio.AbstractEventLoop], weakref.ref[LoopProtocol]]]
+] = {}
+
+
+def track_conn(key: int, loop: asyncio.AbstractEventLoop, conn: LoopProtocol) -> None:
+    """Files `conn`, just opened on `loop` for the client `key`, for `retire_conns`."""
+    kept = [(lr, cr) for lr, cr in _client_conns.get(key, ()) if cr() is not None]
+    kept.append((weakref.ref(loop), weakref.ref(conn)))
+    _client_conns[key] = kept
+
+
+def retire_conns(key: int) -> None:
+    """The client `key` was closed: each loop's connection of it closes once its calls are
+    answered (`LoopConn._retire`, on the loop's own thread); a later use opens a new one."""
+    try:
+        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    for loop_ref, conn_ref in _client_conns.pop(key, ()):
+        loop, conn = loop_ref(), conn_ref()
+        if loop is None or conn is None or loop.is_closed():
+            continue
+        if loop is running:
+            conn._retire()
+        else:
+            try:
+                loop.call_soon_threadsafe(conn._retire)
+            except RuntimeError:  # closed meanwhile: its connections were closed with it
+                pass
 
 
 def _close_conns(loop: asyncio.AbstractEventLoop) -> None:

@@ -224,8 +224,9 @@ impl PyClient {
     }
 
     /// Closes this process's connections; a later use opens new ones.
-    fn close(&self) {
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
         self.inner.close();
+        super::loop_conn::retire_for(py, &self.inner)
     }
 
     /// How long a name's fencing counter lives after its last acquisition, in seconds.
@@ -250,9 +251,9 @@ impl PyClient {
     }
 
     #[pyo3(signature = (*_exc))]
-    fn __exit__(&self, _exc: &Bound<'_, PyTuple>) -> bool {
-        self.inner.close();
-        false
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        self.close(py)?;
+        Ok(false)
     }
 
     fn __repr__(&self) -> String {

@@ -433,6 +433,35 @@ impl LoopConn {
         run(py, then);
     }
 
+    /// Its client was closed or dropped: the connection takes no new calls, and closes once the
+    /// calls sent on it are answered (at once when there are none). A later call of a client
+    /// still alive opens a new one.
+    fn _retire(&self, py: Python<'_>) -> PyResult<()> {
+        let (then, transport) = {
+            let mut inner = self.inner();
+            match inner.phase {
+                // `connection_made` closes what it brings.
+                Phase::Connecting => {
+                    inner.phase = Phase::Closed;
+                    return Ok(());
+                }
+                Phase::Closed | Phase::Draining => return Ok(()),
+                Phase::Handshake | Phase::Ready => {}
+            }
+            if inner.line.iter().any(|e| matches!(e, Entry::Call(_))) {
+                inner.phase = Phase::Draining;
+                return Ok(());
+            }
+            let then = self.close_line(&mut inner, "its client was closed");
+            (then, inner.transport.take())
+        };
+        if let Some(transport) = transport {
+            transport.call_method0(py, "close")?;
+        }
+        run(py, then);
+        Ok(())
+    }
+
     /// Closes the connection (its event loop is closing).
     fn _close(&self, py: Python<'_>) -> PyResult<()> {
         let (then, transport) = {
@@ -618,8 +647,10 @@ pub fn ready_for<'py>(py: Python<'py>, client: &Arc<Client>) -> PyResult<Option<
         rbuf: PyByteArray::new(py, &vec![0u8; READ_BUFFER]).unbind(),
     })));
     let bridge = py.import("redmutex._aio_bridge")?;
+    retire_orphans(&conns)?;
     let conn = bridge.getattr("LoopProtocol")?.call1((seed,))?;
     conns.set_item(key, &conn)?;
+    bridge.call_method1("track_conn", (key, &event_loop, &conn))?;
     let (host, port) = tcp.map_or((None, None), |(h, p)| (Some(h), Some(p)));
     bridge.call_method1(
         "open_connection",
@@ -633,6 +664,39 @@ pub fn ready_for<'py>(py: Python<'py>, client: &Arc<Client>) -> PyResult<Option<
         ),
     )?;
     Ok(None)
+}
+
+/// Retires (see `LoopConn::_retire`) and forgets the loop's connections whose client is gone:
+/// nobody else would close them while the loop runs.
+fn retire_orphans(conns: &Bound<'_, PyDict>) -> PyResult<()> {
+    let mut orphans = Vec::new();
+    for (key, conn) in conns.iter() {
+        if let Ok(conn) = conn.cast_into::<LoopConn>() {
+            if conn.get().client.strong_count() == 0 {
+                orphans.push((key, conn));
+            }
+        }
+    }
+    for (key, conn) in orphans {
+        conns.del_item(key)?;
+        conn.get()._retire(conns.py())?;
+    }
+    Ok(())
+}
+
+/// Retires the event loops' connections of `client` (closed: see `Client::close`). Each is
+/// retired on its loop's thread; only a process that used `redmutex.aio` has any.
+pub fn retire_for(py: Python<'_>, client: &Arc<Client>) -> PyResult<()> {
+    let modules = py.import("sys")?.getattr("modules")?;
+    let Some(bridge) = modules
+        .cast_into::<PyDict>()
+        .map_err(PyErr::from)?
+        .get_item("redmutex._aio_bridge")?
+    else {
+        return Ok(());
+    };
+    bridge.call_method1("retire_conns", (Arc::as_ptr(client) as usize,))?;
+    Ok(())
 }
 
 fn intern_attr(py: Python<'_>) -> &Bound<'_, pyo3::types::PyString> {
