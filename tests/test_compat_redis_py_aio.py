@@ -5,14 +5,17 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import pytest
 import redis
 import redis.asyncio
 import redis.asyncio.lock
+import redmutex
 from redis.exceptions import LockError, LockNotOwnedError
+from redmutex._server import RedisServer
+from redmutex.compat.redis_py import _base
 from redmutex.compat.redis_py.asyncio import Lock, lock
 
 T = TypeVar("T")
@@ -267,6 +270,108 @@ def test_calls_awaited_in_another_task_act_for_the_caller(
             assert await asyncio.wait_for(held.owned(), 5) is True
             await asyncio.wait_for(held.release(), 5)
             assert r.get(name) is None
+        finally:
+            await ar.aclose()
+
+    run(main())
+
+
+# -- release() as redis-py's `async def`: the token is cleared once the release has run --------
+
+
+@pytest.mark.parametrize("lock_class", [Lock, redis.asyncio.lock.Lock], ids=["shim", "redis-py"])
+def test_release_raises_when_awaited_and_keeps_the_token_until_it_ran(
+    redis_url: str, r: redis.Redis, name: str, lock_class: Any
+) -> None:
+    """redis-py 8.1's asyncio release() is `async def` and clears the token only after the
+    release ran in Redis. The shim cleared it (and stopped renewal) as release() was called and
+    raised LockError right there: a release task cancelled before it ran left the lock held by
+    nobody (owned() False, the retry raised LockError), and `gather(other.release(),
+    lk.release(), return_exceptions=True)` raised instead of releasing `lk` (an audit)."""
+
+    async def main() -> None:
+        ar = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            lk = lock_class(ar, name, timeout=30)
+            unheld = lk.release()  # raises only when awaited
+            with pytest.raises(LockError, match="not owned or is already unlocked"):
+                await unheld
+            assert await lk.acquire()
+            task = asyncio.ensure_future(lk.release())
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert lk.local.token is not None
+            assert await lk.owned()
+            await lk.release()  # the retry releases
+            assert r.exists(name) == 0
+            assert lk.local.token is None
+            assert await lk.acquire()
+            other = lock_class(ar, f"{name}-other", timeout=30)
+            outcome = await asyncio.gather(other.release(), lk.release(), return_exceptions=True)
+            assert isinstance(outcome[0], LockError)
+            assert outcome[1] is None
+            assert r.exists(name) == 0
+            assert lk.local.token is None
+        finally:
+            await ar.aclose()
+
+    run(main())
+
+
+def test_a_release_cancelled_before_it_ran_leaves_the_renewal_on(
+    redis_url: str, r: redis.Redis, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No timeout: the hold is a renewed lease; a release that never ran stops nothing."""
+    monkeypatch.setattr(_base, "NO_EXPIRY_LEASE", 0.6)
+
+    async def main() -> None:
+        ar = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            lk = Lock(ar, name)
+            assert await lk.acquire()
+            task = asyncio.ensure_future(lk.release())
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await asyncio.sleep(2.0)  # over three leases
+            assert r.get(name) == lk.local.token
+            assert await lk.owned()
+            await lk.release()
+            assert r.exists(name) == 0
+        finally:
+            await ar.aclose()
+
+    run(main())
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("lock_class", "timeout"),
+    [(Lock, 60), (Lock, None), (redis.asyncio.lock.Lock, 60)],
+    ids=["shim", "shim-no-timeout", "redis-py"],
+)
+def test_a_release_that_failed_keeps_the_hold_for_a_retry(
+    make_server: Callable[..., RedisServer], lock_class: Any, timeout: int | None
+) -> None:
+    """Redis stopped (its data kept on disk): the release raises ConnectionError and the object
+    still holds; once Redis is back, a retry releases. Before, the shim had cleared the token:
+    the retry raised LockError and the key stayed (for good in redis-py's terms)."""
+    server = make_server(["--appendonly", "yes", "--appendfsync", "always"])
+
+    async def main() -> None:
+        ar = redis.asyncio.Redis(port=server.port)
+        try:
+            lk = lock_class(ar, "failed-release", timeout=timeout)
+            assert await lk.acquire()
+            server.stop()
+            with pytest.raises((redis.exceptions.ConnectionError, redmutex.ConnectionError)):
+                await lk.release()
+            assert lk.local.token is not None
+            server.start()
+            await lk.release()
+            assert lk.local.token is None
+            assert await ar.exists("failed-release") == 0
         finally:
             await ar.aclose()
 

@@ -79,6 +79,19 @@ class TaskLocal:
         )
         by_task.pop(ended[-1], None)
 
+    def _clear(self, token: bytes, hold: Any) -> None:
+        """Clears the token and hold of the slots that still hold `token` with `hold` (the
+        caller's task's, or those of the task that took them over, or outside any task),
+        whichever task is running."""
+        holders: dict[Any, dict[str, Any]] = object.__getattribute__(self, "_holders")
+        outside: dict[str, Any] = object.__getattribute__(self, "_outside")
+        for task, slots in list(holders.items()):
+            if slots.get("token") is token and slots.get("hold") is hold:
+                del holders[task]
+                slots.update(token=None, hold=None, taken=None)
+        if outside.get("token") is token and outside.get("hold") is hold:
+            outside.update(token=None, hold=None, taken=None)
+
     def __getattr__(self, name: str) -> Any:
         slots = self._slots()
         if name in slots:
@@ -191,15 +204,43 @@ class Lock(LockBase):
         return token is not None and await self._core._owner_async() == token
 
     def release(self) -> Awaitable[None]:
-        """Releases the lock (LockError when not held, LockNotOwnedError when no longer ours)."""
+        """Releases the lock (LockError when not held, LockNotOwnedError when no longer ours),
+        as an awaitable that raises them when awaited, like redis-py's `async def release`.
+
+        As in redis-py, the token is cleared only once the release is done in Redis (or Redis
+        answered that the lock is no longer ours): a release cancelled before it ran, or one
+        that failed (ConnectionError), leaves the object holding, and the caller may try again.
+        Renewal (no timeout) stops once the release is sent, whatever its outcome, as for
+        redmutex's own Lock: a release that failed leaves the lease to end within its ttl
+        unless a retry releases it first."""
         expected_token = self._token()
+        return self._release(expected_token, self._hold())
+
+    async def _release(self, expected_token: bytes | None, hold: _CompatHold | None) -> None:
         if expected_token is None:
             raise LockError(
                 "Cannot release a lock that's not owned or is already unlocked.",
                 lock_name=self.name,
             )
-        self._set(None, None)  # stops this hold's renewal
-        return self.do_release(expected_token)
+        if hold is not None:
+            hold.stop()  # renewed no more once a release is attempted (do_release stops it too)
+        try:
+            await self.do_release(expected_token)
+        except LockNotOwnedError:
+            self._forget(expected_token, hold)  # nothing left in Redis: as redis-py does
+            raise
+        self._forget(expected_token, hold)
+
+    def _forget(self, token: bytes, hold: _CompatHold | None) -> None:
+        """Clears the hold `release()` was called for (`token`, `hold`), in the task that holds
+        it now (the caller's, or the one that took it over), unless it was replaced since."""
+        local = self.local
+        if isinstance(local, TaskLocal):
+            local._clear(token, hold)
+        elif local.token is token and getattr(local, "hold", None) is hold:
+            local.token = None
+            local.hold = None
+            local.taken = None
 
     async def do_release(self, expected_token: bytes) -> None:
         raw = encode(self.redis, expected_token)
