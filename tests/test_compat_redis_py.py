@@ -324,3 +324,40 @@ def test_mixed_counter_is_never_raced(r: redis.Redis, r2: redis.Redis, name: str
         t.join(30)
     assert overlaps[0] == 0
     assert int(r.get(counter) or 0) > 10
+
+
+@pytest.mark.parametrize("make", [redis.lock.Lock, Lock], ids=["redis-py", "shim"])
+@pytest.mark.parametrize("timeout", [0, None])
+def test_do_extend_of_a_lock_without_expiry_is_refused_as_in_redis_py(
+    r: redis.Redis, name: str, make: type, timeout: int | None
+) -> None:
+    """A falsy timeout is no expiry in redis-py: its extend script finds no TTL and answers
+    LockNotOwnedError (extend() with timeout=0, do_extend() with either). The shim checked
+    `timeout is None` only and extended the renewed lease it keeps instead (an audit)."""
+    lk = make(r, name, timeout=timeout)
+    assert lk.acquire()
+    if timeout == 0:
+        with pytest.raises(LockNotOwnedError, match="extend a lock that's no longer owned"):
+            lk.extend(5)
+    with pytest.raises(LockNotOwnedError, match="extend a lock that's no longer owned"):
+        lk.do_extend(5, False)
+    assert lk.owned()
+    lk.release()
+
+
+@pytest.mark.parametrize("timeout", [0, None])
+def test_do_reacquire_of_a_lock_without_expiry_is_refused(
+    r: redis.Redis, name: str, timeout: int | None
+) -> None:
+    """redis-py's reacquire() with timeout=0 sends PEXPIRE 0, which deletes the lock, and
+    answers True; the shim deleted its renewed lease the same way. It refuses as reacquire()
+    refuses timeout=None."""
+    lk = Lock(r, name, timeout=timeout)
+    assert lk.acquire()
+    if timeout == 0:
+        with pytest.raises(LockError, match="reacquire a lock with no timeout"):
+            lk.reacquire()
+    with pytest.raises(LockError, match="reacquire a lock with no timeout"):
+        lk.do_reacquire()
+    assert lk.owned()
+    lk.release()

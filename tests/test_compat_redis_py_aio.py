@@ -376,3 +376,56 @@ def test_a_release_that_failed_keeps_the_hold_for_a_retry(
             await ar.aclose()
 
     run(main())
+
+
+@pytest.mark.parametrize("lock_class", [Lock, redis.asyncio.lock.Lock], ids=["shim", "redis-py"])
+@pytest.mark.parametrize("timeout", [0, None])
+def test_do_extend_of_a_lock_without_expiry_is_refused_as_in_redis_py(
+    redis_url: str, r: redis.Redis, name: str, lock_class: Any, timeout: int | None
+) -> None:
+    """A falsy timeout is no expiry in redis-py: its extend script finds no TTL and answers
+    LockNotOwnedError (extend() with timeout=0, do_extend() with either). The shim extended the
+    renewed lease it keeps instead (an audit)."""
+
+    async def main() -> None:
+        ar = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            lk = lock_class(ar, name, timeout=timeout)
+            assert await lk.acquire()
+            if timeout == 0:
+                with pytest.raises(LockNotOwnedError, match="extend a lock that's no longer"):
+                    await lk.extend(5)
+            with pytest.raises(LockNotOwnedError, match="extend a lock that's no longer"):
+                await lk.do_extend(5, False)
+            assert await lk.owned()
+            await lk.release()
+        finally:
+            await ar.aclose()
+
+    run(main())
+
+
+@pytest.mark.parametrize("timeout", [0, None])
+def test_do_reacquire_of_a_lock_without_expiry_is_refused(
+    redis_url: str, r: redis.Redis, name: str, timeout: int | None
+) -> None:
+    """redis-py's reacquire() with timeout=0 sends PEXPIRE 0, which deletes the lock, and
+    answers True; the shim deleted its renewed lease the same way (renewal then logged it lost).
+    It refuses as reacquire() refuses timeout=None."""
+
+    async def main() -> None:
+        ar = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            lk = Lock(ar, name, timeout=timeout)
+            assert await lk.acquire()
+            if timeout == 0:
+                with pytest.raises(LockError, match="reacquire a lock with no timeout"):
+                    await lk.reacquire()
+            with pytest.raises(LockError, match="reacquire a lock with no timeout"):
+                await lk.do_reacquire()
+            assert await lk.owned()
+            await lk.release()
+        finally:
+            await ar.aclose()
+
+    run(main())

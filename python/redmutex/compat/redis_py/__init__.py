@@ -150,8 +150,10 @@ class Lock(LockBase):
         return self.do_extend(additional_time, replace_ttl)
 
     def do_extend(self, additional_time: Number, replace_ttl: bool) -> Literal[True]:
-        ms = extend_ms(additional_time)
         token = self._held_token(self._token(), "extend")
+        if self._no_expiry():
+            raise self._no_expiry_error("extend")
+        ms = extend_ms(additional_time)
         if self._core.extend(token_text(token), ms, bool(replace_ttl)) < 0:
             raise LockNotOwnedError(
                 "Cannot extend a lock that's no longer owned", lock_name=self.name
@@ -167,8 +169,10 @@ class Lock(LockBase):
         return self.do_reacquire()
 
     def do_reacquire(self) -> Literal[True]:
-        ms = int(float(self.timeout or 0) * 1000)
         token = self._held_token(self._token(), "reacquire")
+        if self._no_expiry():
+            raise self._no_expiry_error("reacquire")
+        ms = int(float(self.timeout or 0) * 1000)
         if self._core.extend(token_text(token), ms, True) < 0:
             raise LockNotOwnedError(
                 "Cannot reacquire a lock that's no longer owned", lock_name=self.name

@@ -9,7 +9,7 @@ import uuid
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
-from redis.exceptions import LockError, ResponseError
+from redis.exceptions import LockError, LockNotOwnedError, ResponseError
 
 from ..._core import _CompatHold, _CompatLock
 from .._common import (
@@ -74,11 +74,27 @@ class LockBase:
         self._server = server_of(client)
         self._core = _CompatLock(client, key_name(self._key), self._key)
 
+    def _no_expiry(self) -> bool:
+        """Whether redis-py keeps this lock's key without expiry: any falsy ``timeout`` (None,
+        0), for which its ``do_acquire`` sends no PX."""
+        return not self.timeout
+
     def _lease(self) -> tuple[float, bool]:
         """The lease of an acquire and whether it is renewed (redis-py: no timeout, no expiry)."""
-        if self.timeout:
-            return float(self.timeout), False
-        return NO_EXPIRY_LEASE, True
+        if self._no_expiry():
+            return NO_EXPIRY_LEASE, True
+        return float(self.timeout or 0), False
+
+    def _no_expiry_error(self, what: str) -> LockError:
+        """redis-py's answer to ``do_extend``/``do_reacquire`` on a lock without expiry: its
+        extend script finds no TTL and answers "not owned"; its reacquire would send PEXPIRE 0
+        (``timeout=0``), which deletes the lock: refused here as ``reacquire()`` refuses
+        ``timeout=None``."""
+        if what == "extend":
+            return LockNotOwnedError(
+                "Cannot extend a lock that's no longer owned", lock_name=self.name
+            )
+        return LockError("Cannot reacquire a lock with no timeout", lock_name=self.name)
 
     def _wait(self, blocking: bool | None, blocking_timeout: Number | None) -> float | None:
         """How long an acquire waits (None: for good), from its arguments or the lock's."""

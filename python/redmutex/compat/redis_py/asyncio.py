@@ -259,16 +259,26 @@ class Lock(LockBase):
         return self.do_extend(additional_time, replace_ttl)
 
     def do_extend(self, additional_time: Number, replace_ttl: bool) -> Awaitable[Literal[True]]:
+        token = self._token()
+        if token is None or self._no_expiry():
+            return self._extend("extend", token, 0, False)  # raises when awaited
         ms = extend_ms(additional_time)
-        return self._extend("extend", self._token(), ms, bool(replace_ttl))
+        return self._extend("extend", token, ms, bool(replace_ttl))
 
     async def _extend(
         self, what: str, token: bytes | None, ms: int, replace: bool
     ) -> Literal[True]:
         held = self._held_token(token, what)
+        if self._no_expiry():
+            raise self._no_expiry_error(what)
         if await self._core._extend_async(token_text(held), ms, replace) < 0:
             raise LockNotOwnedError(f"Cannot {what} a lock that's no longer owned")
         return True
+
+    def _no_expiry_error(self, what: str) -> LockError:
+        error = super()._no_expiry_error(what)
+        error.lock_name = None  # redis-py's asyncio Lock names no lock in these errors
+        return error
 
     def reacquire(self) -> Awaitable[Literal[True]]:
         """Resets the lease to ``timeout`` seconds from now."""
@@ -279,7 +289,7 @@ class Lock(LockBase):
         return self.do_reacquire()
 
     def do_reacquire(self) -> Awaitable[Literal[True]]:
-        ms = int(float(self.timeout or 0) * 1000)
+        ms = int(float(self.timeout or 0) * 1000)  # 0 (no expiry) is refused when awaited
         return self._extend("reacquire", self._token(), ms, True)
 
     def __repr__(self) -> str:
