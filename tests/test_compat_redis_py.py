@@ -14,7 +14,7 @@ import redis.lock
 from _helpers import wake_delay
 from redis.exceptions import LockError, LockNotOwnedError
 from redmutex.compat import redis_py
-from redmutex.compat.redis_py import Lock, lock
+from redmutex.compat.redis_py import Lock, _base, lock
 
 
 @pytest.fixture
@@ -244,6 +244,7 @@ def test_do_hooks(r: redis.Redis, name: str) -> None:
     lk = Lock(r, name, timeout=5)
     assert lk.do_acquire(b"tok")
     assert not Lock(r, name).do_acquire(b"other")
+    lk.local.token = b"tok"  # as redis-py's acquire() does after its do_acquire()
     assert lk.do_extend(1, True) is True
     assert 0 < r.pttl(name) <= 1000
     assert lk.do_reacquire() is True
@@ -361,3 +362,32 @@ def test_do_reacquire_of_a_lock_without_expiry_is_refused(
         lk.do_reacquire()
     assert lk.owned()
     lk.release()
+
+
+@pytest.mark.parametrize("make", [redis.lock.Lock, Lock], ids=["redis-py", "shim"])
+def test_do_acquire_only_takes_the_key(r: redis.Redis, name: str, make: type) -> None:
+    """redis-py's do_acquire() is the SET alone: acquire() sets local.token after it. The
+    shim's set the token too (and replaced the object's hold)."""
+    lk = make(r, name, timeout=5)
+    assert lk.do_acquire(b"tok")
+    assert r.get(name) == b"tok"
+    assert lk.local.token is None
+    assert not lk.owned()
+    with pytest.raises(LockError, match="not owned or is already unlocked"):
+        lk.release()
+    lk.local.token = b"tok"
+    lk.release()
+    assert r.exists(name) == 0
+
+
+def test_a_no_timeout_hold_taken_by_do_acquire_is_renewed_until_released(
+    r: redis.Redis, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_base, "NO_EXPIRY_LEASE", 0.6)
+    lk = Lock(r, name)
+    assert lk.do_acquire(b"tok")
+    time.sleep(2.0)  # over three leases
+    assert r.get(name) == b"tok"
+    lk.do_release(b"tok")
+    time.sleep(0.7)
+    assert r.exists(name) == 0

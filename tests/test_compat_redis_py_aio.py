@@ -429,3 +429,29 @@ def test_do_reacquire_of_a_lock_without_expiry_is_refused(
             await ar.aclose()
 
     run(main())
+
+
+@pytest.mark.parametrize("lock_class", [Lock, redis.asyncio.lock.Lock], ids=["shim", "redis-py"])
+def test_do_acquire_only_takes_the_key(
+    redis_url: str, r: redis.Redis, name: str, lock_class: Any
+) -> None:
+    """redis-py's do_acquire() is the SET alone: acquire() sets local.token after it. The shim's
+    set the token too (and replaced the object's hold)."""
+
+    async def main() -> None:
+        ar = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            lk = lock_class(ar, name, timeout=5)
+            assert await lk.do_acquire(b"tok")
+            assert r.get(name) == b"tok"
+            assert lk.local.token is None
+            assert not await lk.owned()
+            with pytest.raises(LockError, match="not owned or is already unlocked"):
+                await lk.release()
+            lk.local.token = b"tok"
+            await lk.release()
+            assert r.exists(name) == 0
+        finally:
+            await ar.aclose()
+
+    run(main())

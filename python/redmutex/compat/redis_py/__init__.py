@@ -98,13 +98,14 @@ class Lock(LockBase):
         return True
 
     def do_acquire(self, token: str | bytes) -> bool:
-        """One attempt for ``token`` (redis-py's hook; `acquire` waits in the engine instead)."""
+        """One attempt for ``token`` (redis-py's hook; `acquire` waits in the engine instead).
+        As redis-py's, it only takes the key: ``local.token`` is left as it was."""
         raw = encode(self.redis, token)
         lease, renew = self._lease()
         hold = self._core.acquire(token_text(raw), lease, 0.0, True, renew)
         if hold is None:
             return False
-        self._set(raw, hold, renew)
+        self._took(raw, hold, renew)
         return True
 
     # -- state -----------------------------------------------------------------------------

@@ -85,6 +85,18 @@ class LockBase:
             return NO_EXPIRY_LEASE, True
         return float(self.timeout or 0), False
 
+    def _took(self, raw: bytes, hold: _CompatHold, renew: bool) -> None:
+        """A hold `do_acquire` took: like redis-py's, it leaves ``local.token`` alone (the
+        object does not hold it); a hold without expiry is kept renewing by the process's
+        registry until a release with that token, as any such hold is."""
+        where = self._where(raw)
+        if where is None:
+            return
+        if renew:
+            keep_renewing(where, hold, self._core)
+        else:
+            stop_renewing(where)  # a renewal of this token belongs to a hold released elsewhere
+
     def _no_expiry_error(self, what: str) -> LockError:
         """redis-py's answer to ``do_extend``/``do_reacquire`` on a lock without expiry: its
         extend script finds no TTL and answers "not owned"; its reacquire would send PEXPIRE 0

@@ -176,14 +176,15 @@ class Lock(LockBase):
         return True
 
     async def do_acquire(self, token: str | bytes) -> bool:
-        """One attempt for ``token`` (redis-py's hook; `acquire` waits in the engine instead)."""
+        """One attempt for ``token`` (redis-py's hook; `acquire` waits in the engine instead).
+        As redis-py's, it only takes the key: ``local.token`` is left as it was."""
         raw = encode(self.redis, token)
         lease, renew = self._lease()
         attempt = self._core._acquire_async(token_text(raw), lease, 0.0, True, renew)
         hold = await self._settled(attempt, raw, lease)
         if hold is None:
             return False
-        self._set(raw, hold, renew)
+        self._took(raw, hold, renew)
         return True
 
     async def locked(self) -> bool:
