@@ -15,6 +15,7 @@ from _helpers import wake_delay
 from redis.exceptions import LockError, LockNotOwnedError
 from redmutex.compat import redis_py
 from redmutex.compat.redis_py import Lock, _base, lock
+from redmutex.compat.redis_py import asyncio as redis_py_aio
 
 
 @pytest.fixture
@@ -391,3 +392,12 @@ def test_a_no_timeout_hold_taken_by_do_acquire_is_renewed_until_released(
     lk.do_release(b"tok")
     time.sleep(0.7)
     assert r.exists(name) == 0
+
+
+@pytest.mark.parametrize("aio", [False, True], ids=["sync", "asyncio"])
+def test_an_empty_name_is_refused(r: redis.Redis, aio: bool) -> None:
+    """redis-py takes `r.lock("")` (the key ""); the shim names redmutex's keys beside the lock
+    after it, and the engine refuses an empty name (docs/compat.md lists the difference)."""
+    make = redis_py_aio.lock if aio else lock
+    with pytest.raises(ValueError, match="must not be empty"):
+        make(r, "", timeout=5)
