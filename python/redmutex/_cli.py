@@ -1018,9 +1018,11 @@ def cmd_release(args: argparse.Namespace) -> int:
             held = [(n, st) for n, st in seen if isinstance(st, Status) and _releasable(st)]
             if not held:
                 return _not_released(args, "nothing is held under this name")
-            for i, node in enumerate(target.nodes):
-                token = _run(node, node.conn.get, lock_key)
-                expected[i] = token or b""
+            # A Redlock master that cannot be read now is left to the release, as with --yes
+            # (its error is not fatal while another master answers).
+            tokens = _each_node(target, lambda node: _run(node, node.conn.get, lock_key))
+            for i, (_, token) in enumerate(tokens):
+                expected[i] = b"" if isinstance(token, CliError) else token or b""
             what = _held_summary(held[0][1])
             if not _confirm(f"Release {what}?"):
                 return _not_released(args, "not confirmed")
