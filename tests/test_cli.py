@@ -714,6 +714,11 @@ def test_redlock_status_is_an_error_when_too_few_masters_answer(
     assert data["held"] is None and data["held_on"] == 1 and data["free_on"] == 0
     done = run_cli("status", name, *comma)
     assert done.returncode == 2 and "unknown" in done.stdout, done.stdout
+    # Like every error, it says so in one line on stderr (with or without --json).
+    for extra in ([], ["--json"]):
+        line = one_line_error(run_cli("status", name, *comma, *extra))
+        assert "cannot tell whether it is held: held on 1, free on 0 of 3 masters" in line, line
+        assert "cannot reach Redis" in line, line
 
 
 def test_cluster_seeds() -> None:

@@ -863,7 +863,13 @@ def cmd_status(args: argparse.Namespace) -> int:
             lines += [f"error:     {r}"] if isinstance(r, CliError) else list(status_lines(r))
         _print(*lines)
     if held is None:
-        return EXIT_ERROR
+        # Exit 2 like every error, with its one line on stderr (stdout said what each master
+        # answered).
+        failed = [r for _, r in results if isinstance(r, CliError)]
+        raise CliError(
+            f"cannot tell whether it is held: held on {held_on}, free on {free_on} of"
+            f" {len(results)} masters, quorum {quorum}; {len(failed)} failed, the first: {failed[0]}"
+        )
     return EXIT_HELD if held else EXIT_FREE
 
 
