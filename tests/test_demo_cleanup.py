@@ -130,3 +130,40 @@ def test_a_raw_password_url_is_read_as_the_client_reads_it(
     assert demo.returncode == 0, out.replace(password, "***")
     assert f"127.0.0.1:{server.port}" in out
     assert password not in out and "sec:6379" not in out.lower()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("unbuffered", ["1", ""], ids=["unbuffered", "buffered"])
+def test_a_reader_that_goes_away_ends_the_demo_quietly(
+    tmp_path: Path, no_server_left: Callable[[], list[int]], unbuffered: str
+) -> None:
+    # `demo | head -1`: the demo stopped with exit 2 and "BrokenPipeError" on stderr. As for
+    # status and list, a reader gone is not an error: it ends quietly, as a writer that SIGPIPE
+    # killed (141), and still stops its private redis-server.
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "PYTHONUNBUFFERED")}
+    env["TMPDIR"] = str(tmp_path)
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = unbuffered
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "redmutex", "demo", "--processes", "1", "--transfers", "5"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    assert demo.stdout is not None and demo.stderr is not None
+    try:
+        assert "processes x" in demo.stdout.readline()
+        demo.stdout.close()  # as `head -1` does after its line
+        demo.wait(timeout=90)
+        errors = demo.stderr.read()
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+            demo.wait(10)
+        demo.stderr.close()
+    assert (demo.returncode, errors) == (141, ""), errors
+    assert no_server_left() == []
+    assert list(tmp_path.glob("redmutex-redis-*")) == []

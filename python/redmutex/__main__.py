@@ -13,11 +13,12 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from redmutex._cli import CliError, add_commands
+from redmutex._cli import CliError, add_commands, discard_output, reader_gone
 from redmutex._core import _redact_text
 
 EXIT_ERROR = 2  # the command could not do its job (bad arguments, Redis unreachable, ...)
 EXIT_INTERRUPTED = 130
+EXIT_READER_GONE = 141  # 128 + SIGPIPE (13): what a shell reports of a writer killed by SIGPIPE
 
 
 class _Parser(argparse.ArgumentParser):
@@ -49,10 +50,21 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from redmutex._demos import transfers
 
     try:
-        return transfers.main(args.redis, processes=args.processes, transfers=args.transfers)
+        code = transfers.main(args.redis, processes=args.processes, transfers=args.transfers)
+        sys.stdout.flush()  # here, not at exit, where a reader gone would be reported
+        return code
     except transfers.DemoError as exc:
         _fail(str(exc), args)
         return EXIT_ERROR
+    except BrokenPipeError:
+        # The reader of its output went away (`demo | head`): as status and list take that,
+        # not an error of ours. The demo stops there (it cleaned up on the way out: its worker
+        # processes and private redis-server are stopped) and exits quietly as a program killed
+        # by SIGPIPE would, since its checks did not all run.
+        if not reader_gone(sys.stdout):
+            raise
+        discard_output(sys.stdout)
+        return EXIT_READER_GONE
 
 
 def build_parser() -> argparse.ArgumentParser:

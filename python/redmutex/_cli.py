@@ -47,6 +47,7 @@ import importlib
 import json
 import os
 import re
+import select
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -770,6 +771,25 @@ def _state(entry: Entry, a: Any, b: Any, c: Any, now_ms: float) -> None:
 # -- commands ----------------------------------------------------------------------------------
 
 
+def reader_gone(out: TextIO) -> bool:
+    """Whether the reader of `out` went away (a pipe whose reading end is closed, as after
+    `| head`): a BrokenPipeError then came from `out`, not from another pipe."""
+    poll = getattr(select, "poll", None)
+    if poll is None:
+        return True
+    watch = poll()
+    watch.register(out.fileno(), select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in watch.poll(0))
+
+
+def discard_output(out: TextIO) -> None:
+    """After the reader of `out` went away: what is still written to it goes to /dev/null, so
+    Python does not fail again flushing it at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, out.fileno())
+    os.close(devnull)
+
+
 def _write(text: str, out: TextIO | None = None) -> None:
     """Writes to stdout; a reader that went away (`| head`) is not an error of ours."""
     out = out or sys.stdout
@@ -777,10 +797,7 @@ def _write(text: str, out: TextIO | None = None) -> None:
         out.write(text)
         out.flush()
     except BrokenPipeError:
-        # Python would fail again flushing stdout at exit: point it at /dev/null instead.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, out.fileno())
-        os.close(devnull)
+        discard_output(out)
 
 
 def _print(*lines: str) -> None:

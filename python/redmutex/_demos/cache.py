@@ -78,19 +78,26 @@ def cache_demo(
         for _ in range(threads)
     ]
     results: list[tuple[str, str | None, float, str | None]] = []
+    # An exception while starting them (Ctrl-C, a reader gone) joins only the ones started.
+    started: list[Any] = []
     try:
         for proc in procs:
             proc.start()
+            started.append(proc)
         for thread in pool:
             thread.start()
+            started.append(thread)
         time.sleep(0.5)  # every worker connected and waiting for the start
         start.set()
         results = [out.get(timeout=90) for _ in range(workers)]
     finally:
         start.set()
         for thread in pool:
-            thread.join(timeout=30)
+            if thread in started:
+                thread.join(timeout=30)
         for proc in procs:
+            if proc not in started:
+                continue
             proc.join(timeout=30)
             if proc.is_alive():
                 proc.kill()

@@ -114,9 +114,11 @@ def fair_demo(url: str, waiters: int = WAITERS, out: TextIO = sys.stdout) -> int
     problem = ""
     granted: list[tuple[Any, ...]] = []
     released_at = 0
+    started = []  # an exception while starting them (Ctrl-C, a reader gone) joins these only
     try:
         for worker in workers:
             worker.start()
+            started.append(worker)
         _collect(results, "ready", waiters, START_TIMEOUT)
         if not holder.acquire():
             raise RuntimeError("the holder could not take the lock")
@@ -132,7 +134,7 @@ def fair_demo(url: str, waiters: int = WAITERS, out: TextIO = sys.stdout) -> int
     finally:
         for go in gos:
             go.set()  # nobody is left waiting for a start signal
-        for worker in workers:  # only the processes started here, each by its own handle
+        for worker in started:  # only the processes started here, each by its own handle
             worker.join(timeout=10)
             if worker.is_alive():
                 worker.terminate()

@@ -174,9 +174,11 @@ def _transfer_from_processes(
         )
         for i in range(processes)
     ]
+    started = []  # an exception while starting them (Ctrl-C, a reader gone) joins these only
     try:
         for worker in workers:
             worker.start()
+            started.append(worker)
         try:
             barrier.wait(timeout=START_TIMEOUT)
         except Exception:  # noqa: BLE001 - a broken barrier means a worker died early
@@ -196,7 +198,7 @@ def _transfer_from_processes(
         # Interrupted (Ctrl-C, which the workers leave to us) before the start: the workers
         # stop waiting for it now, not after START_TIMEOUT. (Harmless once they all started.)
         barrier.abort()
-        for worker in workers:  # only the processes started here, each by its own handle
+        for worker in started:  # only the processes started here, each by its own handle
             worker.join(timeout=5)
             if worker.is_alive():
                 worker.terminate()
