@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -236,3 +237,57 @@ def test_a_waiter_rides_out_a_hung_master() -> None:
             os.kill(hung.pid, signal.SIGCONT)
         assert woken.get("ok") is True, woken
         assert float(woken["at"]) - released < 3  # type: ignore[arg-type]
+
+
+def _silent_ports(count: int) -> tuple[list[socket.socket], list[int]]:
+    """Loopback ports that accept connections (kernel backlog) and never answer."""
+    socks = []
+    for _ in range(count):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        socks.append(sock)
+    return socks, [int(s.getsockname()[1]) for s in socks]
+
+
+def test_silent_sentinels_fail_within_connect_plus_command_timeout() -> None:
+    # The sentinels were asked one after another, each for up to twice the bound, and a blocking
+    # call then looked the master up once more through the runtime: 4.5 s for three silent
+    # sentinels with a 1.5 s bound, and the message said "1.5 s".
+    socks, ports = _silent_ports(3)
+    url = "redis+sentinel://" + ",".join(f"127.0.0.1:{p}" for p in ports) + "/mymaster/0"
+    bound = 1.0 + 0.5
+    try:
+        for what in ("ping", "acquire", "get_or_fill"):
+            client = redmutex.Client(url, connect_timeout=1.0, command_timeout=0.5)
+            started = time.monotonic()
+            with pytest.raises(redmutex.ConnectionError, match="timed out after") as caught:
+                if what == "ping":
+                    client.ping()
+                elif what == "acquire":
+                    redmutex.Lock(client, "silent").acquire()
+                else:
+                    redmutex.get_or_fill(client, "silent", lambda: 1, ttl=5)
+            took = time.monotonic() - started
+            assert took < bound * 1.5, f"{what}: {took:.2f} s ({caught.value})"
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def test_a_silent_sentinel_does_not_delay_the_master_the_next_one_names(
+    group: SentinelGroup,
+) -> None:
+    socks, ports = _silent_ports(1)
+    url = group.url.replace("sentinel://", f"sentinel://127.0.0.1:{ports[0]},", 1)
+    try:
+        client = redmutex.Client(url, prefix="s:", connect_timeout=3.0, command_timeout=3.0)
+        started = time.monotonic()
+        lock = redmutex.Lock(client, "first-answer", ttl=5)
+        assert lock.acquire(timeout=10)
+        took = time.monotonic() - started
+        lock.release()
+        assert took < 2.0, f"the first acquire took {took:.2f} s behind a silent sentinel"
+    finally:
+        for sock in socks:
+            sock.close()

@@ -293,10 +293,9 @@ impl DirectPool {
                 "no direct connection to this deployment".into(),
             ))),
             Route::Server(server) => Ok((server.clone(), false)),
-            Route::Sentinel { sentinel, master } => self
-                .master(sentinel, master)
-                .map(|server| (server, true))
-                .ok_or(Miss::Elsewhere),
+            Route::Sentinel { sentinel, master } => {
+                self.master(sentinel, master).map(|server| (server, true))
+            }
             Route::Cluster {
                 slots,
                 template,
@@ -319,28 +318,40 @@ impl DirectPool {
     }
 
     /// The current master, looked up through the runtime when none is known (not from a
-    /// runtime thread, which must not block: None there, and the call goes through the runtime).
-    fn master(&self, sentinel: &Arc<Sentinel>, master: &Mutex<Master>) -> Option<Arc<Server>> {
+    /// runtime thread, which must not block: `Miss::Elsewhere` there, and the call goes through
+    /// the runtime). A lookup that fails, or outlasts connect + command timeout, fails the
+    /// call: the runtime would only look it up once more.
+    fn master(
+        &self,
+        sentinel: &Arc<Sentinel>,
+        master: &Mutex<Master>,
+    ) -> std::result::Result<Arc<Server>, Miss> {
         let generation = {
             let master = master.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(server) = &master.server {
-                return Some(server.clone());
+                return Ok(server.clone());
             }
             master.generation
         };
         if tokio::runtime::Handle::try_current().is_ok() {
-            return None;
+            return Err(Miss::Elsewhere);
         }
-        let handle = runtime::handle().ok()?;
-        let (client, _) = handle.block_on(sentinel.master(self.timeouts)).ok()?;
+        let handle = runtime::handle().map_err(|_| Miss::Elsewhere)?;
+        let limit = self.timeouts.connect + self.timeouts.command;
+        let looked_up = handle.block_on(async {
+            tokio::time::timeout(limit, sentinel.master(self.timeouts))
+                .await
+                .unwrap_or_else(|_| Err(timed_out(limit, "waiting for the connection")))
+        });
+        let (client, _) = looked_up.map_err(|err| Miss::failed(err.at(&sentinel.endpoint())))?;
         let mut master = master.lock().unwrap_or_else(|p| p.into_inner());
         if master.generation != generation {
-            return None;
+            return Err(Miss::Elsewhere);
         }
         let server = master
             .server
             .get_or_insert_with(|| Arc::new(Server::new(client)));
-        Some(server.clone())
+        Ok(server.clone())
     }
 
     fn take(&self, server: &Server, fresh: bool) -> Result<Conn> {

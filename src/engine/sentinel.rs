@@ -6,16 +6,27 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use futures_util::stream::FuturesUnordered;
 use futures_util::StreamExt;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Value};
 
 use super::connect::{self, address, within, Timeouts};
-use super::error::{connect_failed, Error, Result};
+use super::error::{connect_failed, timed_out, Error, Result};
 use crate::protocol::url::SentinelUrl;
 
 /// The channel on which sentinels announce a failover: "name old-ip old-port new-ip new-port".
 const SWITCH_CHANNEL: &str = "+switch-master";
+/// `step`, or a timeout error once `limit` has passed.
+async fn within_or<T>(
+    limit: Duration,
+    step: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::time::timeout(limit, step)
+        .await
+        .unwrap_or_else(|_| Err(timed_out(limit, "waiting for Sentinel")))
+}
+
 /// How long the watcher waits before it tries the sentinels again after losing them all.
 const WATCH_RETRY: Duration = Duration::from_millis(500);
 
@@ -60,60 +71,83 @@ impl Sentinel {
     }
 
     /// The current master: a client for it and a connection on which it confirmed its role.
+    /// Every sentinel is asked at once (one that hangs must not hold up the others' answer),
+    /// and the first master named that confirms its role is taken; the one that named it is
+    /// asked first next time, and is what a failover's announcer is made (see `watch`).
     pub async fn master(
         &self,
         timeouts: Timeouts,
     ) -> Result<(redis::Client, MultiplexedConnection)> {
         let limit = timeouts.connect + timeouts.command;
         let start = self.preferred.load(Ordering::Relaxed);
+        let count = self.sentinels.len();
+        let mut named: FuturesUnordered<_> = (0..count)
+            .map(|i| (start + i) % count)
+            .filter_map(|index| Some((index, self.sentinels.get(index)?)))
+            .map(|(index, sentinel)| async move {
+                let asked = within_or(limit, self.named_by(sentinel, timeouts)).await;
+                (index, asked)
+            })
+            .collect();
         let mut last = Error::Connection("no sentinel configured".into());
-        for i in 0..self.sentinels.len() {
-            let index = (start + i) % self.sentinels.len();
-            let Some(sentinel) = self.sentinels.get(index) else {
-                continue;
+        while let Some((index, asked)) = named.next().await {
+            let confirmed = match asked {
+                Ok((host, port)) => within_or(limit, self.confirmed(&host, port, timeouts)).await,
+                Err(err) => Err(err),
             };
-            let asked = tokio::time::timeout(limit * 2, self.ask(sentinel, timeouts)).await;
-            match asked {
-                Ok(Ok(found)) => {
+            match confirmed {
+                Ok(found) => {
                     self.preferred.store(index, Ordering::Relaxed);
                     return Ok(found);
                 }
-                Ok(Err(err)) => last = err,
-                Err(_) => {
-                    last = Error::Connection(format!(
-                        "Sentinel did not name a master for '{}' in time",
-                        self.url.service
-                    ))
-                }
+                Err(err) => last = err,
             }
         }
         Err(last)
     }
 
-    async fn ask(
+    /// The master `sentinel` names for the service.
+    async fn named_by(
         &self,
         sentinel: &redis::Client,
         timeouts: Timeouts,
-    ) -> Result<(redis::Client, MultiplexedConnection)> {
+    ) -> Result<(String, u16)> {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(timeouts.connect))
             .set_response_timeout(Some(timeouts.command));
         let mut conn = sentinel
             .get_multiplexed_async_connection_with_config(&config)
             .await
-            .map_err(|e| Error::Connection(format!("Sentinel unreachable: {e}")))?;
-        let named: Option<(String, u16)> = redis::cmd("SENTINEL")
-            .arg("GET-MASTER-ADDR-BY-NAME")
-            .arg(&self.url.service)
-            .query_async(&mut conn)
-            .await?;
-        let Some((host, port)) = named else {
-            return Err(Error::Connection(format!(
+            .map_err(|e| match e.is_timeout() {
+                true => timed_out(timeouts.connect, "connecting to Sentinel"),
+                false => Error::Connection(format!("Sentinel unreachable: {e}")),
+            })?;
+        let named: Option<(String, u16)> = within(
+            timeouts.command,
+            "Sentinel's answer",
+            redis::cmd("SENTINEL")
+                .arg("GET-MASTER-ADDR-BY-NAME")
+                .arg(&self.url.service)
+                .query_async(&mut conn),
+        )
+        .await?;
+        named.ok_or_else(|| {
+            Error::Connection(format!(
                 "Sentinel knows no master named '{}'",
                 self.url.service
-            )));
-        };
-        let info = self.url.master_info(&host, port).map_err(Error::Invalid)?;
+            ))
+        })
+    }
+
+    /// A client for the server at `host:port` and a connection on which it confirmed that it
+    /// is a master.
+    async fn confirmed(
+        &self,
+        host: &str,
+        port: u16,
+        timeouts: Timeouts,
+    ) -> Result<(redis::Client, MultiplexedConnection)> {
+        let info = self.url.master_info(host, port).map_err(Error::Invalid)?;
         let client = connect::client(info).map_err(|e| Error::Invalid(format!("url: {e}")))?;
         // The master connection serves the callers, whose own deadlines bound every reply.
         let master_config = AsyncConnectionConfig::new()
