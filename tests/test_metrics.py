@@ -207,6 +207,55 @@ def test_a_failing_hook_is_logged_and_ignored(
     assert records[0].exc_info is not None
 
 
+class _Interrupt(BaseException):
+    """Stands for Ctrl-C (KeyboardInterrupt) or SystemExit arriving in a hook."""
+
+
+def _interrupting(event: AcquireEvent) -> None:
+    if event.acquired:
+        raise _Interrupt
+
+
+@pytest.mark.parametrize("how", ["measured", "measured-aio", "acquire_lock", "locked"])
+def test_an_interrupted_hook_does_not_leave_the_lock_held(
+    client: redmutex.Client, r: redis.Redis, key_of: Callable[[str, str], bytes], how: str
+) -> None:
+    # A hook that is interrupted after the hold was taken kept it: `with` never reached its
+    # exit, and acquire_lock never returned the identifier to release with.
+    name = name_()
+    metrics.set_hooks(on_acquire=_interrupting)
+    try:
+        with pytest.raises(_Interrupt):
+            if how == "measured":
+                with metrics.measured(redmutex.Semaphore(client, name, 1, auto_renew=True)):
+                    pass
+            elif how == "measured-aio":
+
+                async def enter() -> None:
+                    async with metrics.measured(aio.Lock(client, name, auto_renew=True)):
+                        pass
+
+                asyncio.run(enter())
+            elif how == "acquire_lock":
+                redmutex.acquire_lock(client, name)
+            else:
+
+                @redmutex.locked(client, name)
+                def body() -> None:
+                    pass
+
+                body()
+    finally:
+        metrics.clear_hooks()
+    left = [k for k in r.scan_iter(match=key_of(name, "*")) if not k.endswith(b":fence")]
+    assert not left, f"left held after the interrupted hook: {left}"
+    other: redmutex.Lock | redmutex.Semaphore = (
+        redmutex.Semaphore(client, name, 1) if how == "measured" else redmutex.Lock(client, name)
+    )
+    assert other.acquire(blocking=False)
+    other.release()
+
+
 def test_hooks_must_be_callable() -> None:
     with pytest.raises(TypeError, match="on_acquire"):
         metrics.set_hooks(on_acquire=42)  # type: ignore[arg-type]

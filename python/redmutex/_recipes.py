@@ -22,7 +22,7 @@ from collections.abc import (
     Generator,
     Iterator,
 )
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar, cast, final, overload
 
 from . import _core, metrics
@@ -70,7 +70,15 @@ def acquire_lock(
     except BaseException:
         metrics.recipe_acquired(lockname, identifier, started, False)
         raise
-    metrics.recipe_acquired(lockname, identifier, started, fence is not None)
+    try:
+        metrics.recipe_acquired(lockname, identifier, started, fence is not None)
+    except BaseException:
+        # The hook was interrupted (Ctrl-C, SystemExit): the caller never gets the identifier
+        # to release with, so the hold is released here.
+        if fence is not None:
+            with suppress(Exception):
+                _core.release_token(conn, lockname, identifier)
+        raise
     return identifier if fence is not None else False
 
 

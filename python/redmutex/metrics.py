@@ -26,6 +26,7 @@ fast. A hook that raises is logged on the `redmutex` logger and otherwise ignore
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -198,7 +199,15 @@ class measured(Generic[H]):  # a class used like a function: `with measured(lock
         except BaseException:
             self._entered(started, False)
             raise
-        self._entered(started, True)
+        try:
+            self._entered(started, True)
+        except BaseException as exc:
+            # The hook was interrupted (Ctrl-C, SystemExit): the `with` block never starts, so
+            # its exit never runs; the hold is given back here, as `with lock:` gives it back.
+            self._acquired_at.pop()
+            with contextlib.suppress(Exception):
+                hold.__exit__(type(exc), exc, exc.__traceback__)
+            raise
         return self._hold
 
     def __exit__(
@@ -225,7 +234,13 @@ class measured(Generic[H]):  # a class used like a function: `with measured(lock
         except BaseException:
             self._entered(started, False)
             raise
-        self._entered(started, True)
+        try:
+            self._entered(started, True)
+        except BaseException as exc:
+            self._acquired_at.pop()  # see __enter__
+            with contextlib.suppress(Exception):
+                await hold.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
         return self._hold
 
     async def __aexit__(
