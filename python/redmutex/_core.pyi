@@ -150,8 +150,9 @@ class Lock:
     With True the owner is the calling thread: the thread that holds may acquire again (each
     acquire needs its release; the lock is free after the last), through this object or any
     other re-entrant Lock of the same client and name (a re-entry acts on the hold as it was
-    taken); another thread waits like any other waiter; the hold count lives in Redis with the
-    hold. Waiters are woken, never poll.
+    taken, and lives with the object that took it: drop that object while it holds, and the
+    hold is left to run out, as any dropped object's); another thread waits like any other
+    waiter; the hold count lives in Redis with the hold. Waiters are woken, never poll.
     """
 
     def __new__(
