@@ -514,7 +514,10 @@ class RWLock:
 
     The deadlock guard tells tasks apart: a read->write upgrade within one task raises
     LockError, also when the read lock was taken through `asyncio.wait_for` (whose task of its
-    own, before Python 3.12, counts as the task that awaits it)."""
+    own, before Python 3.12, counts as the task that awaits it). A read lock taken in a task of
+    its own (`create_task`, `gather`, `shield`) is another task's, as a read lock taken in
+    another thread is: a write acquire then waits for it like any other writer (give it a
+    timeout)."""
 
     def __init__(
         self,
