@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import os
 import random
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -280,6 +281,7 @@ def test_a_waiter_cancelled_as_its_busy_reply_lands_can_acquire_again(
     assert errors == [], f"{len(errors)} failures in 20 trials: {errors[:3]}"
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.timeout is 3.11+")
 @pytest.mark.timeout(60)
 def test_an_acquire_right_after_a_cancelled_wait_neither_fails_nor_waits_for_the_old(
     client: redmutex.Client,
@@ -320,6 +322,7 @@ CUT_KINDS: dict[str, Callable[[redmutex.Client, str], Any]] = {
 }
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.timeout is 3.11+")
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("how", ["release", "aexit"])
 @pytest.mark.parametrize("kind", list(CUT_KINDS))
@@ -369,6 +372,7 @@ def test_a_release_cut_short_leaves_the_object_released(
     assert wrong == [], wrong
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.timeout is 3.11+")
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("cut", ["read", "write"])
 def test_a_cut_release_on_the_runtime_leaves_the_task_holding_no_side_of_the_rwlock(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -87,6 +88,7 @@ def test_closing_the_loop_gives_its_fills_claim_back(
     assert not r.exists(key_of(key, "fill"))
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.timeout is 3.11+")
 def test_ended_and_cancelled_acquires_are_not_kept_for_the_loops_close(
     client: redmutex.Client, other_client: redmutex.Client
 ) -> None:

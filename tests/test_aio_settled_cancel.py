@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import random
+import sys
 import time
 
+import pytest
 import redmutex
 from redmutex import aio
 
 RETRIES = 200
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.timeout is 3.11+")
 def test_a_retry_after_a_timed_out_acquire_never_finds_the_object_holding(
     client: redmutex.Client, other_client: redmutex.Client
 ) -> None:
