@@ -191,7 +191,7 @@ class Cluster:
 
     def stop(self) -> None:
         for server in self.servers:
-            server.stop()
+            server.close()
 
     def __enter__(self) -> Self:
         return self.start()
@@ -232,7 +232,7 @@ class Masters:
     def start_one(self, index: int) -> None:
         """Starts master `index` again on its port: a new run_id and an empty dataset."""
         old = self.servers[index]
-        old.stop()
+        old.close()
         self.servers[index] = RedisServer(port=old.port, extra_args=self.extra_args).start()
 
     def conn(self, index: int) -> redis.Redis:
@@ -240,7 +240,7 @@ class Masters:
 
     def stop(self) -> None:
         for server in self.servers:
-            server.stop()
+            server.close()
 
     def __enter__(self) -> Self:
         return self.start()
@@ -398,7 +398,7 @@ class SentinelGroup:
 
     def stop(self) -> None:
         for server in (*self.sentinels, self.replica, self.master):
-            server.stop()
+            server.close()
 
     def __enter__(self) -> Self:
         return self.start()

@@ -98,7 +98,7 @@ def setup() -> Iterator[Setup]:
             s.faulty.close()
             s.direct.close()
     finally:
-        server.stop()
+        server.close()
 
 
 def test_redis_py_a_resent_release_never_deletes_a_hold_taken_since_with_the_same_token(

@@ -37,4 +37,4 @@ def test_a_server_at_maxclients_is_a_connection_error() -> None:
             finally:
                 client.close()
     finally:
-        server.stop()
+        server.close()

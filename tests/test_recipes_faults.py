@@ -49,7 +49,7 @@ def setup() -> Iterator[Setup]:
         with FaultProxy(server.port) as proxy:
             yield Setup(server, proxy)
     finally:
-        server.stop()
+        server.close()
 
 
 def test_an_attempt_of_unknown_outcome_never_deletes_another_calls_lock(setup: Setup) -> None:

@@ -226,6 +226,7 @@ class _Soak:
         assert old.process is not None
         os.kill(old.process.pid, signal.SIGKILL)
         old.process.wait(timeout=10)
+        old.close()
         time.sleep(self.rng.uniform(0.0, 0.3))
         self.server = RedisServer(self.port).start()
 
@@ -242,7 +243,7 @@ class _Soak:
                 os.kill(proc.pid, signal.SIGCONT)
                 os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
-        self.server.stop()
+        self.server.close()
 
 
 def _inject(

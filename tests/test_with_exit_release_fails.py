@@ -36,7 +36,7 @@ def server() -> Iterator[RedisServer]:
     try:
         yield s
     finally:
-        s.stop()
+        s.close()
 
 
 def _pause_writes(server: RedisServer) -> None:

@@ -152,8 +152,13 @@ class RedisServer:
             process.kill()
             process.wait(timeout=5)
 
+    def close(self) -> None:
+        """Stops the server and removes its directory (its log): the end of its life."""
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
     def __enter__(self) -> Self:
-        return self.start()
+        return self if self.process is not None else self.start()
 
     def __exit__(
         self,
@@ -161,4 +166,4 @@ class RedisServer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.stop()
+        self.close()
