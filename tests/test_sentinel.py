@@ -291,3 +291,25 @@ def test_a_silent_sentinel_does_not_delay_the_master_the_next_one_names(
     finally:
         for sock in socks:
             sock.close()
+
+
+def test_the_preferred_sentinels_answer_is_taken_when_it_comes() -> None:
+    # Right after a failover some sentinels still name the old master; the client prefers the
+    # sentinel that answered last (or announced the failover). Two sentinels naming different
+    # masters stand for that: every lookup must take the preferred (first) one's answer, not
+    # whichever came first (asked all at once, 5 to 8 of 30 went to the other).
+    with SentinelGroup() as first, SentinelGroup() as second:
+        url = (
+            f"redis+sentinel://127.0.0.1:{first.sentinels[0].port},"
+            f"127.0.0.1:{second.sentinels[0].port}/mymaster"
+        )
+        elsewhere = 0
+        for i in range(20):
+            client = redmutex.Client(url, prefix="s:", connect_timeout=3, command_timeout=3)
+            lock = redmutex.Lock(client, f"pref-{i}", ttl=5)
+            assert lock.acquire(timeout=5)
+            if lock_value(first.master_port(), lock.name) != (lock.token or "").encode():
+                elsewhere += 1
+            lock.release()
+            client.close()
+        assert elsewhere == 0, f"{elsewhere} of 20 lookups took the other sentinel's master"

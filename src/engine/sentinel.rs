@@ -6,6 +6,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use futures_util::future::{BoxFuture, FutureExt};
 use futures_util::stream::FuturesUnordered;
 use futures_util::StreamExt;
 use redis::aio::MultiplexedConnection;
@@ -26,6 +27,9 @@ async fn within_or<T>(
         .await
         .unwrap_or_else(|_| Err(timed_out(limit, "waiting for Sentinel")))
 }
+
+/// How long the preferred sentinel has to answer before the others are asked too.
+const PREFERRED_GRACE: Duration = Duration::from_millis(200);
 
 /// How long the watcher waits before it tries the sentinels again after losing them all.
 const WATCH_RETRY: Duration = Duration::from_millis(500);
@@ -71,39 +75,70 @@ impl Sentinel {
     }
 
     /// The current master: a client for it and a connection on which it confirmed its role.
-    /// Every sentinel is asked at once (one that hangs must not hold up the others' answer),
-    /// and the first master named that confirms its role is taken; the one that named it is
-    /// asked first next time, and is what a failover's announcer is made (see `watch`).
+    /// The preferred sentinel (the one that answered last, or announced the last failover: see
+    /// `watch`) is asked first, and its answer is taken when it comes: right after a failover
+    /// the others may still name the old master. Once it failed, or has not answered within
+    /// `PREFERRED_GRACE`, the others are asked too, all at once (one that hangs must not hold
+    /// up the rest), and the first master named that confirms its role is taken.
     pub async fn master(
         &self,
         timeouts: Timeouts,
     ) -> Result<(redis::Client, MultiplexedConnection)> {
-        let limit = timeouts.connect + timeouts.command;
         let start = self.preferred.load(Ordering::Relaxed);
         let count = self.sentinels.len();
-        let mut named: FuturesUnordered<_> = (0..count)
-            .map(|i| (start + i) % count)
-            .filter_map(|index| Some((index, self.sentinels.get(index)?)))
-            .map(|(index, sentinel)| async move {
-                let asked = within_or(limit, self.named_by(sentinel, timeouts)).await;
-                (index, asked)
-            })
-            .collect();
+        let mut asked = FuturesUnordered::new();
+        asked.push(self.looked_up(start % count.max(1), timeouts));
+        let mut others = (1..count).map(|i| (start + i) % count);
+        let mut everyone = count <= 1;
+        let grace = tokio::time::sleep(PREFERRED_GRACE);
+        tokio::pin!(grace);
         let mut last = Error::Connection("no sentinel configured".into());
-        while let Some((index, asked)) = named.next().await {
-            let confirmed = match asked {
-                Ok((host, port)) => within_or(limit, self.confirmed(&host, port, timeouts)).await,
-                Err(err) => Err(err),
+        loop {
+            let next = if everyone {
+                asked.next().await
+            } else {
+                tokio::select! {
+                    next = asked.next() => next,
+                    _ = &mut grace => None,
+                }
             };
-            match confirmed {
-                Ok(found) => {
+            match next {
+                Some((index, Ok(found))) => {
                     self.preferred.store(index, Ordering::Relaxed);
                     return Ok(found);
                 }
-                Err(err) => last = err,
+                Some((_, Err(err))) => last = err,
+                None if everyone => return Err(last),
+                None => {}
+            }
+            if !everyone {
+                everyone = true;
+                for index in others.by_ref() {
+                    asked.push(self.looked_up(index, timeouts));
+                }
             }
         }
-        Err(last)
+    }
+
+    /// The master sentinel `index` names, confirmed (see `master`), each step bounded.
+    fn looked_up(
+        &self,
+        index: usize,
+        timeouts: Timeouts,
+    ) -> BoxFuture<'_, (usize, Result<(redis::Client, MultiplexedConnection)>)> {
+        let limit = timeouts.connect + timeouts.command;
+        async move {
+            let Some(sentinel) = self.sentinels.get(index) else {
+                let err = Error::Connection("no sentinel configured".into());
+                return (index, Err(err));
+            };
+            let found = match within_or(limit, self.named_by(sentinel, timeouts)).await {
+                Ok((host, port)) => within_or(limit, self.confirmed(&host, port, timeouts)).await,
+                Err(err) => Err(err),
+            };
+            (index, found)
+        }
+        .boxed()
     }
 
     /// The master `sentinel` names for the service.
