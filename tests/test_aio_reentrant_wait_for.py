@@ -95,3 +95,33 @@ def test_a_holding_task_awaited_through_wait_for_releases_its_own_hold(
 
     asyncio.run(main())
     assert not r.exists(lock_key(prefix, "wf-worker"))
+
+
+def test_a_holding_task_under_wait_for_reenters_through_another_object(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
+    # The same, through another re-entrant aio.Lock of the client and name: its re-entry was
+    # filed under the awaiting caller and waited for the task's own hold until the timeout.
+    async def main() -> None:
+        first = aio.Lock(client, "wf-cross", ttl=10, reentrant=True)
+        second = aio.Lock(client, "wf-cross", ttl=10, reentrant=True)
+        took = asyncio.Event()
+        go = asyncio.Event()
+
+        async def worker() -> str | None:
+            await first.acquire()
+            took.set()
+            await go.wait()
+            assert await second.acquire(timeout=2)
+            token = second.token
+            await second.release()
+            await first.release()
+            return token
+
+        task = asyncio.create_task(worker())
+        await took.wait()
+        go.set()
+        assert await asyncio.wait_for(task, 5) is not None
+
+    asyncio.run(main())
+    assert not r.exists(lock_key(prefix, "wf-cross"))

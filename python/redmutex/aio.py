@@ -206,6 +206,15 @@ def _running_task() -> asyncio.Task[Any] | None:
         return None
 
 
+def _holding_core(task: asyncio.Task[Any], key: tuple[int, str]) -> Any | None:
+    """The core through which `task` itself holds `key` now, if any (only looks)."""
+    for ref in _task_cores.get(task, {}).get(key, ()):
+        core = ref()
+        if core is not None and core.token is not None:
+            return core
+    return None
+
+
 def _held_by_task(task: asyncio.Task[Any], key: tuple[int, str], core: Any | None) -> Any:
     """The core through which `task` holds `key` now, another object's or `core` (which is
     listed for the others; None: only look)."""
@@ -277,8 +286,12 @@ class Lock(_Hold):
         own = self._by_task.get(task)
         if own is not None and own.token is not None:
             # A task acts on its own hold, also once its caller awaits it through `wait_for`
-            # (which would otherwise file it under that caller, see `_guarded_task`).
+            # (which would otherwise file it under that caller, see `_guarded_task`), and also
+            # through another object of the same client and name.
             return own
+        held = _holding_core(task, self._key)
+        if held is not None:
+            return held
         task = _guarded_task(task)
         core = self._by_task.get(task)
         if core is None:
@@ -295,6 +308,11 @@ class Lock(_Hold):
             return self._own
         task = _running_task()
         if task is not None:
+            held = self._by_task.get(task)
+            if held is None or held.token is None:
+                held = _holding_core(task, self._key)
+            if held is not None:
+                return held  # the task's own hold (see `_core`)
             task = _guarded_task(task)
         mine = self._by_task.get(task) if task is not None else self._own
         if mine is not None and (mine.token is not None or mine.lost):
