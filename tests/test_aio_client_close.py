@@ -15,7 +15,7 @@ from collections.abc import Callable
 import pytest
 import redis
 import redmutex
-from redmutex import aio
+from redmutex import _aio_bridge, aio
 from redmutex._server import RedisServer
 
 pytestmark = pytest.mark.timeout(60)
@@ -82,6 +82,17 @@ def test_a_dropped_clients_loop_connection_does_not_outlive_the_next_client(
 
     try:
         assert asyncio.run(main()) <= 3
+
+        # Nor is a dropped client's connection remembered for its close, once it is gone (a
+        # connection lives on for a command timeout after its last call, and is forgotten when
+        # the next one opens).
+        async def one_more() -> None:
+            async with aio.Lock(redmutex.Client(server.url), "last", ttl=5):
+                pass
+
+        gc.collect()
+        asyncio.run(one_more())
+        assert len(_aio_bridge._client_conns) <= 2
     finally:
         r.close()
 

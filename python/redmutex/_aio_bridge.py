@@ -48,10 +48,15 @@ _client_conns: dict[
 
 
 def track_conn(key: int, loop: asyncio.AbstractEventLoop, conn: LoopProtocol) -> None:
-    """Files `conn`, just opened on `loop` for the client `key`, for `retire_conns`."""
-    kept = [(lr, cr) for lr, cr in _client_conns.get(key, ()) if cr() is not None]
-    kept.append((weakref.ref(loop), weakref.ref(conn)))
-    _client_conns[key] = kept
+    """Files `conn`, just opened on `loop` for the client `key`, for `retire_conns`; forgets the
+    connections gone meanwhile (those of clients dropped without `close()` too)."""
+    for filed in list(_client_conns):
+        kept = [(lr, cr) for lr, cr in _client_conns[filed] if cr() is not None]
+        if kept:
+            _client_conns[filed] = kept
+        else:
+            del _client_conns[filed]
+    _client_conns.setdefault(key, []).append((weakref.ref(loop), weakref.ref(conn)))
 
 
 def retire_conns(key: int) -> None:
