@@ -7,6 +7,7 @@ the port for its own start.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -66,3 +67,19 @@ def test_a_bus_port_taken_meanwhile_is_chosen_again(
         info = redis.Redis.from_url(server.url).info("server")
         assert info["process_id"] == server.process.pid
     assert other.process is not None and other.process.poll() is None
+
+
+def test_close_removes_the_directory_and_a_closed_server_starts_again() -> None:
+    server = RedisServer()
+    with server.start() as entered:  # entering a started server starts no second one
+        assert entered is server
+        first = server.process
+        assert first is not None and first.poll() is None
+    assert first.poll() is not None
+    assert not os.path.exists(server.dir)
+    try:
+        server.start()
+        assert redis.Redis.from_url(server.url).ping()
+    finally:
+        server.close()
+    assert not os.path.exists(server.dir)

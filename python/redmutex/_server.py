@@ -88,6 +88,7 @@ class RedisServer:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed (make deps installs it)")
+        os.makedirs(self.dir, exist_ok=True)  # removed by an earlier close()
         for _ in range(PORT_ATTEMPTS):
             if self._launch(binary, wait):
                 return self
