@@ -22,7 +22,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
@@ -310,6 +310,18 @@ impl LoopConn {
         Ok(())
     }
 
+    /// Ends the connection now (see `close_line`) and closes its transport.
+    fn shut(&self, py: Python<'_>, mut inner: MutexGuard<'_, Inner>, why: &str) -> PyResult<()> {
+        let then = self.close_line(&mut inner, why);
+        let transport = inner.transport.take();
+        drop(inner);
+        if let Some(transport) = transport {
+            transport.call_method0(py, "close")?;
+        }
+        run(py, then);
+        Ok(())
+    }
+
     /// Ends the connection: every call in line fails (to be sent again through the runtime),
     /// every ghost's hook runs.
     fn close_line(&self, inner: &mut Inner, why: &str) -> Vec<Then> {
@@ -437,43 +449,26 @@ impl LoopConn {
     /// calls sent on it are answered (at once when there are none). A later call of a client
     /// still alive opens a new one.
     fn _retire(&self, py: Python<'_>) -> PyResult<()> {
-        let (then, transport) = {
-            let mut inner = self.inner();
-            match inner.phase {
-                // `connection_made` closes what it brings.
-                Phase::Connecting => {
-                    inner.phase = Phase::Closed;
-                    return Ok(());
-                }
-                Phase::Closed | Phase::Draining => return Ok(()),
-                Phase::Handshake | Phase::Ready => {}
-            }
-            if inner.line.iter().any(|e| matches!(e, Entry::Call(_))) {
-                inner.phase = Phase::Draining;
+        let mut inner = self.inner();
+        match inner.phase {
+            // `connection_made` closes what it brings.
+            Phase::Connecting => {
+                inner.phase = Phase::Closed;
                 return Ok(());
             }
-            let then = self.close_line(&mut inner, "its client was closed");
-            (then, inner.transport.take())
-        };
-        if let Some(transport) = transport {
-            transport.call_method0(py, "close")?;
+            Phase::Closed | Phase::Draining => return Ok(()),
+            Phase::Handshake | Phase::Ready => {}
         }
-        run(py, then);
-        Ok(())
+        if inner.line.iter().any(|e| matches!(e, Entry::Call(_))) {
+            inner.phase = Phase::Draining;
+            return Ok(());
+        }
+        self.shut(py, inner, "its client was closed")
     }
 
     /// Closes the connection (its event loop is closing).
     fn _close(&self, py: Python<'_>) -> PyResult<()> {
-        let (then, transport) = {
-            let mut inner = self.inner();
-            let then = self.close_line(&mut inner, "its event loop closed");
-            (then, inner.transport.take())
-        };
-        if let Some(transport) = transport {
-            transport.call_method0(py, "close")?;
-        }
-        run(py, then);
-        Ok(())
+        self.shut(py, self.inner(), "its event loop closed")
     }
 
     /// The command timeout's check: calls unanswered for that long fail.
