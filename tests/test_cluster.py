@@ -16,7 +16,7 @@ import redis
 import redmutex
 from _scale_servers import Cluster
 from redis.crc import key_slot
-from redmutex import _core
+from redmutex import _core, aio
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -445,3 +445,33 @@ def test_waiters_are_woken_after_every_seed_died() -> None:
             waiter.release()
         holder.release()
         c.close()
+
+
+def test_a_name_on_a_healthy_master_is_served_while_another_master_hangs() -> None:
+    # A script missing on the name's node (new node, promoted replica, SCRIPT FLUSH) was loaded
+    # by redis-rs with SCRIPT LOAD on every primary, which fails while any one hangs: a try-once
+    # acquire of a name on a healthy master raised ConnectionError after the command timeout.
+    with Cluster(3, node_timeout_ms=60000) as cl:
+        c = redmutex.Client(cluster=cl.urls, prefix=PREFIX, connect_timeout=1, command_timeout=2)
+        assert c.ping()
+        hung, healthy = cl.servers[0], cl.servers[1]
+        name, other = name_on(cl, 1, "healthy-"), name_on(cl, 2, "healthy-")
+        with redis.Redis(port=healthy.port, socket_timeout=5) as r:
+            r.script_flush()
+        assert hung.process is not None
+        os.kill(hung.process.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+
+            async def through_the_runtime() -> None:
+                lock = aio.Lock(c, name, ttl=10)
+                assert await lock.acquire(timeout=0)
+                await lock.release()
+
+            asyncio.run(through_the_runtime())
+            multi = redmutex.MultiLock(c, [name, other], ttl=10)
+            assert multi.acquire(timeout=0)
+            multi.release()
+            assert time.monotonic() - started < 3.0
+        finally:
+            os.kill(hung.process.pid, signal.SIGCONT)

@@ -213,6 +213,26 @@ impl Target {
     }
 }
 
+/// Runs `inv` on `conn`: EVALSHA, loading the script on NOSCRIPT. On a cluster the script is
+/// loaded by an EVAL of its source, which goes to the key's node as the call does: redis-rs
+/// would send SCRIPT LOAD to every primary and fail while any one of them is down, so a name on
+/// a healthy node could not be served.
+async fn run_script(conn: &mut Conn, inv: &ScriptInvocation<'_>) -> redis::RedisResult<Value> {
+    let forms = match conn {
+        Conn::Cluster(_) => crate::protocol::resp::eval_forms(inv),
+        Conn::Plain(_) => None,
+    };
+    let Some((evalsha, eval)) = forms else {
+        return inv.invoke_async::<Value>(conn).await;
+    };
+    match evalsha.query_async::<Value>(conn).await {
+        Err(err) if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            eval.query_async::<Value>(conn).await
+        }
+        other => other,
+    }
+}
+
 /// A live connection of either kind; both pipeline concurrent callers over few sockets.
 #[derive(Clone)]
 pub(crate) enum Conn {
@@ -795,9 +815,10 @@ impl Node {
     /// Runs a script (EVALSHA, loading it on NOSCRIPT), retrying once on a dropped connection
     /// when `retry` allows.
     pub async fn invoke(&self, inv: &ScriptInvocation<'_>, retry: Retry) -> Result<Value> {
-        self.call(retry, |mut conn| async move {
-            inv.invoke_async::<Value>(&mut conn).await
-        })
+        self.call(
+            retry,
+            |mut conn| async move { run_script(&mut conn, inv).await },
+        )
         .await
         .map(|(value, _)| value)
     }
@@ -827,7 +848,7 @@ impl Node {
             } else {
                 first
             };
-            async move { inv.invoke_async::<Value>(&mut conn).await }
+            async move { run_script(&mut conn, inv).await }
         })
         .await
     }
@@ -838,9 +859,10 @@ impl Node {
         inv: &ScriptInvocation<'_>,
         retry: Retry,
     ) -> Result<(Value, Option<Arc<Identity>>)> {
-        self.call(retry, |mut conn| async move {
-            inv.invoke_async::<Value>(&mut conn).await
-        })
+        self.call(
+            retry,
+            |mut conn| async move { run_script(&mut conn, inv).await },
+        )
         .await
     }
 

@@ -63,6 +63,38 @@ pub fn pack(call: &Call) -> Packed {
     }
 }
 
+/// The EVALSHA command of `inv`, and the EVAL command that makes the same call with the script's
+/// source (which also loads it on the server that runs it), built from what the invocation
+/// sends. None if that is not what it sends.
+pub fn eval_forms(inv: &redis::ScriptInvocation<'_>) -> Option<(Cmd, Cmd)> {
+    let mut capture = Capture {
+        sent: Vec::new(),
+        noscript: true,
+    };
+    let _ = inv.invoke::<Value>(&mut capture);
+    let (Ok(Value::Array(call)), Ok(Value::Array(load))) =
+        (parse(capture.sent.first()?), parse(capture.sent.get(1)?))
+    else {
+        return None;
+    };
+    let Some(Value::BulkString(source)) = load.get(2) else {
+        return None;
+    };
+    let mut evalsha = redis::cmd("EVALSHA");
+    let mut eval = redis::cmd("EVAL");
+    eval.arg(source.as_slice());
+    for (i, part) in call.iter().enumerate().skip(1) {
+        let Value::BulkString(bytes) = part else {
+            return None;
+        };
+        evalsha.arg(bytes.as_slice());
+        if i >= 2 {
+            eval.arg(bytes.as_slice());
+        }
+    }
+    Some((evalsha, eval))
+}
+
 /// The SHA1 an EVALSHA request names (its second argument).
 fn evalsha_sha(request: &[u8]) -> Option<[u8; 40]> {
     const HEAD: &[u8] = b"$7\r\nEVALSHA\r\n$40\r\n";
@@ -271,6 +303,33 @@ mod tests {
         assert!(integers(b"*1\r\n+OK\r\n").is_none());
     }
     use crate::protocol::step::Step;
+
+    #[test]
+    fn a_script_call_has_an_eval_form_with_its_source() {
+        let script = redis::Script::new("return KEYS[1]");
+        let mut inv = script.prepare_invoke();
+        inv.key("k").arg("a");
+        let (evalsha, eval) = eval_forms(&inv).unwrap();
+        let sha = script.get_hash();
+        assert_eq!(
+            evalsha.get_packed_command(),
+            redis::cmd("EVALSHA")
+                .arg(sha)
+                .arg(1)
+                .arg("k")
+                .arg("a")
+                .get_packed_command()
+        );
+        assert_eq!(
+            eval.get_packed_command(),
+            redis::cmd("EVAL")
+                .arg("return KEYS[1]")
+                .arg(1)
+                .arg("k")
+                .arg("a")
+                .get_packed_command()
+        );
+    }
 
     #[test]
     fn a_reply_is_framed_only_once_complete() {
