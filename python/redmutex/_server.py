@@ -32,28 +32,36 @@ FREE_PORT = "{free port}"
 NOAUTH = -1  # `_answering_pid` of a server that wants a password first (up, but unnamed)
 
 
-def _answering_pid(port: int) -> int | None:
+def _answering_pid(port: int, *, loaded: bool = True) -> int | None:
     """The process id of the redis-server answering on `port` (`NOAUTH` when it asks for a
-    password first), or None while nothing answers."""
+    password first), or None while nothing answers; with `loaded`, also None while the server
+    is still loading its dataset (INFO answers then, but a lock's command would get LOADING)."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
-            sock.sendall(b"INFO server\r\n")
+            sock.sendall(b"INFO\r\n")
             reply = b""
-            while b"process_id:" not in reply or not reply.endswith(b"\r\n"):
+            while b"\r\n" not in reply:
                 chunk = sock.recv(65536)
                 if not chunk:
                     return None
                 reply += chunk
-                if reply.startswith(b"-NOAUTH"):
-                    return NOAUTH
-                if reply.startswith(b"-"):
-                    return None  # loading, or another error: not up yet
-    except OSError:
+            if reply.startswith(b"-NOAUTH"):
+                return NOAUTH
+            if not reply.startswith(b"$"):
+                return None  # another error: not up yet
+            header, body = reply.split(b"\r\n", 1)
+            size = int(header[1:]) + 2  # the text and its closing CRLF
+            while len(body) < size:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    return None
+                body += chunk
+    except (OSError, ValueError):
         return None
-    for line in reply.split(b"\r\n"):
-        if line.startswith(b"process_id:"):
-            return int(line.split(b":", 1)[1])
-    return None
+    fields = dict(line.split(b":", 1) for line in body.split(b"\r\n") if b":" in line)
+    if b"process_id" not in fields or (loaded and fields.get(b"loading", b"0") != b"0"):
+        return None
+    return int(fields[b"process_id"])
 
 
 class RedisServer:
@@ -84,19 +92,21 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self, wait: float = 10.0) -> Self:
+    def start(self, wait: float = 10.0, *, until_loaded: bool = True) -> Self:
+        """Starts the server and returns once it serves: with `until_loaded=False`, as soon as it
+        answers, which may be while it still loads its data from disk."""
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed (make deps installs it)")
         os.makedirs(self.dir, exist_ok=True)  # removed by an earlier close()
         for _ in range(PORT_ATTEMPTS):
-            if self._launch(binary, wait):
+            if self._launch(binary, wait, until_loaded):
                 return self
             if self.chosen_port:
                 self.port = free_port()
         raise RuntimeError(f"redis-server found no free port in {PORT_ATTEMPTS} attempts")
 
-    def _launch(self, binary: str, wait: float) -> bool:
+    def _launch(self, binary: str, wait: float, until_loaded: bool) -> bool:
         """Starts the server on `self.port`; False if a port we chose was taken."""
         self.extra_ports = [free_port() for arg in self.extra_args if arg == FREE_PORT]
         chosen = iter(self.extra_ports)
@@ -130,7 +140,7 @@ class RedisServer:
                     return False
                 raise RuntimeError(f"redis-server exited with {self.process.returncode}")
             # Another server on the port answers too: only our own process counts as up.
-            if _answering_pid(self.port) in (self.process.pid, NOAUTH):
+            if _answering_pid(self.port, loaded=until_loaded) in (self.process.pid, NOAUTH):
                 return True
             time.sleep(0.02)
         self.stop()
