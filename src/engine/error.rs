@@ -116,6 +116,11 @@ impl From<redis::RedisError> for Error {
             || err.is_unrecoverable_error()
         {
             Error::Connection(format!("connection failed: {err}"))
+        } else if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading) {
+            // A server that restarted and is reading its data back: nothing ran, and it serves
+            // again shortly. Unreachable for now, as redis-py says (BusyLoadingError is one of
+            // its ConnectionErrors), not an answer about the lock.
+            Error::Connection(format!("not ready, still loading its dataset: {err}"))
         } else if err.to_string().contains(MAX_CLIENTS) {
             // Said as a new connection opens (then closed): the server is unreachable for now.
             Error::Connection(format!("refused the connection: {err}"))
@@ -148,6 +153,18 @@ mod tests {
             "max number of clients reached".to_string(),
         ));
         assert!(matches!(Error::from(err), Error::Connection(_)));
+    }
+
+    #[test]
+    fn a_server_loading_its_dataset_is_a_connection_error() {
+        let err = redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading),
+            "An error was signalled by the server",
+            "Redis is loading the dataset in memory".to_string(),
+        ));
+        let err = Error::from(err);
+        assert!(err.is_connection(), "{err}");
+        assert!(err.to_string().contains("loading"), "{err}");
     }
 
     #[test]

@@ -1,0 +1,124 @@
+"""A Redis that restarted and is still loading its dataset answers LOADING: nothing ran, and it
+serves again shortly. redmutex calls that meet it raise `redmutex.ConnectionError` (redis-py's
+BusyLoadingError is one of its ConnectionErrors too) and keep the hold for a retry; the private
+server's `start()` returns only once the data is loaded."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Callable
+
+import pytest
+import redis
+import redis.asyncio
+import redmutex
+import redmutex.aio
+from redmutex._server import RedisServer, _answering_pid
+from redmutex.compat.redis_py.asyncio import Lock as ShimLock
+
+KEYS = 3000
+# Loading then takes at least KEYS * 1 ms = 3 s, answering clients between keys.
+SLOW_LOAD = ["--key-load-delay", "1000", "--loading-process-events-interval-bytes", "1024"]
+
+
+def raw_set(port: int) -> bytes:
+    """The reply of one SET, sent on a socket of its own (no client library retries it)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"SET loading-probe 1\r\n")
+        return sock.recv(200)
+
+
+def saved_and_stopped(server: RedisServer) -> None:
+    """Fills the server so that loading it back is slow, saves it to disk and stops it."""
+    r = redis.Redis(port=server.port)
+    pipe = r.pipeline(transaction=False)
+    for i in range(KEYS):
+        pipe.set(f"filler:{i}", "x")
+    pipe.execute()
+    r.save()
+    r.close()
+    server.stop()
+
+
+def restarted_loading(server: RedisServer) -> None:
+    """Starts the server again and returns while it still loads (checked: LOADING)."""
+    server.start(until_loaded=False)
+    assert raw_set(server.port).startswith(b"-LOADING"), "the server had loaded already"
+
+
+def wait_loaded(server: RedisServer) -> None:
+    deadline = time.monotonic() + 60
+    while _answering_pid(server.port) is None:
+        assert time.monotonic() < deadline, "the server never finished loading"
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(60)
+def test_start_returns_once_the_dataset_is_loaded(
+    make_server: Callable[..., RedisServer],
+) -> None:
+    """Before, `start()` returned once INFO answered, which it does while loading: the tests'
+    first command after a restart could get LOADING (a flaky CI run)."""
+    server = make_server(SLOW_LOAD)
+    saved_and_stopped(server)
+    server.start()
+    assert raw_set(server.port) == b"+OK\r\n"
+
+
+@pytest.mark.timeout(60)
+def test_a_lock_meeting_a_loading_server_raises_connection_error_and_keeps_the_hold(
+    make_server: Callable[..., RedisServer],
+) -> None:
+    server = make_server(SLOW_LOAD)
+    client = redmutex.Client(server.url)
+    held = redmutex.Lock(client, "loading-held", ttl=60)
+    assert held.acquire()
+    saved_and_stopped(server)
+    restarted_loading(server)
+    with pytest.raises(redmutex.ConnectionError, match="loading"):
+        held.release()
+    assert held.token is not None  # still ours: a retry releases
+    other = redmutex.Lock(client, "loading-other", ttl=60)
+    with pytest.raises(redmutex.ConnectionError, match="loading"):
+        other.acquire(timeout=0)
+    assert other.token is None
+    wait_loaded(server)
+    held.release()
+    assert held.token is None
+    assert redis.Redis(port=server.port).exists("redmutex:{loading-held}") == 0
+    client.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["aio", "shim"])
+def test_asyncio_release_meeting_a_loading_server_keeps_the_hold(
+    make_server: Callable[..., RedisServer], kind: str
+) -> None:
+    """As above, for `redmutex.aio.Lock` and redis-py's asyncio Lock on redmutex's engine (whose
+    retry after the restart was the flaky CI run's failure: LockError 'BusyLoading')."""
+    server = make_server(SLOW_LOAD)
+
+    async def main() -> None:
+        ar = redis.asyncio.Redis(port=server.port)
+        client = redmutex.Client(server.url)
+        try:
+            lk: redmutex.aio.Lock | ShimLock
+            if kind == "aio":
+                lk = redmutex.aio.Lock(client, "loading-aio", ttl=60)
+            else:
+                lk = ShimLock(ar, "loading-aio", timeout=None)
+            assert await lk.acquire()
+            saved_and_stopped(server)
+            restarted_loading(server)
+            with pytest.raises(redmutex.ConnectionError, match="loading"):
+                await lk.release()
+            await asyncio.to_thread(wait_loaded, server)
+            await lk.release()
+            assert await ar.exists("redmutex:{loading-aio}", "loading-aio") == 0
+        finally:
+            await ar.aclose()
+            client.close()
+
+    asyncio.run(main())
