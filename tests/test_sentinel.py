@@ -6,15 +6,18 @@ import contextlib
 import os
 import signal
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
 import redis.sentinel
 import redmutex
 from _scale_servers import SentinelGroup, wait_for
+from redmutex._client import url_of_redis_py
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -313,3 +316,49 @@ def test_the_preferred_sentinels_answer_is_taken_when_it_comes() -> None:
             lock.release()
             client.close()
         assert elsewhere == 0, f"{elsewhere} of 20 lookups took the other sentinel's master"
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """A self-signed certificate for 127.0.0.1 (its own CA), made with openssl."""
+    d: Path = tmp_path_factory.mktemp("sentinel-tls")
+    cert, key_file = d / "server.pem", d / "server.key"
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+            "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key_file),
+            "-out", str(cert), "-days", "2", "-subj", "/CN=127.0.0.1",
+            "-addext", "subjectAltName=IP:127.0.0.1",
+            "-addext", "basicConstraints=critical,CA:TRUE",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )  # fmt: skip
+    return str(cert), str(key_file)
+
+
+def test_a_redis_py_sentinel_client_over_tls_stays_on_tls(certificate: tuple[str, str]) -> None:
+    with SentinelGroup(tls=certificate) as g:
+        for server in (g.master, g.replica):
+            with redis.Redis(port=server.port, socket_timeout=5) as r:
+                r.execute_command("ACL", "SETUSER", "app", "on", ">app-pw", "~*", "&*", "+@all")
+        tls = {"ssl": True, "ssl_cert_reqs": "none", "socket_timeout": 5}
+        sentinel = redis.sentinel.Sentinel(
+            [("127.0.0.1", g.link_port(g.sentinel))], sentinel_kwargs=tls
+        )
+        master = sentinel.master_for(g.name, username="app", password="app-pw", **tls)
+        assert master.ping()  # redis-py itself, over TLS
+        url = url_of_redis_py(master)[0]
+        assert url.startswith("rediss+sentinel://app:") and url.endswith("#insecure"), url
+        # The sentinels name the master's TLS port: only a TLS connection gets a lock there.
+        with redmutex.Lock(master, "over-tls", ttl=5, timeout=5) as lock:
+            assert lock.owned()
+        # What a Sentinel URL cannot express is refused, never sent in cleartext.
+        plain_sentinels = redis.sentinel.Sentinel([("127.0.0.1", g.sentinel.port)])
+        with pytest.raises(ValueError, match="TLS setting"):
+            redmutex.Client.from_redis(plain_sentinels.master_for(g.name, **tls))
+        with_ca = {"ssl": True, "ssl_ca_certs": certificate[0]}
+        ca_sentinel = redis.sentinel.Sentinel([("127.0.0.1", 1)], sentinel_kwargs=with_ca)
+        with pytest.raises(ValueError, match="ssl_ca_certs is not supported"):
+            redmutex.Client.from_redis(ca_sentinel.master_for(g.name, **with_ca))

@@ -40,20 +40,45 @@ def _host_port(host: str | None, port: int | None, default_port: int) -> str:
     return f"{host}:{int(port or default_port)}"
 
 
-def _sentinel_url(pool: Any, kwargs: dict[str, Any]) -> str | None:
-    """A redis+sentinel:// URL for a redis-py client made by `Sentinel.master_for(...)`."""
+def _is_tls(connection_class: Any) -> bool:
+    return "SSL" in getattr(connection_class, "__name__", "")
+
+
+def _sentinel_url(
+    pool: Any, kwargs: dict[str, Any], username: str | None, password: str | None
+) -> str | None:
+    """A redis+sentinel:// (rediss+sentinel:// over TLS) URL for a redis-py client made by
+    `Sentinel.master_for(...)`."""
     manager = getattr(pool, "sentinel_manager", None)
     service = getattr(pool, "service_name", None)
     if manager is None or not isinstance(service, str):
         return None
+    # A Sentinel URL has one TLS setting for the sentinels and the master: both sides of the
+    # redis-py client must agree on it, or it cannot be expressed (and is refused, so that no
+    # password goes out in cleartext where redis-py would have used TLS).
+    master_tls = _tls_side(kwargs, getattr(pool, "connection_class", None))
     hosts = []
     for sentinel in getattr(manager, "sentinels", []):
-        skw = getattr(getattr(sentinel, "connection_pool", None), "connection_kwargs", {})
+        spool = getattr(sentinel, "connection_pool", None)
+        skw = getattr(spool, "connection_kwargs", {})
         hosts.append(_host_port(skw.get("host"), skw.get("port"), 26379))
+        if _tls_side(skw, getattr(spool, "connection_class", None)) != master_tls:
+            raise ValueError(
+                "client: this redis-py Sentinel client uses TLS settings for the sentinels "
+                "(sentinel_kwargs) unlike the master's (master_for); redmutex takes one TLS "
+                "setting for both"
+            )
     if not hosts:
         return None
+    if master_tls is not None and master_tls not in ({}, {"ssl_cert_reqs": "none"}):
+        raise ValueError(
+            f"client: the redis-py Sentinel client's {', '.join(master_tls)} is not supported "
+            "by redmutex over Sentinel (only ssl_cert_reqs='none' is)"
+        )
+    scheme = "redis+sentinel" if master_tls is None else "rediss+sentinel"
+    fragment = "#insecure" if master_tls else ""
     db = int(kwargs.get("db") or 0)
-    userinfo = _userinfo(kwargs.get("username"), kwargs.get("password"))
+    userinfo = _userinfo(username, password)
     query = {}
     sentinel_kwargs = getattr(manager, "sentinel_kwargs", None) or {}
     if sentinel_kwargs.get("username"):
@@ -61,7 +86,8 @@ def _sentinel_url(pool: Any, kwargs: dict[str, Any]) -> str | None:
     if sentinel_kwargs.get("password") is not None:
         query["sentinel_password"] = str(sentinel_kwargs["password"])
     tail = f"?{urlencode(query)}" if query else ""
-    return f"redis+sentinel://{userinfo}{','.join(hosts)}/{quote(service, safe='')}/{db}{tail}"
+    path = f"{quote(service, safe='')}/{db}"
+    return f"{scheme}://{userinfo}{','.join(hosts)}/{path}{tail}{fragment}"
 
 
 def cluster_urls_of_redis_py(redis_client: Any) -> list[str] | None:
@@ -89,9 +115,9 @@ def cluster_urls_of_redis_py(redis_client: Any) -> list[str] | None:
 _UNSUPPORTED_TLS = ("ssl_ca_path", "ssl_ca_data", "ssl_password")
 
 
-def _tls_query(kwargs: dict[str, Any], connection_class: Any) -> str:
-    """The `?ssl_...` query that carries a redis-py SSLConnection's CA, client certificate and
-    checks over to the URL (empty when everything is at the secure default)."""
+def _tls_settings(kwargs: dict[str, Any], connection_class: Any) -> dict[str, str]:
+    """The `ssl_...` URL options that carry a redis-py SSLConnection's CA, client certificate
+    and checks over (empty when everything is at the secure default)."""
     for name in _UNSUPPORTED_TLS:
         if kwargs.get(name):
             raise ValueError(
@@ -117,6 +143,16 @@ def _tls_query(kwargs: dict[str, Any], connection_class: Any) -> str:
             pass
         if not kwargs.get("ssl_check_hostname", default):
             query["ssl_check_hostname"] = "false"
+    return query
+
+
+def _tls_side(kwargs: dict[str, Any], connection_class: Any) -> dict[str, str] | None:
+    """The TLS settings of one redis-py connection pool, or None for a plain-text one."""
+    return _tls_settings(kwargs, connection_class) if _is_tls(connection_class) else None
+
+
+def _tls_query(kwargs: dict[str, Any], connection_class: Any) -> str:
+    query = _tls_settings(kwargs, connection_class)
     return f"?{urlencode(query)}" if query else ""
 
 
@@ -150,7 +186,7 @@ def url_of_redis_py(redis_client: Any) -> tuple[str, float | None, float | None]
     db = int(kwargs.get("db") or 0)
     username, password = _credentials(kwargs)
     path = kwargs.get("path")
-    sentinel = _sentinel_url(pool, kwargs)
+    sentinel = _sentinel_url(pool, kwargs, username, password)
     if sentinel is not None:
         url = sentinel
     elif path:
@@ -162,7 +198,7 @@ def url_of_redis_py(redis_client: Any) -> tuple[str, float | None, float | None]
         url = f"unix://{quote(path)}?{urlencode(query)}"
     else:
         connection_class = getattr(pool, "connection_class", None)
-        tls = "SSL" in getattr(connection_class, "__name__", "")
+        tls = _is_tls(connection_class)
         scheme = "rediss" if tls else "redis"
         host = kwargs.get("host") or "127.0.0.1"
         if ":" in host and not host.startswith("["):
