@@ -315,3 +315,39 @@ def test_redis_py_settings_without_counterpart_are_refused(pki: Pki) -> None:
     r = redis.Redis(host="127.0.0.1", port=1, ssl=True, ssl_ca_path=str(pki.ca.parent))
     with pytest.raises(ValueError, match="ssl_ca_path is not supported"):
         use(r)
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"ssl_min_version": ssl.TLSVersion.TLSv1_3},
+        {"ssl_ciphers": "ECDHE-ECDSA-AES256-GCM-SHA384"},
+        {"ssl_include_verify_flags": [ssl.VerifyFlags.VERIFY_X509_STRICT]},
+        {"ssl_exclude_verify_flags": [ssl.VerifyFlags.VERIFY_X509_PARTIAL_CHAIN]},
+        {"ssl_validate_ocsp": True},
+        {"ssl_validate_ocsp_stapled": True},
+        {"ssl_ocsp_expected_cert": "-----BEGIN CERTIFICATE-----"},
+    ],
+)
+def test_redis_py_checks_redmutex_cannot_make_are_refused(setting: dict[str, Any]) -> None:
+    # Dropped, redmutex would connect where redis-py refuses: a ValueError naming it instead.
+    r = redis.Redis(host="127.0.0.1", port=1, ssl=True, **setting)
+    with pytest.raises(ValueError, match=f"{next(iter(setting))} is not supported"):
+        redmutex.Client.from_redis(r)
+
+
+def test_redis_py_tls_defaults_are_accepted(
+    tls_servers: Callable[..., TlsServer], pki: Pki
+) -> None:
+    defaults: dict[str, Any] = {
+        "ssl_min_version": None,
+        "ssl_ciphers": None,
+        "ssl_include_verify_flags": None,
+        "ssl_exclude_verify_flags": None,
+        "ssl_validate_ocsp": False,
+        "ssl_validate_ocsp_stapled": False,
+        "ssl_ocsp_context": None,
+        "ssl_ocsp_expected_cert": None,
+    }
+    tls = tls_servers()
+    use(redis.Redis(port=tls.tls_port, ssl=True, ssl_ca_certs=str(pki.ca), **defaults))

@@ -111,8 +111,21 @@ def cluster_urls_of_redis_py(redis_client: Any) -> list[str] | None:
     ]
 
 
-# redis-py TLS settings that have no counterpart here: refused rather than dropped.
-_UNSUPPORTED_TLS = ("ssl_ca_path", "ssl_ca_data", "ssl_password")
+# redis-py TLS settings that have no counterpart here: refused rather than dropped (dropped,
+# redmutex would connect where redis-py refuses). Their redis-py defaults are all None/False.
+_UNSUPPORTED_TLS = (
+    "ssl_ca_path",
+    "ssl_ca_data",
+    "ssl_password",
+    "ssl_min_version",
+    "ssl_ciphers",
+    "ssl_include_verify_flags",
+    "ssl_exclude_verify_flags",
+    "ssl_validate_ocsp",
+    "ssl_validate_ocsp_stapled",
+    "ssl_ocsp_context",
+    "ssl_ocsp_expected_cert",
+)
 
 
 def _tls_settings(kwargs: dict[str, Any], connection_class: Any) -> dict[str, str]:
@@ -120,9 +133,13 @@ def _tls_settings(kwargs: dict[str, Any], connection_class: Any) -> dict[str, st
     and checks over (empty when everything is at the secure default)."""
     for name in _UNSUPPORTED_TLS:
         if kwargs.get(name):
+            hint = (
+                "; give the CA as ssl_ca_certs and the client key unencrypted (PEM files)"
+                if name in ("ssl_ca_path", "ssl_ca_data", "ssl_password")
+                else " (leave it at redis-py's default)"
+            )
             raise ValueError(
-                f"client: the redis-py client's {name} is not supported by redmutex; give the "
-                "CA as ssl_ca_certs and the client key unencrypted (PEM files)"
+                f"client: the redis-py client's {name} is not supported by redmutex{hint}"
             )
     query: dict[str, str] = {}
     for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
