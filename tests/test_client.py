@@ -284,6 +284,38 @@ def test_acl_user(auth_server: RedisServer, prefix: str) -> None:
 
 
 @pytest.mark.timeout(30)
+def test_a_user_without_a_password_is_that_user(
+    make_server: Callable[..., RedisServer],
+    tmp_path_factory: pytest.TempPathFactory,
+    prefix: str,
+) -> None:
+    # redis-py sends `AUTH svc ""` (a nopass user takes it); without AUTH the connection would
+    # act as `default`, which is off here, so that acting as it fails.
+    sock = str(tmp_path_factory.mktemp("sock") / "redis.sock")
+    server = make_server(["--unixsocket", sock, "--unixsocketperm", "700"])
+    port = server.port
+    with redis.Redis(port=port) as admin:
+        admin.execute_command("ACL", "SETUSER", "svc", "on", "nopass", "~*", "&*", "+@all")
+        admin.execute_command("ACL", "SETUSER", "default", "off")
+    as_svc = redis.Redis(port=port, username="svc")
+    via_sock = redis.Redis(unix_socket_path=sock, username="svc")
+    try:
+        assert as_svc.execute_command("ACL", "WHOAMI") == b"svc"
+        for client in (
+            as_svc,
+            via_sock,
+            f"redis://svc@127.0.0.1:{port}/0",
+            f"redis://svc:@127.0.0.1:{port}/0",
+            f"unix://{sock}?user=svc",
+            f"redis://127.0.0.1:{port}/0?username=svc",
+        ):
+            _hold_and_check(client, "redmutex:", as_svc)
+    finally:
+        as_svc.close()
+        via_sock.close()
+
+
+@pytest.mark.timeout(30)
 def test_percent_encoded_credentials(auth_server: RedisServer, prefix: str) -> None:
     odd = "p@ss:w/rd%Odd#?"
     admin = redis.Redis(host="127.0.0.1", port=auth_server.port, password=SECRET)

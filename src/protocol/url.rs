@@ -313,6 +313,7 @@ impl SentinelUrl {
         );
         url.as_str()
             .into_connection_info()
+            .map(auth_as_user)
             .map_err(|e| format!("the master {host}:{port} named by Sentinel: {e}"))
     }
 }
@@ -334,6 +335,19 @@ fn bracket(host: &str) -> String {
         format!("[{host}]")
     } else {
         host.to_string()
+    }
+}
+
+/// A user without a password authenticates as that user with an empty password, as redis-py
+/// does (`AUTH user ""`, which an ACL `nopass` user accepts): the redis crate sends AUTH only
+/// with a password, so the connection would act as the `default` user instead.
+fn auth_as_user(info: ConnectionInfo) -> ConnectionInfo {
+    let settings = info.redis_settings();
+    if settings.username().is_some() && settings.password().is_none() {
+        let redis = settings.clone().set_password("");
+        info.set_redis_settings(redis)
+    } else {
+        info
     }
 }
 
@@ -408,7 +422,7 @@ fn parse_sentinel(url: &str) -> Result<SentinelUrl, String> {
             .as_str()
             .into_connection_info()
             .map_err(|e| fail(&scrub(&e.to_string(), url)))?;
-        sentinels.push(info);
+        sentinels.push(auth_as_user(info));
     }
     let parsed = SentinelUrl {
         sentinels,
@@ -508,7 +522,7 @@ pub fn parse(url: &str) -> Result<ConnectionInfo, String> {
     if info.redis_settings().db() < 0 {
         return Err(fail("the db must be a non-negative integer"));
     }
-    Ok(info)
+    Ok(auth_as_user(info))
 }
 
 /// A URL's `db`, `username` and `password` query settings, read as redis-py reads them (the
@@ -666,6 +680,50 @@ mod tests {
         );
         let s = settings("redis+unix:///tmp/r.sock?password=p");
         assert_eq!((s.db(), s.password()), (0, Some("p")));
+    }
+
+    #[test]
+    fn a_user_without_a_password_authenticates_with_an_empty_one() {
+        for url in [
+            "redis://svc@h:1/0",
+            "redis://svc:@h:1/0",
+            "rediss://svc@h:1/0",
+            "unix:///tmp/r.sock?user=svc",
+            "unix:///tmp/r.sock?db=1&username=svc",
+            "redis://h:1/0?username=svc",
+        ] {
+            let info = parse(url).expect(url);
+            let s = info.redis_settings();
+            assert_eq!(
+                (s.username(), s.password()),
+                (Some("svc"), Some("")),
+                "{url}"
+            );
+        }
+        // No user: no AUTH, as before.
+        for url in ["redis://h:1/0", "redis://:@h:1/0", "unix:///tmp/r.sock"] {
+            assert_eq!(
+                parse(url).unwrap().redis_settings().password(),
+                None,
+                "{url}"
+            );
+        }
+        let Ok(Endpoint::Sentinel(s)) =
+            parse_endpoint("redis+sentinel://svc@h:5000/m?sentinel_username=watch")
+        else {
+            panic!("not a sentinel URL");
+        };
+        let sentinel = s.sentinels[0].redis_settings();
+        assert_eq!(
+            (sentinel.username(), sentinel.password()),
+            (Some("watch"), Some(""))
+        );
+        let master = s.master_info("10.0.0.1", 7000).unwrap();
+        let master = master.redis_settings();
+        assert_eq!(
+            (master.username(), master.password()),
+            (Some("svc"), Some(""))
+        );
     }
 
     #[test]
