@@ -655,6 +655,25 @@ def test_redis_py_with_password_and_acl_user(auth_server: RedisServer) -> None:
 
 
 @pytest.mark.timeout(30)
+def test_redis_py_with_bytes_credentials(auth_server: RedisServer) -> None:
+    # redis-py sends bytes as they are; str() would have made the password "b'...'".
+    for kwargs in (
+        {"password": SECRET.encode()},
+        {"username": b"alice", "password": ALICE_SECRET.encode()},
+    ):
+        rp = redis.Redis(host="127.0.0.1", port=auth_server.port, **kwargs)
+        try:
+            assert rp.ping() is True
+            _hold_and_check(rp, "redmutex:", rp, f"rpb-{uuid.uuid4().hex}")
+        finally:
+            rp.close()
+    odd = redis.Redis(host="127.0.0.1", port=auth_server.port, password=b"\xffS3CRET")
+    with pytest.raises(ValueError, match="password is not UTF-8") as caught:
+        redmutex.Client.from_redis(odd)
+    assert "S3CRET" not in _exception_texts(caught.value)
+
+
+@pytest.mark.timeout(30)
 def test_redis_py_with_a_credential_provider(auth_server: RedisServer) -> None:
     from redis.credentials import UsernamePasswordCredentialProvider
 

@@ -81,10 +81,11 @@ def _sentinel_url(
     userinfo = _userinfo(username, password)
     query = {}
     sentinel_kwargs = getattr(manager, "sentinel_kwargs", None) or {}
-    if sentinel_kwargs.get("username"):
-        query["sentinel_username"] = str(sentinel_kwargs["username"])
-    if sentinel_kwargs.get("password") is not None:
-        query["sentinel_password"] = str(sentinel_kwargs["password"])
+    sentinel_username, sentinel_password = _credentials(sentinel_kwargs)
+    if sentinel_username:
+        query["sentinel_username"] = sentinel_username
+    if sentinel_password is not None:
+        query["sentinel_password"] = sentinel_password
     tail = f"?{urlencode(query)}" if query else ""
     path = f"{quote(service, safe='')}/{db}"
     return f"{scheme}://{userinfo}{','.join(hosts)}/{path}{tail}{fragment}"
@@ -103,7 +104,7 @@ def cluster_urls_of_redis_py(redis_client: Any) -> list[str] | None:
             "client: the TLS certificates (ssl_ca_certs, ssl_certfile) of a redis-py "
             "RedisCluster are not supported by redmutex yet"
         )
-    userinfo = _userinfo(kwargs.get("username"), kwargs.get("password"))
+    userinfo = _userinfo(*_credentials(kwargs))
     return [
         f"{scheme}://{userinfo}{_host_port(node.host, node.port, 6379)}/0"
         for node in get_nodes()
@@ -173,7 +174,26 @@ def _tls_query(kwargs: dict[str, Any], connection_class: Any) -> str:
     return f"?{urlencode(query)}" if query else ""
 
 
+def _text(value: Any, what: str) -> str | None:
+    """A credential as text: redis-py sends bytes as they are, so they are read as UTF-8 here
+    (str() would make b"pw" the password "b'pw'")."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+        # Raised outside the handler: the codec's error (chained) quotes the secret's bytes.
+        raise ValueError(f"client: the redis-py client's {what} is not UTF-8")
+    return None if value is None else str(value)
+
+
 def _credentials(kwargs: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(username, password) of a redis-py pool's settings, as text."""
+    username, password = _raw_credentials(kwargs)
+    return _text(username, "username"), _text(password, "password")
+
+
+def _raw_credentials(kwargs: dict[str, Any]) -> tuple[Any, Any]:
     """(username, password) of a redis-py pool's settings: its own, or what its
     `credential_provider` gives now (redis-py asks it on every new connection; redmutex's
     connections take the credentials once, when the Client is made)."""
