@@ -19,7 +19,9 @@ from urllib.parse import quote
 
 import pytest
 import redis
+import redis.asyncio
 import redmutex
+from _scale_servers import wait_for
 from redmutex._server import FREE_PORT, RedisServer
 
 pytestmark = pytest.mark.skipif(
@@ -351,3 +353,53 @@ def test_redis_py_tls_defaults_are_accepted(
     }
     tls = tls_servers()
     use(redis.Redis(port=tls.tls_port, ssl=True, ssl_ca_certs=str(pki.ca), **defaults))
+
+
+@pytest.fixture(scope="module")
+def tls_cluster(pki: Pki) -> Iterator[int]:
+    """A one-node Redis Cluster that talks TLS (clients and bus); yields its TLS port."""
+    server = RedisServer(
+        extra_args=[
+            "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+            "--cluster-port", FREE_PORT, "--tls-port", FREE_PORT,
+            "--tls-cert-file", str(pki.server_cert), "--tls-key-file", str(pki.server_key),
+            "--tls-ca-cert-file", str(pki.ca), "--tls-auth-clients", "no",
+            "--tls-cluster", "yes",
+        ]
+    )  # fmt: skip
+    server.start()
+    try:
+        with redis.Redis(port=server.port, socket_timeout=5) as admin:
+            admin.execute_command("CLUSTER", "ADDSLOTSRANGE", "0", "16383")
+            wait_for(
+                "the cluster to be ok",
+                lambda: b"cluster_state:ok" in admin.execute_command("CLUSTER", "INFO"),
+            )
+        yield server.extra_ports[1]
+    finally:
+        server.stop()
+        shutil.rmtree(server.dir, ignore_errors=True)
+
+
+def test_redis_py_cluster_over_tls(tls_cluster: int) -> None:
+    # ssl_cert_reqs="none" is carried over (as #insecure), as for one server.
+    rc = redis.RedisCluster(
+        host="127.0.0.1", port=tls_cluster, ssl=True, ssl_cert_reqs="none", socket_timeout=3
+    )
+    try:
+        assert rc.ping()
+        use(rc)
+    finally:
+        rc.close()
+    # An asyncio RedisCluster before its first command: its seeds.
+    use(
+        redis.asyncio.RedisCluster(
+            host="127.0.0.1", port=tls_cluster, ssl=True, ssl_cert_reqs="none"
+        ),
+        "tls-aio",
+    )
+    # What a cluster seed cannot carry is refused rather than dropped.
+    with pytest.raises(ValueError, match="ssl_check_hostname of a redis-py RedisCluster"):
+        redmutex.Client.from_redis(
+            redis.asyncio.RedisCluster(host="127.0.0.1", port=1, ssl=True, ssl_check_hostname=False)
+        )

@@ -98,17 +98,26 @@ def cluster_urls_of_redis_py(redis_client: Any) -> list[str] | None:
     if get_nodes is None or manager is None:
         return None
     kwargs = getattr(manager, "connection_kwargs", None) or {}
-    scheme = "rediss" if kwargs.get("ssl") else "redis"
-    if kwargs.get("ssl") and any(kwargs.get(k) for k in ("ssl_ca_certs", "ssl_certfile")):
+    # Sync clusters keep ssl=True, asyncio ones the SSLConnection class.
+    connection_class = kwargs.get("connection_class")
+    tls = bool(kwargs.get("ssl")) or _is_tls(connection_class)
+    settings = _tls_settings(kwargs, connection_class) if tls else {}
+    # Cluster seeds take no ?ssl_... options: only ssl_cert_reqs=none (as #insecure, as a
+    # single server's URL may say) has a form; the rest is refused rather than dropped.
+    if settings not in ({}, {"ssl_cert_reqs": "none"}):
         raise ValueError(
-            "client: the TLS certificates (ssl_ca_certs, ssl_certfile) of a redis-py "
-            "RedisCluster are not supported by redmutex yet"
+            f"client: the TLS settings {', '.join(settings)} of a redis-py RedisCluster are "
+            "not supported by redmutex yet"
         )
+    scheme = "rediss" if tls else "redis"
+    fragment = "#insecure" if settings else ""
     userinfo = _userinfo(*_credentials(kwargs))
+    # An asyncio RedisCluster knows no nodes before its first command: its seeds then.
+    nodes = list(get_nodes()) or list(getattr(manager, "startup_nodes", {}).values())
     return [
-        f"{scheme}://{userinfo}{_host_port(node.host, node.port, 6379)}/0"
-        for node in get_nodes()
-        if getattr(node, "server_type", "primary") == "primary"
+        f"{scheme}://{userinfo}{_host_port(node.host, node.port, 6379)}/0{fragment}"
+        for node in nodes
+        if getattr(node, "server_type", None) != "replica"
     ]
 
 
