@@ -403,3 +403,16 @@ def test_redis_py_cluster_over_tls(tls_cluster: int) -> None:
         redmutex.Client.from_redis(
             redis.asyncio.RedisCluster(host="127.0.0.1", port=1, ssl=True, ssl_check_hostname=False)
         )
+
+
+def test_a_ca_file_in_a_folder_with_a_space(
+    tls_servers: Callable[..., TlsServer], pki: Pki, tmp_path: Path
+) -> None:
+    ca = tmp_path / "ca dir+x" / "ca file.pem"
+    ca.parent.mkdir()
+    shutil.copy(pki.ca, ca)
+    tls = tls_servers()
+    use(redis.Redis(host="127.0.0.1", port=tls.tls_port, ssl=True, ssl_ca_certs=str(ca)))
+    # In a URL's query, as redis-py reads it: '+' is a space, %2B a '+'.
+    plus = str(ca).replace(" ", "+").replace("+x", "%2Bx")
+    use(fast(f"rediss://127.0.0.1:{tls.tls_port}/0?ssl_ca_certs={plus}"))

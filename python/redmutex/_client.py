@@ -24,6 +24,12 @@ _BY_URL_KEPT = 64
 _cache_lock = threading.Lock()
 
 
+def _query(query: dict[str, str]) -> str:
+    """A URL query with a space as %20, which every parser reads as a space (urlencode's
+    default '+' is one only to a parser that reads the query as a form)."""
+    return urlencode(query, quote_via=quote)
+
+
 def _userinfo(username: str | None, password: str | None) -> str:
     if not username and not password:
         return ""
@@ -86,7 +92,7 @@ def _sentinel_url(
         query["sentinel_username"] = sentinel_username
     if sentinel_password is not None:
         query["sentinel_password"] = sentinel_password
-    tail = f"?{urlencode(query)}" if query else ""
+    tail = f"?{_query(query)}" if query else ""
     path = f"{quote(service, safe='')}/{db}"
     return f"{scheme}://{userinfo}{','.join(hosts)}/{path}{tail}{fragment}"
 
@@ -180,7 +186,7 @@ def _tls_side(kwargs: dict[str, Any], connection_class: Any) -> dict[str, str] |
 
 def _tls_query(kwargs: dict[str, Any], connection_class: Any) -> str:
     query = _tls_settings(kwargs, connection_class)
-    return f"?{urlencode(query)}" if query else ""
+    return f"?{_query(query)}" if query else ""
 
 
 def _text(value: Any, what: str) -> str | None:
@@ -241,7 +247,7 @@ def url_of_redis_py(redis_client: Any) -> tuple[str, float | None, float | None]
             query["user"] = username
         if password:  # as over TCP: an empty password is none (redis-py sends no AUTH for it)
             query["pass"] = str(password)
-        url = f"unix://{quote(path)}?{urlencode(query)}"
+        url = f"unix://{quote(path)}?{_query(query)}"
     else:
         connection_class = getattr(pool, "connection_class", None)
         tls = _is_tls(connection_class)

@@ -8,8 +8,9 @@
 //! may hold an `@`. A `%` followed by two hex digits is always an escape, so a literal `%` is
 //! written `%25` there (a `%` followed by anything else is taken as is). In a query (`?pass=`
 //! of a socket URL, `sentinel_password=`) a value may hold `/ ? @ :` raw, but `& # + %` must be
-//! percent-encoded (`+` reads as a space there). The parser and the redactor share one rule for
-//! where the user-info ends, so whatever is read as a password is what is redacted.
+//! percent-encoded: values are read as a form's (as redis-py reads them), `+` as a space. The
+//! parser and the redactor share one rule for where the user-info ends, so whatever is read as
+//! a password is what is redacted.
 
 use std::borrow::Cow;
 
@@ -222,7 +223,7 @@ pub fn split_tls(url: &str) -> Result<(String, TlsOptions), String> {
             return Err(fail(&format!("{key} is given twice")));
         }
         seen.push(key);
-        let value = percent_decode(value);
+        let value = query_decode(value);
         let path = |value: String| {
             if value.is_empty() {
                 Err(fail(&format!("{key} needs a file path")))
@@ -397,8 +398,8 @@ fn parse_sentinel(url: &str) -> Result<SentinelUrl, String> {
     let (mut s_user, mut s_pass) = (String::new(), None);
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         match pair.split_once('=') {
-            Some(("sentinel_username", v)) => s_user = percent_decode(v),
-            Some(("sentinel_password", v)) => s_pass = Some(percent_decode(v)),
+            Some(("sentinel_username", v)) => s_user = query_decode(v),
+            Some(("sentinel_password", v)) => s_pass = Some(query_decode(v)),
             _ => {
                 return Err(fail(
                     "the query may hold only sentinel_username and sentinel_password",
@@ -485,6 +486,12 @@ fn percent_decode(text: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// A query value decoded as a form is (and as redis-py's `parse_qs` reads it): `+` is a space,
+/// then `%XX` escapes (so `%2B` is a `+`).
+fn query_decode(text: &str) -> String {
+    percent_decode(&text.replace('+', " "))
+}
+
 fn percent_encode(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for b in text.bytes() {
@@ -539,7 +546,7 @@ fn with_query_settings(url: &str, info: ConnectionInfo) -> Result<ConnectionInfo
     let mut redis = info.redis_settings().clone();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let value = percent_decode(value);
+        let value = query_decode(value);
         redis = match key {
             "db" => match value.parse::<i64>() {
                 Ok(db) if db >= 0 => redis.set_db(db),
@@ -723,6 +730,33 @@ mod tests {
         assert_eq!(
             (master.username(), master.password()),
             (Some("svc"), Some(""))
+        );
+    }
+
+    #[test]
+    fn a_plus_in_a_query_value_is_a_space_as_in_redis_py() {
+        let (_, o) = split_tls("rediss://h/0?ssl_ca_certs=/ca+dir/a%2Bb.pem").unwrap();
+        assert_eq!(o.ca_certs.as_deref(), Some("/ca dir/a+b.pem"));
+        let s = parse("redis://h:1/0?username=u+1&password=p+w%2B")
+            .unwrap()
+            .redis_settings()
+            .clone();
+        assert_eq!((s.username(), s.password()), (Some("u 1"), Some("p w+")));
+        // The standard parser reads a socket URL's user/pass the same way.
+        let s = parse("unix:///tmp/r.sock?user=u+1&pass=p+w%2B")
+            .unwrap()
+            .redis_settings()
+            .clone();
+        assert_eq!((s.username(), s.password()), (Some("u 1"), Some("p w+")));
+        let Ok(Endpoint::Sentinel(s)) = parse_endpoint(
+            "redis+sentinel://h:5000/m?sentinel_username=w+1&sentinel_password=s+p%2B",
+        ) else {
+            panic!("not a sentinel URL");
+        };
+        let sentinel = s.sentinels[0].redis_settings();
+        assert_eq!(
+            (sentinel.username(), sentinel.password()),
+            (Some("w 1"), Some("s p+"))
         );
     }
 
