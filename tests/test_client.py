@@ -125,6 +125,21 @@ def test_a_db_in_the_urls_query_is_the_db_for_every_client(
         from_url.close()
 
 
+@pytest.mark.parametrize("query", ["/0?db=3&db=4", "/3?db=", "/0?db=&db=3", "/3?db=3&password="])
+def test_a_query_is_read_as_redis_py_reads_it(
+    redis_server: RedisServer, prefix: str, query: str
+) -> None:
+    # A key's first value wins and an empty value is none, as in redis-py: db 3 every time.
+    url = f"redis://127.0.0.1:{redis_server.port}{query}"
+    from_url = redis.Redis.from_url(url)
+    try:
+        assert from_url.connection_pool.connection_kwargs.get("db", 0) in (3, "3")
+        with redis.Redis(port=redis_server.port, db=3) as db3:
+            _url_works(url, prefix, db3)
+    finally:
+        from_url.close()
+
+
 @pytest.mark.parametrize(
     "url",
     [

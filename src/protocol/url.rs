@@ -146,6 +146,41 @@ fn normalize(url: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// `url` with its query read as redis-py reads it: a key given twice keeps its first value, and
+/// a key with an empty value is left out (as if not given). The `ssl_*` options are not
+/// reached here: `split_tls` refuses those given twice or empty.
+fn tidy_query(url: &str) -> Cow<'_, str> {
+    // A raw password may hold '?' or '&': only what follows the user-info is looked at.
+    let from = userinfo_range(url).map_or(0, |(_, at)| at + 1);
+    let Some(start) = url.get(from..).and_then(|tail| tail.find('?')) else {
+        return Cow::Borrowed(url);
+    };
+    let start = from + start + 1;
+    let end = url
+        .get(start..)
+        .and_then(|rest| rest.find('#'))
+        .map_or(url.len(), |h| start + h);
+    let (Some(head), Some(query), Some(tail)) =
+        (url.get(..start), url.get(start..end), url.get(end..))
+    else {
+        return Cow::Borrowed(url);
+    };
+    let mut keys: Vec<&str> = Vec::new();
+    let mut kept: Vec<&str> = Vec::new();
+    for pair in query.split('&') {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if value.is_empty() || keys.contains(&key) {
+            continue;
+        }
+        keys.push(key);
+        kept.push(pair);
+    }
+    if kept.len() == query.split('&').count() {
+        return Cow::Borrowed(url);
+    }
+    Cow::Owned(format!("{head}{}{tail}", kept.join("&")))
+}
+
 /// The TLS settings a `rediss://` URL may carry in its query, named as redis-py names them.
 const TLS_KEYS: [&str; 5] = [
     "ssl_ca_certs",
@@ -395,11 +430,17 @@ fn parse_sentinel(url: &str) -> Result<SentinelUrl, String> {
     if parts.next().is_some() {
         return Err(fail("the path is /service[/db]"));
     }
-    let (mut s_user, mut s_pass) = (String::new(), None);
+    let (mut s_user, mut s_pass) = (None, None);
     for pair in query.split('&').filter(|p| !p.is_empty()) {
+        // As redis-py reads a query: the first value of a key wins, an empty one is none.
         match pair.split_once('=') {
-            Some(("sentinel_username", v)) => s_user = query_decode(v),
-            Some(("sentinel_password", v)) => s_pass = Some(query_decode(v)),
+            Some(("sentinel_username" | "sentinel_password", "")) => {}
+            Some(("sentinel_username", v)) => {
+                s_user = s_user.or_else(|| Some(query_decode(v)));
+            }
+            Some(("sentinel_password", v)) => {
+                s_pass = s_pass.or_else(|| Some(query_decode(v)));
+            }
             _ => {
                 return Err(fail(
                     "the query may hold only sentinel_username and sentinel_password",
@@ -407,6 +448,7 @@ fn parse_sentinel(url: &str) -> Result<SentinelUrl, String> {
             }
         }
     }
+    let s_user = s_user.unwrap_or_default();
     let s_userinfo = match (&s_user[..], &s_pass) {
         ("", None) => String::new(),
         (user, None) => format!("{}@", percent_encode(user)),
@@ -520,6 +562,7 @@ pub fn parse(url: &str) -> Result<ConnectionInfo, String> {
         ));
     }
     let normalized = normalize(url);
+    let normalized = tidy_query(&normalized);
     let info = match normalized.as_ref().into_connection_info() {
         Ok(info) => with_query_settings(&normalized, info).map_err(&fail)?,
         // The parser's own words are static descriptions; they still pass through the
@@ -758,6 +801,29 @@ mod tests {
             (sentinel.username(), sentinel.password()),
             (Some("w 1"), Some("s p+"))
         );
+    }
+
+    #[test]
+    fn a_keys_first_value_wins_and_an_empty_one_is_none_as_in_redis_py() {
+        let settings = |url: &str| parse(url).expect(url).redis_settings().clone();
+        assert_eq!(settings("redis://h:1/0?db=3&db=4").db(), 3);
+        assert_eq!(settings("redis://h:1/3?db=").db(), 3);
+        assert_eq!(settings("redis://h:1/3?db=&db=5").db(), 5);
+        assert_eq!(settings("unix:///tmp/r.sock?db=2&db=4").db(), 2);
+        assert_eq!(settings("unix:///tmp/r.sock?db=&user=u").db(), 0);
+        let s = settings("redis://h:1/0?password=&password=b&password=c");
+        assert_eq!(s.password(), Some("b"));
+        let s = settings("unix:///tmp/r.sock?pass=&user=u&pass=p&user=v");
+        assert_eq!((s.username(), s.password()), (Some("u"), Some("p")));
+        // A raw '?' or '&' in the user-info's password is not the query.
+        let s = settings("rediss://u:p?db=9&db=@h:1/1?db=2&db=3#insecure");
+        assert_eq!((s.db(), s.password()), (2, Some("p?db=9&db=")));
+        let Ok(Endpoint::Sentinel(s)) = parse_endpoint(
+            "redis+sentinel://h:5000/m?sentinel_password=&sentinel_password=a&sentinel_password=b",
+        ) else {
+            panic!("not a sentinel URL");
+        };
+        assert_eq!(s.sentinels[0].redis_settings().password(), Some("a"));
     }
 
     #[test]
