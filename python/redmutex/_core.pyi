@@ -112,7 +112,9 @@ class Client:
     @classmethod
     def from_redis(cls, redis_client: RedisLike) -> Client:
         """A Client with the host, port, db, user, password, TLS and socket settings of a
-        redis-py client (which is not used itself: the core opens its own connections)."""
+        redis-py client (which is not used itself: the core opens its own connections). Its
+        `socket_connect_timeout`/`socket_timeout` become `connect_timeout`/`command_timeout`;
+        its `client_name` and `protocol` are not used by the core's connections."""
     def ping(self) -> bool:
         """True when Redis answers; raises `redmutex.ConnectionError` otherwise."""
     def close(self) -> None:
