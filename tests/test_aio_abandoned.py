@@ -19,9 +19,12 @@ import pytest
 import redmutex
 from redmutex import aio
 
-TTL = 0.6
-# Renewal runs every ttl/3: a hold still renewed is held after this, an abandoned one is not.
+# Renewal runs every ttl/3, so a hold rides out stalls of a starved machine up to 2/3 ttl.
+TTL = 1.2
+# A hold still renewed is held after this, an abandoned one is not.
 MARGIN = 2.0
+# Held this long while the loop lives: unrenewed, the lease would have ended.
+LIVED = 2 * TTL
 
 KINDS: dict[str, Callable[[redmutex.Client, str], Any]] = {
     "lock": lambda c, n: aio.Lock(c, n, ttl=TTL, auto_renew=True),
@@ -72,8 +75,11 @@ def test_closing_the_loop_ends_the_renewal_of_its_holds(
     probe = PROBES[kind](other_client, name)
     kept: list[Any] = []  # the task stays referenced, as the object does
 
+    entered = asyncio.Event()
+
     async def hold_forever() -> None:
         async with hold:
+            entered.set()
             await asyncio.Event().wait()
 
     if how == "asyncio-run":
@@ -82,11 +88,11 @@ def test_closing_the_loop_ends_the_renewal_of_its_holds(
         loop = asyncio.new_event_loop()
         if how == "task-left-pending":
             kept.append(loop.create_task(hold_forever()))
-            loop.run_until_complete(asyncio.sleep(0.2))
+            loop.run_until_complete(asyncio.wait_for(entered.wait(), 30))
         else:
             assert loop.run_until_complete(hold.acquire())
         # Renewed while the loop lives (even when it does not run).
-        time.sleep(3 * TTL)
+        time.sleep(LIVED)
         assert free_within(probe, 0.1) is None, "not renewed while the loop lived"
         loop.close()
     assert hold.token is not None  # the object still holds: only the renewal ended
@@ -133,18 +139,21 @@ def test_a_loop_closed_by_another_thread_ends_the_renewal_of_its_holds(
     hold = KINDS[kind](client, name)
     probe = PROBES[kind](other_client, name)
 
+    entered = asyncio.Event()
+
     async def hold_forever() -> None:
         async with hold:
+            entered.set()
             await asyncio.Event().wait()
 
     def start() -> tuple[asyncio.AbstractEventLoop, asyncio.Task[None]]:
         loop = asyncio.new_event_loop()
         task = loop.create_task(hold_forever())
-        loop.run_until_complete(asyncio.sleep(0.2))
+        loop.run_until_complete(asyncio.wait_for(entered.wait(), 30))
         return loop, task
 
     loop, task = run_in_a_thread(start)
-    time.sleep(3 * TTL)
+    time.sleep(LIVED)
     assert free_within(probe, 0.1) is None, "not renewed while the loop lived"
     loop.close()
     took = free_within(probe, TTL + MARGIN)
@@ -168,19 +177,22 @@ def test_a_loop_left_to_the_garbage_collector_ends_the_renewal_of_its_holds(
     hold = KINDS[kind](client, name)
     probe = PROBES[kind](other_client, name)
 
-    async def hold_forever() -> None:
+    async def hold_forever(entered: asyncio.Event) -> None:
         # No `async with`: the collector closes this coroutine, which then runs no exit.
         assert await hold.acquire()
+        entered.set()
         await asyncio.Event().wait()
 
     def start() -> weakref.ref[asyncio.AbstractEventLoop]:
+        # The event is bound to the loop: only the garbage (the task) may refer to it after.
+        entered = asyncio.Event()
         loop = asyncio.new_event_loop()
-        loop.create_task(hold_forever())
-        loop.run_until_complete(asyncio.sleep(0.2))
+        loop.create_task(hold_forever(entered))
+        loop.run_until_complete(asyncio.wait_for(entered.wait(), 30))
         return weakref.ref(loop)
 
     loop = start() if ran_on == "this-thread" else run_in_a_thread(start)
-    time.sleep(3 * TTL)
+    time.sleep(LIVED)
     assert free_within(probe, 0.1) is None, "not renewed while the loop lived"
     gc.collect()
     assert loop() is None, "the loop was not collected"
