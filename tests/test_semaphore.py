@@ -19,6 +19,7 @@ import pytest
 import redis
 import redmutex
 from _helpers import ResultThread as Worker
+from _helpers import wait_until
 from redmutex._server import RedisServer
 
 # ---------------------------------------------------------------------------------- fixtures
@@ -377,7 +378,7 @@ def test_waiting_does_not_poll(fair: bool) -> None:
 
 @pytest.mark.timeout(60)
 def test_fair_waiters_are_served_in_order(
-    redis_url: str, prefix: str, client: redmutex.Client
+    redis_url: str, prefix: str, client: redmutex.Client, r: redis.Redis
 ) -> None:
     holder = redmutex.Semaphore(client, "fifo", 2, ttl=30)
     other = redmutex.Semaphore(client, "fifo", 2, ttl=30)
@@ -396,12 +397,13 @@ def test_fair_waiters_are_served_in_order(
         return ok
 
     threads = []
+    queue = f"{prefix}{{fifo}}:sem:queue".encode()
     try:
         for i in range(5):
             th = Worker(lambda i=i: wait_then_hold(i))
             th.start()
             threads.append(th)
-            time.sleep(0.3)  # each one is queued before the next starts
+            wait_until(lambda i=i: r.llen(queue) == i + 1, 20, f"waiter {i} queued")  # type: ignore[misc]
         holder.release()  # one permit: waiters go one at a time, in arrival order
         for th in threads:
             assert th.outcome(30) is True
@@ -414,14 +416,15 @@ def test_fair_waiters_are_served_in_order(
 
 @pytest.mark.timeout(60)
 def test_fair_newcomer_does_not_jump_the_queue(
-    client: redmutex.Client, other_client: redmutex.Client
+    client: redmutex.Client, other_client: redmutex.Client, r: redis.Redis, prefix: str
 ) -> None:
     holder = redmutex.Semaphore(client, "nojump", 1, ttl=30)
     assert holder.acquire()
     queued = redmutex.Semaphore(other_client, "nojump", 1, ttl=30)
     th = Worker(lambda: queued.acquire(timeout=30))
     th.start()
-    time.sleep(0.5)
+    queue = f"{prefix}{{nojump}}:sem:queue".encode()
+    wait_until(lambda: r.llen(queue) == 1, 20, "the waiter queued")
     newcomer = redmutex.Semaphore(client, "nojump", 1, ttl=30)
     holder.release()
     # the queued waiter has the free permit by right; a newcomer trying once does not get it
@@ -439,13 +442,16 @@ def test_fair_waiter_that_gives_up_leaves_the_queue(
     assert holder.acquire()
     quitter = redmutex.Semaphore(other_client, "leave", 1, ttl=30)
     patient = redmutex.Semaphore(client, "leave", 1, ttl=30)
-    th = Worker(lambda: quitter.acquire(timeout=0.8))
+    queue = f"{prefix}{{leave}}:sem:queue".encode()
+    th = Worker(lambda: quitter.acquire(timeout=2.0))
     th.start()
-    time.sleep(0.3)
+    wait_until(lambda: r.llen(queue) == 1, 20, "the quitter queued")
     th2 = Worker(lambda: patient.acquire(timeout=30))
     th2.start()
+    # Both queued before the quitter gives up (unless a starved machine stalled 2 s).
+    wait_until(lambda: r.llen(queue) == 2 or th.finished_at is not None, 20, "the patient one")
     assert th.outcome(10) is False
-    queue = f"{prefix}{{leave}}:sem:queue".encode()
+    wait_until(lambda: r.llen(queue) >= 1, 20, "the patient one queued")
     assert r.lrange(queue, 0, -1) == [(patient_token := r.lindex(queue, 0))]
     assert patient_token is not None
     released_at = time.monotonic()
