@@ -22,8 +22,9 @@ from _helpers import ResultThread, wait_until
 from redmutex import aio
 
 WRITER_TTL = 0.5
-# A reader that was not told sleeps until the writer's place lapses, seconds after its lease.
-LATE_BOUND = 1.5
+# A reader that was not told sleeps until the writer's place lapses, about 5 s after its lease;
+# one told gets in at once, plus whatever a starved machine adds (2.9 s seen under 3 burners).
+LATE_BOUND = 3.0
 RUNS = 3
 
 
