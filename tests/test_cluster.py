@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import redis
 import redmutex
+from _helpers import wait_until
 from _scale_servers import Cluster
 from redis.crc import key_slot
 from redmutex import _core, aio
@@ -156,12 +157,15 @@ def test_fair_lock_auto_renew_and_asyncio(cluster: Cluster, client: redmutex.Cli
         order.append(i)
         lock.release()
 
+    queue = f"{PREFIX}{{{n}}}:lock:queue".encode()
     threads = []
-    for i in range(3):
-        t = threading.Thread(target=wait, args=(i,))
-        t.start()
-        threads.append(t)
-        time.sleep(0.15)
+    with cluster.conn(cluster.owner(slot_of(n))) as r:
+        for i in range(3):
+            t = threading.Thread(target=wait, args=(i,))
+            t.start()
+            threads.append(t)
+            # staggered: the next one starts once this one has its place in the queue
+            wait_until(lambda i=i: r.hlen(queue) == i + 1, 20, f"waiter {i} to queue")  # type: ignore[misc]
     first.release()
     for t in threads:
         t.join(15)
