@@ -281,7 +281,7 @@ def test_shim_waiter_notices_an_original_release_within_sleep(
     delay = wake_delay(
         original.release, lambda: waiter.acquire(blocking_timeout=20), settle=0.5, timeout=10
     )
-    assert delay < 0.1 + 0.5  # within its sleep (plus scheduling slack)
+    assert delay < 2.5  # looked again (every 0.1 s), not at the 30 s lease end
 
 
 def test_original_waiter_gets_a_shim_release(r: redis.Redis, r2: redis.Redis, name: str) -> None:
@@ -289,7 +289,7 @@ def test_original_waiter_gets_a_shim_release(r: redis.Redis, r2: redis.Redis, na
     assert shim.acquire()
     original = redis.lock.Lock(r2, name, timeout=5, sleep=0.05)
     delay = wake_delay(shim.release, lambda: original.acquire(blocking_timeout=20), timeout=10)
-    assert delay < 0.05 + 0.5
+    assert delay < 2.5  # the release freed the key at once, not at the 5 s lease end
     r.delete(name)
 
 

@@ -625,8 +625,10 @@ def test_4_woken_attempt_that_times_out_gives_back_what_it_took(
     since its waiters queue, the release grants it the lock and it attempts nothing: with its
     requests reaching Redis 1 s late, it holds the lock at once (the grant comes over the
     subscriber), well before any request of its own could have been answered, and nothing of
-    the hand-off is left behind once it releases."""
+    the hand-off is left behind once it releases. (Its requests are delayed 3 s here, so that a
+    bound well short of one round trip still leaves room for a stalled machine.)"""
     ttl, name = 10.0, "woken-attempt-timeout"
+    late = 3.0  # how late its requests reach Redis once the hand-off starts
     key, fence_key = key_of(name, "lock"), key_of(name, "fence")
     c = redmutex.Client(proxy.url, prefix=prefix, connect_timeout=1.0, command_timeout=0.5)
     try:
@@ -640,20 +642,21 @@ def test_4_woken_attempt_that_times_out_gives_back_what_it_took(
         th.start()
         channel = key_of(name, "wake")
         _wait_until(lambda: _subscribers(r, channel) >= 1, 10, "the waiter to subscribe")
-        time.sleep(0.5)  # it looked at the lock and sleeps
+        # it looked at the lock, took its place in the queue and sleeps
+        _wait_until(lambda: r.hlen(key_of(name, "lock:queue")) == 1, 10, "the waiter to queue")
         assert th.finished_at is None
-        proxy.set_latency(1.0, "c2s")  # requests reach Redis 1 s late; wake-ups come at once
+        proxy.set_latency(late, "c2s")  # requests reach Redis 3 s late; wake-ups come at once
         released_at = time.monotonic()
         holder.release()
         assert th.outcome(15) is True
         assert th.finished_at is not None
         took = th.finished_at - released_at
         print(f"\nthe queued waiter held the lock {took:.3f} s after the release")
-        assert took < 0.9, took  # no request of its own was answered (each takes 1 s)
+        assert took < late - 0.5, took  # no request of its own was answered (each takes 3 s)
         assert int(r.get(fence_key) or 0) > fence_before
         assert r.get(key) == (waiter.token or "").encode()
         proxy.set_latency(0.0)
-        time.sleep(1.5)  # what was on its way (a refresh, the grant's top-up) has arrived
+        time.sleep(late + 0.5)  # what was on its way (a refresh, the grant's top-up) has arrived
         waiter.release()
         assert holder.acquire(timeout=0)
         holder.release()

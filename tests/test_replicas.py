@@ -240,7 +240,15 @@ def test_unresponsive_replica_fails_within_command_timeout(replicated: Pair, how
 @pytest.mark.timeout(60)
 def test_paused_replica_does_not_block_other_locks(replicated: Pair) -> None:
     """WAIT blocks its connection; locks without replicas on the same Client carry on."""
-    c = replicated.client()
+    # A WAIT of 4 s (the command timeout): the plain locks must be done while it still blocks.
+    # Were they queued behind it on its connection, none could finish before the WAIT ended;
+    # checked on the server's state, not on how fast 10 round trips were on a loaded machine.
+    wait_for = 4.0
+    c = redmutex.Client(replicated.primary.url, prefix=replicated.prefix, command_timeout=wait_for)
+
+    def in_wait() -> bool:
+        return any(x["cmd"] == "wait" and "b" in x["flags"] for x in replicated.conn.client_list())
+
     try:
         warm = redmutex.Lock(c, "warm", ttl=30)
         assert warm.acquire(timeout=5)
@@ -252,17 +260,18 @@ def test_paused_replica_does_not_block_other_locks(replicated: Pair) -> None:
                 target=lambda: results.append(_outcome(lambda: lk.acquire(timeout=10)))
             )
             th.start()
-            time.sleep(0.2)  # in WAIT now
+            _wait_until(in_wait, 10, "the replicas=1 acquire to block in WAIT")
             t0 = time.monotonic()
             for i in range(5):
                 plain = redmutex.Lock(c, f"fast{i}", ttl=30)
                 assert plain.acquire(timeout=5) is True
                 plain.release()
             fast = time.monotonic() - t0
-            th.join(COMMAND_TIMEOUT + MARGIN + 5)
+            still_waiting = in_wait()
+            th.join(wait_for + MARGIN + 5)
             assert not th.is_alive()
         print(f"\n5 plain acquire/release pairs took {fast:.3f} s during a WAIT; got {results}")
-        assert fast < 0.5, f"5 plain acquire/release pairs took {fast:.3f} s during a WAIT"
+        assert still_waiting, f"5 plain acquire/release pairs took {fast:.3f} s: past the WAIT"
         assert results == [False]
         _assert_no_lock_left(replicated, "slow")
     finally:
