@@ -395,9 +395,10 @@ def test_auto_renew_survives_a_blocked_loop(client: redmutex.Client) -> None:
     lost_calls: list[Any] = []
 
     async def main() -> tuple[bool, bool]:
-        lock = aio.Lock(client, "renew", ttl=0.5, auto_renew=True, on_lost=lost_calls.append)
+        lock = aio.Lock(client, "renew", ttl=1.5, auto_renew=True, on_lost=lost_calls.append)
         await lock.acquire()
-        time.sleep(2.0)  # noqa: ASYNC251 - block the loop on purpose: renewal runs in Rust
+        # Three leases and more: block the loop on purpose, renewal runs in Rust.
+        time.sleep(4.6)  # noqa: ASYNC251
         owned = await lock.owned()
         lost = lock.lost
         await lock.release()

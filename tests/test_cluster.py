@@ -171,9 +171,9 @@ def test_fair_lock_auto_renew_and_asyncio(cluster: Cluster, client: redmutex.Cli
         t.join(15)
     assert order == [0, 1, 2]
 
-    renewed = redmutex.Lock(client, n, ttl=0.6, auto_renew=True)
+    renewed = redmutex.Lock(client, n, ttl=1.5, auto_renew=True)
     with renewed:
-        time.sleep(1.5)
+        time.sleep(4.6)  # more than three leases
         assert renewed.owned() and not renewed.lost
 
     async def main() -> None:

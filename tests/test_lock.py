@@ -867,11 +867,11 @@ def test_waiting_does_not_poll(make_server: Callable[..., RedisServer]) -> None:
 
 @pytest.mark.timeout(60)
 def test_auto_renew_keeps_the_lease(client: redmutex.Client, r: redis.Redis, key_of: KeyOf) -> None:
-    lock = redmutex.Lock(client, "renewed", ttl=0.6, auto_renew=True)
+    lock = redmutex.Lock(client, "renewed", ttl=1.5, auto_renew=True)
     assert lock.acquire()
-    time.sleep(2.0)  # more than three leases
+    time.sleep(4.6)  # more than three leases
     assert lock.owned()
-    assert 0 < r.pttl(key_of("renewed", "lock")) <= 600
+    assert 0 < r.pttl(key_of("renewed", "lock")) <= 1500
     assert lock.lost is False
     lock.release()
     assert r.exists(key_of("renewed", "lock")) == 0
@@ -879,8 +879,8 @@ def test_auto_renew_keeps_the_lease(client: redmutex.Client, r: redis.Redis, key
 
 @pytest.mark.timeout(60)
 def test_auto_renew_in_with_block(client: redmutex.Client) -> None:
-    with redmutex.Lock(client, "renewed-with", ttl=0.5, auto_renew=True) as lock:
-        time.sleep(1.6)
+    with redmutex.Lock(client, "renewed-with", ttl=1.5, auto_renew=True) as lock:
+        time.sleep(4.6)  # more than three leases
         assert lock.owned()
     assert lock.lost is False
     assert not lock.locked()
@@ -892,13 +892,13 @@ def test_auto_renew_stops_after_release(make_server: Callable[..., RedisServer])
     watcher = redis.Redis(host="127.0.0.1", port=server.port)
     c = redmutex.Client(server.url, prefix="ar:")
     try:
-        lock = redmutex.Lock(c, "stops", ttl=0.3, auto_renew=True)
+        lock = redmutex.Lock(c, "stops", ttl=1.5, auto_renew=True)  # renewed every 0.5 s
         assert lock.acquire()
-        time.sleep(0.5)
+        time.sleep(1.1)  # renewed twice
         lock.release()
-        time.sleep(0.3)
+        time.sleep(0.5)
         before = _commands_processed(watcher)
-        time.sleep(1.2)  # four renewal periods
+        time.sleep(2.0)  # four renewal periods
         assert _commands_processed(watcher) - before - 1 == 0
     finally:
         c.close()

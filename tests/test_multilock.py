@@ -216,9 +216,9 @@ def test_auto_renew_renews_every_name(
     client: redmutex.Client, r: redis.Redis, key_of: KeyOf
 ) -> None:
     lost: list[redmutex.MultiLock] = []
-    multi = redmutex.MultiLock(client, ["r1", "r2"], ttl=0.6, auto_renew=True, on_lost=lost.append)
+    multi = redmutex.MultiLock(client, ["r1", "r2"], ttl=1.5, auto_renew=True, on_lost=lost.append)
     assert multi.acquire()
-    time.sleep(1.5)
+    time.sleep(4.6)  # more than three leases
     assert multi.owned() and not multi.lost
     for n in ("r1", "r2"):
         assert r.pttl(key_of(n, "lock")) > 0
@@ -439,9 +439,9 @@ def test_cluster_no_deadlock_under_crossing_orders(
 
 def test_cluster_auto_renew_and_asyncio(cluster: Cluster, cclient: redmutex.Client) -> None:
     a, b = (name_on(cluster, i, f"r{i}-") for i in range(2))
-    multi = redmutex.MultiLock(cclient, [a, b], ttl=0.6, auto_renew=True)
+    multi = redmutex.MultiLock(cclient, [a, b], ttl=1.5, auto_renew=True)
     with multi:
-        time.sleep(1.5)
+        time.sleep(4.6)  # more than three leases
         assert multi.owned() and not multi.lost
 
     async def main() -> None:

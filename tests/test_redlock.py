@@ -519,9 +519,9 @@ def test_fences_increase_across_changing_majorities(masters: Masters) -> None:
 def test_auto_renew_and_on_lost(masters: Masters) -> None:
     c = client(masters)
     n = name()
-    lock = redmutex.Lock(c, n, ttl=0.6, auto_renew=True)
+    lock = redmutex.Lock(c, n, ttl=1.5, auto_renew=True)
     with lock:
-        time.sleep(1.5)
+        time.sleep(4.6)  # more than three leases
         assert lock.owned() and not lock.lost
         assert redmutex.Lock(c, n).acquire(blocking=False) is False
     # Renewal that finds the lease gone reports it.

@@ -466,11 +466,11 @@ def test_auto_renew_and_on_lost(client: redmutex.Client, r: redis.Redis, prefix:
         seen.append(obj)
         called.set()
 
-    rw = redmutex.RWLock(client, "renew", ttl=0.4, auto_renew=True, on_lost=on_lost)
+    rw = redmutex.RWLock(client, "renew", ttl=1.5, auto_renew=True, on_lost=on_lost)
     assert rw.auto_renew is True
     for side in (rw.read(), rw.write()):
         with side:
-            time.sleep(1.2)
+            time.sleep(4.6)  # more than three leases
             assert side.owned()
         assert side.lost is False
     reader = rw.read()
