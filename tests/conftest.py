@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -228,3 +229,24 @@ def children() -> Iterator[list[subprocess.Popen[str]]]:
             proc.communicate(timeout=10)
         except (subprocess.TimeoutExpired, ValueError):
             pass
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """A self-signed certificate for 127.0.0.1 (its own CA), made with openssl: (cert, key)
+    files, one pair per test module."""
+    d: Path = tmp_path_factory.mktemp("loopback-tls")
+    cert, key_file = d / "server.pem", d / "server.key"
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+            "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key_file),
+            "-out", str(cert), "-days", "2", "-subj", "/CN=127.0.0.1",
+            "-addext", "subjectAltName=IP:127.0.0.1",
+            "-addext", "basicConstraints=critical,CA:TRUE",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )  # fmt: skip
+    return str(cert), str(key_file)

@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 import redis
@@ -203,26 +201,6 @@ def test_cluster_master_killed_under_holds_and_waiters(cluster: Cluster) -> None
 
 
 # --- Sentinel -----------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    """A self-signed certificate for 127.0.0.1 (its own CA), made with openssl."""
-    d: Path = tmp_path_factory.mktemp("failover-tls")
-    cert, key_file = d / "server.pem", d / "server.key"
-    subprocess.run(
-        [
-            "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-            "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key_file),
-            "-out", str(cert), "-days", "2", "-subj", "/CN=127.0.0.1",
-            "-addext", "subjectAltName=IP:127.0.0.1",
-            "-addext", "basicConstraints=critical,CA:TRUE",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )  # fmt: skip
-    return str(cert), str(key_file)
 
 
 @pytest.fixture(scope="module", params=["redis+sentinel", "rediss+sentinel"])

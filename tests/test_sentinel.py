@@ -6,11 +6,9 @@ import contextlib
 import os
 import signal
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
@@ -329,26 +327,6 @@ def test_the_preferred_sentinels_answer_is_taken_when_it_comes() -> None:
             lock.release()
             client.close()
         assert elsewhere == 0, f"{elsewhere} of 20 lookups took the other sentinel's master"
-
-
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    """A self-signed certificate for 127.0.0.1 (its own CA), made with openssl."""
-    d: Path = tmp_path_factory.mktemp("sentinel-tls")
-    cert, key_file = d / "server.pem", d / "server.key"
-    subprocess.run(
-        [
-            "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-            "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key_file),
-            "-out", str(cert), "-days", "2", "-subj", "/CN=127.0.0.1",
-            "-addext", "subjectAltName=IP:127.0.0.1",
-            "-addext", "basicConstraints=critical,CA:TRUE",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )  # fmt: skip
-    return str(cert), str(key_file)
 
 
 def test_a_redis_py_sentinel_client_over_tls_stays_on_tls(certificate: tuple[str, str]) -> None:
