@@ -25,7 +25,6 @@ pub(crate) const MULTI_ACQUIRE_SOURCE: &str = concat!(
 static MULTI_ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(MULTI_ACQUIRE_SOURCE));
 pub(crate) const MULTI_RELEASE_SOURCE: &str = concat!(
     include_str!("lua/clock.lua"),
-    include_str!("lua/fence_next.lua"),
     include_str!("lua/waitlist.lua"),
     include_str!("lua/waitlist_head.lua"),
     include_str!("lua/lock_grant.lua"),

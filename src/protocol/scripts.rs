@@ -32,12 +32,12 @@ macro_rules! fair_script {
     };
 }
 
-/// The lock's leave: the clock, fence and waitlist preludes, then the grant to the queue's head.
+/// The lock's leave: the clock and waitlist preludes, then the grant to the queue's head (which
+/// issues its fence itself: see lock_grant.lua).
 macro_rules! grant_script {
     ($file:literal) => {
         concat!(
             include_str!("lua/clock.lua"),
-            include_str!("lua/fence_next.lua"),
             include_str!("lua/waitlist.lua"),
             include_str!("lua/waitlist_head.lua"),
             include_str!("lua/lock_grant.lua"),
@@ -61,7 +61,6 @@ pub(crate) const LOCK_ACQUIRE_SOURCE: &str = fence_script!("lua/lock_acquire.lua
 pub(crate) const LOCK_RELEASE_SOURCE: &str = concat!(
     include_str!("lua/lock_release.lua"),
     include_str!("lua/clock.lua"),
-    include_str!("lua/fence_next.lua"),
     include_str!("lua/waitlist.lua"),
     include_str!("lua/waitlist_head.lua"),
     include_str!("lua/lock_grant.lua"),
@@ -1017,22 +1016,28 @@ mod tests {
     }
 
     #[test]
-    fn fences_come_from_the_fence_prelude_only() {
-        for source in [
-            LOCK_ACQUIRE_SOURCE,
-            LOCK_ACQUIRE_FAIR_SOURCE,
-            LOCK_RELEASE_SOURCE,
-            grant_script!("lua/queue_leave.lua"),
-        ] {
+    fn fences_come_from_the_fence_prelude_or_the_grant() {
+        for source in [LOCK_ACQUIRE_SOURCE, LOCK_ACQUIRE_FAIR_SOURCE] {
             let prelude = source.find("local function next_fence").unwrap();
             assert!(source[prelude..].contains("'PX', ttl_ms"));
             // A bare INCR would leave a counter without an expiry.
             assert!(!source.contains("'INCR'"), "{source}");
         }
-        for source in [LOCK_RELEASE_SOURCE, grant_script!("lua/queue_leave.lua")] {
-            let fence = source.find("local function next_fence").unwrap();
-            let grant = source.find("local function grant_head").unwrap();
-            assert!(fence < grant);
+        // A grant works its fence out by next_fence's rule before it publishes it, and writes it
+        // (with the counter's expiry) only after (see lock_grant.lua).
+        for source in [
+            LOCK_RELEASE_SOURCE,
+            grant_script!("lua/queue_leave.lua"),
+            crate::protocol::multilock::MULTI_RELEASE_SOURCE,
+        ] {
+            assert!(!source.contains("local function next_fence"));
+            assert!(!source.contains("'INCR'"), "{source}");
+            let grant = &source[source.find("local function grant_head").unwrap()..];
+            let fence = grant.find("math.max(counter + 1, now_us)").unwrap();
+            let publish = grant.find("redis.call('PUBLISH'").unwrap();
+            let write = grant.find("{'SET', lock_key").unwrap();
+            assert!(fence < publish && publish < write);
+            assert!(grant[write..].contains("{'SET', fence_key, fence, 'PX', fence_ttl_ms}"));
         }
     }
 
@@ -1040,12 +1045,7 @@ mod tests {
     /// one defines the gate before it, and keeps the read-then-write path of older servers.
     #[test]
     fn set_get_is_sent_only_behind_the_version_gate() {
-        for source in [
-            LOCK_ACQUIRE_SOURCE,
-            LOCK_ACQUIRE_FAIR_SOURCE,
-            LOCK_RELEASE_SOURCE,
-            grant_script!("lua/queue_leave.lua"),
-        ] {
+        for source in [LOCK_ACQUIRE_SOURCE, LOCK_ACQUIRE_FAIR_SOURCE] {
             let gate = source
                 .find("local set_get = (redis.REDIS_VERSION_NUM or 0) >= 0x070000")
                 .unwrap();
@@ -1073,6 +1073,11 @@ mod tests {
             );
             assert!(source.contains("redis.call('GET', KEYS[1])"));
         }
+        // A grant reads the counter before it publishes: a plain GET, on every server.
+        for source in [LOCK_RELEASE_SOURCE, grant_script!("lua/queue_leave.lua")] {
+            assert!(!source.contains("'GET')"), "{source}");
+            assert!(!source.contains("set_get"), "{source}");
+        }
     }
 
     #[test]
@@ -1091,18 +1096,21 @@ mod tests {
     #[test]
     fn the_release_returns_before_the_grant_preludes_without_a_queue() {
         let source = LOCK_RELEASE_SOURCE;
+        let publish = source.find("redis.call('PUBLISH', ARGV[2], '')").unwrap();
         let delete = source.find("redis.call('DEL', KEYS[1])").unwrap();
         let early = source.find("return 1").unwrap();
         let clock = source.find("local function server_clock").unwrap();
-        let fence = source.find("local function next_fence").unwrap();
         let grant = source.find("local function grant_head").unwrap();
         let waitlist = source.find("local function live_head").unwrap();
         let call = source.find("if not grant_head(").unwrap();
-        assert!(delete < early && early < clock && clock < fence && fence < waitlist);
+        // (published before the DEL: a refused PUBLISH leaves the lock as it was)
+        assert!(publish < delete && delete < early && early < clock && clock < waitlist);
         assert!(waitlist < grant && grant < call);
-        // With a queue, the lock key is deleted only when no grant wrote over it.
+        // With a queue, the lock key is deleted only when no grant wrote over it, after the
+        // wake-up.
         let late_delete = source[call..].find("redis.call('DEL', KEYS[1])").unwrap();
         assert!(source[call..call + late_delete].contains(") then"));
+        assert!(source[call..call + late_delete].contains("redis.call('PUBLISH', ARGV[2], '')"));
         assert!(source[..clock].contains("local queued = redis.call('HGETALL', KEYS[3])"));
         assert!(!source[..clock].contains("grant_head("));
     }

@@ -7,7 +7,8 @@
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   return 0
 end
+-- (Published first: see lock_release.lua.)
+redis.call('PUBLISH', ARGV[4], '')
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 redis.call('DEL', KEYS[2])
-redis.call('PUBLISH', ARGV[4], '')
 return 1

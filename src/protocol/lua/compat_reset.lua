@@ -3,6 +3,8 @@
 -- KEYS[1] lock key   KEYS[2] signal list (optional)
 -- ARGV[1] wake-up channel   ARGV[2] signal list's expiry in ms
 -- Reply: the number of lock keys deleted (0 or 1).
+-- (Published first: see lock_release.lua.)
+redis.call('PUBLISH', ARGV[1], '')
 local deleted = redis.call('DEL', KEYS[1])
 if KEYS[2] then
   -- (exactly one element: see compat_signal_release.lua)
@@ -10,5 +12,4 @@ if KEYS[2] then
   redis.call('LTRIM', KEYS[2], 0, 0)
   redis.call('PEXPIRE', KEYS[2], ARGV[2])
 end
-redis.call('PUBLISH', ARGV[1], '')
 return deleted

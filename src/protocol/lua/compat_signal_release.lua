@@ -19,6 +19,8 @@ if KEYS[3] then
     return 0
   end
 end
+-- (Published first: see lock_release.lua.)
+redis.call('PUBLISH', ARGV[2], '')
 redis.call('DEL', KEYS[1])
 -- The signal list becomes exactly one element: pushed, then trimmed to it (a DEL before the push
 -- would make the push touch a key this script deleted, which Redis Cluster refuses while the
@@ -26,5 +28,4 @@ redis.call('DEL', KEYS[1])
 redis.call('LPUSH', KEYS[2], 1)
 redis.call('LTRIM', KEYS[2], 0, 0)
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
-redis.call('PUBLISH', ARGV[2], '')
 return 1

@@ -3,6 +3,7 @@
 -- client's fence_ttl), and a counter created afresh starts from the server's clock in µs, so a
 -- name's fences keep increasing after its counter expired, unless the Redis host's clock steps
 -- back by more than the ttl. (Calls TIME before writing: needs effects replication, Redis >= 5.)
+-- (A release's grant issues its fence by the same rule, read before it publishes: lock_grant.lua.)
 
 -- Redis >= 7.0 (which names its version to scripts): SET takes GET, also with NX, so a script
 -- reads and writes a key in one call. Older servers read it first (the same outcome).

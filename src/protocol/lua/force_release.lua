@@ -26,11 +26,12 @@ local writer = redis.call('GET', KEYS[3])
 local readers = redis.call('ZCOUNT', KEYS[4], '(' .. now, '+inf')
 local fill = redis.call('GET', KEYS[5])
 local waiting = redis.call('ZCOUNT', KEYS[7], '(' .. now, '+inf')
+-- (Published first: see lock_release.lua.)
+if lock or holders > 0 or writer or readers > 0 or fill or waiting > 0 then
+  redis.call('PUBLISH', ARGV[1], '')
+end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
 if redis.call('EXISTS', KEYS[9]) == 0 then
   redis.call('DEL', KEYS[8])
-end
-if lock or holders > 0 or writer or readers > 0 or fill or waiting > 0 then
-  redis.call('PUBLISH', ARGV[1], '')
 end
 return {lock, holders, writer, readers, fill, waiting}

@@ -15,10 +15,11 @@ if tonumber(lease_end) <= now then
   redis.call('ZREM', KEYS[1], ARGV[1])
   return 0
 end
-local ms = grant_lease(KEYS[1], ARGV[1], tonumber(ARGV[2]), now)
+-- (Published first: see lock_release.lua.)
 if ARGV[3] and tonumber(lease_end) > now + tonumber(ARGV[2]) then
   redis.call('PUBLISH', ARGV[3], '')
 end
+local ms = grant_lease(KEYS[1], ARGV[1], tonumber(ARGV[2]), now)
 if KEYS[2] then
   local left = redis.call('PTTL', KEYS[2])
   if left ~= -2 and left < ms then

@@ -61,19 +61,27 @@ if owner == false then
     head = head or false
   end
   if barge or not head or head == ARGV[1] then
+    -- The waiters behind, and a MultiLock waiting for the name (it keeps no place), were told
+    -- to look again when this one's place lapses (the lock was free, this one first): that it
+    -- took the lock, whose lease may run out unreleased too, they learn now. (Taking at the
+    -- head happens only after a lease ran out: a release grants the lock instead.) Published
+    -- before this waiter's writes (see lock_release.lua); refused (the user may not use the
+    -- channel), the lock its first look took is given back, and the refusal is the reply.
+    if head == ARGV[1] then
+      local told = redis.pcall('PUBLISH', ARGV[7], '')
+      if type(told) == 'table' and told.err then
+        if took then
+          redis.call('DEL', KEYS[1])
+        end
+        return told
+      end
+    end
     if not took then
       redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
     end
     -- (a barging resend whose first send joined gives its place up with the lock taken)
     if head == ARGV[1] or barge then
       redis.call('HDEL', KEYS[3], ARGV[1])
-    end
-    -- The waiters behind, and a MultiLock waiting for the name (it keeps no place), were told
-    -- to look again when this one's place lapses (the lock was free, this one first): that it
-    -- took the lock, whose lease may run out unreleased too, they learn now. (Taking at the
-    -- head happens only after a lease ran out: a release grants the lock instead.)
-    if head == ARGV[1] then
-      redis.call('PUBLISH', ARGV[7], '')
     end
     return (next_fence(KEYS[2], ARGV[6], now_us))
   end

@@ -5,10 +5,11 @@
 -- Reply: 1 extended; 0 not ours (the lease ended, or another owner holds it).
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   local left = ARGV[3] and redis.call('PTTL', KEYS[1])
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  -- (Published first: see lock_release.lua.)
   if left and left > tonumber(ARGV[2]) then
     redis.call('PUBLISH', ARGV[3], '')
   end
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
 return 0

@@ -7,13 +7,13 @@
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
-local left = redis.call('PTTL', KEYS[1])
+-- (Published first: see lock_release.lua.)
+if redis.call('PTTL', KEYS[1]) > tonumber(ARGV[2]) then
+  redis.call('PUBLISH', ARGV[3], '')
+end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 local held = redis.call('GET', KEYS[2])
 if held and string.sub(held, 1, #ARGV[1] + 1) == ARGV[1] .. ' ' then
   redis.call('PEXPIRE', KEYS[2], ARGV[2])
-end
-if left > tonumber(ARGV[2]) then
-  redis.call('PUBLISH', ARGV[3], '')
 end
 return 1

@@ -1,5 +1,5 @@
 -- Release a lock if ARGV[1] owns it, and hand it on. With nobody queued it ends here (the common
--- case: the grant preludes that follow, clock.lua, fence_next.lua, waitlist.lua and
+-- case: the grant preludes that follow, clock.lua, waitlist.lua, waitlist_head.lua and
 -- lock_grant.lua, are then not run at all); with a queue, lock_release_grant.lua goes on.
 -- KEYS[1] lock key   KEYS[2] fence counter   KEYS[3] the queue's places (see waitlist.lua)
 -- ARGV[1] token   ARGV[2] wake-up channel   ARGV[3] grant slack in ms (see lock_grant.lua)
@@ -38,13 +38,17 @@ if ARGV[5] then
     return 0
   end
 end
-if KEYS[4] then
-  redis.call('DEL', KEYS[4])
-end
 -- The places, which the grant goes on from (none: nobody queues).
 local queued = redis.call('HGETALL', KEYS[3])
 if #queued == 0 then
-  redis.call('DEL', KEYS[1])
+  -- Every script publishes before it writes what its caller is told of: a user whose ACL
+  -- forbids the channel (Redis 7 gives a new user none) is refused the PUBLISH, which ends the
+  -- script with nothing changed, rather than after the writes (a script's error keeps those).
+  -- Redis runs nothing else within a script: a waiter woken here finds the DEL done.
   redis.call('PUBLISH', ARGV[2], '')
+  redis.call('DEL', KEYS[1])
+  if KEYS[4] then
+    redis.call('DEL', KEYS[4])
+  end
   return 1
 end

@@ -4,7 +4,10 @@
 local now, now_us = server_clock()
 if not grant_head(KEYS[1], KEYS[2], KEYS[3], ARGV[2], ARGV[3] + 0, now, ARGV[4], now_us,
                   queued) then
-  redis.call('DEL', KEYS[1])
   redis.call('PUBLISH', ARGV[2], '')
+  redis.call('DEL', KEYS[1])
+end
+if KEYS[4] then
+  redis.call('DEL', KEYS[4])
 end
 return 1

@@ -9,12 +9,14 @@ for i = 1, #KEYS do
     return 0
   end
 end
+-- Every name's wake-up is published before any lease changes (see lock_release.lua).
 local ms = tonumber(ARGV[2])
 for i = 1, #KEYS do
-  local left = redis.call('PTTL', KEYS[i])
-  redis.call('PEXPIRE', KEYS[i], ARGV[2])
-  if left > ms then
+  if redis.call('PTTL', KEYS[i]) > ms then
     redis.call('PUBLISH', ARGV[2 + i], '')
   end
+end
+for i = 1, #KEYS do
+  redis.call('PEXPIRE', KEYS[i], ARGV[2])
 end
 return 1

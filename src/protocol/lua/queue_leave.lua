@@ -1,5 +1,5 @@
--- A waiter gives up: leave the queue at once (after clock.lua, fence_next.lua, waitlist.lua and
--- lock_grant.lua).
+-- A waiter gives up: leave the queue at once (after clock.lua, waitlist.lua, waitlist_head.lua
+-- and lock_grant.lua).
 -- KEYS[1] lock key   KEYS[2] fence counter   KEYS[3] the queue's places (see waitlist.lua)
 -- ARGV[1] token   ARGV[2] wake-up channel   ARGV[3] grant slack in ms (see lock_grant.lua)
 -- ARGV[4] fence counter's ttl in ms (see fence_next.lua)
@@ -12,18 +12,18 @@ if owner and owner ~= ARGV[1] then
   -- Another holds the lock (the common leave): only the place goes.
   return redis.call('HDEL', KEYS[3], ARGV[1])
 end
--- The lock is free, or was granted to this waiter (given back here). The places are read before
--- this one goes, and a grant writes over the lock key rather than after a DEL of it: a key goes
--- with its last field (or a DEL), and while its slot migrates Redis Cluster refuses a script's
--- command on a key the script deleted (after the commands before it ran).
+-- The lock is free, or was granted to this waiter (given back here). The places are read first,
+-- this one's goes last (after what is published: see lock_release.lua), and a grant writes over
+-- the lock key rather than after a DEL of it: a key goes with its last field (or a DEL), and
+-- while its slot migrates Redis Cluster refuses a script's command on a key the script deleted
+-- (after the commands before it ran).
 local freed = owner == ARGV[1]
-local removed = freed and 1 or 0
+local placed = false
 local all = redis.call('HGETALL', KEYS[3])
 local others = {}
 for i = 1, #all, 2 do
   if all[i] == ARGV[1] then
-    removed = 1
-    redis.call('HDEL', KEYS[3], ARGV[1])
+    placed = true
   else
     others[#others + 1] = all[i]
     others[#others + 1] = all[i + 1]
@@ -36,7 +36,10 @@ if #others > 0 then
                        others)
 end
 if freed and not granted then
-  redis.call('DEL', KEYS[1])
   redis.call('PUBLISH', ARGV[2], '')
+  redis.call('DEL', KEYS[1])
 end
-return removed
+if placed then
+  redis.call('HDEL', KEYS[3], ARGV[1])
+end
+return (freed or placed) and 1 or 0

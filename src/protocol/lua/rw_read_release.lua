@@ -27,10 +27,11 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
     end
   end
 end
-redis.call('ZREM', KEYS[1], ARGV[1])
+-- (Published first: see lock_release.lua.)
 for _, writer in ipairs(woken) do
   redis.call('PUBLISH', ARGV[2], writer)
 end
+redis.call('ZREM', KEYS[1], ARGV[1])
 if tonumber(lease_end) <= now then
   return 0
 end

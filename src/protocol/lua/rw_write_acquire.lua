@@ -39,9 +39,16 @@ if owner == false and readers == 0 then
   -- Taken: a waiting place of this writer's is given back. The readers that place held back
   -- were told to look again when it lapses (up to a place later): that this writer took the
   -- lock, whose lease may run out unreleased, they learn now. (A writer that did not wait,
-  -- the common case, had no place: nobody to tell.)
-  if redis.call('ZREM', KEYS[3], ARGV[1]) == 1 then
-    redis.call('PUBLISH', ARGV[5], '')
+  -- the common case, had no place: nobody to tell.) Published before the place goes (see
+  -- lock_release.lua); refused (the user may not use the channel), the write lock taken above
+  -- is given back, and the refusal is the reply.
+  if redis.call('ZSCORE', KEYS[3], ARGV[1]) then
+    local told = redis.pcall('PUBLISH', ARGV[5], '')
+    if type(told) == 'table' and told.err then
+      redis.call('DEL', KEYS[2])
+      return told
+    end
+    redis.call('ZREM', KEYS[3], ARGV[1])
   end
   return 0
 end

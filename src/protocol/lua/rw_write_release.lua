@@ -4,6 +4,7 @@
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
-redis.call('DEL', KEYS[1])
+-- (Published first: see lock_release.lua.)
 redis.call('PUBLISH', ARGV[2], '')
+redis.call('DEL', KEYS[1])
 return 1

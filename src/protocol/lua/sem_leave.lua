@@ -7,6 +7,9 @@
 -- name, since they may have been waiting behind the one that left.
 -- The keys' sizes are read before the token leaves them: a key goes with its last member, and a
 -- script must not touch a key it deleted (see queue_prune.lua).
+-- (Unlike a release, it leaves before its wake-ups, which name the waiters without it: a leave
+-- runs only as a wait ends unheld, in its clean-up, whose error reaches no caller; refused the
+-- PUBLISH, the waiter is out of the queue all the same.)
 local queued, removed = redis.call('LLEN', KEYS[2]), 0
 if queued > 0 then
   removed = redis.call('LREM', KEYS[2], 1, ARGV[1])

@@ -9,20 +9,22 @@
 local now = server_now_ms()
 -- Ended leases go first, so the token is still there only if it held a live permit. The holders
 -- are counted before anything goes: the key goes with its last lease, and a script must not touch
--- a key it deleted (see queue_prune.lua), so `held` is worked out from the replies.
-local held, released = redis.call('ZCARD', KEYS[1]), 0
+-- a key it deleted (see queue_prune.lua), so `held` is worked out from the replies. The permit
+-- itself goes after the wake-up (see lock_release.lua): `held` counts it out beforehand.
+local held, released = redis.call('ZCARD', KEYS[1]), false
 if held > 0 then
   held = held - redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', int(now))
   if held > 0 then
-    released = redis.call('ZREM', KEYS[1], ARGV[1])
-    held = held - released
+    released = redis.call('ZSCORE', KEYS[1], ARGV[1])
   end
 end
-if released == 0 then
+if not released then
   -- Not ours, or its lease had ended (waiters were told to look again by then): nobody to wake.
   drop_unused_limit(KEYS[4], held, KEYS[3])
   return 0
 end
+held = held - 1
 local queued = wake_semaphore(KEYS[2], KEYS[3], tonumber(ARGV[2]) - held, ARGV[3], now, true)
+redis.call('ZREM', KEYS[1], ARGV[1])
 drop_unused_limit(KEYS[4], held, KEYS[3], queued)
 return 1

@@ -24,10 +24,11 @@ if not lease_end or tonumber(lease_end) <= now then
   return 0
 end
 if ARGV[3] then
-  local ms = grant_lease(KEYS[1], token, tonumber(ARGV[3]), now)
+  -- (Published first: see lock_release.lua.)
   if ARGV[4] and tonumber(lease_end) > now + tonumber(ARGV[3]) then
     redis.call('PUBLISH', ARGV[4], '')
   end
+  local ms = grant_lease(KEYS[1], token, tonumber(ARGV[3]), now)
   if redis.call('PTTL', KEYS[2]) < ms then
     redis.call('PEXPIRE', KEYS[2], ms)
   end

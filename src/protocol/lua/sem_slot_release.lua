@@ -10,13 +10,17 @@
 local now = server_now_ms()
 local token = ARGV[1]
 local slot = redis.call('HGET', KEYS[2], 't' .. token)
+local lease_end = redis.call('ZSCORE', KEYS[1], token)
+-- (Published first: see lock_release.lua.)
+if lease_end and tonumber(lease_end) > now then
+  redis.call('PUBLISH', ARGV[2], '')
+end
 if slot then
   redis.call('HDEL', KEYS[2], 't' .. token)
   if redis.call('HGET', KEYS[2], 's' .. slot) == token then
     redis.call('HDEL', KEYS[2], 's' .. slot)
   end
 end
-local lease_end = redis.call('ZSCORE', KEYS[1], token)
 if lease_end then
   redis.call('ZREM', KEYS[1], token)
 end
@@ -26,7 +30,6 @@ end
 if not lease_end or tonumber(lease_end) <= now then
   return 0
 end
-redis.call('PUBLISH', ARGV[2], '')
 if ARGV[3] and slot ~= ARGV[3] then
   return 0
 end
