@@ -84,6 +84,17 @@ impl Error {
 
 const AT: &str = "Redis at ";
 const NO_PERMISSION: &str = "Redis refused the command to this user (its ACL)";
+/// Said after NO_PERMISSION when the ACL refused a channel (a script's PUBLISH, a SUBSCRIBE).
+const NO_CHANNELS: &str = "it may not use redmutex's pub/sub channels, which wake waiters; \
+     grant them (`ACL SETUSER <user> &<prefix>*`, `&redmutex:*` for the default prefix, or \
+     `allchannels`; Redis 7 gives a new user none)";
+
+/// Whether Redis refused the command to the user's ACL inside a script: a ResponseError, not a
+/// NOPERM ("The user executing the script can't ..." on Redis 7.0, "ACL failure in script: ..."
+/// since 7.2). The scripts publish before they write, so nothing was changed then.
+fn refused_in_script(text: &str) -> bool {
+    text.contains("The user executing the script can't") || text.contains("ACL failure in script")
+}
 
 /// An error met while opening a connection (TCP, TLS, AUTH, SELECT): whatever Redis or the TLS
 /// set-up said, no connection could be had, so it is a connection error (`ping()` promises
@@ -126,9 +137,16 @@ impl From<redis::RedisError> for Error {
             Error::Connection(format!("refused the connection: {err}"))
         } else if err.code() == Some("WRONGPASS") || err.code() == Some("NOAUTH") {
             Error::Connection(format!("refused the credentials: {err}"))
-        } else if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) {
-            // The credentials were taken; the user's ACL forbids this command (or key).
-            Error::Server(format!("{NO_PERMISSION}: {err}"))
+        } else if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
+            || refused_in_script(&err.to_string())
+        {
+            // The credentials were taken; the user's ACL forbids this command (or key, or
+            // channel: a user's channels are apart from its keys, and often forgotten).
+            if err.to_string().contains("channel") {
+                Error::Server(format!("{NO_PERMISSION}: {NO_CHANNELS}: {err}"))
+            } else {
+                Error::Server(format!("{NO_PERMISSION}: {err}"))
+            }
         } else {
             Error::Server(format!("Redis error: {err}"))
         }
@@ -165,6 +183,67 @@ mod tests {
         let err = Error::from(err);
         assert!(err.is_connection(), "{err}");
         assert!(err.to_string().contains("loading"), "{err}");
+    }
+
+    fn server_error(kind: redis::ServerErrorKind, detail: &str) -> Error {
+        Error::from(redis::RedisError::from((
+            redis::ErrorKind::Server(kind),
+            "An error was signalled by the server",
+            detail.to_string(),
+        )))
+    }
+
+    #[test]
+    fn a_refused_channel_says_what_to_grant() {
+        use redis::ServerErrorKind::{NoPerm, ResponseError};
+        for err in [
+            // a script's PUBLISH on Redis 7.0, and since 7.2
+            server_error(
+                ResponseError,
+                "The user executing the script can't publish to the channel mentioned in the \
+                 command script: 8e2a64af, on @user_script:48.",
+            ),
+            server_error(
+                ResponseError,
+                "ACL failure in script: No permissions to access a channel",
+            ),
+            // SUBSCRIBE
+            server_error(
+                NoPerm,
+                "this user has no permissions to access one of the channels used as arguments",
+            ),
+        ] {
+            assert!(err.is_no_permission(), "{err}");
+            let text = err.to_string();
+            assert!(text.starts_with(NO_PERMISSION), "{text}");
+            assert!(
+                text.contains("&redmutex:*") && text.contains("allchannels"),
+                "{text}"
+            );
+            // Redis's own words follow.
+            assert!(text.contains("channel"), "{text}");
+        }
+        // Another refusal (a key, a command) says no more than Redis did.
+        for err in [
+            server_error(
+                NoPerm,
+                "this user has no permissions to run the 'info' command",
+            ),
+            server_error(
+                ResponseError,
+                "The user executing the script can't access at least one of the keys mentioned \
+                 in the command",
+            ),
+        ] {
+            assert!(err.is_no_permission(), "{err}");
+            assert!(!err.to_string().contains("allchannels"), "{err}");
+        }
+        // Other script errors are no refusal.
+        let other = server_error(
+            ResponseError,
+            "Error running script: attempt to compare nil",
+        );
+        assert!(!other.is_no_permission(), "{other}");
     }
 
     #[test]
