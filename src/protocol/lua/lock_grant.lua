@@ -26,17 +26,15 @@ local function grant_head(lock_key, fence_key, places_key, channel, slack_ms, no
     channel = channel .. ':' .. inbox
   end
   redis.call('PUBLISH', channel, first .. ' ' .. fence .. ' ' .. px)
-  local grant = {
-    {'SET', lock_key, first, 'PX', px},
-    {'HDEL', places_key, first},
-    {'SET', fence_key, fence, 'PX', fence_ttl_ms},
-  }
-  for _, command in ipairs(grant) do
-    if writes then
-      writes[#writes + 1] = command
-    else
-      redis.call(unpack(command))
-    end
+  if writes then
+    writes[#writes + 1] = {'SET', lock_key, first, 'PX', px}
+    writes[#writes + 1] = {'HDEL', places_key, first}
+    writes[#writes + 1] = {'SET', fence_key, fence, 'PX', fence_ttl_ms}
+  else
+    -- (Called directly: a table per command would cost Redis more on every hand-off.)
+    redis.call('SET', lock_key, first, 'PX', px)
+    redis.call('HDEL', places_key, first)
+    redis.call('SET', fence_key, fence, 'PX', fence_ttl_ms)
   end
   return true
 end
