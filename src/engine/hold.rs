@@ -67,6 +67,14 @@ pub trait Leased: Send + Sync + 'static {
     /// Gives `token`'s hold back; false when it was not ours (any more).
     fn release(&self, token: &str) -> Step<bool>;
 
+    /// A read that shows no other hold of the name was granted since this one (the lock's
+    /// fencing counter unmoved): asked when a release that met a restart of the server found the
+    /// hold gone, it tells the first send's delete (kept by the restarted server) from a loss.
+    /// None: the primitive has no such record, and the hold then counts as lost.
+    fn unmoved_since(&self, _detail: &Self::Detail) -> Option<Step<bool>> {
+        None
+    }
+
     /// The lease of `token`'s hold now ends `lease` from now; false when not ours.
     fn extend(&self, token: &str, lease: Duration) -> Step<bool>;
 
@@ -430,7 +438,7 @@ enum Begun {
     /// release begins: the hold's detail (an RWLock's held mark) then stays with the object's
     /// state, and ends with it when the caller abandons the release (`release_abandoned`),
     /// instead of living on with the release in flight.
-    Release(HoldRef, Step<bool>),
+    Release(HoldRef, Step<bool>, Option<Step<bool>>),
 }
 
 /// A release under way whose step a caller sends itself (`Holder::begin_release_step`).
@@ -439,6 +447,8 @@ pub struct Releasing {
     shared: Arc<Shared>,
     epoch: u64,
     sent_at: Instant,
+    /// The read that tells a release's own delete from a loss after a restart (`unmoved_since`).
+    unmoved: Option<Step<bool>>,
 }
 
 /// An extend under way whose step a caller sends itself (`Holder::begin_extend_step`).
@@ -1221,14 +1231,15 @@ impl<P: Leased> Holder<P> {
         }
         let (hold, detail) = self.begin_release()?;
         let quorum_step = self.primitive.quorum_release(&hold.token, &detail);
-        Ok(ReleaseBegun(Begun::Release(hold, quorum_step)))
+        let unmoved = self.primitive.unmoved_since(&detail);
+        Ok(ReleaseBegun(Begun::Release(hold, quorum_step, unmoved)))
     }
 
     /// The rest of a release begun by `begin_release_call`.
     pub async fn release_begun(&self, begun: ReleaseBegun) -> Result<()> {
-        let (hold, quorum_step) = match begun.0 {
+        let (hold, quorum_step, unmoved) = match begun.0 {
             Begun::Leave(nesting) => return self.leave(nesting).await,
-            Begun::Release(hold, quorum_step) => (hold, quorum_step),
+            Begun::Release(hold, quorum_step, unmoved) => (hold, quorum_step, unmoved),
         };
         let backend = match self.client.backend() {
             Ok(backend) => backend,
@@ -1253,7 +1264,11 @@ impl<P: Leased> Holder<P> {
         };
         let (epoch, sent_at) = (shared.fault_epoch(), Instant::now());
         let outcome = self.primitive.release_on_node(shared, &hold.token).await;
-        let retried = resent_own(shared, &hold, epoch, sent_at);
+        let faulted = shared.fault_epoch() != epoch;
+        let mut retried = resent_own(shared, &hold, epoch, sent_at);
+        if !retried && restarted_under(shared, &hold, &outcome, faulted, sent_at) {
+            retried = read_unmoved(shared, unmoved.as_ref()).await;
+        }
         note_unanswered(&hold, &outcome, sent_at);
         self.finish_release(hold, outcome, retried)
     }
@@ -1265,6 +1280,12 @@ impl<P: Leased> Holder<P> {
         }
         let (step, releasing) = self.begin_release_step()?;
         let outcome = executor::run_direct(&releasing.shared, &step);
+        if self.release_needs_read(&releasing, &outcome) {
+            let shared = &releasing.shared;
+            let unmoved = releasing.unmoved.as_ref();
+            let found = unmoved.is_some_and(|read| executor::run_direct(shared, read) == Ok(true));
+            return self.settle_release_step(releasing, outcome, found);
+        }
         self.finish_release_step(releasing, outcome)
     }
 
@@ -1272,7 +1293,7 @@ impl<P: Leased> Holder<P> {
     /// direct path, the asyncio loop path): renewal stops now; finish with
     /// `finish_release_step`, or `release_resent` when the connection broke under it.
     pub fn begin_release_step(&self) -> Result<(Step<bool>, Releasing)> {
-        let (hold, _) = self.begin_release()?;
+        let (hold, detail) = self.begin_release()?;
         let shared = self.client.shared()?;
         let step = self.primitive.release(&hold.token);
         let releasing = Releasing {
@@ -1280,19 +1301,55 @@ impl<P: Leased> Holder<P> {
             sent_at: Instant::now(),
             hold,
             shared,
+            unmoved: self.primitive.unmoved_since(&detail),
         };
         Ok((step, releasing))
     }
 
-    /// Settles a release begun by `begin_release_step` with what its step answered.
-    pub fn finish_release_step(&self, releasing: Releasing, outcome: Result<bool>) -> Result<()> {
+    /// Whether a release begun by `begin_release_step` that answered `outcome` found the hold
+    /// gone after a restart of the server since the grant (`restarted_under`): a read then
+    /// decides (`unmoved_since`). The asyncio loop path leaves that to `release_resent`; the
+    /// caller's thread reads it itself and settles with `settle_release_step`.
+    pub fn release_needs_read(&self, releasing: &Releasing, outcome: &Result<bool>) -> bool {
         let Releasing {
             hold,
             shared,
             epoch,
             sent_at,
+            unmoved,
         } = releasing;
-        let retried = resent_own(&shared, &hold, epoch, sent_at);
+        unmoved.is_some()
+            && !resent_own(shared, hold, *epoch, *sent_at)
+            && restarted_under(
+                shared,
+                hold,
+                outcome,
+                shared.fault_epoch() != *epoch,
+                *sent_at,
+            )
+    }
+
+    /// Settles a release begun by `begin_release_step` with what its step answered.
+    pub fn finish_release_step(&self, releasing: Releasing, outcome: Result<bool>) -> Result<()> {
+        self.settle_release_step(releasing, outcome, false)
+    }
+
+    /// `finish_release_step`; `unmoved`: the read of `release_needs_read` found no hold of the
+    /// name granted since this one, so a "not ours" was the first send's delete.
+    fn settle_release_step(
+        &self,
+        releasing: Releasing,
+        outcome: Result<bool>,
+        unmoved: bool,
+    ) -> Result<()> {
+        let Releasing {
+            hold,
+            shared,
+            epoch,
+            sent_at,
+            ..
+        } = releasing;
+        let retried = unmoved || resent_own(&shared, &hold, epoch, sent_at);
         note_unanswered(&hold, &outcome, sent_at);
         self.finish_release(hold, outcome, retried)
     }
@@ -1305,10 +1362,14 @@ impl<P: Leased> Holder<P> {
             hold,
             shared,
             sent_at,
+            unmoved,
             ..
         } = releasing;
         let outcome = self.primitive.release_on_node(&shared, &hold.token).await;
-        let retried = may_have_released(&shared, &hold, sent_at);
+        let mut retried = may_have_released(&shared, &hold, sent_at);
+        if !retried && restarted_under(&shared, &hold, &outcome, true, sent_at) {
+            retried = read_unmoved(&shared, unmoved.as_ref()).await;
+        }
         note_unanswered(&hold, &outcome, sent_at);
         self.finish_release(hold, outcome, retried)
     }
@@ -1667,6 +1728,41 @@ fn resent_own(shared: &Shared, hold: &HoldRef, epoch: u64, sent_at: Instant) -> 
     let earlier = hold.status.unanswered_release();
     (shared.fault_epoch() != epoch && may_have_released(shared, hold, sent_at))
         || earlier.is_some_and(|first| may_have_released(shared, hold, first))
+}
+
+/// Whether a release of `hold` that answered `outcome` found it gone where its own first send
+/// may have deleted it on an earlier incarnation of the server (a restart or a failover since
+/// the grant, which `resent_own` does not count): it said "not ours", and it went out inside the
+/// lease and its connection broke (`faulted`), or an earlier release of the hold went
+/// unanswered, and the server answering now is another incarnation than the one that granted
+/// the hold. A restarted server that kept its data (AOF, RDB) kept that delete too: a read of
+/// what the grant left (`Leased::unmoved_since`) then tells it from a loss.
+fn restarted_under(
+    shared: &Shared,
+    hold: &HoldRef,
+    outcome: &Result<bool>,
+    faulted: bool,
+    sent_at: Instant,
+) -> bool {
+    let elsewhere = |at: Instant| {
+        at < hold.status.deadline()
+            && matches!(
+                (hold.status.run_id.as_ref(), shared.run_id()),
+                (Some(then), Some(now)) if *then != now
+            )
+    };
+    matches!(outcome, Ok(false))
+        && ((faulted && elsewhere(sent_at))
+            || hold.status.unanswered_release().is_some_and(elsewhere))
+}
+
+/// Runs the read of `restarted_under` (`Leased::unmoved_since`); true only when it found no
+/// hold granted since (a failed read, or none to make, counts the hold lost).
+async fn read_unmoved(shared: &Shared, unmoved: Option<&Step<bool>>) -> bool {
+    match unmoved {
+        Some(read) => executor::run(shared, read).await == Ok(true),
+        None => false,
+    }
 }
 
 /// A release that failed (no answer) may still have deleted the token: a later release of the

@@ -430,6 +430,10 @@ impl Leased for LockSpec {
         }
     }
 
+    fn unmoved_since(&self, detail: &Fenced) -> Option<Step<bool>> {
+        Some(steps::fence_unmoved(&self.keys, detail.fence))
+    }
+
     fn extend(&self, token: &str, lease: Duration) -> Step<bool> {
         if self.reentrant {
             steps::extend_reentrant(&self.keys, token, lease)

@@ -134,6 +134,16 @@ pub fn owned(keys: &Keys, token: &str) -> Step<bool> {
     owner(keys).map(move |owner| owner.as_deref() == Some(token.as_slice()))
 }
 
+/// Whether the fencing counter still reads `fence`: no acquisition of the name since the hold
+/// that was granted it (every grant moves the counter). A release resent after a restart that
+/// finds its token gone reads this: the first send's delete is then what it found.
+pub fn fence_unmoved(keys: &Keys, fence: i64) -> Step<bool> {
+    let mut get = redis::cmd("GET");
+    get.arg(keys.fence());
+    let fence = fence.to_string().into_bytes();
+    Step::command(get, parse_owner).map(move |counter| counter.as_deref() == Some(fence.as_slice()))
+}
+
 /// A fair waiter leaves the queue (giving back a grant that came meanwhile).
 pub fn leave_queue(keys: &Keys, token: &str) -> Step<()> {
     Step::script(scripts::leave_queue(keys, token), |_| Ok(()))

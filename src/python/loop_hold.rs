@@ -225,7 +225,7 @@ fn one_step<'py, S, T, F, R, G, C>(
 where
     S: Send + 'static,
     T: Send + 'static,
-    F: FnOnce(S, Result<Value>) -> Result<T> + Send + 'static,
+    F: FnOnce(S, Result<Value>) -> Settled<T, S> + Send + 'static,
     R: FnOnce(S) -> G + Send + 'static,
     G: std::future::Future<Output = Result<T>> + Send + 'static,
     C: Convert<T> + Send + 'static,
@@ -250,10 +250,22 @@ where
             }
             Err((err, false)) => Err(err),
         };
-        resolve(py, future, convert(py, settle(state, reply)));
+        match settle(state, reply) {
+            Settled::Now(outcome) => resolve(py, future, convert(py, outcome)),
+            Settled::Later(state) => {
+                hand_over(py, future, on_cancel, None, resend(state), convert);
+            }
+        }
     });
     LoopConn::send(&ready.conn, packed, finish, None)?;
     Ok(future)
+}
+
+/// What a step's reply settles: the call's outcome now, or the call goes on through the runtime
+/// (as when the loop's connection broke under it) with what the step began.
+enum Settled<T, S> {
+    Now(Result<T>),
+    Later(S),
 }
 
 /// A step the holder began (with what its finish needs), packed for the loop's connection; a
@@ -287,9 +299,13 @@ where
         ready,
         begun,
         move |(step, releasing), reply| {
-            handle
-                .holder()
-                .finish_release_step(releasing, read(&step, reply))
+            let outcome = read(&step, reply);
+            // Found gone after a restart: the runtime reads whether it was this release's own
+            // delete (see `Holder::release_needs_read`).
+            if handle.holder().release_needs_read(&releasing, &outcome) {
+                return Settled::Later((step, releasing));
+            }
+            Settled::Now(handle.holder().finish_release_step(releasing, outcome))
         },
         move |(_, releasing)| async move { again.holder().release_resent(releasing).await },
         OnCancel::Finish,
@@ -314,9 +330,11 @@ where
         ready,
         begun,
         move |(step, extending), reply| {
-            handle
-                .holder()
-                .finish_extend_step(extending, read(&step, reply))
+            Settled::Now(
+                handle
+                    .holder()
+                    .finish_extend_step(extending, read(&step, reply)),
+            )
         },
         move |_| async move { again.holder().extend(lease).await },
         OnCancel::Finish,
@@ -341,7 +359,7 @@ where
     one_step(
         ready,
         begun,
-        |step, reply| read(&step, reply),
+        |step, reply| Settled::Now(read(&step, reply)),
         move |_| async move { handle.holder().owned().await },
         OnCancel::Abort,
         convert,
