@@ -9,10 +9,12 @@ use super::args;
 use super::blocking;
 use super::client::coerce_client;
 use super::errors::{About, Named};
-use super::recipe_holds;
+use super::recipe_holds::{self, OwnDelete};
+use crate::engine::executor;
 use crate::engine::lock::{self, LockSpec, Wait};
 use crate::engine::Backend;
 use crate::protocol::lease;
+use crate::protocol::lock as steps;
 
 fn spec_for(
     client: &Bound<'_, PyAny>,
@@ -93,26 +95,52 @@ pub fn release_token(
     let (client, spec) = spec_for(conn, lockname, std::time::Duration::from_secs(1))?;
     let about = About::new("lock", &String::from_utf8_lossy(&spec.name));
     let lock_key = spec.keys.lock();
-    let (released, single) = blocking::wait(py, {
-        let token = token.clone();
-        let lock_key = lock_key.clone();
+    // The record of holds is read and written here, with the GIL (see `holds_by_token`).
+    let backend = client.backend();
+    let single = match &backend {
+        Ok(Backend::Single(shared)) => Some(shared.clone()),
+        _ => None,
+    };
+    let noted = single
+        .as_ref()
+        .and_then(|shared| recipe_holds::noted(shared, &lock_key, &token));
+    let sent_at = Instant::now();
+    let outcome = blocking::wait(py, {
+        let (token, noted) = (token.clone(), noted.clone());
         async move {
-            let backend = client.backend()?;
-            let Backend::Single(shared) = backend else {
-                return Ok((lock::release_on(&backend, &spec.keys, &token).await?, None));
+            let backend = backend?;
+            let Backend::Single(shared) = &backend else {
+                return lock::release_on(&backend, &spec.keys, &token).await;
             };
-            let fence = recipe_holds::fence(&shared, &lock_key, &token);
-            let (epoch, sent_at) = (shared.fault_epoch(), Instant::now());
-            let released = lock::release_chosen(&shared, &spec.keys, &token, fence).await?;
+            let epoch = shared.fault_epoch();
+            let fence = noted.as_ref().map(|hold| hold.fence);
+            let released = lock::release_chosen(shared, &spec.keys, &token, fence).await?;
+            let Some(hold) = noted.filter(|_| !released) else {
+                return Ok(released);
+            };
+            // A "not ours" may be the work of a send of our own that deleted the token: this
+            // one's first send, when the connection broke under it, or an earlier release that
+            // got no answer (see `recipe_holds`).
             let faulted = shared.fault_epoch() != epoch;
-            Ok((released, Some((shared, sent_at, faulted))))
+            Ok(match hold.own_delete(shared, sent_at, faulted) {
+                OwnDelete::No => false,
+                OwnDelete::Likely => true,
+                OwnDelete::AfterRestart => {
+                    let read = steps::fence_unmoved(&spec.keys, hold.fence);
+                    executor::run(shared, &read).await == Ok(true)
+                }
+            })
         }
-    })?
-    .about(py, &about)?;
-    // A "not ours" after the connection broke under the release may answer its resend, the
-    // first send having deleted our token (see `recipe_holds`).
-    let resent_own = single.is_some_and(|(shared, sent_at, faulted)| {
-        recipe_holds::may_have_released(&shared, &lock_key, &token, sent_at) && faulted
-    });
-    Ok(released || resent_own)
+    })?;
+    if let Some(shared) = &single {
+        match &outcome {
+            Ok(_) => recipe_holds::forget(shared, &lock_key, &token),
+            Err(err) if err.is_connection() => {
+                recipe_holds::unanswered(shared, &lock_key, &token, sent_at)
+            }
+            // Refused (an ACL, a script error): nothing ran, the hold stands as it was.
+            Err(_) => {}
+        }
+    }
+    outcome.about(py, &about)
 }
