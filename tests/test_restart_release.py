@@ -1,0 +1,152 @@
+"""A release that got no answer because the server went down, retried once it is back.
+
+The first send may have deleted the token before the server died: with its data kept (AOF,
+`appendfsync always`), the restarted server shows the hold gone, and the retry's "not ours" is
+that delete's work, not a loss. It is told from a loss by the fencing counter: still the hold's
+own fence means nobody took the name since. A restart that lost the data (no persistence), or
+another holder since, still makes the hold lost. (A restarted server has another run_id, so the
+rule for one incarnation, "sent inside the lease counts as released", cannot decide it.)
+
+Here the landed first send is played by a DEL of the lock key before the server is killed; the
+release that follows meets the server down and raises ConnectionError, unanswered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Callable
+
+import pytest
+import redis
+import redmutex
+import redmutex.aio
+from redmutex._server import RedisServer
+
+KEPT = ["--appendonly", "yes", "--appendfsync", "always"]
+TTL = 30.0
+
+
+def _kill(server: RedisServer) -> None:
+    assert server.process is not None
+    os.kill(server.process.pid, signal.SIGKILL)
+    server.process.wait(timeout=10)
+
+
+def _client(server: RedisServer, prefix: str) -> redmutex.Client:
+    # Short timeouts: a call meeting the server down gives up soon.
+    return redmutex.Client(server.url, prefix=prefix, connect_timeout=0.3, command_timeout=2)
+
+
+def _landed_then_down(server: RedisServer, lock_key: bytes) -> None:
+    """The first send's delete lands, then the server dies."""
+    admin = redis.Redis(host="127.0.0.1", port=server.port)
+    try:
+        assert admin.delete(lock_key) == 1
+    finally:
+        admin.close()
+    _kill(server)
+
+
+def _taken_since(server: RedisServer, prefix: str) -> None:
+    """Another client takes the name and gives it back: the fence counter moves on."""
+    with _client(server, prefix) as other:
+        with redmutex.Lock(other, "n", ttl=5):
+            pass
+
+
+@pytest.mark.parametrize("then", ["kept", "lost", "taken-since"])
+@pytest.mark.parametrize("fair", [False, True], ids=["unfair", "fair"])
+def test_lock_release_retried_after_a_restart(
+    make_server: Callable[..., RedisServer],
+    prefix: str,
+    key_of: Callable[[str, str], bytes],
+    then: str,
+    fair: bool,
+) -> None:
+    server = make_server(extra_args=KEPT if then != "lost" else None)
+    with _client(server, prefix) as c:
+        lock = redmutex.Lock(c, "n", ttl=TTL, fair=fair)
+        assert lock.acquire(timeout=5)
+        _landed_then_down(server, key_of("n", "lock"))
+        with pytest.raises(redmutex.ConnectionError):
+            lock.release()
+        server.start()
+        if then == "taken-since":
+            _taken_since(server, prefix)
+        if then == "kept":
+            lock.release()
+            assert not lock.lost
+        else:
+            with pytest.raises(redmutex.LockLostError):
+                lock.release()
+            assert lock.lost
+        assert not lock.owned()
+
+
+@pytest.mark.parametrize("then", ["kept", "lost", "taken-since"])
+def test_aio_lock_release_retried_after_a_restart(
+    make_server: Callable[..., RedisServer],
+    prefix: str,
+    key_of: Callable[[str, str], bytes],
+    then: str,
+) -> None:
+    server = make_server(extra_args=KEPT if then != "lost" else None)
+
+    async def main() -> None:
+        with _client(server, prefix) as c:
+            lock = redmutex.aio.Lock(c, "n", ttl=TTL)
+            assert await lock.acquire(timeout=5)
+            _landed_then_down(server, key_of("n", "lock"))
+            with pytest.raises(redmutex.ConnectionError):
+                await lock.release()
+            server.start()
+            if then == "taken-since":
+                _taken_since(server, prefix)
+            if then == "kept":
+                await lock.release()
+                assert not lock.lost
+            else:
+                with pytest.raises(redmutex.LockLostError):
+                    await lock.release()
+                assert lock.lost
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+@pytest.mark.parametrize("then", ["kept", "lost", "taken-since"])
+def test_release_lock_retried_after_a_restart(
+    make_server: Callable[..., RedisServer],
+    prefix: str,
+    key_of: Callable[[str, str], bytes],
+    then: str,
+) -> None:
+    """The classic recipe: release_lock is True ("released"), or False ("we lost the lock")."""
+    server = make_server(extra_args=KEPT if then != "lost" else None)
+    with _client(server, prefix) as c:
+        identifier = redmutex.acquire_lock(c, "n", atime=5, ltime=TTL)
+        assert isinstance(identifier, str)
+        _landed_then_down(server, key_of("n", "lock"))
+        with pytest.raises(redmutex.ConnectionError):
+            redmutex.release_lock(c, "n", identifier)
+        server.start()
+        if then == "taken-since":
+            _taken_since(server, prefix)
+        assert redmutex.release_lock(c, "n", identifier) is (then == "kept")
+
+
+def test_without_a_fault_a_gone_token_is_still_lost(
+    r: redis.Redis, client: redmutex.Client, key_of: Callable[[str, str], bytes]
+) -> None:
+    """The control: with no release unanswered and no restart, a token gone before its lease
+    ended was taken away (here by a DEL), even though the fence counter did not move."""
+    identifier = redmutex.acquire_lock(client, "m", atime=5, ltime=TTL)
+    assert isinstance(identifier, str)
+    r.delete(key_of("m", "lock"))
+    assert redmutex.release_lock(client, "m", identifier) is False
+    lock = redmutex.Lock(client, "o", ttl=TTL)
+    assert lock.acquire(timeout=5)
+    r.delete(key_of("o", "lock"))
+    with pytest.raises(redmutex.LockLostError):
+        lock.release()
