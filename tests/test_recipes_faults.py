@@ -95,6 +95,25 @@ def test_a_release_whose_reply_was_lost_is_a_release(setup: Setup) -> None:
     assert redmutex.release_lock(client, name, "X") is False
 
 
+def test_a_release_retried_after_it_raised_is_a_release(setup: Setup) -> None:
+    # The delete ran, its reply was lost and the resend cut off: release_lock raised
+    # ConnectionError. Retried once the path is back, its "not ours" is that first send's
+    # delete (the same server, inside the lease): True, as Lock.release counts it.
+    client = setup.warmed_faulty_client()
+    for i in range(3):
+        name = f"retried-release-{i}-{uuid.uuid4().hex[:6]}"
+        assert redmutex.acquire_lock(client, name, "X", 1, 10) == "X"
+        setup.proxy.drop_reply_to(f"{{{name}}}".encode(), then_blackhole=True)
+        with pytest.raises(redmutex.ConnectionError):
+            redmutex.release_lock(client, name, "X")
+        setup.proxy.heal()
+        setup.proxy.disarm()
+        assert setup.owner(name) is None
+        assert redmutex.release_lock(client, name, "X") is True
+    # Once answered, the record is gone: a later release of the same identifier is not ours.
+    assert redmutex.release_lock(client, name, "X") is False
+
+
 def test_a_resent_attempt_never_takes_another_calls_lock_with_the_same_identifier(
     setup: Setup,
 ) -> None:

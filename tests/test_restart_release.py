@@ -51,9 +51,8 @@ def _landed_then_down(server: RedisServer, lock_key: bytes) -> None:
 
 def _taken_since(server: RedisServer, prefix: str) -> None:
     """Another client takes the name and gives it back: the fence counter moves on."""
-    with _client(server, prefix) as other:
-        with redmutex.Lock(other, "n", ttl=5):
-            pass
+    with _client(server, prefix) as other, redmutex.Lock(other, "n", ttl=5):
+        pass
 
 
 @pytest.mark.parametrize("then", ["kept", "lost", "taken-since"])
