@@ -54,6 +54,22 @@ impl Error {
         matches!(self, Error::Server(m) if m.starts_with(NO_PERMISSION))
     }
 
+    /// Whether the error says that a single server may be restarting, and that nothing ran:
+    /// the connect was refused (nothing listens on the port, or the unix socket file is
+    /// missing) or the server answered LOADING (reading its data back). Never wrong
+    /// credentials, a missing permission, a TLS failure or a timeout. Told by the message
+    /// `From<redis::RedisError>` gives it (after the endpoint, once `at` named it).
+    pub fn is_restarting(&self) -> bool {
+        let Error::Connection(m) = self else {
+            return false;
+        };
+        let said = match m.strip_prefix(AT) {
+            Some(told) => told.split_once(": ").map_or(m.as_str(), |(_, said)| said),
+            None => m,
+        };
+        said.starts_with(REFUSED) || said.starts_with(LOADING)
+    }
+
     /// Whether the failure concerns the connection rather than what Redis said.
     pub fn is_connection(&self) -> bool {
         matches!(self, Error::Connection(_))
@@ -83,6 +99,10 @@ impl Error {
 }
 
 const AT: &str = "Redis at ";
+/// The message of a connect that nothing answered (see `Error::is_restarting`).
+const REFUSED: &str = "connection refused";
+/// The message of a server still loading its dataset (see `Error::is_restarting`).
+const LOADING: &str = "not ready, still loading its dataset";
 const NO_PERMISSION: &str = "Redis refused the command to this user (its ACL)";
 /// Said after NO_PERMISSION when the ACL refused a channel (a script's PUBLISH, a SUBSCRIBE).
 const NO_CHANNELS: &str = "it may not use redmutex's pub/sub channels, which wake waiters; \
@@ -121,17 +141,17 @@ impl From<redis::RedisError> for Error {
             // A socket timeout (EAGAIN on a blocking read) says nothing of how long it waited:
             // callers that know their limit report it with `timed_out` instead.
             Error::Connection(format!("timed out: {err}"))
-        } else if err.is_io_error()
-            || err.is_connection_dropped()
-            || err.is_connection_refusal()
-            || err.is_unrecoverable_error()
-        {
+        } else if err.is_connection_refusal() {
+            // Nothing listens there (ECONNREFUSED; for a unix socket, no socket file): nothing
+            // was sent, and a server that is restarting listens again shortly (`restarting`).
+            Error::Connection(format!("{REFUSED}: {err}"))
+        } else if err.is_io_error() || err.is_connection_dropped() || err.is_unrecoverable_error() {
             Error::Connection(format!("connection failed: {err}"))
         } else if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading) {
             // A server that restarted and is reading its data back: nothing ran, and it serves
             // again shortly. Unreachable for now, as redis-py says (BusyLoadingError is one of
             // its ConnectionErrors), not an answer about the lock.
-            Error::Connection(format!("not ready, still loading its dataset: {err}"))
+            Error::Connection(format!("{LOADING}: {err}"))
         } else if err.to_string().contains(MAX_CLIENTS) {
             // Said as a new connection opens (then closed): the server is unreachable for now.
             Error::Connection(format!("refused the connection: {err}"))

@@ -301,8 +301,12 @@ fn connect_tcp(host: &str, port: u16, timeout: Duration) -> io::Result<TcpStream
             Err(err) => last = Some(err),
         }
     }
-    Err(last
-        .unwrap_or_else(|| io::Error::new(io::ErrorKind::NotFound, "the host name has no address")))
+    Err(last.unwrap_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::AddrNotAvailable,
+            "the host name has no address",
+        )
+    }))
 }
 
 impl ConnectionLike for PlainConnection {
