@@ -25,6 +25,7 @@ use redis::{
     ServerErrorKind, Value,
 };
 
+use super::connect::Restart;
 use super::error::{connect_failed, timed_out, Error, Result};
 use super::listener::Listener;
 use super::node::{OverdueCalls, Retry, ServerSeen, Timeouts};
@@ -136,6 +137,8 @@ pub struct DirectPool {
     drops: AtomicU64,
     /// Some: each new connection reads the server's run_id (`INFO server`) into it.
     seen: Option<Arc<ServerSeen>>,
+    /// One server's restart is waited out (`Restart`): not on a Redlock master's pool.
+    rides_restarts: bool,
 }
 
 impl DirectPool {
@@ -145,6 +148,7 @@ impl DirectPool {
             timeouts,
             drops: AtomicU64::new(0),
             seen: None,
+            rides_restarts: false,
         }
     }
 
@@ -156,6 +160,16 @@ impl DirectPool {
         }
     }
 
+    /// This pool's calls to its one server wait out a restart (`Restart`); a Redlock master's
+    /// pool does not (its failure counts at once), nor do Sentinel and Cluster routes (their
+    /// calls go to the runtime, which follows failovers).
+    pub fn riding_restarts(self) -> Self {
+        DirectPool {
+            rides_restarts: true,
+            ..self
+        }
+    }
+
     /// A pool that refuses every call.
     pub fn unavailable(timeouts: Timeouts) -> Self {
         DirectPool {
@@ -163,6 +177,7 @@ impl DirectPool {
             timeouts,
             drops: AtomicU64::new(0),
             seen: None,
+            rides_restarts: false,
         }
     }
 
@@ -176,6 +191,7 @@ impl DirectPool {
             timeouts,
             drops: AtomicU64::new(0),
             seen: Some(seen),
+            rides_restarts: false,
         }
     }
 
@@ -191,6 +207,7 @@ impl DirectPool {
             timeouts,
             drops: AtomicU64::new(0),
             seen: None,
+            rides_restarts: false,
         }
     }
 
@@ -213,10 +230,15 @@ impl DirectPool {
             };
             (idle.pop(), forgotten)
         };
-        match idle {
-            Some(listener) => Some(Ok(listener)),
-            None => Listener::connect(server.client.get_connection_info(), self.timeouts)
-                .map(|made| made.map_err(|err| err.at(&server.endpoint))),
+        if let Some(listener) = idle {
+            return Some(Ok(listener));
+        }
+        let mut restart = Restart::new(self.timeouts, self.rides_restarts);
+        loop {
+            match Listener::connect(server.client.get_connection_info(), self.timeouts)? {
+                Err(err) if restart.wait_blocking(&err) => {}
+                made => return Some(made.map_err(|err| err.at(&server.endpoint))),
+            }
         }
     }
 
@@ -354,12 +376,24 @@ impl DirectPool {
         Ok(server.clone())
     }
 
-    fn take(&self, server: &Server, fresh: bool) -> Result<Conn> {
+    /// An idle connection (unless `fresh`), else a new one: a refused connect is tried again
+    /// while `restart` allows.
+    fn take(&self, server: &Server, fresh: bool, restart: &mut Restart) -> Result<Conn> {
         if !fresh {
             if let Some(conn) = server.idle.lock().unwrap_or_else(|p| p.into_inner()).pop() {
                 return Ok(conn);
             }
         }
+        loop {
+            match self.open(server) {
+                Err(err) if restart.wait_blocking(&err) => {}
+                opened => return opened,
+            }
+        }
+    }
+
+    /// A new connection to `server`, its run_id read when the pool records it.
+    fn open(&self, server: &Server) -> Result<Conn> {
         let connect = self.timeouts.connect;
         let info = server.client.get_connection_info();
         let conn = match PlainConnection::connect(info, connect) {
@@ -469,8 +503,11 @@ impl DirectPool {
     ) -> std::result::Result<T, Miss> {
         let mut may_retry = retry == Retry::Once && !routed;
         let mut fresh = false;
+        // One server that is restarting is waited out here, on the caller's thread (the runtime
+        // is not asked: it would only wait the same way, at the cost of two thread hand-offs).
+        let mut restart = Restart::new(self.timeouts, self.rides_restarts && !routed);
         loop {
-            let mut conn = match self.take(server, fresh) {
+            let mut conn = match self.take(server, fresh, &mut restart) {
                 Ok(conn) => conn,
                 // Nothing was sent: the runtime finds the server now in charge.
                 Err(err) if routed && err.is_connection() => {
@@ -492,6 +529,16 @@ impl DirectPool {
                         server.give_back(conn);
                     }
                     return Err(Miss::Elsewhere);
+                }
+                Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::BusyLoading) => {
+                    // A restarted server reading its data back: nothing ran, the connection is
+                    // fine. Sent again on it once the server serves, within the window.
+                    server.give_back(conn);
+                    fresh = false;
+                    let err = Error::from(err);
+                    if !restart.wait_blocking(&err) {
+                        return Err(Miss::failed(err));
+                    }
                 }
                 Err(err) => {
                     let overdue = err.is_timeout();

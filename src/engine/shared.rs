@@ -97,7 +97,12 @@ impl Shared {
             };
             let direct = match &*target {
                 Target::Direct(client) => {
-                    DirectPool::identified(client.clone(), timeouts, seen.clone())
+                    let pool = DirectPool::identified(client.clone(), timeouts, seen.clone());
+                    if identify {
+                        pool
+                    } else {
+                        pool.riding_restarts()
+                    }
                 }
                 Target::Sentinel(sentinel) => {
                     DirectPool::sentinel(sentinel.clone(), timeouts, seen.clone())

@@ -666,8 +666,11 @@ async fn wait_for_turn<C: Contender>(
             // (Its handshake's reads must not run Python's signal handlers here, inside the
             // runtime: see `compete_listening`.) None could be made (the server refuses more
             // clients, no file descriptor left): the hub serves the wait.
+            // A server that stayed unreachable while the listener waited out its restart
+            // (`connect::Restart`): the hub would only wait once more, the wait fails now.
             None => match interrupt::unwatched(|| plan.shared.direct.listener(false)) {
                 Some(Ok(made)) => Some((made, None)),
+                Some(Err(err)) if err.is_restarting() => return Err(err),
                 Some(Err(_)) | None => None,
             },
         };
@@ -822,8 +825,11 @@ async fn compete_listening<C: Contender>(
                     },
                     None => listen_fresh(shared, &channels, deadline),
                 });
-                let Ok(heard) = heard else {
-                    return Ok(Listened::Unheard);
+                let heard = match heard {
+                    Ok(heard) => heard,
+                    // Unreachable for the whole restart window (see above): fails the wait.
+                    Err(err) if err.is_restarting() => return Err(err),
+                    Err(_) => return Ok(Listened::Unheard),
                 };
                 held.listener = Some(heard);
                 ON_RUNTIME.fetch_add(1, Ordering::Relaxed);
