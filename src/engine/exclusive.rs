@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use redis::{FromRedisValue, Pipeline};
 
+use super::connect::Restart;
 use super::error::{timed_out, Error, Result};
 use super::node::{Conn, Resets, Target, Timeouts, FAILOVER_PAUSE};
 
@@ -117,6 +118,9 @@ impl ExclusivePool {
         let ride_until = (self.ride_failover && !matches!(*self.target, Target::Direct(_)))
             .then(|| Instant::now() + self.timeouts.command);
         let time_left = || ride_until.is_some_and(|until| Instant::now() + FAILOVER_PAUSE < until);
+        // One server that refuses the connect is waited out as it restarts, as the node does.
+        let direct = matches!(*self.target, Target::Direct(_));
+        let mut restart = Restart::new(self.timeouts, self.ride_failover && direct);
         loop {
             let (opened, mut conn) = match self.take().await {
                 Ok(found) => found,
@@ -124,7 +128,12 @@ impl ExclusivePool {
                     tokio::time::sleep(FAILOVER_PAUSE).await;
                     continue;
                 }
-                Err(err) => return Err(err.at(&endpoint())),
+                Err(err) => {
+                    if restart.wait(&err).await {
+                        continue;
+                    }
+                    return Err(err.at(&endpoint()));
+                }
             };
             let outcome = tokio::time::timeout(limit, pipe.query_async::<T>(&mut conn)).await;
             match outcome {

@@ -12,7 +12,7 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Cmd, FromRedisValue, RedisFuture, ScriptInvocation, Value};
 
-use super::connect::{self, node_info};
+use super::connect::{self, node_info, Restart};
 pub use super::connect::{address, within, Timeouts};
 use super::error::{connect_failed, timed_out, Error, Result};
 use super::sentinel::Sentinel;
@@ -195,17 +195,25 @@ impl Target {
 
 impl Target {
     /// `pubsub`, tried again while the server cannot be reached, until the command timeout has
-    /// passed: a master that died (Sentinel, Cluster) is replaced by its replica meanwhile.
+    /// passed: a master that died (Sentinel, Cluster) is replaced by its replica meanwhile. One
+    /// server that refuses the connect is waited out as it restarts (`Restart`).
     pub async fn pubsub_through_failover(&self, timeouts: Timeouts) -> Result<PubSub> {
+        let direct = matches!(self, Target::Direct(_));
         let until = Instant::now() + timeouts.command;
+        let mut restart = Restart::new(timeouts, direct);
         loop {
             match self.pubsub(timeouts).await {
                 Err(err)
                     if err.is_connection()
-                        && !matches!(self, Target::Direct(_))
+                        && !direct
                         && Instant::now() + FAILOVER_PAUSE < until =>
                 {
                     tokio::time::sleep(FAILOVER_PAUSE).await;
+                }
+                Err(err) => {
+                    if !restart.wait(&err).await {
+                        return Err(err);
+                    }
                 }
                 found => return found,
             }
@@ -918,6 +926,13 @@ impl Node {
             && (self.target.is_cluster()
                 || (self.ride_failover && matches!(*self.target, Target::Sentinel(_)))))
         .then(|| Instant::now() + self.timeouts.command);
+        // One server (not a Redlock master) that is restarting: a refused connect or a LOADING
+        // answer is tried again until the connect timeout has passed since the first (see
+        // `Restart`). Here, not in `connection`, so that no caller waits holding `connecting`.
+        let mut restart = Restart::new(
+            self.timeouts,
+            self.ride_failover && matches!(*self.target, Target::Direct(_)),
+        );
         let mut reconnected = false;
         loop {
             // Taken before the connection, which may be the old master's if a reset comes now.
@@ -932,7 +947,12 @@ impl Node {
                     tokio::time::sleep(FAILOVER_PAUSE).await;
                     continue;
                 }
-                Err(err) => return Err(err),
+                Err(err) => {
+                    if restart.wait(&err).await {
+                        continue;
+                    }
+                    return Err(err);
+                }
             };
             if self.in_order {
                 self.wait_for_overdue().await?;
@@ -1019,6 +1039,15 @@ impl Node {
                     let what = format!("waiting for the cluster to serve the key (last: {err})");
                     return Err(timed_out(self.timeouts.command, &what));
                 }
+            }
+            if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading) {
+                // A restarted server reading its data back: nothing ran, the connection is fine.
+                let err = Error::from(err);
+                if restart.wait(&err).await {
+                    continue;
+                }
+                self.invalidate(generation);
+                return Err(err);
             }
             // Only a connection that broke under the call is worth one more try (a timeout
             // already used the caller's time), or one to a server that is no longer a master

@@ -284,7 +284,12 @@ impl LoopConn {
                     }
                     let reply = match value {
                         Value::ServerError(err) => {
-                            Err((Error::from(redis::RedisError::from(err)), false))
+                            // LOADING (a restarted server reading its data back): nothing ran;
+                            // sent again through the runtime, which waits the load out
+                            // (`connect::Restart`) as it does for every single-server call.
+                            let err = Error::from(redis::RedisError::from(err));
+                            let resend = err.is_restarting();
+                            Err((err, resend))
                         }
                         value => Ok(value),
                     };
