@@ -1,7 +1,8 @@
 """A Redis that restarted and is still loading its dataset answers LOADING: nothing ran, and it
-serves again shortly. redmutex calls that meet it raise `redmutex.ConnectionError` (redis-py's
-BusyLoadingError is one of its ConnectionErrors too) and keep the hold for a retry; the private
-server's `start()` returns only once the data is loaded."""
+serves again shortly. redmutex calls that meet it try again (with a short growing pause) until
+`connect_timeout` has passed since the first LOADING, then raise `redmutex.ConnectionError`
+(redis-py's BusyLoadingError is one of its ConnectionErrors too) and keep the hold for a retry;
+the private server's `start()` returns only once the data is loaded."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from redmutex.compat.redis_py.asyncio import Lock as ShimLock
 KEYS = 3000
 # Loading then takes at least KEYS * 1 ms = 3 s, answering clients between keys.
 SLOW_LOAD = ["--key-load-delay", "1000", "--loading-process-events-interval-bytes", "1024"]
+# Shorter than the load: the calls that meet it wait this long, then raise.
+CONNECT = 0.5
 
 
 def raw_set(port: int) -> bytes:
@@ -72,7 +75,7 @@ def test_a_lock_meeting_a_loading_server_raises_connection_error_and_keeps_the_h
     make_server: Callable[..., RedisServer],
 ) -> None:
     server = make_server(SLOW_LOAD)
-    client = redmutex.Client(server.url)
+    client = redmutex.Client(server.url, connect_timeout=CONNECT)
     held = redmutex.Lock(client, "loading-held", ttl=60)
     assert held.acquire()
     saved_and_stopped(server)
@@ -101,8 +104,8 @@ def test_asyncio_release_meeting_a_loading_server_keeps_the_hold(
     server = make_server(SLOW_LOAD)
 
     async def main() -> None:
-        ar = redis.asyncio.Redis(port=server.port)
-        client = redmutex.Client(server.url)
+        ar = redis.asyncio.Redis(port=server.port, socket_connect_timeout=CONNECT)
+        client = redmutex.Client(server.url, connect_timeout=CONNECT)
         try:
             lk: redmutex.aio.Lock | ShimLock
             if kind == "aio":
@@ -122,3 +125,38 @@ def test_asyncio_release_meeting_a_loading_server_keeps_the_hold(
             client.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.timeout(60)
+def test_a_load_shorter_than_connect_timeout_is_waited_out(
+    make_server: Callable[..., RedisServer],
+) -> None:
+    """The load takes about 3 s; with connect_timeout=10 the release and a new acquire that
+    meet it wait until the server serves, then succeed (sync, and asyncio's own connection)."""
+    server = make_server(SLOW_LOAD)
+    client = redmutex.Client(server.url, connect_timeout=10)
+    try:
+        held = redmutex.Lock(client, "loading-held", ttl=60)
+        assert held.acquire()
+
+        async def aio_take() -> redmutex.aio.Lock:
+            lk = redmutex.aio.Lock(client, "loading-aio", ttl=60)
+            assert await lk.acquire()
+            return lk
+
+        aio_held = asyncio.run(aio_take())
+        saved_and_stopped(server)
+        restarted_loading(server)
+        started = time.monotonic()
+        held.release()
+        assert held.token is None
+        assert redmutex.Lock(client, "loading-other", ttl=60).acquire(timeout=0)
+
+        async def aio_release() -> None:
+            await aio_held.release()
+
+        asyncio.run(aio_release())
+        assert aio_held.token is None
+        assert time.monotonic() - started < 10 + 5
+    finally:
+        client.close()
