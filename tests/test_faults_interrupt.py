@@ -208,3 +208,25 @@ def test_interrupted_one_round_trip_call_lands_at_once(
         assert took < LANDS_WITHIN, took
     finally:
         c.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", sorted(INTERRUPTS))
+def test_interrupted_wait_for_a_restarting_server_lands_at_once(
+    server: RedisServer, prefix: str, how: str
+) -> None:
+    """A server that refuses connects (stopped: it may be restarting) is waited out for
+    `connect_timeout` on the caller's thread: Ctrl-C ends that wait at once, not after it."""
+    c = redmutex.Client(
+        server.url, prefix=prefix, connect_timeout=COMMAND_TIMEOUT, command_timeout=COMMAND_TIMEOUT
+    )
+    try:
+        lock = redmutex.Lock(c, "down", ttl=TTL)
+        assert lock.acquire(timeout=5) is True
+        lock.release()
+        server.stop()
+        outcome, took = _interrupted(lambda: lock.acquire(timeout=10), INTERRUPTS[how])
+        assert outcome == "interrupt", (outcome, took)
+        assert took < LANDS_WITHIN, took
+    finally:
+        c.close()

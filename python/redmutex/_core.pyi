@@ -91,6 +91,12 @@ class Client:
     `redis+unix://` URL (password never shown); a list of URLs is a Redlock set of independent
     masters (quorum N//2+1); `cluster=[seed, ...]` is a Redis Cluster. Constructing does not
     connect: a bad URL raises ValueError now, an unreachable server ConnectionError at first use.
+    On a single server (not a Redlock master; Sentinel and Cluster follow failovers instead), a
+    connect that is refused (the server is restarting; for a unix socket, its file is missing) or
+    answered `LOADING` is tried again with a short growing pause (10 ms up to 160 ms) until
+    `connect_timeout` has passed since the first refusal, then raises ConnectionError: a restart
+    shorter than that is waited out, a waiting acquire keeps waiting. Wrong credentials, a missing
+    permission, a TLS failure or a connect that timed out raise at once.
     None for any argument means its default.
     A blocking call that waits on a server which does not answer runs Python's signal handlers
     every 50 ms, so Ctrl-C (KeyboardInterrupt) lands at once rather than after `command_timeout`

@@ -58,4 +58,5 @@ class SemaphoreLimitError(LockError):
 
 
 class ConnectionError(LockError, builtins.ConnectionError):
-    """Redis is unreachable, or did not answer within the timeout."""
+    """Redis is unreachable (on a single server: still refusing connections, or loading its data,
+    `connect_timeout` after the first refusal), or did not answer within the timeout."""

@@ -8,6 +8,7 @@ use redis::io::tcp::socket2::TcpKeepalive;
 use redis::ConnectionInfo;
 
 use super::error::{timed_out, Error, Result};
+use super::interrupt;
 
 /// How long a connection sits idle before TCP asks the server whether it is still there: below
 /// the idle timeouts of the NATs and load balancers between clients and servers (4 to 6 minutes
@@ -151,12 +152,16 @@ impl Restart {
         Some(pause)
     }
 
-    /// `pause_after`, sleeping the pause on this thread: true to try again.
+    /// `pause_after`, sleeping the pause on this thread: true to try again. A caller who asked
+    /// to stop (Ctrl-C: `interrupt`) is not kept waiting: false, before and after the pause.
     pub fn wait_blocking(&mut self, err: &Error) -> bool {
+        if interrupt::interrupted() {
+            return false;
+        }
         match self.pause_after(err) {
             Some(pause) => {
                 std::thread::sleep(pause);
-                true
+                !interrupt::interrupted()
             }
             None => false,
         }
