@@ -8,14 +8,17 @@ it."""
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from redmutex._demos import transfers
 from redmutex._server import RedisServer
 
 
@@ -66,6 +69,31 @@ def _wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
         time.sleep(0.05)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_termination_that_python_dropped_still_ends_the_wait() -> None:
+    """A SIGTERM that lands while the main thread runs a callback (an import's module-lock
+    weakref callback, as once seen: the demo then ran on for minutes) raises its SystemExit
+    there, and Python only prints it. The wait for the workers' results ends the demo anyway."""
+    results: queue.Queue[tuple[object, ...]] = queue.Queue()
+    with transfers._cleaned_up_on_termination():
+        handler = signal.getsignal(signal.SIGTERM)
+        assert callable(handler)
+
+        class Anchor:
+            pass
+
+        anchor = Anchor()
+        dropped = weakref.ref(anchor, lambda _: handler(signal.SIGTERM, None))
+        del anchor  # the callback runs and raises; Python prints the SystemExit and drops it
+        assert dropped() is None
+        started = time.monotonic()
+        with pytest.raises(SystemExit) as ended:
+            transfers._drain(results, 1, deadline=time.monotonic() + 30)
+        assert ended.value.code == 128 + signal.SIGTERM
+        assert time.monotonic() - started < 5
 
 
 @pytest.mark.timeout(180)

@@ -40,6 +40,10 @@ INITIAL_BALANCE = 100
 MAX_AMOUNT = 40  # large against the balances, so transfers often find too little money
 START_TIMEOUT = 120.0  # seconds for the worker processes to start
 RUN_TIMEOUT = 300.0  # seconds for all transfers
+# How often the wait for the workers' results looks whether a SIGTERM or SIGHUP came.
+_LOOK_EVERY = 0.25
+# The signal that ended the demo, once one came (see `_cleaned_up_on_termination`).
+_terminated: list[int] = []
 
 
 class DemoError(Exception):
@@ -209,11 +213,22 @@ def _transfer_from_processes(
 def _drain(results: Any, count: int, deadline: float) -> list[tuple[Any, ...]]:
     replies: list[tuple[Any, ...]] = []
     while len(replies) < count:
+        _end_if_terminated()
+        left = deadline - time.monotonic()
         try:
-            replies.append(results.get(timeout=max(0.0, deadline - time.monotonic())))
+            replies.append(results.get(timeout=max(0.0, min(left, _LOOK_EVERY))))
         except queue.Empty:
-            break
+            if left <= _LOOK_EVERY:
+                break
     return replies
+
+
+def _end_if_terminated() -> None:
+    """Ends the demo if a SIGTERM or SIGHUP came whose SystemExit Python dropped: raised while
+    the main thread ran a callback (an import's module-lock weakref callback, say), it is only
+    printed ("Exception ignored in ..."), and the demo would run on for minutes."""
+    if _terminated:
+        raise SystemExit(128 + _terminated[0])
 
 
 def run_demo(url: str, processes: int, transfers: int, out: TextIO, label: str) -> Outcome:
@@ -356,6 +371,7 @@ def _cleaned_up_on_termination() -> Iterator[None]:
     own, which those signals do not reach) are stopped, rather than left running."""
 
     def leave(signum: int, _frame: Any) -> None:
+        _terminated.append(signum)
         raise SystemExit(128 + signum)
 
     if threading.current_thread() is not threading.main_thread():
@@ -365,5 +381,6 @@ def _cleaned_up_on_termination() -> Iterator[None]:
     try:
         yield
     finally:
+        _terminated.clear()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
