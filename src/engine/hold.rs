@@ -67,11 +67,17 @@ pub trait Leased: Send + Sync + 'static {
     /// Gives `token`'s hold back; false when it was not ours (any more).
     fn release(&self, token: &str) -> Step<bool>;
 
-    /// A read that shows no other hold of the name was granted since this one (the lock's
-    /// fencing counter unmoved): asked when a release that met a restart of the server found the
-    /// hold gone, it tells the first send's delete (kept by the restarted server) from a loss.
-    /// None: the primitive has no such record, and the hold then counts as lost.
-    fn unmoved_since(&self, _detail: &Self::Detail) -> Option<Step<bool>> {
+    /// The fence a hold was granted, if the primitive issues fences (the lock): kept by a
+    /// release for `unmoved_since` (a number: the read itself is built only when needed).
+    fn fence_of(&self, _detail: &Self::Detail) -> Option<i64> {
+        None
+    }
+
+    /// A read that shows no other hold of the name was granted since the one granted `fence`
+    /// (the fencing counter unmoved): asked when a release that met a restart of the server
+    /// found the hold gone, it tells the first send's delete (kept by the restarted server) from
+    /// a loss. None: the primitive has no such record, and the hold then counts as lost.
+    fn unmoved_since(&self, _fence: i64) -> Option<Step<bool>> {
         None
     }
 
@@ -438,7 +444,7 @@ enum Begun {
     /// release begins: the hold's detail (an RWLock's held mark) then stays with the object's
     /// state, and ends with it when the caller abandons the release (`release_abandoned`),
     /// instead of living on with the release in flight.
-    Release(HoldRef, Step<bool>, Option<Step<bool>>),
+    Release(HoldRef, Step<bool>, Option<i64>),
 }
 
 /// A release under way whose step a caller sends itself (`Holder::begin_release_step`).
@@ -447,8 +453,9 @@ pub struct Releasing {
     shared: Arc<Shared>,
     epoch: u64,
     sent_at: Instant,
-    /// The read that tells a release's own delete from a loss after a restart (`unmoved_since`).
-    unmoved: Option<Step<bool>>,
+    /// The hold's fence, for the read that tells a release's own delete from a loss after a
+    /// restart (`Leased::unmoved_since`).
+    fence: Option<i64>,
 }
 
 /// An extend under way whose step a caller sends itself (`Holder::begin_extend_step`).
@@ -1231,15 +1238,15 @@ impl<P: Leased> Holder<P> {
         }
         let (hold, detail) = self.begin_release()?;
         let quorum_step = self.primitive.quorum_release(&hold.token, &detail);
-        let unmoved = self.primitive.unmoved_since(&detail);
-        Ok(ReleaseBegun(Begun::Release(hold, quorum_step, unmoved)))
+        let fence = self.primitive.fence_of(&detail);
+        Ok(ReleaseBegun(Begun::Release(hold, quorum_step, fence)))
     }
 
     /// The rest of a release begun by `begin_release_call`.
     pub async fn release_begun(&self, begun: ReleaseBegun) -> Result<()> {
-        let (hold, quorum_step, unmoved) = match begun.0 {
+        let (hold, quorum_step, fence) = match begun.0 {
             Begun::Leave(nesting) => return self.leave(nesting).await,
-            Begun::Release(hold, quorum_step, unmoved) => (hold, quorum_step, unmoved),
+            Begun::Release(hold, quorum_step, fence) => (hold, quorum_step, fence),
         };
         let backend = match self.client.backend() {
             Ok(backend) => backend,
@@ -1267,7 +1274,7 @@ impl<P: Leased> Holder<P> {
         let faulted = shared.fault_epoch() != epoch;
         let mut retried = resent_own(shared, &hold, epoch, sent_at);
         if !retried && restarted_under(shared, &hold, &outcome, faulted, sent_at) {
-            retried = read_unmoved(shared, unmoved.as_ref()).await;
+            retried = self.read_unmoved(shared, fence).await;
         }
         note_unanswered(&hold, &outcome, sent_at);
         self.finish_release(hold, outcome, retried)
@@ -1281,9 +1288,11 @@ impl<P: Leased> Holder<P> {
         let (step, releasing) = self.begin_release_step()?;
         let outcome = executor::run_direct(&releasing.shared, &step);
         if self.release_needs_read(&releasing, &outcome) {
+            let read = releasing
+                .fence
+                .and_then(|f| self.primitive.unmoved_since(f));
             let shared = &releasing.shared;
-            let unmoved = releasing.unmoved.as_ref();
-            let found = unmoved.is_some_and(|read| executor::run_direct(shared, read) == Ok(true));
+            let found = read.is_some_and(|read| executor::run_direct(shared, &read) == Ok(true));
             return self.settle_release_step(releasing, outcome, found);
         }
         self.finish_release_step(releasing, outcome)
@@ -1301,7 +1310,7 @@ impl<P: Leased> Holder<P> {
             sent_at: Instant::now(),
             hold,
             shared,
-            unmoved: self.primitive.unmoved_since(&detail),
+            fence: self.primitive.fence_of(&detail),
         };
         Ok((step, releasing))
     }
@@ -1316,9 +1325,11 @@ impl<P: Leased> Holder<P> {
             shared,
             epoch,
             sent_at,
-            unmoved,
+            fence,
         } = releasing;
-        unmoved.is_some()
+        // (A release that released, the common answer, looks no further.)
+        matches!(outcome, Ok(false))
+            && fence.is_some()
             && !resent_own(shared, hold, *epoch, *sent_at)
             && restarted_under(
                 shared,
@@ -1362,13 +1373,13 @@ impl<P: Leased> Holder<P> {
             hold,
             shared,
             sent_at,
-            unmoved,
+            fence,
             ..
         } = releasing;
         let outcome = self.primitive.release_on_node(&shared, &hold.token).await;
         let mut retried = may_have_released(&shared, &hold, sent_at);
         if !retried && restarted_under(&shared, &hold, &outcome, true, sent_at) {
-            retried = read_unmoved(&shared, unmoved.as_ref()).await;
+            retried = self.read_unmoved(&shared, fence).await;
         }
         note_unanswered(&hold, &outcome, sent_at);
         self.finish_release(hold, outcome, retried)
@@ -1600,6 +1611,16 @@ impl<P: Leased> Holder<P> {
         }
     }
 
+    /// Runs the read of `restarted_under` for the hold granted `fence`
+    /// (`Leased::unmoved_since`); true only when it found no hold granted since (a failed read,
+    /// or none to make, counts the hold lost).
+    async fn read_unmoved(&self, shared: &Shared, fence: Option<i64>) -> bool {
+        match fence.and_then(|fence| self.primitive.unmoved_since(fence)) {
+            Some(read) => executor::run(shared, &read).await == Ok(true),
+            None => false,
+        }
+    }
+
     fn not_owned(&self) -> Error {
         let naming = self.primitive.naming();
         Error::NotOwned(format!(
@@ -1754,15 +1775,6 @@ fn restarted_under(
     matches!(outcome, Ok(false))
         && ((faulted && elsewhere(sent_at))
             || hold.status.unanswered_release().is_some_and(elsewhere))
-}
-
-/// Runs the read of `restarted_under` (`Leased::unmoved_since`); true only when it found no
-/// hold granted since (a failed read, or none to make, counts the hold lost).
-async fn read_unmoved(shared: &Shared, unmoved: Option<&Step<bool>>) -> bool {
-    match unmoved {
-        Some(read) => executor::run(shared, read).await == Ok(true),
-        None => false,
-    }
 }
 
 /// A release that failed (no answer) may still have deleted the token: a later release of the

@@ -430,8 +430,12 @@ impl Leased for LockSpec {
         }
     }
 
-    fn unmoved_since(&self, detail: &Fenced) -> Option<Step<bool>> {
-        Some(steps::fence_unmoved(&self.keys, detail.fence))
+    fn fence_of(&self, detail: &Fenced) -> Option<i64> {
+        Some(detail.fence)
+    }
+
+    fn unmoved_since(&self, fence: i64) -> Option<Step<bool>> {
+        Some(steps::fence_unmoved(&self.keys, fence))
     }
 
     fn extend(&self, token: &str, lease: Duration) -> Step<bool> {
