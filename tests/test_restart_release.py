@@ -55,16 +55,25 @@ def _taken_since(server: RedisServer, prefix: str) -> None:
         pass
 
 
-@pytest.mark.parametrize("then", ["kept", "lost", "taken-since"])
+@pytest.fixture(params=["kept", "lost", "taken-since"])
+def then(request: pytest.FixtureRequest) -> str:
+    """What happened before the retry: the server kept its data, lost it, or kept it and the
+    name was taken and given back since."""
+    return str(request.param)
+
+
+@pytest.fixture
+def server(make_server: Callable[..., RedisServer], then: str) -> RedisServer:
+    return make_server(extra_args=KEPT if then != "lost" else None)
+
+
+KeyOf = Callable[[str, str], bytes]
+
+
 @pytest.mark.parametrize("fair", [False, True], ids=["unfair", "fair"])
 def test_lock_release_retried_after_a_restart(
-    make_server: Callable[..., RedisServer],
-    prefix: str,
-    key_of: Callable[[str, str], bytes],
-    then: str,
-    fair: bool,
+    server: RedisServer, prefix: str, key_of: KeyOf, then: str, fair: bool
 ) -> None:
-    server = make_server(extra_args=KEPT if then != "lost" else None)
     with _client(server, prefix) as c:
         lock = redmutex.Lock(c, "n", ttl=TTL, fair=fair)
         assert lock.acquire(timeout=5)
@@ -84,15 +93,9 @@ def test_lock_release_retried_after_a_restart(
         assert not lock.owned()
 
 
-@pytest.mark.parametrize("then", ["kept", "lost", "taken-since"])
 def test_aio_lock_release_retried_after_a_restart(
-    make_server: Callable[..., RedisServer],
-    prefix: str,
-    key_of: Callable[[str, str], bytes],
-    then: str,
+    server: RedisServer, prefix: str, key_of: KeyOf, then: str
 ) -> None:
-    server = make_server(extra_args=KEPT if then != "lost" else None)
-
     async def main() -> None:
         with _client(server, prefix) as c:
             lock = redmutex.aio.Lock(c, "n", ttl=TTL)
@@ -114,15 +117,10 @@ def test_aio_lock_release_retried_after_a_restart(
     asyncio.run(asyncio.wait_for(main(), 60))
 
 
-@pytest.mark.parametrize("then", ["kept", "lost", "taken-since"])
 def test_release_lock_retried_after_a_restart(
-    make_server: Callable[..., RedisServer],
-    prefix: str,
-    key_of: Callable[[str, str], bytes],
-    then: str,
+    server: RedisServer, prefix: str, key_of: KeyOf, then: str
 ) -> None:
     """The classic recipe: release_lock is True ("released"), or False ("we lost the lock")."""
-    server = make_server(extra_args=KEPT if then != "lost" else None)
     with _client(server, prefix) as c:
         identifier = redmutex.acquire_lock(c, "n", atime=5, ltime=TTL)
         assert isinstance(identifier, str)
@@ -136,7 +134,7 @@ def test_release_lock_retried_after_a_restart(
 
 
 def test_without_a_fault_a_gone_token_is_still_lost(
-    r: redis.Redis, client: redmutex.Client, key_of: Callable[[str, str], bytes]
+    r: redis.Redis, client: redmutex.Client, key_of: KeyOf
 ) -> None:
     """The control: with no release unanswered and no restart, a token gone before its lease
     ended was taken away (here by a DEL), even though the fence counter did not move."""

@@ -188,15 +188,24 @@ def _subscribers(port: int, channel: str) -> int:
         return int(dict(r.pubsub_numsub(channel)).get(channel.encode(), 0))
 
 
+def _waiting_behind(
+    server: RedisServer, c: redmutex.Client, prefix: str, name: str
+) -> tuple[redmutex.Lock, ResultThread]:
+    """A hold of `name`, and a thread waiting for it without a timeout, subscribed."""
+    holder = redmutex.Lock(c, name, ttl=60)
+    assert holder.acquire(timeout=5)
+    waiter = ResultThread(lambda: redmutex.Lock(c, name, ttl=60).acquire(timeout=None))
+    waiter.start()
+    channel = prefix + "{" + name + "}:wake"
+    wait_until(lambda: _subscribers(server.port, channel) >= 1, 10, "the waiter to subscribe")
+    return holder, waiter
+
+
 def test_waiter_across_a_restart_is_woken_by_a_release_after_it(
     server: RedisServer, client: redmutex.Client, prefix: str
 ) -> None:
-    holder = redmutex.Lock(client, "w", ttl=60)
-    assert holder.acquire(timeout=5)
-    waiter = ResultThread(lambda: redmutex.Lock(client, "w", ttl=60).acquire(timeout=None))
-    waiter.start()
+    holder, waiter = _waiting_behind(server, client, prefix, "w")
     channel = prefix + "{w}:wake"
-    wait_until(lambda: _subscribers(server.port, channel) >= 1, 10, "the waiter to subscribe")
     outage(server).join(30)
     # Back, with the hold (appendonly): the waiter waits on, listening again.
     wait_until(lambda: _subscribers(server.port, channel) >= 1, 10, "the waiter to listen again")
@@ -213,11 +222,7 @@ def test_waiter_takes_the_lock_when_a_restart_lost_the_hold(
     server = make_server()  # no persistence: the restart forgets the hold
     c = redmutex.Client(server.url, prefix=prefix, connect_timeout=CONNECT)
     try:
-        holder = redmutex.Lock(c, "v", ttl=60)
-        assert holder.acquire(timeout=5)
-        waiter = ResultThread(lambda: redmutex.Lock(c, "v", ttl=60).acquire(timeout=None))
-        waiter.start()
-        wait_until(lambda: _subscribers(server.port, prefix + "{v}:wake") >= 1, 10, "subscribe")
+        _, waiter = _waiting_behind(server, c, prefix, "v")
         back = outage(server)
         back.join(30)
         assert waiter.outcome(CONNECT + SLACK) is True
@@ -236,11 +241,7 @@ def test_an_outage_longer_than_connect_timeout_still_raises_in_time(
     bound = connect + command + SLACK
     c = redmutex.Client(server.url, prefix=prefix, connect_timeout=connect, command_timeout=command)
     try:
-        held = redmutex.Lock(c, "held", ttl=60)
-        assert held.acquire(timeout=5)
-        waiter = ResultThread(lambda: redmutex.Lock(c, "held", ttl=60).acquire(timeout=None))
-        waiter.start()
-        wait_until(lambda: _subscribers(server.port, prefix + "{held}:wake") >= 1, 10, "sub")
+        held, waiter = _waiting_behind(server, c, prefix, "held")
         server.stop()  # and stays down
         down_at = time.monotonic()
         waiter.join(bound + 5)
