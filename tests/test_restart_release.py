@@ -117,6 +117,64 @@ def test_aio_lock_release_retried_after_a_restart(
     asyncio.run(asyncio.wait_for(main(), 60))
 
 
+def _both_landed_then_down(server: RedisServer, key_of: KeyOf) -> None:
+    """A MultiLock release's first send deletes both names, then the server dies."""
+    admin = redis.Redis(host="127.0.0.1", port=server.port)
+    try:
+        assert admin.delete(key_of("m", "lock")) == 1
+    finally:
+        admin.close()
+    _landed_then_down(server, key_of("n", "lock"))
+
+
+def test_multilock_release_retried_after_a_restart(
+    server: RedisServer, prefix: str, key_of: KeyOf, then: str
+) -> None:
+    """Every name's fence counter must still read the hold's fence for the release to count
+    (taken-since takes one of the two names)."""
+    with _client(server, prefix) as c:
+        both = redmutex.MultiLock(c, ["n", "m"], ttl=TTL)
+        assert both.acquire(timeout=5)
+        _both_landed_then_down(server, key_of)
+        with pytest.raises(redmutex.ConnectionError):
+            both.release()
+        server.start()
+        if then == "taken-since":
+            _taken_since(server, prefix)
+        if then == "kept":
+            both.release()
+            assert not both.lost
+        else:
+            with pytest.raises(redmutex.LockLostError):
+                both.release()
+            assert both.lost
+        assert not both.owned()
+
+
+def test_aio_multilock_release_retried_after_a_restart(
+    server: RedisServer, prefix: str, key_of: KeyOf, then: str
+) -> None:
+    async def main() -> None:
+        with _client(server, prefix) as c:
+            both = redmutex.aio.MultiLock(c, ["n", "m"], ttl=TTL)
+            assert await both.acquire(timeout=5)
+            _both_landed_then_down(server, key_of)
+            with pytest.raises(redmutex.ConnectionError):
+                await both.release()
+            server.start()
+            if then == "taken-since":
+                _taken_since(server, prefix)
+            if then == "kept":
+                await both.release()
+                assert not both.lost
+            else:
+                with pytest.raises(redmutex.LockLostError):
+                    await both.release()
+                assert both.lost
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
 def test_release_lock_retried_after_a_restart(
     server: RedisServer, prefix: str, key_of: KeyOf, then: str
 ) -> None:

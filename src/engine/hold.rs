@@ -67,17 +67,18 @@ pub trait Leased: Send + Sync + 'static {
     /// Gives `token`'s hold back; false when it was not ours (any more).
     fn release(&self, token: &str) -> Step<bool>;
 
-    /// The fence a hold was granted, if the primitive issues fences (the lock): kept by a
-    /// release for `unmoved_since` (a number: the read itself is built only when needed).
-    fn fence_of(&self, _detail: &Self::Detail) -> Option<i64> {
+    /// The fences a hold was granted, if the primitive issues fences (a lock, a MultiLock):
+    /// kept by a release for `unmoved_since` (numbers: the read itself is built only when
+    /// needed).
+    fn fences_of(&self, _detail: &Self::Detail) -> Option<HeldFences> {
         None
     }
 
-    /// A read that shows no other hold of the name was granted since the one granted `fence`
+    /// A read that shows no other hold of the names was granted since the one granted `fences`
     /// (the fencing counter unmoved): asked when a release that met a restart of the server
     /// found the hold gone, it tells the first send's delete (kept by the restarted server) from
     /// a loss. None: the primitive has no such record, and the hold then counts as lost.
-    fn unmoved_since(&self, _fence: i64) -> Option<Step<bool>> {
+    fn unmoved_since(&self, _fences: &[i64]) -> Option<Step<bool>> {
         None
     }
 
@@ -444,7 +445,24 @@ enum Begun {
     /// release begins: the hold's detail (an RWLock's held mark) then stays with the object's
     /// state, and ends with it when the caller abandons the release (`release_abandoned`),
     /// instead of living on with the release in flight.
-    Release(HoldRef, Step<bool>, Option<i64>),
+    Release(HoldRef, Step<bool>, Option<HeldFences>),
+}
+
+/// The fences a hold was granted (`Leased::fences_of`): a lock's one, or one per name of a
+/// MultiLock (in its names' order).
+#[derive(Clone, Debug)]
+pub enum HeldFences {
+    One(i64),
+    Each(Vec<i64>),
+}
+
+impl HeldFences {
+    pub fn as_slice(&self) -> &[i64] {
+        match self {
+            HeldFences::One(fence) => std::slice::from_ref(fence),
+            HeldFences::Each(fences) => fences,
+        }
+    }
 }
 
 /// A release under way whose step a caller sends itself (`Holder::begin_release_step`).
@@ -453,9 +471,9 @@ pub struct Releasing {
     shared: Arc<Shared>,
     epoch: u64,
     sent_at: Instant,
-    /// The hold's fence, for the read that tells a release's own delete from a loss after a
+    /// The hold's fences, for the read that tells a release's own delete from a loss after a
     /// restart (`Leased::unmoved_since`).
-    fence: Option<i64>,
+    fences: Option<HeldFences>,
 }
 
 /// An extend under way whose step a caller sends itself (`Holder::begin_extend_step`).
@@ -1238,15 +1256,15 @@ impl<P: Leased> Holder<P> {
         }
         let (hold, detail) = self.begin_release()?;
         let quorum_step = self.primitive.quorum_release(&hold.token, &detail);
-        let fence = self.primitive.fence_of(&detail);
-        Ok(ReleaseBegun(Begun::Release(hold, quorum_step, fence)))
+        let fences = self.primitive.fences_of(&detail);
+        Ok(ReleaseBegun(Begun::Release(hold, quorum_step, fences)))
     }
 
     /// The rest of a release begun by `begin_release_call`.
     pub async fn release_begun(&self, begun: ReleaseBegun) -> Result<()> {
-        let (hold, quorum_step, fence) = match begun.0 {
+        let (hold, quorum_step, fences) = match begun.0 {
             Begun::Leave(nesting) => return self.leave(nesting).await,
-            Begun::Release(hold, quorum_step, fence) => (hold, quorum_step, fence),
+            Begun::Release(hold, quorum_step, fences) => (hold, quorum_step, fences),
         };
         let backend = match self.client.backend() {
             Ok(backend) => backend,
@@ -1274,7 +1292,7 @@ impl<P: Leased> Holder<P> {
         let faulted = shared.fault_epoch() != epoch;
         let mut retried = resent_own(shared, &hold, epoch, sent_at);
         if !retried && restarted_under(shared, &hold, &outcome, faulted, sent_at) {
-            retried = self.read_unmoved(shared, fence).await;
+            retried = self.read_unmoved(shared, fences.as_ref()).await;
         }
         note_unanswered(&hold, &outcome, sent_at);
         self.finish_release(hold, outcome, retried)
@@ -1289,8 +1307,9 @@ impl<P: Leased> Holder<P> {
         let outcome = executor::run_direct(&releasing.shared, &step);
         if self.release_needs_read(&releasing, &outcome) {
             let read = releasing
-                .fence
-                .and_then(|f| self.primitive.unmoved_since(f));
+                .fences
+                .as_ref()
+                .and_then(|f| self.primitive.unmoved_since(f.as_slice()));
             let shared = &releasing.shared;
             let found = read.is_some_and(|read| executor::run_direct(shared, &read) == Ok(true));
             return self.settle_release_step(releasing, outcome, found);
@@ -1310,7 +1329,7 @@ impl<P: Leased> Holder<P> {
             sent_at: Instant::now(),
             hold,
             shared,
-            fence: self.primitive.fence_of(&detail),
+            fences: self.primitive.fences_of(&detail),
         };
         Ok((step, releasing))
     }
@@ -1325,11 +1344,11 @@ impl<P: Leased> Holder<P> {
             shared,
             epoch,
             sent_at,
-            fence,
+            fences,
         } = releasing;
         // (A release that released, the common answer, looks no further.)
         matches!(outcome, Ok(false))
-            && fence.is_some()
+            && fences.is_some()
             && !resent_own(shared, hold, *epoch, *sent_at)
             && restarted_under(
                 shared,
@@ -1373,13 +1392,13 @@ impl<P: Leased> Holder<P> {
             hold,
             shared,
             sent_at,
-            fence,
+            fences,
             ..
         } = releasing;
         let outcome = self.primitive.release_on_node(&shared, &hold.token).await;
         let mut retried = may_have_released(&shared, &hold, sent_at);
         if !retried && restarted_under(&shared, &hold, &outcome, true, sent_at) {
-            retried = self.read_unmoved(&shared, fence).await;
+            retried = self.read_unmoved(&shared, fences.as_ref()).await;
         }
         note_unanswered(&hold, &outcome, sent_at);
         self.finish_release(hold, outcome, retried)
@@ -1611,11 +1630,11 @@ impl<P: Leased> Holder<P> {
         }
     }
 
-    /// Runs the read of `restarted_under` for the hold granted `fence`
+    /// Runs the read of `restarted_under` for the hold granted `fences`
     /// (`Leased::unmoved_since`); true only when it found no hold granted since (a failed read,
     /// or none to make, counts the hold lost).
-    async fn read_unmoved(&self, shared: &Shared, fence: Option<i64>) -> bool {
-        match fence.and_then(|fence| self.primitive.unmoved_since(fence)) {
+    async fn read_unmoved(&self, shared: &Shared, fences: Option<&HeldFences>) -> bool {
+        match fences.and_then(|f| self.primitive.unmoved_since(f.as_slice())) {
             Some(read) => executor::run(shared, &read).await == Ok(true),
             None => false,
         }

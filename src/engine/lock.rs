@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::client::{Backend, Client};
 use super::error::{Error, Result};
 use super::executor::{self, Now};
-use super::hold::{Holder, Leased, Naming};
+use super::hold::{HeldFences, Holder, Leased, Naming};
 use super::node::Retry;
 use super::redlock::Redlock;
 use super::redlock_lock;
@@ -430,12 +430,15 @@ impl Leased for LockSpec {
         }
     }
 
-    fn fence_of(&self, detail: &Fenced) -> Option<i64> {
-        Some(detail.fence)
+    fn fences_of(&self, detail: &Fenced) -> Option<HeldFences> {
+        Some(HeldFences::One(detail.fence))
     }
 
-    fn unmoved_since(&self, fence: i64) -> Option<Step<bool>> {
-        Some(steps::fence_unmoved(&self.keys, fence))
+    fn unmoved_since(&self, fences: &[i64]) -> Option<Step<bool>> {
+        match fences {
+            [fence] => Some(steps::fence_unmoved(&self.keys, *fence)),
+            _ => None,
+        }
     }
 
     fn extend(&self, token: &str, lease: Duration) -> Step<bool> {

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use super::client::Client;
 use super::error::{Error, Result};
 use super::executor;
-use super::hold::{Holder, Leased, Naming};
+use super::hold::{HeldFences, Holder, Leased, Naming};
 use super::shared::Shared;
 use super::waiting::{Contender, Outcome, Plan, Undo, UndoStep};
 use crate::protocol::lease;
@@ -217,6 +217,17 @@ impl Leased for MultiSpec {
     fn release(&self, token: &str) -> Step<bool> {
         let n = self.names.len();
         steps::release(&self.run_keys(0), token).map(move |count| count == n)
+    }
+
+    fn fences_of(&self, fences: &Vec<i64>) -> Option<HeldFences> {
+        Some(HeldFences::Each(fences.clone()))
+    }
+
+    /// On one server only: a cluster's runs live on nodes of their own, which one read cannot
+    /// reach (their hold then counts as lost after a restart, as before).
+    fn unmoved_since(&self, fences: &[i64]) -> Option<Step<bool>> {
+        let one_run = self.runs.len() == 1 && fences.len() == self.keys.len();
+        one_run.then(|| steps::fences_unmoved(&self.keys.iter().collect::<Vec<_>>(), fences))
     }
 
     fn extend(&self, token: &str, lease: Duration) -> Step<bool> {

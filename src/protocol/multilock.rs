@@ -163,6 +163,18 @@ pub fn owned(keys: &[&Keys], token: &str) -> Step<bool> {
     Step::command(mget, move |v| parse_owned(&v, &token))
 }
 
+/// Whether every fence counter of `keys` still reads the fence at the same place of `fences`
+/// (one MGET: the keys share a slot on a cluster): no hold of any of the names was granted
+/// since the hold granted those fences (as `lock::fence_unmoved` for one name).
+pub fn fences_unmoved(keys: &[&Keys], fences: &[i64]) -> Step<bool> {
+    let mut mget = redis::cmd("MGET");
+    for k in keys {
+        mget.arg(k.fence());
+    }
+    let fences: Vec<Vec<u8>> = fences.iter().map(|f| f.to_string().into_bytes()).collect();
+    Step::command(mget, move |v| parse_each_is(&v, &fences))
+}
+
 fn int(value: &Value) -> Option<i64> {
     match value {
         Value::Int(n) => Some(*n),
@@ -198,15 +210,30 @@ fn parse_attempt(value: &Value, n: usize) -> Result<MultiAttempt, UnexpectedRepl
 
 /// The MGET reply: true when every value is `token`.
 fn parse_owned(value: &Value, token: &[u8]) -> Result<bool, UnexpectedReply> {
+    parse_each(value, |_, bytes| bytes == token)
+}
+
+/// The MGET reply: true when it has as many values as `expected` and each is the one at its
+/// place.
+fn parse_each_is(value: &Value, expected: &[Vec<u8>]) -> Result<bool, UnexpectedReply> {
+    let same_count = matches!(value, Value::Array(items) if items.len() == expected.len());
+    let each = parse_each(value, |i, bytes| {
+        expected.get(i).is_some_and(|e| e.as_slice() == bytes)
+    })?;
+    Ok(same_count && each)
+}
+
+/// The MGET reply: true when every value is there and `is(place, value)`.
+fn parse_each(value: &Value, is: impl Fn(usize, &[u8]) -> bool) -> Result<bool, UnexpectedReply> {
     let Value::Array(items) = value else {
         return Err(UnexpectedReply(format!("{value:?}")));
     };
     let mut all = true;
-    for item in items {
+    for (i, item) in items.iter().enumerate() {
         match item {
             Value::Nil => all = false,
-            Value::BulkString(bytes) => all &= bytes.as_slice() == token,
-            Value::SimpleString(text) => all &= text.as_bytes() == token,
+            Value::BulkString(bytes) => all &= is(i, bytes),
+            Value::SimpleString(text) => all &= is(i, text.as_bytes()),
             other => return Err(UnexpectedReply(format!("{other:?}"))),
         }
     }
@@ -275,6 +302,29 @@ mod tests {
         ] {
             assert!(step.parse(bad).is_err());
         }
+    }
+
+    #[test]
+    fn the_fences_read_unmoved_only_when_each_counter_reads_its_own() {
+        let s = spec(&["a", "b"], false);
+        let keys: Vec<&Keys> = s.keys.iter().collect();
+        let read = fences_unmoved(&keys, &[7, 9]);
+        assert!(read.invocation().is_none());
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        assert_eq!(
+            read.parse(Value::Array(vec![bulk("7"), bulk("9")])),
+            Ok(true)
+        );
+        for moved in [
+            vec![bulk("7"), bulk("10")],
+            vec![bulk("9"), bulk("7")],
+            vec![bulk("7"), Value::Nil],
+            vec![bulk("7")],
+            vec![bulk("7"), bulk("9"), bulk("9")],
+        ] {
+            assert_eq!(read.parse(Value::Array(moved)), Ok(false));
+        }
+        assert!(read.parse(Value::Int(1)).is_err());
     }
 
     #[test]
