@@ -259,9 +259,9 @@ class SentinelGroup:
     (quorum: a majority of the sentinels).
 
     `tls=(cert, key)`: every server and sentinel also listens on a TLS port with that
-    certificate (its own CA), replication and the sentinels' links go over TLS, and `url` is a
-    `rediss+sentinel://...#insecure` URL on the sentinels' TLS ports. The plain ports stay open
-    for the tests' own checks.
+    certificate (its own CA, unless `tls_ca` names the CA that issued it), replication and the
+    sentinels' links go over TLS, and `url` is a `rediss+sentinel://...#insecure` URL on the
+    sentinels' TLS ports. The plain ports stay open for the tests' own checks.
     """
 
     def __init__(
@@ -271,6 +271,7 @@ class SentinelGroup:
         down_after_ms: int = 5000,
         failover_timeout_ms: int = 20000,
         tls: tuple[str, str] | None = None,
+        tls_ca: str | None = None,
     ) -> None:
         self.name = name
         self.tls = tls
@@ -284,7 +285,7 @@ class SentinelGroup:
                 cert, key = tls
                 extra += [
                     "--tls-port", str(tls_port), "--tls-cert-file", cert,
-                    "--tls-key-file", key, "--tls-ca-cert-file", cert,
+                    "--tls-key-file", key, "--tls-ca-cert-file", tls_ca or cert,
                     "--tls-auth-clients", "no", "--tls-replication", "yes",
                 ]  # fmt: skip
             made = RedisServer(config_file=config_file, extra_args=extra)

@@ -349,7 +349,13 @@ def test_a_redis_py_sentinel_client_over_tls_stays_on_tls(certificate: tuple[str
         plain_sentinels = redis.sentinel.Sentinel([("127.0.0.1", g.sentinel.port)])
         with pytest.raises(ValueError, match="TLS setting"):
             redmutex.Client.from_redis(plain_sentinels.master_for(g.name, **tls))
+        # A CA file is carried over for both sides (tests/test_tls.py connects with one).
         with_ca = {"ssl": True, "ssl_ca_certs": certificate[0]}
         ca_sentinel = redis.sentinel.Sentinel([("127.0.0.1", 1)], sentinel_kwargs=with_ca)
-        with pytest.raises(ValueError, match="ssl_ca_certs is not supported"):
-            redmutex.Client.from_redis(ca_sentinel.master_for(g.name, **with_ca))
+        url = url_of_redis_py(ca_sentinel.master_for(g.name, **with_ca))[0]
+        assert url.startswith("rediss+sentinel://") and "?ssl_ca_certs=" in url, url
+        assert not url.endswith("#insecure"), url
+        with_ca_data = {"ssl": True, "ssl_ca_data": "-----BEGIN CERTIFICATE-----"}
+        data_sentinel = redis.sentinel.Sentinel([("127.0.0.1", 1)], sentinel_kwargs=with_ca_data)
+        with pytest.raises(ValueError, match="ssl_ca_data is not supported"):
+            redmutex.Client.from_redis(data_sentinel.master_for(g.name, **with_ca_data))

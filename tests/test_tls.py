@@ -20,8 +20,9 @@ from urllib.parse import quote
 import pytest
 import redis
 import redis.asyncio
+import redis.sentinel
 import redmutex
-from _scale_servers import wait_for
+from _scale_servers import SentinelGroup, wait_for
 from redmutex._server import FREE_PORT, RedisServer
 
 pytestmark = pytest.mark.skipif(
@@ -243,11 +244,11 @@ def test_bad_options_are_value_errors(query: str, words: str) -> None:
         redmutex.Client(f"rediss://127.0.0.1:1/0?{query}")
 
 
-def test_options_need_a_tls_url_of_one_server(tmp_path: Path) -> None:
+def test_options_need_a_tls_url(tmp_path: Path) -> None:
     for url in (
         "redis://127.0.0.1:1/0?ssl_cert_reqs=none",
         "unix:///tmp/r.sock?ssl_cert_reqs=none",
-        "rediss+sentinel://127.0.0.1:1/svc?ssl_cert_reqs=none",
+        "redis+sentinel://127.0.0.1:1/svc?ssl_cert_reqs=none",
     ):
         with pytest.raises(ValueError, match="ssl_"):
             redmutex.Client(url)
@@ -255,14 +256,38 @@ def test_options_need_a_tls_url_of_one_server(tmp_path: Path) -> None:
         redmutex.Client(cluster=["rediss://127.0.0.1:1?ssl_cert_reqs=none"])
     not_pem = tmp_path / "ca.pem"
     not_pem.write_text("hello")
-    with pytest.raises(ValueError, match="holds no PEM block"):
-        redmutex.Client(f"rediss://127.0.0.1:1/0?ssl_ca_certs={not_pem}")
+    for url in ("rediss://127.0.0.1:1/0", "rediss+sentinel://127.0.0.1:1/svc"):
+        with pytest.raises(ValueError, match="holds no PEM block"):
+            redmutex.Client(f"{url}?ssl_ca_certs={not_pem}")
 
 
 def test_redlock_masters_take_options(tls_servers: Callable[..., TlsServer], pki: Pki) -> None:
     tls = tls_servers()
     client = redmutex.Client([tls.url(ssl_ca_certs=pki.ca)], connect_timeout=3, command_timeout=3)
     use(client)
+
+
+def test_sentinel_url_takes_options(pki: Pki) -> None:
+    """The CA (and the other settings) of a rediss+sentinel:// URL serve the sentinels' and the
+    master's connections alike."""
+    with SentinelGroup(tls=(str(pki.server_cert), str(pki.server_key)), tls_ca=str(pki.ca)) as g:
+        hosts = ",".join(f"127.0.0.1:{g.link_port(s)}" for s in g.sentinels)
+        url = f"rediss+sentinel://{hosts}/{g.name}"
+        use(fast(f"{url}?ssl_ca_certs={quote(str(pki.ca), safe='/')}"))
+        # The sentinels' certificates are checked too: another CA's is refused at the first.
+        err = refused(fast(f"{url}?ssl_ca_certs={quote(str(pki.other_ca), safe='/')}"))
+        assert "Sentinel" in str(err) and "UnknownIssuer" in str(err), err
+        # A master that names a host its certificate does not: refused, unless told to accept.
+        # (Here every certificate names 127.0.0.1, so the hostname check passes as it is.)
+        use(fast(f"{url}?ssl_ca_certs={quote(str(pki.ca), safe='/')}&ssl_check_hostname=false"))
+        # Redis's own client over the same settings, as from_redis carries them.
+        tls = {"ssl": True, "ssl_ca_certs": str(pki.ca), "socket_timeout": 5}
+        sentinels = redis.sentinel.Sentinel(
+            [("127.0.0.1", g.link_port(g.sentinel))], sentinel_kwargs=tls
+        )
+        master = sentinels.master_for(g.name, **tls)
+        assert master.ping()
+        use(master)
 
 
 # -- from a redis-py client ------------------------------------------------------------------

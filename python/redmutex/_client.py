@@ -76,16 +76,12 @@ def _sentinel_url(
             )
     if not hosts:
         return None
-    if master_tls is not None and master_tls not in ({}, {"ssl_cert_reqs": "none"}):
-        raise ValueError(
-            f"client: the redis-py Sentinel client's {', '.join(master_tls)} is not supported "
-            "by redmutex over Sentinel (only ssl_cert_reqs='none' is)"
-        )
     scheme = "redis+sentinel" if master_tls is None else "rediss+sentinel"
-    fragment = "#insecure" if master_tls else ""
+    # The CA, client certificate and hostname check go into the query (for both sides).
+    query = dict(master_tls or {})
+    fragment = "#insecure" if query.pop("ssl_cert_reqs", None) == "none" else ""
     db = int(kwargs.get("db") or 0)
     userinfo = _userinfo(username, password)
-    query = {}
     sentinel_kwargs = getattr(manager, "sentinel_kwargs", None) or {}
     sentinel_username, sentinel_password = _credentials(sentinel_kwargs)
     if sentinel_username:

@@ -14,6 +14,7 @@ use redis::{AsyncConnectionConfig, Value};
 
 use super::connect::{self, address, within, Timeouts};
 use super::error::{connect_failed, timed_out, Error, Result};
+use super::tls::Tls;
 use crate::protocol::url::SentinelUrl;
 
 /// The channel on which sentinels announce a failover: "name old-ip old-port new-ip new-port".
@@ -28,6 +29,14 @@ async fn within_or<T>(
         .unwrap_or_else(|_| Err(timed_out(limit, "waiting for Sentinel")))
 }
 
+/// `info` with the URL's `ssl_*` settings, if it has any.
+fn with_tls(tls: &Option<Tls>, info: redis::ConnectionInfo) -> Result<redis::ConnectionInfo> {
+    match tls {
+        Some(tls) => tls.apply(info),
+        None => Ok(info),
+    }
+}
+
 /// How long the preferred sentinel has to answer before the others are asked too.
 const PREFERRED_GRACE: Duration = Duration::from_millis(200);
 
@@ -36,6 +45,8 @@ const WATCH_RETRY: Duration = Duration::from_millis(500);
 
 pub struct Sentinel {
     url: SentinelUrl,
+    /// The URL's `ssl_*` settings (None: the defaults), for each master's connection.
+    tls: Option<Tls>,
     sentinels: Vec<redis::Client>,
     /// The sentinel that answered last is asked first.
     preferred: AtomicUsize,
@@ -43,14 +54,21 @@ pub struct Sentinel {
 
 impl Sentinel {
     pub fn new(url: SentinelUrl) -> Result<Self> {
+        let tls = match url.tls_options.is_default() {
+            true => None,
+            false => Some(Tls::read(&url.tls_options)?),
+        };
         let sentinels = url
             .sentinels
             .iter()
-            .map(|info| connect::client(info.clone()))
-            .collect::<redis::RedisResult<Vec<_>>>()
-            .map_err(|e| Error::Invalid(format!("url: {e}")))?;
+            .map(|info| {
+                let info = with_tls(&tls, info.clone())?;
+                connect::client(info).map_err(|e| Error::Invalid(format!("url: {e}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(Sentinel {
             url,
+            tls,
             sentinels,
             preferred: AtomicUsize::new(0),
         })
@@ -183,6 +201,7 @@ impl Sentinel {
         timeouts: Timeouts,
     ) -> Result<(redis::Client, MultiplexedConnection)> {
         let info = self.url.master_info(host, port).map_err(Error::Invalid)?;
+        let info = with_tls(&self.tls, info)?;
         let client = connect::client(info).map_err(|e| Error::Invalid(format!("url: {e}")))?;
         // The master connection serves the callers, whose own deadlines bound every reply.
         let master_config = AsyncConnectionConfig::new()

@@ -227,7 +227,8 @@ impl TlsOptions {
 }
 
 /// Takes the `ssl_*` settings out of a URL's query: the URL without them, and the settings.
-/// They are accepted only on `rediss://` URLs of one server (not Sentinel, not unix sockets).
+/// They are accepted on `rediss://` URLs of one server and on `rediss+sentinel://` URLs (for
+/// the sentinels and the master alike), not on plain-text or unix socket URLs.
 pub fn split_tls(url: &str) -> Result<(String, TlsOptions), String> {
     let fail = |why: &str| format!("url: invalid Redis URL '{}': {}", redact(url), why);
     // A raw password may hold '?', '#' or '&': only what follows the user-info is looked at.
@@ -289,9 +290,10 @@ pub fn split_tls(url: &str) -> Result<(String, TlsOptions), String> {
     if seen.is_empty() {
         return Ok((url.to_string(), options));
     }
-    if !url.starts_with("rediss://") {
+    if !url.starts_with("rediss://") && !url.starts_with("rediss+sentinel://") {
         return Err(fail(
-            "ssl_* options need a rediss:// URL of one server (not redis://, unix:// or Sentinel)",
+            "ssl_* options need a rediss:// or rediss+sentinel:// URL (not redis://, unix:// \
+             or redis+sentinel://)",
         ));
     }
     if options.keyfile.is_some() && options.certfile.is_none() {
@@ -331,6 +333,9 @@ pub enum Endpoint {
 pub struct SentinelUrl {
     pub sentinels: Vec<ConnectionInfo>,
     pub service: String,
+    /// The `ssl_*` settings of a `rediss+sentinel://` URL (`split_tls` takes them off first):
+    /// the engine applies them to the sentinels' connections and the master's alike.
+    pub tls_options: TlsOptions,
     tls: bool,
     insecure: bool,
     userinfo: String,
@@ -470,6 +475,7 @@ fn parse_sentinel(url: &str) -> Result<SentinelUrl, String> {
     let parsed = SentinelUrl {
         sentinels,
         service: percent_decode(service),
+        tls_options: TlsOptions::default(),
         tls,
         insecure,
         userinfo: userinfo.to_string(),
@@ -911,9 +917,14 @@ mod tests {
             assert_eq!(plain, url);
             assert!(o.is_default());
         }
+        let (plain, o) =
+            split_tls("rediss+sentinel://:pw@h1,h2/svc?ssl_ca_certs=/ca&sentinel_password=s")
+                .unwrap();
+        assert_eq!(plain, "rediss+sentinel://:pw@h1,h2/svc?sentinel_password=s");
+        assert_eq!(o.ca_certs.as_deref(), Some("/ca"));
         for bad in [
             "redis://:hunter2@h/0?ssl_cert_reqs=none",
-            "rediss+sentinel://:hunter2@h/svc?ssl_cert_reqs=none",
+            "redis+sentinel://:hunter2@h/svc?ssl_cert_reqs=none",
             "rediss://:hunter2@h/0?ssl_cert_reqs=sometimes",
             "rediss://:hunter2@h/0?ssl_check_hostname=2",
             "rediss://:hunter2@h/0?ssl_keyfile=/k",
