@@ -606,9 +606,17 @@ class FillClaim:
         """After a refused store: True when the claim's lease had run out before it."""
 
 def acquire_token(
-    conn: ClientLike, lockname: str, identifier: str, atime: float, ltime: float
+    conn: ClientLike,
+    lockname: str,
+    identifier: str,
+    atime: float,
+    ltime: float,
+    *,
+    drawn: bool = False,
 ) -> int | None:
-    """Takes `lockname` for `identifier`; the fence, or None when not acquired within `atime`."""
+    """Takes `lockname` for `identifier`; the fence, or None when not acquired within `atime`.
+    `drawn`: the identifier was drawn at random for this call, so an attempt whose outcome is
+    unknown is given back."""
 
 def release_token(conn: ClientLike, lockname: str, identifier: str) -> bool:
     """Compare-and-delete for `identifier`; False when it did not hold the lock."""

@@ -55,18 +55,21 @@ def acquire_lock(
     """Take `lockname` for up to `atime` seconds with a lease of `ltime` seconds.
 
     Returns the identifier (a fresh random one unless given), or False if not acquired in time.
-    Two calls with the same `identifier` never hold the lock at once. An attempt given up with
-    its outcome unknown (interrupted, or its reply lost twice) may leave the lock held for that
-    identifier until `ltime` ends: it is not deleted by identifier, as another call may hold it.
+    Two calls with the same `identifier` never hold the lock at once. Without an `identifier`,
+    an attempt whose outcome is unknown (its reply lost or late, or the call interrupted) that
+    raised is given back in the background: the identifier drawn for it is nobody else's. One
+    with a given `identifier` may leave the lock held for it until `ltime` ends: it is not
+    deleted by identifier, as another call may hold it.
     """
+    drawn = identifier is None
     if identifier is None:
         identifier = secrets.token_hex(16)
     if metrics._active is None:
-        fence = _core.acquire_token(conn, lockname, identifier, atime, ltime)
+        fence = _core.acquire_token(conn, lockname, identifier, atime, ltime, drawn=drawn)
         return identifier if fence is not None else False
     started = time.perf_counter()
     try:
-        fence = _core.acquire_token(conn, lockname, identifier, atime, ltime)
+        fence = _core.acquire_token(conn, lockname, identifier, atime, ltime, drawn=drawn)
     except BaseException:
         metrics.recipe_acquired(lockname, identifier, started, False)
         raise

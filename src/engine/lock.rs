@@ -331,17 +331,23 @@ pub async fn release(shared: &Shared, keys: &Keys, token: &str) -> Result<bool> 
     executor::run(shared, &steps::release(keys, token)).await
 }
 
-/// `acquire` on any deployment for a token the caller chose (the recipes' entry point): two
-/// calls with the same identifier never both hold the lock on one node. A token already in
-/// place never counts as this call's own, not even on a resend after a dropped connection.
+/// `acquire` on any deployment for a recipe's token (the recipes' entry point). `chosen`: the
+/// caller chose it (the identifier), so two calls may use it: they never both hold the lock on
+/// one node, as a token already in place never counts as this call's own, not even on a resend
+/// after a dropped connection, and an attempt whose outcome is unknown is not given back (what
+/// it finds may be the other call's hold). A token the library drew is nobody else's: on one
+/// server it goes as a `Lock`'s (a resend that finds it found its own grant; an attempt whose
+/// outcome is unknown is given back in the background). On Redlock it stays a chosen one, whose
+/// kept votes let `release_lock` resend (see `Redlock::release_chosen`).
 pub async fn acquire_on(
     backend: &Backend,
     spec: &LockSpec,
     token: &str,
     wait: Wait,
+    chosen: bool,
 ) -> Result<Option<Granted>> {
     match backend {
-        Backend::Single(shared) => acquire_from(shared, spec, token, wait, None, true).await,
+        Backend::Single(shared) => acquire_from(shared, spec, token, wait, None, chosen).await,
         Backend::Redlock(r) => redlock_lock::acquire(r, spec, token, wait, true).await,
     }
 }

@@ -632,14 +632,14 @@ fn a_caller_chosen_token_in_place_is_refused_by_the_first_send_form() {
             Attempt::Granted { fence: f } if f == fence
         ));
         // The recipes' entry point: a second call with the same identifier is refused.
-        assert!(lock::acquire_on(&backend, &s, "worker-1", Wait::Once)
+        assert!(lock::acquire_on(&backend, &s, "worker-1", Wait::Once, true)
             .await
             .unwrap()
             .is_none());
         assert!(lock::release_on(&backend, &s.keys, "worker-1")
             .await
             .unwrap());
-        let next = lock::acquire_on(&backend, &s, "worker-1", Wait::Once)
+        let next = lock::acquire_on(&backend, &s, "worker-1", Wait::Once, true)
             .await
             .unwrap()
             .unwrap();
@@ -820,7 +820,7 @@ fn redlock_votes_for_a_caller_chosen_token_never_take_it_found_in_place() {
     };
     let one = Some("worker-1".to_string());
     block_on(async {
-        assert!(lock::acquire_on(&backend, &s, "worker-1", Wait::Once)
+        assert!(lock::acquire_on(&backend, &s, "worker-1", Wait::Once, true)
             .await
             .unwrap()
             .is_some());
@@ -831,7 +831,7 @@ fn redlock_votes_for_a_caller_chosen_token_never_take_it_found_in_place() {
         }
         // A second call with the same identifier is refused, and its lost round deletes
         // nothing: the first call still holds every master.
-        assert!(lock::acquire_on(&backend, &s, "worker-1", Wait::Once)
+        assert!(lock::acquire_on(&backend, &s, "worker-1", Wait::Once, true)
             .await
             .unwrap()
             .is_none());
@@ -858,7 +858,7 @@ fn redlock_votes_for_a_caller_chosen_token_never_take_it_found_in_place() {
                 .await
                 .unwrap();
         }
-        assert!(lock::acquire_on(&backend, &s, "worker-1", Wait::Once)
+        assert!(lock::acquire_on(&backend, &s, "worker-1", Wait::Once, true)
             .await
             .unwrap()
             .is_none());

@@ -39,8 +39,12 @@ fn spec_for(
 }
 
 /// Takes `lockname` for `identifier` with a lease of `ltime` s, trying for `atime` s.
-/// Returns the fence, or None when not acquired in time.
+/// Returns the fence, or None when not acquired in time. `drawn`: the library drew the
+/// identifier (nobody else has it), so an attempt whose outcome is unknown is given back
+/// (see `lock::acquire_on`).
 #[pyfunction]
+#[pyo3(signature = (conn, lockname, identifier, atime, ltime, *, drawn = false))]
+#[allow(clippy::too_many_arguments)]
 pub fn acquire_token(
     py: Python<'_>,
     conn: &Bound<'_, PyAny>,
@@ -48,6 +52,7 @@ pub fn acquire_token(
     identifier: &Bound<'_, PyAny>,
     atime: &Bound<'_, PyAny>,
     ltime: &Bound<'_, PyAny>,
+    drawn: bool,
 ) -> PyResult<Option<i64>> {
     let lease = args::seconds(
         "ltime",
@@ -66,7 +71,7 @@ pub fn acquire_token(
         let token = token.clone();
         async move {
             let backend = client.backend()?;
-            let granted = lock::acquire_on(&backend, &spec, &token, wait).await?;
+            let granted = lock::acquire_on(&backend, &spec, &token, wait, !drawn).await?;
             Ok((granted, backend))
         }
     })?
