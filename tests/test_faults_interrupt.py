@@ -145,6 +145,29 @@ def test_interrupted_first_acquire_lands_at_once_and_is_given_back(
 
 
 @pytest.mark.timeout(60)
+def test_interrupted_acquire_lock_is_given_back(
+    server: RedisServer, conn: redis.Redis, prefix: str
+) -> None:
+    """The recipe without an identifier: the one it drew is nobody else's, so once the server
+    answers the interrupted acquire it is given back, long before `ltime` (with an identifier
+    of the caller's it would be left to lapse: another call may hold the lock with it)."""
+    key = f"{prefix}{{intr-recipe}}:lock".encode()
+    c = _client(server, prefix)
+    try:
+        assert redmutex.acquire_lock(c, "intr-recipe", "warm") == "warm"  # the path is open
+        assert redmutex.release_lock(c, "intr-recipe", "warm")
+        with _Paused(server) as paused:
+            call = lambda: redmutex.acquire_lock(c, "intr-recipe", atime=10, ltime=TTL)
+            outcome, took = _interrupted(call, _sigint)
+            paused.resume()
+        assert outcome == "interrupt", (outcome, took)
+        assert took < LANDS_WITHIN, took
+        wait_until(lambda: not conn.exists(key), 10, "the interrupted acquire to be given back")
+    finally:
+        c.close()
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", ["semaphore", "rwlock-write"])
 def test_interrupted_first_acquire_of_other_primitives_is_given_back(
     server: RedisServer, prefix: str, kind: str

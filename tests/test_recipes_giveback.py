@@ -121,6 +121,24 @@ def test_acquire_lock_whose_reply_came_too_late_gives_the_name_back(setup: Setup
         assert reply_late(setup) < SOON
 
 
+def test_acquire_lock_whose_first_reply_was_lost_takes_its_own_grant(setup: Setup) -> None:
+    # The reply is lost but the resend gets through: it finds the drawn identifier in place,
+    # which only this call's first send can have set, so the call holds the lock (before, it
+    # counted it busy: False, and the name held until `ltime`).
+    faulty = setup.warmed_faulty_client()
+    for _ in range(ROUNDS):
+        name = f"resent-{uuid.uuid4().hex[:8]}"
+        setup.proxy.drop_reply_to(f"{{{name}}}".encode())
+        try:
+            identifier = redmutex.acquire_lock(faulty, name, atime=0, ltime=LTIME)
+        finally:
+            setup.proxy.disarm()
+        assert setup.proxy.reply_dropped.is_set(), "no reply was dropped: the test proved nothing"
+        assert identifier
+        assert setup.redis.get(f"p:{{{name}}}:lock") == identifier.encode()
+        assert redmutex.release_lock(faulty, name, identifier)
+
+
 def test_a_chosen_identifier_is_not_given_back(setup: Setup) -> None:
     # The control: with an identifier the caller chose, the hold its lost reply took may as
     # well be another call's under the same identifier; it is left to lapse after its `ltime`.
