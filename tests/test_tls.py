@@ -253,12 +253,14 @@ def test_options_need_a_tls_url(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match="ssl_"):
             redmutex.Client(url)
     with pytest.raises(ValueError, match="ssl_"):
-        redmutex.Client(cluster=["rediss://127.0.0.1:1?ssl_cert_reqs=none"])
+        redmutex.Client(cluster=["redis://127.0.0.1:1?ssl_cert_reqs=none"])
     not_pem = tmp_path / "ca.pem"
     not_pem.write_text("hello")
     for url in ("rediss://127.0.0.1:1/0", "rediss+sentinel://127.0.0.1:1/svc"):
         with pytest.raises(ValueError, match="holds no PEM block"):
             redmutex.Client(f"{url}?ssl_ca_certs={not_pem}")
+    with pytest.raises(ValueError, match="holds no PEM block"):
+        redmutex.Client(cluster=[f"rediss://127.0.0.1:1?ssl_ca_certs={not_pem}"])
 
 
 def test_redlock_masters_take_options(tls_servers: Callable[..., TlsServer], pki: Pki) -> None:
@@ -406,7 +408,7 @@ def tls_cluster(pki: Pki) -> Iterator[int]:
         shutil.rmtree(server.dir, ignore_errors=True)
 
 
-def test_redis_py_cluster_over_tls(tls_cluster: int) -> None:
+def test_redis_py_cluster_over_tls(tls_cluster: int, pki: Pki) -> None:
     # ssl_cert_reqs="none" is carried over (as #insecure), as for one server.
     rc = redis.RedisCluster(
         host="127.0.0.1", port=tls_cluster, ssl=True, ssl_cert_reqs="none", socket_timeout=3
@@ -423,11 +425,24 @@ def test_redis_py_cluster_over_tls(tls_cluster: int) -> None:
         ),
         "tls-aio",
     )
-    # What a cluster seed cannot carry is refused rather than dropped.
-    with pytest.raises(ValueError, match="ssl_check_hostname of a redis-py RedisCluster"):
-        redmutex.Client.from_redis(
-            redis.asyncio.RedisCluster(host="127.0.0.1", port=1, ssl=True, ssl_check_hostname=False)
-        )
+    # A CA file is carried over to the seeds' URLs (and the nodes learned from them).
+    rc = redis.RedisCluster(
+        host="127.0.0.1", port=tls_cluster, ssl=True, ssl_ca_certs=str(pki.ca), socket_timeout=3
+    )
+    try:
+        use(rc, "tls-ca")
+    finally:
+        rc.close()
+
+
+def test_cluster_seeds_take_options(tls_cluster: int, pki: Pki) -> None:
+    seed = f"rediss://127.0.0.1:{tls_cluster}"
+    use(redmutex.Client(cluster=[f"{seed}?ssl_ca_certs={pki.ca}"], connect_timeout=3))
+    err = refused(redmutex.Client(cluster=[f"{seed}?ssl_ca_certs={pki.other_ca}"]))
+    assert "UnknownIssuer" in str(err), err
+    # One set of options serves every node the cluster client learns of: seeds must agree.
+    with pytest.raises(ValueError, match="same ssl_"):
+        redmutex.Client(cluster=[f"{seed}?ssl_ca_certs={pki.ca}", seed])
 
 
 def test_a_ca_file_in_a_folder_with_a_space(

@@ -104,20 +104,16 @@ def cluster_urls_of_redis_py(redis_client: Any) -> list[str] | None:
     connection_class = kwargs.get("connection_class")
     tls = bool(kwargs.get("ssl")) or _is_tls(connection_class)
     settings = _tls_settings(kwargs, connection_class) if tls else {}
-    # Cluster seeds take no ?ssl_... options: only ssl_cert_reqs=none (as #insecure, as a
-    # single server's URL may say) has a form; the rest is refused rather than dropped.
-    if settings not in ({}, {"ssl_cert_reqs": "none"}):
-        raise ValueError(
-            f"client: the TLS settings {', '.join(settings)} of a redis-py RedisCluster are "
-            "not supported by redmutex yet"
-        )
     scheme = "rediss" if tls else "redis"
-    fragment = "#insecure" if settings else ""
+    # Each seed carries the same settings (as a single server's URL would).
+    query = dict(settings)
+    fragment = "#insecure" if query.pop("ssl_cert_reqs", None) == "none" else ""
+    tail = f"?{_query(query)}" if query else ""
     userinfo = _userinfo(*_credentials(kwargs))
     # An asyncio RedisCluster knows no nodes before its first command: its seeds then.
     nodes = list(get_nodes()) or list(getattr(manager, "startup_nodes", {}).values())
     return [
-        f"{scheme}://{userinfo}{_host_port(node.host, node.port, 6379)}/0{fragment}"
+        f"{scheme}://{userinfo}{_host_port(node.host, node.port, 6379)}/0{tail}{fragment}"
         for node in nodes
         if getattr(node, "server_type", None) != "replica"
     ]

@@ -21,17 +21,18 @@ use super::runtime::pid;
 use super::sentinel::Sentinel;
 pub use super::shared::Shared;
 use super::slots::{SlotTable, SlotWatch};
-use super::tls;
+use super::tls::{self, Tls};
 use crate::protocol::keys::{Keys, DEFAULT_FENCE_TTL_MS};
-use crate::protocol::url::Endpoint;
+use crate::protocol::url::{Endpoint, TlsOptions};
 
 /// The Redis deployment a client talks to.
 #[derive(Clone, Debug)]
 pub enum Deployment {
     /// One server, or a Sentinel-managed master.
     Single(Box<Endpoint>),
-    /// A Redis Cluster, found through these seed nodes.
-    Cluster(Vec<ConnectionInfo>),
+    /// A Redis Cluster, found through these seed nodes (their URLs' `ssl_*` settings applied),
+    /// and those settings, for the nodes the cluster client learns of.
+    Cluster(Vec<ConnectionInfo>, TlsOptions),
     /// Redlock over independent masters (each a server or a Sentinel-managed master), with a
     /// label (the redacted URL) for each, for messages.
     Redlock(Vec<(Endpoint, String)>),
@@ -108,10 +109,22 @@ fn endpoint_target(endpoint: &Endpoint) -> Result<Arc<Target>> {
     }))
 }
 
-fn cluster_target(seeds: &[ConnectionInfo], timeouts: Timeouts) -> Result<Arc<Target>> {
+fn cluster_target(
+    seeds: &[ConnectionInfo],
+    tls: &TlsOptions,
+    timeouts: Timeouts,
+) -> Result<Arc<Target>> {
     let invalid = |e: redis::RedisError| Error::Invalid(format!("cluster: {e}"));
     let slots = Arc::new(SlotTable::default());
-    let client = redis::cluster::ClusterClientBuilder::new(seeds.to_vec())
+    let mut builder = redis::cluster::ClusterClientBuilder::new(seeds.to_vec());
+    if !tls.is_default() {
+        // The seeds have them already; the nodes the cluster client learns of take them here.
+        let tls = Tls::read(tls)?;
+        builder = builder
+            .certs(tls.certificates())
+            .danger_accept_invalid_hostnames(!tls.check_hostname());
+    }
+    let client = builder
         // Only to hear of every slot map the client learns (the direct path routes by it);
         // reads still go to the primaries.
         .read_routing_strategy(SlotWatch(slots.clone()))
@@ -147,7 +160,7 @@ impl Client {
         // Validates the settings without connecting.
         let plan = match &config.deployment {
             Deployment::Single(endpoint) => Plan::Single(endpoint_target(endpoint)?),
-            Deployment::Cluster(seeds) => {
+            Deployment::Cluster(seeds, tls) => {
                 if seeds.is_empty() {
                     return Err(Error::Invalid(
                         "cluster: give at least one seed node".into(),
@@ -159,7 +172,7 @@ impl Client {
                             .into(),
                     ));
                 }
-                Plan::Single(cluster_target(seeds, config.timeouts)?)
+                Plan::Single(cluster_target(seeds, tls, config.timeouts)?)
             }
             Deployment::Redlock(masters) => {
                 if masters.is_empty() {
@@ -185,7 +198,7 @@ impl Client {
     }
 
     pub fn is_cluster(&self) -> bool {
-        matches!(self.config.deployment, Deployment::Cluster(_))
+        matches!(self.config.deployment, Deployment::Cluster(..))
     }
 
     pub fn is_redlock(&self) -> bool {

@@ -79,6 +79,27 @@ impl Tls {
         })
     }
 
+    /// The CA and client certificate, for the redis crate's cluster client (which makes the
+    /// connections to the nodes it learns of itself).
+    pub fn certificates(&self) -> TlsCertificates {
+        let TlsCertificates {
+            client_tls,
+            root_cert,
+        } = &self.certificates;
+        TlsCertificates {
+            client_tls: client_tls.as_ref().map(|c| ClientTlsConfig {
+                client_cert: c.client_cert.clone(),
+                client_key: c.client_key.clone(),
+            }),
+            root_cert: root_cert.clone(),
+        }
+    }
+
+    /// Whether the server's certificate must name the host connected to (`ssl_check_hostname`).
+    pub fn check_hostname(&self) -> bool {
+        self.check_hostname
+    }
+
     /// `info` (a TLS address) with the CA, client certificate and checks of these settings.
     pub fn apply(&self, info: ConnectionInfo) -> Result<ConnectionInfo> {
         let TlsCertificates {
@@ -86,14 +107,7 @@ impl Tls {
             root_cert,
         } = &self.certificates;
         let info = if root_cert.is_some() || client_tls.is_some() {
-            let certificates = TlsCertificates {
-                client_tls: client_tls.as_ref().map(|c| ClientTlsConfig {
-                    client_cert: c.client_cert.clone(),
-                    client_key: c.client_key.clone(),
-                }),
-                root_cert: root_cert.clone(),
-            };
-            redis::Client::build_with_tls(info, certificates)
+            redis::Client::build_with_tls(info, self.certificates())
                 .map_err(|e| Error::Invalid(format!("ssl: {e}")))?
                 .get_connection_info()
                 .clone()

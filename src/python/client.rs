@@ -93,10 +93,12 @@ fn redlock_deployment(value: &Bound<'_, PyAny>) -> PyResult<(Deployment, String)
     Ok((Deployment::Redlock(masters), display))
 }
 
-/// `Client(cluster=[url, ...])`: a Redis Cluster through its seed nodes.
+/// `Client(cluster=[url, ...])`: a Redis Cluster through its seed nodes. Their `ssl_*`
+/// settings must agree: the cluster client applies one set to every node it learns of.
 fn cluster_deployment(value: &Bound<'_, PyAny>) -> PyResult<(Deployment, String)> {
     let urls = url_list("cluster", value)?;
     let mut seeds = Vec::with_capacity(urls.len());
+    let mut tls_options: Option<url::TlsOptions> = None;
     for u in &urls {
         if !(u.starts_with("redis://") || u.starts_with("rediss://")) {
             return Err(value_error(
@@ -107,8 +109,26 @@ fn cluster_deployment(value: &Bound<'_, PyAny>) -> PyResult<(Deployment, String)
                 ),
             ));
         }
-        let info =
-            url::parse(u).map_err(|e| value_error("cluster", e.trim_start_matches("url: ")))?;
+        let (_, options) =
+            url::split_tls(u).map_err(|e| value_error("cluster", e.trim_start_matches("url: ")))?;
+        if tls_options.get_or_insert_with(|| options.clone()) != &options {
+            return Err(value_error(
+                "cluster",
+                &format!(
+                    "'{}': every seed must have the same ssl_* options (one set serves every \
+                     node)",
+                    url::redact(u)
+                ),
+            ));
+        }
+        let Endpoint::Direct(info) = tls::parse_endpoint(u)
+            .map_err(|e| value_error("cluster", e.to_string().trim_start_matches("url: ")))?
+        else {
+            return Err(value_error(
+                "cluster",
+                "a seed is a node's URL, not Sentinel's",
+            ));
+        };
         if info.redis_settings().db() != 0 {
             return Err(value_error(
                 "cluster",
@@ -122,7 +142,10 @@ fn cluster_deployment(value: &Bound<'_, PyAny>) -> PyResult<(Deployment, String)
         .map(|u| url::redact(u))
         .collect::<Vec<_>>()
         .join(", ");
-    Ok((Deployment::Cluster(seeds), display))
+    Ok((
+        Deployment::Cluster(seeds, tls_options.unwrap_or_default()),
+        display,
+    ))
 }
 
 fn seconds_or(arg: &str, value: Option<&Bound<'_, PyAny>>, default: f64) -> PyResult<Duration> {
@@ -269,7 +292,7 @@ impl PyClient {
                 format!("Client('{}', prefix='{}')", self.display_url, self.prefix)
             }
             Deployment::Redlock(_) => format!("Client([{}], prefix='{}')", urls(), self.prefix),
-            Deployment::Cluster(_) => {
+            Deployment::Cluster(..) => {
                 format!("Client(cluster=[{}], prefix='{}')", urls(), self.prefix)
             }
         }
