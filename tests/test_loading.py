@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import pytest
 import redis
 import redis.asyncio
 import redmutex
 import redmutex.aio
+from redmutex._core import _aio_calls
 from redmutex._server import RedisServer, _answering_pid
 from redmutex.compat.redis_py.asyncio import Lock as ShimLock
 
@@ -160,3 +162,91 @@ def test_a_load_shorter_than_connect_timeout_is_waited_out(
         assert time.monotonic() - started < 10 + 5
     finally:
         client.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("lease", ["expired", "live"])
+@pytest.mark.parametrize("kind", ["sync", "aio"])
+def test_a_release_answered_loading_is_judged_as_sent_once(
+    make_server: Callable[..., RedisServer], kind: str, lease: str
+) -> None:
+    """A release sent on a connection to the restarted server gets LOADING: it did not run, so
+    once the load is waited out its answer is judged like any first send's. When the lease
+    ended during the load (nobody took the name since) that is a loss, as Redis says. Before,
+    `redmutex.aio` sent it again as if its connection had broken under it (the first send might
+    have run) and reported it released."""
+    server = make_server(SLOW_LOAD)
+    r = redis.Redis(port=server.port)
+    pipe = r.pipeline(transaction=False)
+    for i in range(KEYS):
+        pipe.set(f"filler:{i}", "x")
+    pipe.execute()
+    # The load takes at least 3 s: the lease outlives the release's send, not the load.
+    ttl = 2.5 if lease == "expired" else 60.0
+    client = redmutex.Client(server.url, connect_timeout=20)
+
+    def restart() -> None:
+        r.save()
+        r.close()
+        server.stop()
+        restarted_loading(server)
+
+    try:
+        if kind == "sync":
+            held = redmutex.Lock(client, "loading-judged", ttl=ttl)
+            assert held.acquire()
+            restart()
+            # Another call meets the restart first (its connection broke): the release goes on
+            # a connection to the restarted server.
+            opener = threading.Thread(target=redmutex.Lock(client, "loading-opener").locked)
+            opener.start()
+            time.sleep(0.2)
+            remaining = held.remaining()
+            assert remaining is not None and remaining > 0.5, "too slow: the lease ended"
+            try:
+                held.release()
+                outcome = "released"
+            except redmutex.LockLostError:
+                outcome = "lost"
+            opener.join()
+            lost = held.lost
+        else:
+
+            async def main() -> tuple[str, bool]:
+                held = redmutex.aio.Lock(client, "loading-judged", ttl=ttl)
+                assert await held.acquire()
+                restart()
+                await asyncio.sleep(0.05)  # the loop hears its connection end
+                other = redmutex.aio.Lock(client, "loading-opener")
+                # The loop's connection and the runtime's reopen on the restarted server.
+                await other.owned()
+                opener = asyncio.create_task(other.locked())
+                await asyncio.sleep(0.2)
+                loop_calls = _aio_calls()[0]
+                remaining = held.remaining()
+
+                async def release() -> None:
+                    await held.release()
+
+                try:
+                    assert remaining is not None and remaining > 0.5, "too slow: the lease ended"
+                    outcome = await release_outcome(release)
+                finally:
+                    await opener
+                assert _aio_calls()[0] == loop_calls + 1, "not sent on the loop's connection"
+                return outcome, held.lost
+
+            outcome, lost = asyncio.run(main())
+        expected = "lost" if lease == "expired" else "released"
+        assert outcome == expected
+        assert lost == (lease == "expired")
+    finally:
+        client.close()
+
+
+async def release_outcome(release: Callable[[], Awaitable[None]]) -> str:
+    try:
+        await release()
+    except redmutex.LockLostError:
+        return "lost"
+    return "released"
