@@ -1404,6 +1404,21 @@ impl<P: Leased> Holder<P> {
         self.finish_release(hold, outcome, retried)
     }
 
+    /// A release begun by `begin_release_step` that its server answered LOADING: it did not
+    /// run. Sent through the runtime, which waits the load out (`connect::Restart`), and judged
+    /// as the direct path judges its own, which waits on its connection (`release_direct`): a
+    /// "not ours" after the load is no first send's work unless this send met a fault.
+    pub async fn release_unrun(&self, releasing: Releasing) -> Result<()> {
+        let shared = releasing.shared.clone();
+        let outcome = self
+            .primitive
+            .release_on_node(&shared, &releasing.hold.token)
+            .await;
+        let unmoved = self.release_needs_read(&releasing, &outcome)
+            && self.read_unmoved(&shared, releasing.fence).await;
+        self.settle_release_step(releasing, outcome, unmoved)
+    }
+
     /// The blocking API's `release`: done on the caller's thread when the direct path serves
     /// this hold, else a future to wait on (through the runtime).
     pub fn release_blocking(

@@ -286,7 +286,8 @@ impl LoopConn {
                         Value::ServerError(err) => {
                             // LOADING (a restarted server reading its data back): nothing ran;
                             // sent again through the runtime, which waits the load out
-                            // (`connect::Restart`) as it does for every single-server call.
+                            // (`connect::Restart`) as it does for every single-server call, and
+                            // judged as a first send (`loop_hold::one_step`).
                             let err = Error::from(redis::RedisError::from(err));
                             let resend = err.is_restarting();
                             Err((err, resend))

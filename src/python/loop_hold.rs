@@ -3,7 +3,8 @@
 //! out on the loop's own connection, and the reply settles it on the loop's thread
 //! (`finish_*`), with the same state changes as the blocking API's direct path. An acquire that
 //! must wait goes on through the runtime (`Holder::acquire_waiting`), as do calls whose
-//! connection broke under them (sent again there, as the runtime's calls retry).
+//! connection broke under them (sent again there, as the runtime's calls retry) and calls that
+//! the server answered LOADING (nothing ran: a release is then judged as a first send).
 //!
 //! Cancellation keeps the runtime path's guarantees: an acquire whose awaitable is cancelled
 //! before its reply comes abandons its ticket as the reply settles it, so a grant is given back
@@ -212,8 +213,9 @@ where
 
 /// A one-step call (release, extend, owned) on the loop's connection: `begun` is its request
 /// and what settling it needs, or its outcome when it needs no step; `settle` turns the reply
-/// into the outcome; a call whose connection broke under it goes on through the runtime
-/// (`resend`, cancelled as `on_cancel` says).
+/// into the outcome; a call whose connection broke under it (`resend(state, true)`: it may have
+/// run) or that the server answered LOADING (`resend(state, false)`: it did not) goes on
+/// through the runtime, cancelled as `on_cancel` says.
 fn one_step<'py, S, T, F, R, G, C>(
     ready: &Ready<'py>,
     begun: std::result::Result<(Packed, S), Result<T>>,
@@ -226,7 +228,7 @@ where
     S: Send + 'static,
     T: Send + 'static,
     F: FnOnce(S, Result<Value>) -> Settled<T, S> + Send + 'static,
-    R: FnOnce(S) -> G + Send + 'static,
+    R: FnOnce(S, bool) -> G + Send + 'static,
     G: std::future::Future<Output = Result<T>> + Send + 'static,
     C: Convert<T> + Send + 'static,
 {
@@ -244,8 +246,10 @@ where
         let future = target.bind(py);
         let reply = match reply {
             Ok(value) => Ok(value),
-            Err((_, true)) => {
-                hand_over(py, future, on_cancel, None, resend(state), convert);
+            Err((err, true)) => {
+                // LOADING (`is_restarting`) says nothing ran; a broken connection does not.
+                let may_have_run = !err.is_restarting();
+                hand_over(py, future, on_cancel, None, resend(state, may_have_run), convert);
                 return;
             }
             Err((err, false)) => Err(err),
@@ -253,7 +257,7 @@ where
         match settle(state, reply) {
             Settled::Now(outcome) => resolve(py, future, convert(py, outcome)),
             Settled::Later(state) => {
-                hand_over(py, future, on_cancel, None, resend(state), convert);
+                hand_over(py, future, on_cancel, None, resend(state, true), convert);
             }
         }
     });
@@ -307,7 +311,14 @@ where
             }
             Settled::Now(handle.holder().finish_release_step(releasing, outcome))
         },
-        move |(_, releasing)| async move { again.holder().release_resent(releasing).await },
+        move |(_, releasing), may_have_run| async move {
+            let holder = again.holder();
+            if may_have_run {
+                holder.release_resent(releasing).await
+            } else {
+                holder.release_unrun(releasing).await
+            }
+        },
         OnCancel::Finish,
         convert,
     )
@@ -336,7 +347,7 @@ where
                     .finish_extend_step(extending, read(&step, reply)),
             )
         },
-        move |_| async move { again.holder().extend(lease).await },
+        move |_, _| async move { again.holder().extend(lease).await },
         OnCancel::Finish,
         convert,
     )
@@ -360,7 +371,7 @@ where
         ready,
         begun,
         |step, reply| Settled::Now(read(&step, reply)),
-        move |_| async move { handle.holder().owned().await },
+        move |_, _| async move { handle.holder().owned().await },
         OnCancel::Abort,
         convert,
     )
