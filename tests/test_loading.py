@@ -250,3 +250,43 @@ async def release_outcome(release: Callable[[], Awaitable[None]]) -> str:
     except redmutex.LockLostError:
         return "lost"
     return "released"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("connect_timeout", [20.0, CONNECT])
+def test_a_replicas_acquire_meeting_a_loading_server_waits_it_out(
+    make_server: Callable[..., RedisServer], connect_timeout: float
+) -> None:
+    """With replicas=k the lock write and its WAIT go out as one pipeline on a connection of
+    their own. A server still loading answers LOADING to both (neither has Redis's `loading`
+    flag), and a LOADING to the write says it did not run: the pipeline is sent again, as the
+    other calls are, until `connect_timeout` has passed; then `ConnectionError`. Before, the
+    acquire raised at once."""
+    primary = make_server(SLOW_LOAD)
+    replica = make_server(["--replicaof", "127.0.0.1", str(primary.port)])
+    r = redis.Redis(port=primary.port)
+    deadline = time.monotonic() + 30
+    while r.info("replication").get("slave0", {}).get("state") != "online":
+        assert time.monotonic() < deadline, "the replica never came online"
+        time.sleep(0.05)
+    r.close()
+    saved_and_stopped(primary)
+    restarted_loading(primary)
+    client = redmutex.Client(primary.url, connect_timeout=connect_timeout, command_timeout=10)
+    lock = redmutex.Lock(client, "loading-replicas", replicas=1)
+    started = time.monotonic()
+    try:
+        if connect_timeout == CONNECT:
+            with pytest.raises(redmutex.ConnectionError, match="loading"):
+                lock.acquire(timeout=0)
+            took = time.monotonic() - started
+            assert CONNECT * 0.9 <= took < CONNECT + 5, took
+            assert lock.token is None
+        else:
+            assert lock.acquire(timeout=0)
+            assert time.monotonic() - started < connect_timeout + 10 + 5
+            key = "redmutex:{loading-replicas}"
+            assert redis.Redis(port=replica.port).get(key) == lock.token.encode()
+            lock.release()
+    finally:
+        client.close()
