@@ -285,7 +285,7 @@ def test_a_replicas_acquire_meeting_a_loading_server_waits_it_out(
         else:
             assert lock.acquire(timeout=0)
             assert time.monotonic() - started < connect_timeout + 10 + 5
-            key = "redmutex:{loading-replicas}"
+            key = "redmutex:{loading-replicas}:lock"
             assert redis.Redis(port=replica.port).get(key) == lock.token.encode()
             lock.release()
     finally:
