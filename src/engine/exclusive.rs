@@ -106,12 +106,15 @@ impl ExclusivePool {
     /// has passed, as the node's calls are; so it is when `gone_in` finds the replies show the
     /// master gone (a pipeline that ignores errors reads them as values). A resend is safe: the lock write is token-checked, and finding its
     /// own token it writes again (renews the lease), so the WAIT behind it vouches for it.
+    /// One server still loading its data, whose replies `not_run` finds saying that the write
+    /// did not run (LOADING), is waited out as a refused connect is, on the same connection.
     pub(crate) async fn pipeline<T: FromRedisValue + Send>(
         &self,
         pipe: &Pipeline,
         limit: Duration,
         on_timeout: impl FnOnce(Conn, u64),
         gone_in: impl Fn(&T) -> bool,
+        not_run: impl Fn(&T) -> Option<Error>,
     ) -> Result<T> {
         let endpoint = || self.target.endpoint();
         let mut may_retry = true;
@@ -146,9 +149,17 @@ impl ExclusivePool {
                     // One opened before a reset may be the old master's: not kept. (`Shared`
                     // resets the node, then this pool: a reset between this check and the push
                     // clears it.)
-                    let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-                    if idle.len() < KEPT && opened == self.resets.count() {
-                        idle.push((opened, conn));
+                    {
+                        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+                        if idle.len() < KEPT && opened == self.resets.count() {
+                            idle.push((opened, conn));
+                        }
+                    }
+                    // Nothing ran, and the connection is fine (kept just now, taken again).
+                    if let Some(err) = not_run(&value) {
+                        if restart.wait(&err).await {
+                            continue;
+                        }
                     }
                     return Ok(value);
                 }

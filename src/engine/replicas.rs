@@ -43,6 +43,7 @@ pub async fn attempt_with_replicas(
             |(reply, wait): &(redis::Value, redis::Value)| {
                 server_error(reply, "READONLY") || server_error(wait, "UNBLOCKED")
             },
+            |(reply, _): &(redis::Value, redis::Value)| not_run(reply),
         )
         .await?;
     let attempt = parse_attempt(&reply.extract_error()?)?;
@@ -72,4 +73,17 @@ pub async fn attempt_with_replicas(
 /// server, or no time left) READONLY is reported and UNBLOCKED counts as no acknowledgement.
 fn server_error(value: &redis::Value, code: &str) -> bool {
     matches!(value, redis::Value::ServerError(err) if err.code() == code)
+}
+
+/// The error of a lock write that did not run because its server is still loading its data
+/// (LOADING; see `Error::is_restarting`). Whatever the WAIT behind it answered then vouches for
+/// nothing of ours (once the load ends between the two, it answers at once), and the resent
+/// pair's WAIT vouches for the resent write. The reverse, a write that ran and a WAIT answered
+/// LOADING, needs the server to start loading again between them (DEBUG RELOAD): not retried,
+/// reported as another error of the WAIT is.
+fn not_run(reply: &redis::Value) -> Option<Error> {
+    let redis::Value::ServerError(err) = reply else {
+        return None;
+    };
+    Some(Error::from(redis::RedisError::from(err.clone()))).filter(Error::is_restarting)
 }

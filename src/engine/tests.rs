@@ -1374,7 +1374,13 @@ fn an_exclusive_connection_of_the_old_master_is_not_reused_after_a_reset() {
         let mut pipe = redis::pipe();
         pipe.cmd("PING");
         let _: Value = pool
-            .pipeline(&pipe, Duration::from_secs(2), |_, _| {}, |_| false)
+            .pipeline(
+                &pipe,
+                Duration::from_secs(2),
+                |_, _| {},
+                |_| false,
+                |_| None,
+            )
             .await
             .unwrap();
         assert_eq!(pool.idle_count(), 1);

@@ -249,7 +249,14 @@ where
             Err((err, true)) => {
                 // LOADING (`is_restarting`) says nothing ran; a broken connection does not.
                 let may_have_run = !err.is_restarting();
-                hand_over(py, future, on_cancel, None, resend(state, may_have_run), convert);
+                hand_over(
+                    py,
+                    future,
+                    on_cancel,
+                    None,
+                    resend(state, may_have_run),
+                    convert,
+                );
                 return;
             }
             Err((err, false)) => Err(err),
