@@ -87,3 +87,24 @@ fn not_run(reply: &redis::Value) -> Option<Error> {
     };
     Some(Error::from(redis::RedisError::from(err.clone()))).filter(Error::is_restarting)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::resp;
+
+    #[test]
+    fn only_a_loading_write_did_not_run() {
+        let reply = |wire: &[u8]| resp::parse(wire).unwrap();
+        let loading = reply(b"-LOADING Redis is loading the dataset in memory\r\n");
+        assert!(not_run(&loading).is_some_and(|err| err.is_restarting()));
+        for other in [
+            reply(b"-READONLY You can't write against a read only replica.\r\n"),
+            reply(b"-NOSCRIPT No matching script.\r\n"),
+            reply(b":1\r\n"),
+            reply(b"*2\r\n:0\r\n:5\r\n"),
+        ] {
+            assert!(not_run(&other).is_none(), "{other:?}");
+        }
+    }
+}

@@ -1333,6 +1333,7 @@ fn an_exclusive_call_on_the_old_master_that_times_out_after_a_reset_is_not_waite
                     Duration::from_millis(300),
                     |conn, opened| node.keep_overdue_conn(conn, opened),
                     |_| false,
+                    |_| None,
                 )
                 .await
             })
@@ -1360,8 +1361,14 @@ fn an_exclusive_connection_of_the_old_master_is_not_reused_after_a_reset() {
             tokio::spawn(async move {
                 let mut pipe = redis::pipe();
                 pipe.cmd("BLPOP").arg("t-reset:empty").arg(0.3);
-                pool.pipeline::<Value>(&pipe, Duration::from_secs(2), |_, _| {}, |_| false)
-                    .await
+                pool.pipeline::<Value>(
+                    &pipe,
+                    Duration::from_secs(2),
+                    |_, _| {},
+                    |_| false,
+                    |_| None,
+                )
+                .await
             })
         };
         tokio::time::sleep(Duration::from_millis(100)).await;
