@@ -1415,7 +1415,7 @@ impl<P: Leased> Holder<P> {
             .release_on_node(&shared, &releasing.hold.token)
             .await;
         let unmoved = self.release_needs_read(&releasing, &outcome)
-            && self.read_unmoved(&shared, releasing.fence).await;
+            && self.read_unmoved(&shared, releasing.fences.as_ref()).await;
         self.settle_release_step(releasing, outcome, unmoved)
     }
 
