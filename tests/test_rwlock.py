@@ -288,7 +288,7 @@ def test_other_threads_wait_instead_of_raising(rw: redmutex.RWLock) -> None:
 
 @pytest.mark.timeout(30)
 def test_reader_reenters_past_a_waiting_writer(
-    rw: redmutex.RWLock, other_rw: redmutex.RWLock
+    client: redmutex.Client, rw: redmutex.RWLock, other_rw: redmutex.RWLock
 ) -> None:
     first = rw.read()
     assert first.acquire()
@@ -302,6 +302,8 @@ def test_reader_reenters_past_a_waiting_writer(
     second = rw.read()
     assert second.acquire(timeout=2) is True
     second.release()
+    # ...through this RWLock object only: another one of the name is a new reader (documented)
+    assert redmutex.RWLock(client, "rw", ttl=10).read().acquire(timeout=0.2) is False
     first.release()
     assert th.outcome(10) is True
     writer.release()

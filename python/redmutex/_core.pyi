@@ -428,6 +428,9 @@ class RWLock:
     `ttl: float = 10.0`: each side's lease. `timeout: float | None = None`: the default wait;
     None waits forever, 0 tries once. `auto_renew=False`, `on_lost=None` (called with the
     RWLockSide): as for Lock. A read->write upgrade through one RWLock raises LockError.
+    A thread that holds a read lock gets another read through the same RWLock at once, even
+    while a writer waits; through another RWLock object of the name it is a new reader and
+    waits behind that writer (without a timeout, for ever): nest reads through one RWLock.
     A writer that dies while waiting stops holding readers back within its ttl (at least 1 s,
     at most 6 s; on Redlock 6 s).
     """
