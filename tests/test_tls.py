@@ -8,6 +8,7 @@ The settings come as `rediss://...?ssl_...` URL options and from a redis-py clie
 
 from __future__ import annotations
 
+import json
 import shutil
 import ssl
 import subprocess
@@ -22,6 +23,7 @@ import redis
 import redis.asyncio
 import redis.sentinel
 import redmutex
+from _cli_run import run_cli
 from _scale_servers import SentinelGroup, wait_for
 from redmutex._server import FREE_PORT, RedisServer
 
@@ -282,6 +284,12 @@ def test_sentinel_url_takes_options(pki: Pki) -> None:
         # A master that names a host its certificate does not: refused, unless told to accept.
         # (Here every certificate names 127.0.0.1, so the hostname check passes as it is.)
         use(fast(f"{url}?ssl_ca_certs={quote(str(pki.ca), safe='/')}&ssl_check_hostname=false"))
+        # The command line reads the same URL (its redis-py clients take the same settings).
+        with_ca = f"{url}?ssl_ca_certs={quote(str(pki.ca), safe='/')}"
+        with redmutex.Lock(fast(with_ca), "shown", ttl=10) as lock:
+            done = run_cli("status", "shown", "--redis", with_ca, "--json")
+            assert done.returncode == 0, done.stderr
+            assert json.loads(done.stdout)["fence"] == lock.fence
         # Redis's own client over the same settings, as from_redis carries them.
         tls = {"ssl": True, "ssl_ca_certs": str(pki.ca), "socket_timeout": 5}
         sentinels = redis.sentinel.Sentinel(
