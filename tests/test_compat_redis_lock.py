@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 import uuid
+from typing import Any
 
 import pytest
 import redis
@@ -357,3 +358,20 @@ def test_shim_waiter_is_woken_by_an_original_release(
         original.release, lambda: lk.acquire(timeout=20), lk.release, settle=0.5, timeout=10
     )
     assert delay < 2.5
+
+
+@pytest.mark.parametrize("module", [redis_lock, original_redis_lock], ids=["shim", "original"])
+def test_the_acquire_warning_is_on_the_originals_logger(
+    r: redis.Redis, name: str, module: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A program that quietened python-redis-lock's ``redis_lock.acquire`` logger (its warning on
+    every failed non-blocking acquire) keeps it quiet: the shim logged on
+    ``redmutex.compat.redis_lock`` instead."""
+    holder = module.Lock(r, name, expire=5)
+    assert holder.acquire()
+    with caplog.at_level(logging.WARNING, logger="redis_lock.acquire"):
+        assert not module.Lock(r, name, expire=5).acquire(blocking=False)
+    assert [(rec.name, rec.getMessage()) for rec in caplog.records] == [
+        ("redis_lock.acquire", f"Failed to acquire Lock('lock:{name}').")
+    ]
+    holder.release()

@@ -3,13 +3,17 @@ alone and mixed with plain redis-py processes (both directions)."""
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
 import uuid
+from typing import Any
 
 import pytest
 import redis
+import redis.asyncio
+import redis.asyncio.lock
 import redis.lock
 from _helpers import wake_delay
 from redis.exceptions import LockError, LockNotOwnedError
@@ -401,3 +405,57 @@ def test_an_empty_name_is_refused(r: redis.Redis, aio: bool) -> None:
     make = redis_py_aio.lock if aio else lock
     with pytest.raises(ValueError, match="must not be empty"):
         make(r, "", timeout=5)
+
+
+# -- found by the differential audit against redis-py (each runs on redis-py's Lock as well) --
+
+
+@pytest.mark.parametrize("lock_class", [Lock, redis.lock.Lock], ids=["shim", "redis-py"])
+def test_a_str_token_set_in_local_extends_reacquires_and_releases(
+    r: redis.Redis, name: str, lock_class: Any
+) -> None:
+    """redis-py sends whatever ``local.token`` holds, so a token kept as text elsewhere (a job's
+    record, a decode_responses reply) and set there works for every call; the shim's extend and
+    reacquire raised AttributeError ('str' object has no attribute 'decode')."""
+    holder = lock_class(r, name, timeout=5)
+    assert holder.acquire(token="job-42")
+    lk = lock_class(r, name, timeout=5)
+    lk.local.token = "job-42"
+    assert lk.extend(5) is True
+    assert 9000 < r.pttl(name) <= 10000
+    assert lk.reacquire() is True
+    assert 4000 < r.pttl(name) <= 5000
+    lk.release()
+    assert r.get(name) is None
+
+
+def test_the_scripts_are_redis_pys(r: redis.Redis, redis_url: str, name: str) -> None:
+    """Code that reads ``Lock.LUA_*_SCRIPT`` or runs the registered ``lua_*`` scripts itself
+    (a subclass, a maintenance tool) finds redis-py's; the shim had none of them."""
+    for attr in ("LUA_RELEASE_SCRIPT", "LUA_EXTEND_SCRIPT", "LUA_REACQUIRE_SCRIPT"):
+        assert getattr(Lock, attr) == getattr(redis.lock.Lock, attr)
+        assert getattr(redis_py_aio.Lock, attr) == getattr(redis.asyncio.lock.Lock, attr)
+    ar = redis.asyncio.Redis.from_url(redis_url)
+    alk = redis_py_aio.Lock(ar, name, timeout=5)
+    for lk in (Lock(r, name, timeout=5), alk):
+        assert callable(lk.register_scripts)
+        for script in ("lua_release", "lua_extend", "lua_reacquire"):
+            assert getattr(lk, script) is not None
+    lk = Lock(r, name, timeout=5)
+    assert lk.acquire()
+    assert lk.lua_extend(keys=[name], args=[lk.local.token, 5000, "0"], client=r) == 1
+    assert 9000 < r.pttl(name) <= 10000
+    assert lk.lua_release(keys=[name], args=[lk.local.token], client=r) == 1
+    assert r.get(name) is None
+
+
+@pytest.mark.parametrize("lock_class", [Lock, redis.lock.Lock], ids=["shim", "redis-py"])
+def test_the_exit_warning_is_on_redis_pys_logger(
+    r: redis.Redis, name: str, lock_class: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A program that set redis-py's ``redis.lock`` logger's level (or handler) keeps it: the
+    shim logged on ``redmutex.compat.redis_py`` instead."""
+    lk = lock_class(r, name, timeout=5, raise_on_release_error=False)
+    with caplog.at_level(logging.WARNING, logger="redis.lock"), lk:
+        lk.release()
+    assert [(rec.name, rec.levelno) for rec in caplog.records] == [("redis.lock", logging.WARNING)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import Callable, Coroutine
@@ -455,3 +456,54 @@ def test_do_acquire_only_takes_the_key(
             await ar.aclose()
 
     run(main())
+
+
+# -- found by the differential audit against redis-py (each runs on redis-py's Lock as well) --
+
+
+@pytest.mark.parametrize("lock_class", [Lock, redis.asyncio.lock.Lock], ids=["shim", "redis-py"])
+def test_a_str_token_set_in_local_extends_reacquires_and_releases(
+    redis_url: str, r: redis.Redis, name: str, lock_class: Any
+) -> None:
+    """A token kept as text and set in ``local.token`` works for every call, as in redis-py;
+    the shim's extend and reacquire raised AttributeError when awaited."""
+
+    async def main() -> None:
+        ar = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            holder = lock_class(ar, name, timeout=5)
+            assert await holder.acquire(token="job-42")
+            lk = lock_class(ar, name, timeout=5)
+            lk.local.token = "job-42"
+            assert await lk.extend(5) is True
+            assert 9000 < r.pttl(name) <= 10000
+            assert await lk.reacquire() is True
+            assert 4000 < r.pttl(name) <= 5000
+            await lk.release()
+            assert r.get(name) is None
+        finally:
+            await ar.aclose()
+
+    run(main())
+
+
+@pytest.mark.parametrize("lock_class", [Lock, redis.asyncio.lock.Lock], ids=["shim", "redis-py"])
+def test_the_exit_warning_is_on_redis_pys_logger(
+    redis_url: str, name: str, lock_class: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The ``async with`` exit warning goes to redis-py's ``redis.asyncio.lock`` logger."""
+
+    async def main() -> None:
+        ar = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            lk = lock_class(ar, name, timeout=5, raise_on_release_error=False)
+            async with lk:
+                await lk.release()
+        finally:
+            await ar.aclose()
+
+    with caplog.at_level(logging.WARNING, logger="redis.asyncio.lock"):
+        run(main())
+    assert [(rec.name, rec.levelno) for rec in caplog.records] == [
+        ("redis.asyncio.lock", logging.WARNING)
+    ]
