@@ -155,7 +155,7 @@ class Lock(LockBase):
         if self._no_expiry():
             raise self._no_expiry_error("extend")
         ms = extend_ms(additional_time)
-        if self._core.extend(token_text(token), ms, bool(replace_ttl)) < 0:
+        if self._core.extend(token, ms, bool(replace_ttl)) < 0:
             raise LockNotOwnedError(
                 "Cannot extend a lock that's no longer owned", lock_name=self.name
             )
@@ -174,7 +174,7 @@ class Lock(LockBase):
         if self._no_expiry():
             raise self._no_expiry_error("reacquire")
         ms = int(float(self.timeout or 0) * 1000)
-        if self._core.extend(token_text(token), ms, True) < 0:
+        if self._core.extend(token, ms, True) < 0:
             raise LockNotOwnedError(
                 "Cannot reacquire a lock that's no longer owned", lock_name=self.name
             )

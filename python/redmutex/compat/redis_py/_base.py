@@ -140,12 +140,13 @@ class LockBase:
             return None
         return token
 
-    def _held_token(self, token: bytes | None, what: str) -> bytes:
-        """`token`, or redis-py's LockError for a call on an unlocked lock (its `do_extend`
-        and `do_reacquire` hooks called directly)."""
+    def _held_token(self, token: bytes | str | None, what: str) -> str:
+        """`token` as the engine takes it, or redis-py's LockError for a call on an unlocked
+        lock (its `do_extend` and `do_reacquire` hooks called directly). A token set in
+        ``local.token`` as text is encoded as redis-py's client sends it."""
         if token is None:
             raise LockError(f"Cannot {what} an unlocked lock", lock_name=self.name)
-        return token
+        return token_text(encode(self.redis, token))
 
     def _where(self, token: str | bytes) -> tuple[str, bytes, str] | None:
         """The registry's key of this lock's hold for `token` (see `_common.keep_renewing`);

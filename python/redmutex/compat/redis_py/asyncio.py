@@ -272,7 +272,7 @@ class Lock(LockBase):
         held = self._held_token(token, what)
         if self._no_expiry():
             raise self._no_expiry_error(what)
-        if await self._core._extend_async(token_text(held), ms, replace) < 0:
+        if await self._core._extend_async(held, ms, replace) < 0:
             raise LockNotOwnedError(f"Cannot {what} a lock that's no longer owned")
         return True
 
