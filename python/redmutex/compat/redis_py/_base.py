@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any, ClassVar
 
 from redis.exceptions import LockError, LockNotOwnedError, ResponseError
+from redis.lock import Lock as _RedisPyLock
 
 from ..._core import _CompatHold, _CompatLock
 from .._common import (
@@ -48,6 +49,15 @@ class LockBase:
     #: What keeps the token and hold per thread (per task) when ``thread_local``.
     _local_class: ClassVar[type[Any]]
 
+    # redis-py's scripts and their registered objects, for code that reads or runs them itself
+    # (the shim's own calls run redmutex's owner-checked scripts, which write the same keys).
+    LUA_RELEASE_SCRIPT: ClassVar[str] = _RedisPyLock.LUA_RELEASE_SCRIPT
+    LUA_EXTEND_SCRIPT: ClassVar[str] = _RedisPyLock.LUA_EXTEND_SCRIPT
+    LUA_REACQUIRE_SCRIPT: ClassVar[str] = _RedisPyLock.LUA_REACQUIRE_SCRIPT
+    lua_release: ClassVar[Any] = None
+    lua_extend: ClassVar[Any] = None
+    lua_reacquire: ClassVar[Any] = None
+
     def __init__(
         self,
         redis: Any,
@@ -73,6 +83,21 @@ class LockBase:
         client = client_of(redis)
         self._server = server_of(client)
         self._core = _CompatLock(client, key_name(self._key), self._key)
+        self.register_scripts()
+
+    def register_scripts(self) -> None:
+        """Registers redis-py's scripts on the client, once per class, as redis-py does (no
+        round trip: a script is loaded when first run)."""
+        cls = self.__class__
+        register = getattr(self.redis, "register_script", None)
+        if register is None:
+            return
+        if cls.lua_release is None:
+            cls.lua_release = register(cls.LUA_RELEASE_SCRIPT)
+        if cls.lua_extend is None:
+            cls.lua_extend = register(cls.LUA_EXTEND_SCRIPT)
+        if cls.lua_reacquire is None:
+            cls.lua_reacquire = register(cls.LUA_REACQUIRE_SCRIPT)
 
     def _no_expiry(self) -> bool:
         """Whether redis-py keeps this lock's key without expiry: any falsy ``timeout`` (None,
