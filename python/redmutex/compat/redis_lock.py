@@ -50,7 +50,9 @@ __all__ = [
     "reset_all",
 ]
 
-logger = logging.getLogger("redmutex.compat.redis_lock")
+#: python-redis-lock's own logger for acquires (`redis_lock.acquire`), so a program's logging
+#: set-up for it (often: quietening the warning of a failed non-blocking acquire) still applies.
+logger = logging.getLogger("redis_lock.acquire")
 
 #: The longest a waiter sleeps on the signal list before looking again without a signal (a
 #: lease that ended without a release pushes none): the holder's remaining lease, at most this.

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Lock", "LockError", "LockNotOwnedError", "lock"]
 
-logger = logging.getLogger("redmutex.compat.redis_py")
+#: redis-py's own logger (`redis.lock`), so a program's logging set-up for it still applies.
+logger = logging.getLogger("redis.lock")
 
 
 class _ThreadLocal(threading.local):

@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Lock", "LockError", "LockNotOwnedError", "lock"]
 
-logger = logging.getLogger("redmutex.compat.redis_py")
+#: redis-py's own logger (`redis.asyncio.lock`), so a program's logging set-up for it applies.
+logger = logging.getLogger("redis.asyncio.lock")
 
 
 class TaskLocal:
