@@ -459,3 +459,21 @@ def test_the_exit_warning_is_on_redis_pys_logger(
     with caplog.at_level(logging.WARNING, logger="redis.lock"), lk:
         lk.release()
     assert [(rec.name, rec.levelno) for rec in caplog.records] == [("redis.lock", logging.WARNING)]
+
+
+@pytest.mark.parametrize("timeout", [-1, -0.5, 0.0004])
+@pytest.mark.parametrize("lock_class", [Lock, redis.lock.Lock], ids=["shim", "redis-py"])
+def test_a_timeout_redis_refuses_is_redis_pys_response_error_at_acquire(
+    r: redis.Redis, name: str, lock_class: Any, timeout: float
+) -> None:
+    """redis-py sends ``int(timeout * 1000)`` as SET's PX; a negative or sub-millisecond
+    timeout is Redis' ResponseError at acquire, and nothing is taken. The shim raised
+    ValueError for a negative one and took a sub-millisecond lease."""
+    lk = lock_class(r, name, timeout=timeout)
+    with pytest.raises(redis.exceptions.ResponseError, match="invalid expire time"):
+        lk.acquire(blocking=False)
+    with pytest.raises(redis.exceptions.ResponseError, match="invalid expire time"):
+        lk.do_acquire("tok")
+    assert r.exists(name) == 0 and lk.local.token is None
+    assert lock_class(r, name, timeout=2.9999).acquire()
+    assert 2000 < r.pttl(name) <= 2999  # redis-py's whole milliseconds

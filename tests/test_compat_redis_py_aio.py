@@ -507,3 +507,24 @@ def test_the_exit_warning_is_on_redis_pys_logger(
     assert [(rec.name, rec.levelno) for rec in caplog.records] == [
         ("redis.asyncio.lock", logging.WARNING)
     ]
+
+
+@pytest.mark.parametrize("lock_class", [Lock, redis.asyncio.lock.Lock], ids=["shim", "redis-py"])
+def test_a_timeout_redis_refuses_is_redis_pys_response_error_at_acquire(
+    redis_url: str, r: redis.Redis, name: str, lock_class: Any
+) -> None:
+    """A negative or sub-millisecond ``timeout`` is Redis' ResponseError at acquire, as in
+    redis-py (the shim raised ValueError, or took a sub-millisecond lease)."""
+
+    async def main() -> None:
+        ar = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            for timeout in (-1, 0.0004):
+                lk = lock_class(ar, name, timeout=timeout)
+                with pytest.raises(redis.exceptions.ResponseError, match="invalid expire time"):
+                    await lk.acquire(blocking=False)
+                assert r.exists(name) == 0 and lk.local.token is None
+        finally:
+            await ar.aclose()
+
+    run(main())
