@@ -42,6 +42,22 @@ def extend_ms(additional_time: Number) -> int:
     return ms
 
 
+# The largest PX Redis' SET takes (a long long; Redis also adds the time now to it).
+_SET_PX_LIMIT = 2**63 - 1
+
+
+def lease_ms(timeout: Number) -> int:
+    """``timeout`` as the PX that redis-py's ``do_acquire`` sends (``int(timeout * 1000)``), and
+    Redis' answer to one it refuses as redis-py raises it: a ResponseError at acquire (a
+    negative or sub-millisecond ``timeout``, which redis-py sends as PX <= 0)."""
+    ms = int(timeout * 1000)
+    if ms <= 0:
+        raise ResponseError("invalid expire time in 'set' command")
+    if ms > _SET_PX_LIMIT:
+        raise ResponseError("value is not an integer or out of range")
+    return ms
+
+
 class LockBase:
     """redis-py's Lock attributes and the bookkeeping of a hold; the sync and asyncio classes
     add the calls."""
@@ -108,7 +124,7 @@ class LockBase:
         """The lease of an acquire and whether it is renewed (redis-py: no timeout, no expiry)."""
         if self._no_expiry():
             return NO_EXPIRY_LEASE, True
-        return float(self.timeout or 0), False
+        return lease_ms(self.timeout or 0) / 1000, False
 
     def _took(self, raw: bytes, hold: _CompatHold, renew: bool) -> None:
         """A hold `do_acquire` took: like redis-py's, it leaves ``local.token`` alone (the
