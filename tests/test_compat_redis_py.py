@@ -477,3 +477,23 @@ def test_a_timeout_redis_refuses_is_redis_pys_response_error_at_acquire(
     assert r.exists(name) == 0 and lk.local.token is None
     assert lock_class(r, name, timeout=2.9999).acquire()
     assert 2000 < r.pttl(name) <= 2999  # redis-py's whole milliseconds
+
+
+@pytest.mark.parametrize("lock_class", [Lock, redis.lock.Lock], ids=["shim", "redis-py"])
+def test_sleep_is_only_read_when_the_acquire_must_wait(
+    r: redis.Redis, name: str, lock_class: Any
+) -> None:
+    """redis-py reads ``sleep`` only once an attempt failed and it is to wait: ``sleep=None``
+    takes a free lock, and a busy one is False without blocking, TypeError with. The shim
+    raised TypeError before its first attempt."""
+    lk = lock_class(r, name, timeout=5, sleep=None)
+    assert lk.acquire()
+    other = lock_class(r, name, timeout=5, sleep=None)
+    assert other.acquire(blocking=False) is False
+    t0 = time.monotonic()
+    with pytest.raises(TypeError):
+        other.acquire(blocking_timeout=5)
+    assert time.monotonic() - t0 < 2
+    assert other.local.token is None
+    lk.release()
+    assert r.exists(name) == 0

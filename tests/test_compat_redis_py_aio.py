@@ -528,3 +528,26 @@ def test_a_timeout_redis_refuses_is_redis_pys_response_error_at_acquire(
             await ar.aclose()
 
     run(main())
+
+
+@pytest.mark.parametrize("lock_class", [Lock, redis.asyncio.lock.Lock], ids=["shim", "redis-py"])
+def test_sleep_is_only_read_when_the_acquire_must_wait(
+    redis_url: str, r: redis.Redis, name: str, lock_class: Any
+) -> None:
+    """``sleep=None`` takes a free lock, as in redis-py (the shim raised TypeError at once)."""
+
+    async def main() -> None:
+        ar = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            lk = lock_class(ar, name, timeout=5, sleep=None)
+            assert await lk.acquire()
+            other = lock_class(ar, name, timeout=5, sleep=None)
+            assert await other.acquire(blocking=False) is False
+            with pytest.raises(TypeError):
+                await asyncio.wait_for(other.acquire(blocking_timeout=5), 2)
+            await lk.release()
+            assert r.exists(name) == 0
+        finally:
+            await ar.aclose()
+
+    run(main())
