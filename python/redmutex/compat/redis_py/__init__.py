@@ -20,8 +20,7 @@ from redis.exceptions import LockError, LockNotOwnedError
 
 from ..._core import _CompatHold
 from .._common import encode, token_text
-from ._base import LockBase, Number, extend_ms
-from ._base import poll as _poll
+from ._base import LockBase, Number, extend_ms, poll_of
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -92,8 +91,13 @@ class Lock(LockBase):
         raw, chosen = self._token_of(token)
         wait = self._wait(blocking, blocking_timeout)
         lease, renew = self._lease()
-        hold = self._core.acquire(token_text(raw), lease, wait, chosen, renew, poll=_poll(sleep))
+        every, bad_sleep = poll_of(sleep)
+        if bad_sleep is not None:
+            wait = 0.0  # one attempt: redis-py reads sleep only to wait
+        hold = self._core.acquire(token_text(raw), lease, wait, chosen, renew, poll=every)
         if hold is None:
+            if bad_sleep is not None and self._blocks(blocking):
+                raise bad_sleep
             return False
         self._set(raw, hold, renew)
         return True

@@ -161,6 +161,10 @@ class LockBase:
             return None
         return max(float(blocking_timeout), 0.0)
 
+    def _blocks(self, blocking: bool | None) -> bool:
+        """Whether an acquire waits when the lock is busy (its argument, or the lock's)."""
+        return bool(self.blocking if blocking is None else blocking)
+
     def _token_of(self, token: str | bytes | None) -> tuple[bytes, bool]:
         """The token of an acquire as bytes, and whether the caller chose it."""
         if token is None:
@@ -243,3 +247,14 @@ def poll(sleep: Number) -> float:
     if not seconds > 0:  # also NaN
         seconds = 0.001
     return min(seconds, 86400.0)
+
+
+def poll_of(sleep: Number | None) -> tuple[float | None, TypeError | None]:
+    """`poll(sleep)`, or the TypeError of a ``sleep`` that is no number (None, say). redis-py
+    reads ``sleep`` only once an attempt failed and it is to wait, so such a ``sleep`` still
+    takes a free lock: the caller makes one attempt then, and raises the error only where
+    redis-py would (blocking, and the lock busy)."""
+    try:
+        return poll(sleep), None  # type: ignore[arg-type]
+    except TypeError as error:
+        return None, error

@@ -23,7 +23,7 @@ from redis.exceptions import LockError, LockNotOwnedError
 
 from ..._core import _CompatHold
 from .._common import encode, token_text
-from ._base import LockBase, Number, extend_ms, poll
+from ._base import LockBase, Number, extend_ms, poll_of
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -167,11 +167,14 @@ class Lock(LockBase):
         raw, chosen = self._token_of(token)
         wait = self._wait(blocking, blocking_timeout)
         lease, renew = self._lease()
-        attempt = self._core._acquire_async(
-            token_text(raw), lease, wait, chosen, renew, poll=poll(self.sleep)
-        )
+        every, bad_sleep = poll_of(self.sleep)
+        if bad_sleep is not None:
+            wait = 0.0  # one attempt: redis-py reads sleep only to wait
+        attempt = self._core._acquire_async(token_text(raw), lease, wait, chosen, renew, poll=every)
         hold = await self._settled(attempt, raw, lease)
         if hold is None:
+            if bad_sleep is not None and self._blocks(blocking):
+                raise bad_sleep
             return False
         self._set(raw, hold, renew)
         return True
