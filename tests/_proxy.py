@@ -24,10 +24,12 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
+
+from redmutex._server import RedisServer
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -368,6 +370,17 @@ class FaultProxy:
     def _forget(self, conn: _Conn) -> None:
         self._conns.discard(conn)
         conn.abort()
+
+
+@contextlib.contextmanager
+def proxied_server() -> Iterator[tuple[RedisServer, FaultProxy]]:
+    """A private redis-server and a FaultProxy in front of it, both ended on leaving."""
+    server = RedisServer().start()
+    try:
+        with FaultProxy(server.port) as proxy:
+            yield server, proxy
+    finally:
+        server.close()
 
 
 def _directions(direction: str) -> tuple[str, ...]:

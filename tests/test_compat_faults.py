@@ -19,7 +19,7 @@ import pytest
 import redis
 import redis.asyncio
 import redmutex
-from _proxy import FaultProxy
+from _proxy import FaultProxy, proxied_server
 from redis.exceptions import LockNotOwnedError
 from redmutex._server import RedisServer
 from redmutex.compat import redis_lock, redis_py
@@ -89,16 +89,12 @@ class Setup:
 
 @pytest.fixture
 def setup() -> Iterator[Setup]:
-    server = RedisServer().start()
-    try:
-        with FaultProxy(server.port) as proxy:
-            s = Setup(server, proxy)
-            s.warm()
-            yield s
-            s.faulty.close()
-            s.direct.close()
-    finally:
-        server.close()
+    with proxied_server() as (server, proxy):
+        s = Setup(server, proxy)
+        s.warm()
+        yield s
+        s.faulty.close()
+        s.direct.close()
 
 
 def test_redis_py_a_resent_release_never_deletes_a_hold_taken_since_with_the_same_token(

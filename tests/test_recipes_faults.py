@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 import redmutex
-from _proxy import FaultProxy
+from _proxy import FaultProxy, proxied_server
 from redmutex._server import RedisServer
 
 pytestmark = pytest.mark.timeout(120)
@@ -44,12 +44,8 @@ class Setup:
 
 @pytest.fixture
 def setup() -> Iterator[Setup]:
-    server = RedisServer().start()
-    try:
-        with FaultProxy(server.port) as proxy:
-            yield Setup(server, proxy)
-    finally:
-        server.close()
+    with proxied_server() as (server, proxy):
+        yield Setup(server, proxy)
 
 
 def test_an_attempt_of_unknown_outcome_never_deletes_another_calls_lock(setup: Setup) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 import redmutex
-from _proxy import FaultProxy
+from _proxy import FaultProxy, proxied_server
 from redmutex._server import RedisServer
 
 pytestmark = pytest.mark.timeout(120)
@@ -55,12 +55,8 @@ class Setup:
 
 @pytest.fixture
 def setup() -> Iterator[Setup]:
-    server = RedisServer().start()
-    try:
-        with FaultProxy(server.port) as proxy:
-            yield Setup(server, proxy)
-    finally:
-        server.close()
+    with proxied_server() as (server, proxy):
+        yield Setup(server, proxy)
 
 
 def reply_lost(setup: Setup, acquire: Callable[[redmutex.Client, str], object]) -> float:
