@@ -344,6 +344,64 @@ def test_a_claim_dropped_unsettled_is_given_back(
         claim.abandon()
 
 
+def test_a_store_lost_in_a_network_blip_gives_the_claim_back_once_redis_answers(
+    redis_server: RedisServer, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The filler's store and its give-back are both lost (the network drops them); once Redis
+    answers again the give-back is sent again, so a waiter takes the fill over at once rather
+    than after the claim's whole lease (``lock_ttl``) as if the filler had died."""
+    from _proxy import FaultProxy
+
+    caplog.set_level(logging.WARNING, logger="redmutex")
+    with FaultProxy(redis_server.port).start() as proxy:
+        filler = redmutex.Client(proxy.url, prefix=prefix, command_timeout=0.5)
+        waiter = redmutex.Client(redis_server.url, prefix=prefix)
+        filling = threading.Event()
+        got: list[object] = []
+
+        def fill() -> str:
+            filling.set()
+            time.sleep(0.2)  # the waiter is queued by now
+            proxy.blackhole()  # the store (and the give-back after it) are lost
+            return "lost"
+
+        def wait() -> None:
+            try:
+                got.append(
+                    redmutex.get_or_fill(
+                        waiter, "blip", lambda: "w", ttl=30, lock_ttl=30, timeout=8
+                    )
+                )
+            except redmutex.LockError as exc:
+                got.append(exc)
+
+        t = threading.Thread(target=wait, daemon=True)
+        try:
+            filling_thread = threading.Thread(
+                target=lambda: got.append(
+                    redmutex.get_or_fill(filler, "blip", fill, ttl=30, lock_ttl=30)
+                ),
+                daemon=True,
+            )
+            filling_thread.start()
+            assert filling.wait(10)
+            t.start()
+            filling_thread.join(10)
+            assert got == ["lost"], got  # the filler's caller still has its value
+            time.sleep(0.5)
+            healed = time.monotonic()
+            proxy.heal()
+            t.join(15)
+            waited = time.monotonic() - healed
+        finally:
+            proxy.heal()
+            filler.close()
+            waiter.close()
+    assert got == ["lost", "w"], got
+    assert waited < 5.0, f"the waiter took the fill over {waited:.1f} s after Redis answered"
+    assert "could not be stored" in caplog.text
+
+
 # --------------------------------------------------------------------------------------------
 # Timeouts and long fills
 # --------------------------------------------------------------------------------------------

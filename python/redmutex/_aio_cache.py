@@ -221,8 +221,9 @@ async def _run_fill(settings: _Settings, key: str, fill: Fill[T], claim_token: s
 
 async def _give_back(request: _GiveBack) -> None:
     """After a cancellation the give-back runs on in the background rather than delaying the
-    unwind (a failure there then goes unreported: the claim ends with its lease). So it does
-    after a GeneratorExit: it may be ``close()`` of this coroutine, which must not await."""
+    unwind (a failure there then goes unreported; the engine sends it again until Redis answers
+    or the claim's lease ends). So it does after a GeneratorExit: it may be ``close()`` of this
+    coroutine, which must not await."""
     pending = request.claim._abandon_async()
     if isinstance(request.error, (asyncio.CancelledError, GeneratorExit)):
         pending.add_done_callback(_consume)

@@ -452,7 +452,8 @@ def _fill(
             yield _GiveBack(claim, exc)
         except LockError as failure:
             _log.warning(
-                "cache entry %r: could not give the fill claim back (it ends with its lease): %s",
+                "cache entry %r: could not give the fill claim back (it is sent again in the "
+                "background until Redis answers or the claim's lease ends): %s",
                 key,
                 failure,
             )

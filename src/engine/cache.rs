@@ -5,7 +5,8 @@
 //!   caller holds the claim, wait without polling — woken when that caller stores the value (or
 //!   gives the claim back), or when the claim's lease ends because its holder died — and look
 //!   again. A caller that gets `Claimed` must `store` or `abandon`; a `Claim` dropped without
-//!   either is given back in the background, so a cancelled caller never strands the waiters.
+//!   either (a cancelled caller, or a store or give-back that failed) is given back in the
+//!   background, sent again while Redis cannot be reached, so it never strands the waiters.
 //! * `Claim::store`: set the value with its ttl, drop the claim, wake the waiters (token-checked).
 //! * `Claim::abandon`: drop the claim and wake the waiters; the first to look again takes over.
 //! * `invalidate`: drop the value and any fill in progress.
@@ -38,7 +39,7 @@ use super::executor::{self, Now};
 use super::runtime::{self, pid};
 use super::shared::Shared;
 use super::token::new_token;
-use super::waiting::Wait;
+use super::waiting::{spawn_undo, Undo, UndoStep, Wait};
 use crate::protocol::cache as steps;
 use crate::protocol::keys::Keys;
 use crate::protocol::lease;
@@ -328,11 +329,18 @@ impl Drop for Claim {
         if self.settled {
             return;
         }
-        let shared = self.shared.clone();
-        let keys = self.keys.clone();
+        // Sent again while Redis cannot be reached (a store or give-back lost in a blip), so
+        // that the waiters are not held up for the rest of the lease, which renewal no longer
+        // extends: after one lease the claim has lapsed by itself.
+        let (shared, keys) = (self.shared.clone(), self.keys.clone());
         let token = std::mem::take(&mut self.token);
-        runtime::spawn(async move {
-            let _ = abandon(&shared, &keys, &token).await;
+        let step = move || -> UndoStep {
+            let (shared, keys, token) = (shared.clone(), keys.clone(), token.clone());
+            Box::pin(async move { abandon(&shared, &keys, &token).await.map(|_| ()) })
+        };
+        spawn_undo(Undo {
+            step: Box::new(step),
+            horizon: self.lease,
         });
     }
 }

@@ -32,7 +32,7 @@ use super::redlock::Redlock;
 use super::redlock_lease::{self, Ballot, QuorumContender};
 use super::runtime::{self, pid};
 use super::token::new_token;
-use super::waiting::Wait;
+use super::waiting::{spawn_undo, Undo, UndoStep, Wait};
 use crate::protocol::cache as steps;
 use crate::protocol::keys::Keys;
 use crate::protocol::lease;
@@ -244,7 +244,7 @@ pub async fn claim_held_by(redlock: &Redlock, keys: &Keys, token: &str) -> Resul
 }
 
 /// The fill claim, held on a majority. Exactly one of `store` or `abandon` settles it; dropped
-/// unsettled, it is given back in the background.
+/// unsettled, it is given back in the background (sent again while no majority answers).
 pub struct Claim {
     redlock: Arc<Redlock>,
     keys: Keys,
@@ -354,13 +354,24 @@ impl Drop for Claim {
         if self.settled {
             return;
         }
-        let redlock = self.redlock.clone();
-        let keys = self.keys.clone();
+        // Sent again while no majority answers (see `cache::Claim`'s drop).
+        let (redlock, keys) = (self.redlock.clone(), self.keys.clone());
         let token = std::mem::take(&mut self.token);
-        runtime::spawn(async move {
-            let _ = redlock
-                .release_by(&token, Arc::new(steps::abandon(&keys, &token)))
-                .await;
+        let step = move || -> UndoStep {
+            let (redlock, keys, token) = (redlock.clone(), keys.clone(), token.clone());
+            Box::pin(async move {
+                let abandon = Arc::new(steps::abandon(&keys, &token));
+                redlock.release_by(&token, abandon).await.map(|_| ())
+            })
+        };
+        // Renewal has stopped: the claim lapses where its lease last ended.
+        let horizon = self
+            .lease_end
+            .end()
+            .saturating_duration_since(Instant::now());
+        spawn_undo(Undo {
+            step: Box::new(step),
+            horizon,
         });
     }
 }
