@@ -710,6 +710,43 @@ def test_xfetch_refresh_whose_fill_raises_serves_the_current_value(
     )
 
 
+def test_xfetch_refresh_that_redis_refuses_to_claim_serves_the_current_value(
+    make_server: Callable[..., RedisServer],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Redis full (maxmemory, noeviction): the refresh's claim is refused; the reader picked to
+    refresh gets the valid value it read (see the test of the same name in test_cache.py)."""
+    server = make_server()
+    admin = redis.Redis.from_url(server.url)
+    calls: list[int] = []
+
+    async def slow() -> str:
+        await asyncio.sleep(0.05)  # a δ that makes the draw below refresh
+        return "old"
+
+    async def fill() -> str:
+        calls.append(1)
+        return "new"
+
+    async def main(client: redmutex.Client) -> None:
+        assert await aio.get_or_fill(client, "full", slow, ttl=30) == "old"
+        admin.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory", max(int(admin.info("memory")["used_memory"]) - 100_000, 1))
+        monkeypatch.setattr(_cache, "_random", lambda: 1e-300)  # every reader is due
+        with caplog.at_level(logging.WARNING, logger="redmutex"):
+            assert await aio.get_or_fill(client, "full", fill, ttl=30) == "old"
+        with pytest.raises(redmutex.LockError, match="OOM"):
+            await aio.get_or_fill(client, "cold", fill, ttl=30)
+        admin.config_set("maxmemory", 0)
+        assert await aio.get_or_fill(client, "full", fill, ttl=30) == "new"
+
+    with redmutex.Client(server.url) as client:
+        run(main(client))
+    assert calls == [1]
+    assert "early refresh" in caplog.text and "OOM" in caplog.text
+
+
 def test_xfetch_refresh_cancelled_propagates_and_gives_the_claim_back(
     client: redmutex.Client, r: redis.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1013,6 +1013,40 @@ def test_xfetch_refresh_whose_fill_raises_serves_the_current_value(
     assert redmutex.get_or_fill(client, "early", lambda: "new", ttl=30) == "new"
 
 
+def test_xfetch_refresh_that_redis_refuses_to_claim_serves_the_current_value(
+    make_server: Callable[..., RedisServer],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Redis full (maxmemory, noeviction): reads work, the refresh's claim (a write) is refused.
+    The reader picked to refresh read a valid value and gets it, as with beta=0; a miss, which
+    has no value to fall back on, still raises."""
+    from redmutex import _cache
+
+    server = make_server()
+    admin = redis.Redis.from_url(server.url)
+    with redmutex.Client(server.url) as client:
+        _store_with_delta(client, "full", "old", 1000.0)  # δ = 1000 s: every draw refreshes
+        admin.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory", max(int(admin.info("memory")["used_memory"]) - 100_000, 1))
+        monkeypatch.setattr(_cache, "_random", lambda: 0.5)
+        calls: list[int] = []
+
+        def fill() -> str:
+            calls.append(1)
+            return "new"
+
+        with caplog.at_level(logging.WARNING, logger="redmutex"):
+            assert redmutex.get_or_fill(client, "full", fill, ttl=30, beta=0) == "old"
+            assert redmutex.get_or_fill(client, "full", fill, ttl=30) == "old"
+        assert calls == []
+        assert "early refresh" in caplog.text and "OOM" in caplog.text
+        with pytest.raises(redmutex.LockError, match="OOM"):
+            redmutex.get_or_fill(client, "cold", fill, ttl=30)
+        admin.config_set("maxmemory", 0)
+        assert redmutex.get_or_fill(client, "full", fill, ttl=30) == "new"
+
+
 @pytest.mark.parametrize("error", [KeyboardInterrupt, SystemExit, GeneratorExit])
 def test_xfetch_refresh_interrupted_propagates_and_gives_the_claim_back(
     client: redmutex.Client,

@@ -54,8 +54,9 @@ On a HIT with ``pttl`` ms left and a fill duration δ, the caller refreshes earl
 tries to claim the fill without waiting, and only if the value it read is still the stored one:
 the winner refills and returns the new value, everybody else returns the value they read. So
 each stored value is refreshed at most once, and readers never wait while it is refreshed.
-If the early refill raises an ``Exception`` (or its value does not serialize), the winner too
-returns the value it read, which is still valid: the claim is given back at once and the
+If the early refill raises an ``Exception`` (or its value does not serialize), or Redis refuses
+its claim (a ``LockError``: Redis full at ``maxmemory``, unreachable), the winner too returns
+the value it read, which is still valid: the claim is given back at once and the
 failure logged as a WARNING (with the exception), so a later reader's refresh tries again; only
 a fill on a miss hands its exception to the caller (as dogpile.cache surfaces errors only once
 the value is gone). A ``BaseException`` that is not an ``Exception`` (``KeyboardInterrupt``,
@@ -412,8 +413,18 @@ def _flow(settings: _Settings, key: str, decision: Decision) -> Flow:
             return (yield from _fill(settings, key, found))
         if what is _REFRESH and digest is not None:
             # Refill if nobody does yet and the value is still the one read; else the value
-            # read is the answer.
-            claim = _read((yield _TryClaim(digest)))
+            # read is the answer. So it is when Redis refuses the claim (full at maxmemory, a
+            # blip): the refresh is the reader's extra, never a reason to fail the read.
+            try:
+                claim = _read((yield _TryClaim(digest)))
+            except LockError as exc:
+                _log.warning(
+                    "cache entry %r: the early refresh could not claim the fill; serving the "
+                    "current value: %s",
+                    key,
+                    exc,
+                )
+                return found
             if isinstance(claim, _core.FillClaim):
                 return (yield from _fill(settings, key, claim, refreshing=found))
             return found
