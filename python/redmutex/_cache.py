@@ -39,9 +39,12 @@ Its decisions are written once, without I/O: ``_decide`` reads a lookup's reply 
    raises, the claim is given back (waking the waiters, of which exactly one claims the fill
    anew) and the exception propagates to this caller only. A store is token-checked: when the
    claim ended meanwhile (the entry was invalidated, or the process stalled beyond the lease),
-   the value is returned to this caller but not stored: an INFO line after an invalidation, a
-   WARNING when the lease had run out (another caller may then have filled too; a ``lock_ttl``
-   of a few ms is too short for its renewal to reach Redis in time). A ``fill`` that asks (in its own
+   the value is returned to this caller but not stored: an INFO line after an invalidation (or
+   a Redis restart or failover that lost the claim), a WARNING when the lease had run out
+   (another caller may then have filled too; a ``lock_ttl`` of a few ms is too short for its
+   renewal to reach Redis in time). A store that fails (Redis unreachable, full at ``maxmemory``,
+   or refusing a value above its ``proto-max-bulk-len``) also returns the value to this caller,
+   with a WARNING; the claim is given back and the waiters take the fill over, one at a time. A ``fill`` that asks (in its own
    thread) for the entry it is filling raises ``RuntimeError`` instead of waiting for itself.
 4. ``timeout``: a caller that waited that long for another caller's fill raises
    ``LockTimeoutError`` (``None``: wait as long as fills go on; ``0``: never wait).
@@ -495,7 +498,7 @@ def _fill(
     elif not stored:
         _log.info(
             "cache entry %r: the filled value was not stored: the entry was invalidated "
-            "while it was filled",
+            "while it was filled (or Redis lost the claim: a restart or a failover)",
             key,
         )
     return value
