@@ -232,6 +232,47 @@ def test_fill_raising_hands_over_to_exactly_one_waiter(
     assert not r.exists(fill_key(prefix, "fragile"))
 
 
+def test_a_store_lost_in_a_network_blip_gives_the_claim_back_once_redis_answers(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    """The filler's store and give-back are lost (the network drops them); once Redis answers
+    again the give-back is sent again and the waiter takes the fill over, rather than after
+    the claim's whole lease (see the test of the same name in test_cache.py)."""
+    from _proxy import FaultProxy
+
+    with FaultProxy(redis_server.port).start() as proxy:
+        filler = redmutex.Client(proxy.url, prefix=prefix, command_timeout=0.5)
+        waiter = redmutex.Client(redis_server.url, prefix=prefix)
+
+        async def fill() -> str:
+            await asyncio.sleep(0.2)  # the waiter is queued by now
+            proxy.blackhole()  # the store (and the give-back after it) are lost
+            return "lost"
+
+        async def main() -> float:
+            filling = asyncio.create_task(
+                aio.get_or_fill(filler, "blip", fill, ttl=30, lock_ttl=30)
+            )
+            await asyncio.sleep(0.05)
+            waiting = asyncio.create_task(
+                aio.get_or_fill(waiter, "blip", lambda: "w", ttl=30, lock_ttl=30, timeout=8)
+            )
+            assert await filling == "lost"  # the filler's caller still has its value
+            await asyncio.sleep(0.5)
+            healed = time.monotonic()
+            proxy.heal()
+            assert await waiting == "w"
+            return time.monotonic() - healed
+
+        try:
+            waited = run(main())
+        finally:
+            proxy.heal()
+            filler.close()
+            waiter.close()
+    assert waited < 5.0, f"the waiter took the fill over {waited:.1f} s after Redis answered"
+
+
 def test_cancelled_filler_gives_the_claim_to_a_waiter(
     client: redmutex.Client, r: redis.Redis, prefix: str
 ) -> None:
