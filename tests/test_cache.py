@@ -804,6 +804,14 @@ def test_cached_validates_at_decoration_time(client: redmutex.Client) -> None:
         def f(a: int) -> int:
             return a
 
+    # An empty key names no entry: refused here, not by every call in production.
+    for cached in (redmutex.cached, redmutex.aio.cached):
+        with pytest.raises(ValueError, match="key must not be empty"):
+
+            @cached(client, ttl=1, key="")
+            def empty() -> int:
+                return 1
+
     with pytest.raises(TypeError, match="aio"):
 
         @redmutex.cached(client, ttl=1)

@@ -211,13 +211,15 @@ def compile_template(
 ) -> KeyFunction:
     """Compiles ``template`` against ``func``'s parameters; the result maps (args, kwargs) to str.
 
-    All validation happens here, at decoration time: a malformed template, a placeholder naming
+    All validation happens here, at decoration time: an empty or malformed template, a placeholder naming
     no parameter of ``func``, a positional ``{}``/``{0}``, a ``!r`` conversion or a nested spec
     raise ``ValueError`` naming the placeholder and the function. ``argument`` is how messages
     call the template (``"name"`` for ``@locked``, ``"key"`` for ``@cached``).
     """
     if not isinstance(template, str):
         raise TypeError(f"{argument} must be a str, not {type(template).__name__}")
+    if not template:  # names nothing: every call would raise
+        raise ValueError(f"{argument} must not be empty ({_describe(func)})")
     where = f"{argument} {template!r} of {_describe(func)}"
 
     def fail(reason: str) -> ValueError:
