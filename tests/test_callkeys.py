@@ -71,6 +71,35 @@ def test_template_values_are_formatted_with_str() -> None:
     assert name((None, 2), {}) == "job:None:2"
 
 
+def test_a_value_whose_str_is_its_address_is_refused() -> None:
+    """``str()`` of an object whose class defines neither ``__str__`` nor ``__repr__`` is
+    ``<mod.User object at 0x...>``: a name per object and per process, so two calls about one
+    user would take two different locks (or cache entries). Refused, pointing to an attribute."""
+
+    class Plain:
+        def __init__(self, id: int) -> None:
+            self.id = id
+
+    class Shown(Plain):
+        def __str__(self) -> str:
+            return f"user-{self.id}"
+
+    class Represented(Plain):
+        def __repr__(self) -> str:
+            return f"Represented({self.id})"
+
+    def handle(user: object) -> None: ...
+
+    name = compile_template("lock:{user}", handle)
+    with pytest.raises(TypeError, match=r"\{user\}.*Plain is its address.*\{user\.<attr>\}"):
+        name((Plain(1),), {})
+    with pytest.raises(TypeError, match="address"):
+        name((object(),), {})
+    assert compile_template("lock:{user.id}", handle)((Plain(1),), {}) == "lock:1"
+    assert name((Shown(1),), {}) == "lock:user-1"
+    assert name((Represented(1),), {}) == "lock:Represented(1)"
+
+
 def test_template_without_placeholders_is_the_same_for_every_call() -> None:
     name = compile_template("stats", fetch)
     assert name(("a",), {}) == "stats"

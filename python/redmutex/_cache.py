@@ -672,6 +672,9 @@ def cached(
     * a template such as ``"user:{user_id}"``: ``{param}`` is filled with ``str()`` of the call's
       argument (bound to the signature, defaults applied; ``{param.attr}``, ``{param[key]}`` and
       format specs work as in ``str.format``); checked against the signature when decorating;
+      a value whose ``str()`` is its address (``<mod.User object at 0x...>``: its class defines
+      neither ``__str__`` nor ``__repr__``) raises ``TypeError``, as it would name another entry
+      for every object and process;
     * a string without placeholders: that one entry for every call, shared with
       ``get_or_fill(client, key, ...)``;
     * a callable: called with the call's own arguments (a method's ``self`` included), it

@@ -12,7 +12,9 @@ Templates (``compile_template``)
 
 * ``{param}`` is the value of the parameter ``param`` of the call, bound with
   ``inspect.signature(func).bind(*args, **kwargs)`` and ``apply_defaults()``, so positional,
-  keyword and defaulted arguments all fill it; the value is formatted with ``str()``.
+  keyword and defaulted arguments all fill it; the value is formatted with ``str()``. A value
+  whose class defines neither ``__str__`` nor ``__repr__`` raises ``TypeError`` at call time:
+  its ``str()`` is its address (``<mod.User object at 0x...>``), a name per object and process.
 * ``{param.attr}`` and ``{param[key]}`` (chained as in ``str.format``: ``[0]`` is an int index,
   ``[name]`` a str key) reach into an argument, e.g. ``"user:{self.id}"``. Attribute names that
   start with ``_`` are rejected, so a template cannot wander into ``__globals__`` and friends.
@@ -137,7 +139,23 @@ class _Field:
         value = arguments[self.param]
         for is_attribute, name in self.accessors:
             value = getattr(value, name) if is_attribute else value[name]  # type: ignore[arg-type]
+        kind = type(value)
+        shown: tuple[Any, Any] = (kind.__str__, kind.__repr__)
+        if shown[0] is object.__str__ and shown[1] is object.__repr__:
+            raise TypeError(self._addressed(kind))
         return format(value, self.spec) if self.spec else str(value)
+
+    def _addressed(self, kind: type) -> str:
+        """Why a value whose ``str()`` is ``<... object at 0x...>`` names nothing."""
+        field = self.param + "".join(
+            f".{name}" if is_attribute else f"[{name}]" for is_attribute, name in self.accessors
+        )
+        return (
+            f"placeholder {{{field}}}: str() of a {kind.__module__}.{kind.__qualname__} is its "
+            "address in memory (the class defines neither __str__ nor __repr__), another name "
+            f"for every object and process; use an attribute, as in {{{field}.<attr>}}, give "
+            "the class a __str__, or pass a key function"
+        )
 
 
 def _parse_field(field: str, fail: Callable[[str], ValueError]) -> tuple[str, list[Any]]:

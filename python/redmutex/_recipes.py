@@ -348,7 +348,10 @@ def locked(
     fair: bool = False,
 ) -> LockedDecorator:
     """Decorator: run the function holding the lock `name`, whose `{param}` placeholders are
-    filled from each call's arguments (`"lock:{sender}"`). Each call uses its own Lock object.
+    filled from each call's arguments (`"lock:{sender}"`, with ``str()``). Each call uses its own
+    Lock object. A value whose ``str()`` is its address (its class defines neither ``__str__``
+    nor ``__repr__``) raises ``TypeError``: it would name another lock for every object and
+    process, so calls about one thing would not exclude each other; use ``{param.attr}``.
 
     A generator function holds the lock from its first ``next()`` until it finishes, raises or
     is closed (so close a generator you stop iterating early, e.g. with ``contextlib.closing``).
