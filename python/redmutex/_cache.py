@@ -674,7 +674,8 @@ def cached(
       format specs work as in ``str.format``); checked against the signature when decorating;
       a value whose ``str()`` is its address (``<mod.User object at 0x...>``: its class defines
       neither ``__str__`` nor ``__repr__``) raises ``TypeError``, as it would name another entry
-      for every object and process;
+      for every object and process (and a set of strings prints its members in another order in
+      each process: pass a sorted tuple);
     * a string without placeholders: that one entry for every call, shared with
       ``get_or_fill(client, key, ...)``;
     * a callable: called with the call's own arguments (a method's ``self`` included), it

@@ -15,6 +15,9 @@ Templates (``compile_template``)
   keyword and defaulted arguments all fill it; the value is formatted with ``str()``. A value
   whose class defines neither ``__str__`` nor ``__repr__`` raises ``TypeError`` at call time:
   its ``str()`` is its address (``<mod.User object at 0x...>``), a name per object and process.
+  A container is formatted with ``str()`` too, so a set or frozenset of strings lists its members
+  in an order that differs between processes (hash randomization): pass a sorted tuple, or use
+  ``key=None``, whose derived keys sort them.
 * ``{param.attr}`` and ``{param[key]}`` (chained as in ``str.format``: ``[0]`` is an int index,
   ``[name]`` a str key) reach into an argument, e.g. ``"user:{self.id}"``. Attribute names that
   start with ``_`` are rejected, so a template cannot wander into ``__globals__`` and friends.
