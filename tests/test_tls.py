@@ -8,6 +8,7 @@ The settings come as `rediss://...?ssl_...` URL options and from a redis-py clie
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import ssl
@@ -451,6 +452,50 @@ def test_cluster_seeds_take_options(tls_cluster: int, pki: Pki) -> None:
     # One set of options serves every node the cluster client learns of: seeds must agree.
     with pytest.raises(ValueError, match="same ssl_"):
         redmutex.Client(cluster=[f"{seed}?ssl_ca_certs={pki.ca}", seed])
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        "?ssl_cert_reqs=none",
+        "?ssl_ca_certs={other}&ssl_cert_reqs=none",
+        "?ssl_ca_certs={other}#insecure",
+    ],
+)
+def test_cluster_seeds_without_certificate_checks(tls_cluster: int, pki: Pki, options: str) -> None:
+    """ssl_cert_reqs=none (or #insecure) beside other ssl_* options checks no certificate, on
+    a cluster as on one server: the cluster client's own connections to the nodes included
+    (with a CA or any option given, it checked every certificate: UnknownIssuer)."""
+    url = f"rediss://127.0.0.1:{tls_cluster}" + options.format(other=pki.other_ca)
+    client = redmutex.Client(cluster=[url], connect_timeout=3, command_timeout=3)
+    use(client, "insecure-seed")
+
+    async def aio_use() -> None:
+        async with redmutex.aio.Lock(client, "insecure-seed-aio", ttl=5, timeout=5) as lock:
+            assert lock.fence is not None
+
+    asyncio.run(aio_use())
+    # Seeds that check certificates differently cannot share the one setting of every node.
+    checked = f"rediss://127.0.0.1:{tls_cluster}?ssl_ca_certs={pki.other_ca}"
+    if "#insecure" in options:
+        with pytest.raises(ValueError, match="check certificates alike"):
+            redmutex.Client(cluster=[url, checked])
+
+
+def test_redis_py_cluster_without_certificate_checks(tls_cluster: int, pki: Pki) -> None:
+    rc = redis.RedisCluster(
+        host="127.0.0.1",
+        port=tls_cluster,
+        ssl=True,
+        ssl_cert_reqs="none",
+        ssl_ca_certs=str(pki.other_ca),
+        socket_timeout=3,
+    )
+    try:
+        assert rc.ping()
+        use(rc, "insecure-redis-py")
+    finally:
+        rc.close()
 
 
 def test_a_ca_file_in_a_folder_with_a_space(
