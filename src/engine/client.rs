@@ -119,8 +119,29 @@ fn cluster_target(
     let mut builder = redis::cluster::ClusterClientBuilder::new(seeds.to_vec());
     if !tls.is_default() {
         // The seeds have them already; the nodes the cluster client learns of take them here.
+        // `certs` makes the cluster client check every certificate (TlsMode::Secure) unless a
+        // mode is set: the seeds' own (`ssl_cert_reqs=none` or `#insecure`: no check at all),
+        // which must then be one for all, as the client checks only when it sets none itself.
+        let insecure = |info: &ConnectionInfo| {
+            matches!(
+                info.addr(),
+                redis::ConnectionAddr::TcpTls { insecure: true, .. }
+            )
+        };
+        let first = seeds.first().is_some_and(insecure);
+        if seeds.iter().any(|seed| insecure(seed) != first) {
+            return Err(Error::Invalid(
+                "cluster: every seed must check certificates alike (#insecure, ssl_cert_reqs)"
+                    .into(),
+            ));
+        }
         let tls = Tls::read(tls)?;
         builder = builder
+            .tls(if first {
+                redis::TlsMode::Insecure
+            } else {
+                redis::TlsMode::Secure
+            })
             .certs(tls.certificates())
             .danger_accept_invalid_hostnames(!tls.check_hostname());
     }
