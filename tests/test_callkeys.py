@@ -100,6 +100,29 @@ def test_a_value_whose_str_is_its_address_is_refused() -> None:
     assert name((Represented(1),), {}) == "lock:Represented(1)"
 
 
+def test_a_value_that_formats_itself_with_a_spec_is_not_refused() -> None:
+    """A class with its own ``__format__`` (but no ``__str__``/``__repr__``) names itself through
+    a format spec, as ``str.format`` does: ``{amount:eur}`` is not its address, so it is not
+    refused (it was before, by the address check). Without a spec ``str()`` is used, which is
+    its address: still refused."""
+
+    class Money:
+        def __init__(self, cents: int) -> None:
+            self.cents = cents
+
+        def __format__(self, spec: str) -> str:
+            return f"{self.cents / 100:.2f}" if spec == "eur" else format(self.cents, spec)
+
+    def pay(amount: object) -> None: ...
+
+    assert compile_template("pay:{amount:eur}", pay)((Money(150),), {}) == "pay:1.50"
+    assert compile_template("pay:{amount:08d}", pay)((Money(150),), {}) == "pay:00000150"
+    with pytest.raises(TypeError, match="address"):
+        compile_template("pay:{amount}", pay)((Money(150),), {})
+    with pytest.raises(TypeError, match="address"):  # object.__format__ takes no spec anyway
+        compile_template("pay:{amount:>5}", pay)((object(),), {})
+
+
 def test_template_without_placeholders_is_the_same_for_every_call() -> None:
     name = compile_template("stats", fetch)
     assert name(("a",), {}) == "stats"

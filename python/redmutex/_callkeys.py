@@ -14,7 +14,8 @@ Templates (``compile_template``)
   ``inspect.signature(func).bind(*args, **kwargs)`` and ``apply_defaults()``, so positional,
   keyword and defaulted arguments all fill it; the value is formatted with ``str()``. A value
   whose class defines neither ``__str__`` nor ``__repr__`` raises ``TypeError`` at call time:
-  its ``str()`` is its address (``<mod.User object at 0x...>``), a name per object and process.
+  its ``str()`` is its address (``<mod.User object at 0x...>``), a name per object and process
+  (unless a format spec goes to the class's own ``__format__``, as in ``{amount:eur}``).
   A container is formatted with ``str()`` too, so a set or frozenset of strings lists its members
   in an order that differs between processes (hash randomization): pass a sorted tuple, or use
   ``key=None``, whose derived keys sort them.
@@ -145,7 +146,10 @@ class _Field:
         kind = type(value)
         shown: tuple[Any, Any] = (kind.__str__, kind.__repr__)
         if shown[0] is object.__str__ and shown[1] is object.__repr__:
-            raise TypeError(self._addressed(kind))
+            # A spec goes to the class's own __format__, if it has one: not the address then.
+            formats: Any = kind.__format__
+            if not self.spec or formats is object.__format__:
+                raise TypeError(self._addressed(kind))
         return format(value, self.spec) if self.spec else str(value)
 
     def _addressed(self, kind: type) -> str:
