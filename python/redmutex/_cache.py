@@ -44,7 +44,8 @@ Its decisions are written once, without I/O: ``_decide`` reads a lookup's reply 
    (another caller may then have filled too; a ``lock_ttl`` of a few ms is too short for its
    renewal to reach Redis in time). A store that fails (Redis unreachable, full at ``maxmemory``,
    or refusing a value above its ``proto-max-bulk-len``) also returns the value to this caller,
-   with a WARNING; the claim is given back and the waiters take the fill over, one at a time. A ``fill`` that asks (in its own
+   with a WARNING; the claim is given back and the waiters take the fill over, one at a time
+   (while Redis is full or unreachable their claim fails too: they raise). A ``fill`` that asks (in its own
    thread) for the entry it is filling raises ``RuntimeError`` instead of waiting for itself.
 4. ``timeout``: a caller that waited that long for another caller's fill raises
    ``LockTimeoutError`` (``None``: wait as long as fills go on; ``0``: never wait).
