@@ -7,7 +7,8 @@ use super::error::{Error, Result};
 use crate::protocol::url::{self, Endpoint, TlsOptions};
 
 /// Parses a URL of any accepted scheme, with its `ssl_*` settings applied (a Sentinel URL's
-/// are kept with it: its connections are made later, see `Sentinel::new`).
+/// are kept with it and read by `Sentinel::new`, when the Client is made, for the connections
+/// it makes later).
 pub fn parse_endpoint(url_text: &str) -> Result<Endpoint> {
     let (plain, options) = url::split_tls(url_text).map_err(Error::Invalid)?;
     let endpoint = url::parse_endpoint(&plain).map_err(Error::Invalid)?;
@@ -17,8 +18,6 @@ pub fn parse_endpoint(url_text: &str) -> Result<Endpoint> {
     match endpoint {
         Endpoint::Direct(info) => Ok(Endpoint::Direct(Tls::read(&options)?.apply(info)?)),
         Endpoint::Sentinel(mut sentinel) => {
-            // The files are read now too, so that a bad one is the Client's error at once.
-            Tls::read(&options)?;
             sentinel.tls_options = options;
             Ok(Endpoint::Sentinel(sentinel))
         }
