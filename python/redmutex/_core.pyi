@@ -29,6 +29,7 @@ __all__ = [
     "_CompatLock",
     "__version__",
     "_aio_calls",
+    "_caller",
     "_force_release",
     "_hold_count",
     "_interpreter_exiting",
@@ -155,7 +156,8 @@ class Lock:
     `on_lost=None`: called once with the lock, from a background thread, when renewal (or the
     top-up of a lease granted short) finds it lost.
     `reentrant=False`: ownership belongs to this object, and a second acquire raises LockError.
-    With True the owner is the calling thread: the thread that holds may acquire again (each
+    With True the owner is the calling thread (under gevent's monkey-patching, the greenlet):
+    the thread that holds may acquire again (each
     acquire needs its release; the lock is free after the last), through this object or any
     other re-entrant Lock of the same client and name (a re-entry acts on the hold as it was
     taken, and lives with the object that took it: drop that object while it holds, and the
@@ -630,6 +632,10 @@ def _aio_calls() -> tuple[int, int]:
 
 def _waiting_attempts() -> int:
     """Attempts made by waiting acquires so far (first attempts not counted)."""
+
+def _caller() -> int:
+    """The calling thread (or greenlet, once gevent patched `threading`) as a number never
+    reused in this process."""
 
 def _loop_cancelled(future: asyncio.Future[Any]) -> None:
     """An acquire's awaitable was cancelled: its attempt out on the loop path gives back what it

@@ -116,6 +116,26 @@ thread_local! {
     /// Set while this thread polls a wait of the blocking API that it drives itself
     /// (`caller_driven`).
     static CALLER_DRIVEN: Cell<bool> = const { Cell::new(false) };
+    /// Set while this thread polls a wait that must not block it (`cooperatively`).
+    static COOPERATIVE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `poll` (one poll of a blocking API's future) as a caller whose thread runs other work
+/// between polls (gevent's greenlets): its wait is then served as a runtime task's would be
+/// (no listening or attempts on the caller's own connections, which block the thread).
+pub fn cooperatively<R>(poll: impl FnOnce() -> R) -> R {
+    let before = COOPERATIVE.with(|c| c.replace(true));
+    let _restore = Restore(before);
+    poll()
+}
+
+/// Puts `COOPERATIVE` back as it was when dropped.
+struct Restore(bool);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        COOPERATIVE.with(|c| c.set(self.0));
+    }
 }
 
 /// Whether the future being polled now runs on its blocking caller's own thread (see
@@ -146,7 +166,8 @@ impl<F: Future> Future for CallerDriven<F> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         // A runtime task is polled on a runtime thread, which must never block.
-        let caller = self.direct && tokio::task::try_id().is_none();
+        // (A caller that must not block its thread is served as a runtime task.)
+        let caller = self.direct && tokio::task::try_id().is_none() && !COOPERATIVE.with(Cell::get);
         let _flag = Flag(CALLER_DRIVEN.with(|flag| flag.replace(caller)));
         self.fut.as_mut().poll(cx)
     }

@@ -6,11 +6,15 @@
 
 use std::cell::RefCell;
 use std::future::Future;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use pyo3::prelude::*;
+use tokio::runtime::Handle;
 
-use crate::engine::executor::Now;
+use super::greenlets;
+
+use crate::engine::executor::{self, Now};
 use crate::engine::interrupt;
 use crate::engine::runtime;
 use crate::engine::waiting;
@@ -24,6 +28,9 @@ where
     F::Output: Send,
 {
     let handle = runtime::handle()?;
+    if greenlets::cooperative(py) {
+        return wait_cooperatively(py, handle, fut);
+    }
     let mut fut = std::pin::pin!(fut);
     loop {
         // The timer must be made inside the runtime's context, hence the async block.
@@ -35,6 +42,33 @@ where
             // Dropping the future on a signal cancels it; the engine cleans up after itself.
             Err(_) => py.check_signals()?,
         }
+    }
+}
+
+/// `wait` on a thread whose greenlets gevent schedules: the future is polled here, in the
+/// runtime's context, and between polls the greenlet sleeps through gevent until the future's
+/// waker is woken (the runtime's threads drive its timers and sockets), so the thread's other
+/// greenlets (the holder this wait is for, say) run meanwhile. On the heap: other greenlets
+/// reuse this stack while it sleeps, and the runtime's threads may write into a pending
+/// future (intrusive wait lists).
+fn wait_cooperatively<F>(py: Python<'_>, handle: &Handle, fut: F) -> PyResult<F::Output>
+where
+    F: Future + Send,
+    F::Output: Send,
+{
+    let wakeup = greenlets::Wakeup::new(py)?;
+    let waker = wakeup.waker();
+    let mut fut = Box::pin(fut);
+    loop {
+        let polled = detach_interruptible(py, || {
+            let _entered = handle.enter();
+            executor::cooperatively(|| fut.as_mut().poll(&mut Context::from_waker(waker)))
+        })?;
+        if let Poll::Ready(output) = polled {
+            return Ok(output);
+        }
+        wakeup.sleep(py, SLICE)?;
+        py.check_signals()?;
     }
 }
 

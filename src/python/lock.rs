@@ -1,7 +1,6 @@
 //! `redmutex.Lock`: a lease on a name, held by this object, used as `with` or acquire/release.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
@@ -12,6 +11,7 @@ use super::args;
 use super::blocking;
 use super::client::{coerce_client, PyClient};
 use super::errors::Named;
+use super::greenlets;
 use super::hold::{self, lock_like_methods, CoreRef, HoldCore, LockLike};
 use crate::engine::lock::LockHandle;
 use crate::engine::Client;
@@ -22,8 +22,9 @@ use crate::engine::Client;
 /// holds). `timeout: float | None = None` is the default wait of `acquire()` and `with`: None
 /// waits forever, 0 tries once. Options: `auto_renew=False`, `fair=False`, `replicas=0`,
 /// `on_lost=None`, `reentrant=False`. Ownership belongs to this object; with `reentrant=True`
-/// to the calling thread, which may acquire again while it holds (one release per acquire),
-/// through this object or another re-entrant Lock of the same client and name.
+/// to the calling thread (under gevent's patching, the greenlet), which may acquire again
+/// while it holds (one release per acquire), through this object or another re-entrant Lock
+/// of the same client and name.
 #[pyclass(frozen, weakref, module = "redmutex", name = "Lock")]
 pub struct PyLock {
     client: Py<PyClient>,
@@ -45,14 +46,7 @@ struct Owners {
     by_thread: Mutex<HashMap<u64, Arc<HoldCore<LockHandle>>>>,
 }
 
-static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
-
-thread_local! {
-    /// This thread as an owner: never reused within the process (Python's idents can be).
-    static THREAD: u64 = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
-}
-
-/// (the engine client's address, the name, the thread: `THREAD`)
+/// (the engine client's address, the name, the thread: `greenlets::context`)
 type ThreadKey = (usize, Vec<u8>, u64);
 
 /// Every re-entrant Lock object's core for each thread, by (engine client, name, thread): the
@@ -96,7 +90,7 @@ impl Owners {
 
     /// The calling thread's core, made (and unused ones of other threads dropped) on first use.
     fn mine(&self, template: &HoldCore<LockHandle>) -> PyResult<Arc<HoldCore<LockHandle>>> {
-        let me = THREAD.with(|t| *t);
+        let me = greenlets::context();
         let mut map = self.map();
         if let Some(core) = map.get(&me) {
             return Ok(core.clone());
@@ -140,7 +134,7 @@ impl Owners {
         if own.holder().token().is_some() {
             return Ok(own);
         }
-        let key = self.thread_key(THREAD.with(|t| *t));
+        let key = self.thread_key(greenlets::context());
         let mut holds = thread_holds();
         if !holds.cores.contains_key(&key) && holds.cores.len() >= holds.sweep_at {
             holds
@@ -170,7 +164,7 @@ impl Owners {
 
     /// The calling thread's hold of this name through another object (see `ThreadHolds`).
     fn held_elsewhere(&self) -> Option<Arc<HoldCore<LockHandle>>> {
-        let key = self.thread_key(THREAD.with(|t| *t));
+        let key = self.thread_key(greenlets::context());
         holding(thread_holds().cores.get(&key)?)
     }
 
@@ -178,7 +172,7 @@ impl Owners {
     /// last one), or the one it has through another object; else the hold another thread has
     /// (at most one holds at a time), else a lost one; None when there is nothing to show.
     fn shown(&self) -> Option<Arc<HoldCore<LockHandle>>> {
-        let me = THREAD.with(|t| *t);
+        let me = greenlets::context();
         let shows = |core: &Arc<HoldCore<LockHandle>>| {
             core.holder().token().is_some() || core.holder().lost()
         };

@@ -10,6 +10,7 @@ mod client;
 mod compat;
 mod compat_holds;
 mod errors;
+mod greenlets;
 mod hold;
 mod holds_by_token;
 mod lock;
@@ -117,6 +118,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(recipes::release_token, m)?)?;
     m.add_function(wrap_pyfunction!(_interpreter_exiting, m)?)?;
     m.add_function(wrap_pyfunction!(blocking::_waiting_attempts, m)?)?;
+    m.add_function(wrap_pyfunction!(greenlets::_caller, m)?)?;
     m.add_function(wrap_pyfunction!(loop_conn::_aio_calls, m)?)?;
     m.add_function(wrap_pyfunction!(loop_hold::_loop_cancelled, m)?)?;
     admin::register(m)?;

@@ -1,7 +1,6 @@
 //! `redmutex.RWLock`: many readers or one writer. `read()` and `write()` return a new lock object
 //! each call, with the same acquire/release/extend/owned/`with` behaviour as `Lock`.
 
-use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,6 +11,7 @@ use super::args;
 use super::blocking;
 use super::client::{coerce_client, PyClient};
 use super::errors::{About, Named};
+use super::greenlets;
 use super::hold::{self, lock_like_methods, HoldCore, LockLike};
 use crate::engine::rwlock::{Mode, RwHandle, RwLock};
 
@@ -46,14 +46,6 @@ pub struct PyRwLock {
 pub struct PyRwSide {
     rwlock: Py<PyRwLock>,
     core: HoldCore<RwHandle>,
-}
-
-/// The calling thread, as the deadlock guard tells contexts apart: Rust's thread ids are never
-/// reused within a process (Python's thread idents can be, once a thread ended).
-fn thread_context() -> u64 {
-    let mut hasher = DefaultHasher::new();
-    std::thread::current().id().hash(&mut hasher);
-    hasher.finish()
 }
 
 impl PyRwLock {
@@ -187,7 +179,9 @@ impl LockLike for PyRwSide {
         &self.core
     }
     fn blocking_context() -> u64 {
-        thread_context()
+        // The calling thread (or greenlet, under gevent), as the deadlock guard tells contexts
+        // apart.
+        greenlets::context()
     }
 }
 
