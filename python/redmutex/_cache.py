@@ -75,7 +75,6 @@ import hashlib
 import inspect
 import logging
 import random
-import threading
 import time
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
@@ -538,20 +537,14 @@ def _own_fill_suspects(fills: Iterable[_Filling], settings: _Settings, key: str)
     return suspects
 
 
-# The fills each thread is running right now: a fill that asks for its own entry would wait for
-# itself (its claim is renewed while it runs), so it raises instead.
-_filling = threading.local()
+# The fills each caller (a thread; under gevent's patching, a greenlet: `_core._caller`) is
+# running right now: a fill that asks for its own entry would wait for itself (its claim is
+# renewed while it runs), so it raises instead. A caller's entry lives while it fills.
+_filling: dict[int, list[_Filling]] = {}
 
 
-def _fills_of_this_thread() -> list[_Filling]:
-    fills: list[_Filling] | None = getattr(_filling, "fills", None)
-    if fills is None:
-        fills = _filling.fills = []
-    return fills
-
-
-def _refuse_own_entry(settings: _Settings, key: str) -> None:
-    for token in _own_fill_suspects(_fills_of_this_thread(), settings, key):
+def _refuse_own_entry(settings: _Settings, key: str, fills: list[_Filling]) -> None:
+    for token in _own_fill_suspects(fills, settings, key):
         if settings.store.holds_claim(key, token):
             raise _own_entry_error(key)
 
@@ -569,7 +562,8 @@ def _timeout_error(settings: _Settings, key: str) -> LockTimeoutError:
 
 
 def _run_fill(settings: _Settings, key: str, fill: Callable[[], T], token: str) -> T:
-    fills = _fills_of_this_thread()
+    caller = _core._caller()
+    fills = _filling.setdefault(caller, [])
     mine = _Filling(settings.space, key, token)
     fills.append(mine)
     try:
@@ -584,12 +578,15 @@ def _run_fill(settings: _Settings, key: str, fill: Callable[[], T], token: str) 
         return value
     finally:
         fills.remove(mine)
+        if not fills:
+            del _filling[caller]
 
 
 def _get(settings: _Settings, key: str, fill: Callable[[], T]) -> T:
     """One cache read: ``_flow`` with blocking Redis steps."""
-    if getattr(_filling, "fills", None):  # inside a fill: refuse to wait for ourselves
-        _refuse_own_entry(settings, key)
+    fills = _filling.get(_core._caller()) if _filling else None
+    if fills:  # inside a fill: refuse to wait for ourselves
+        _refuse_own_entry(settings, key, fills)
     store = settings.store
     decision = _decide(settings, key, store.fetch(key))
     if decision[0] is _SERVE:  # the hit path: no flow needed
