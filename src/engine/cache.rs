@@ -34,12 +34,13 @@ use tokio::sync::Notify;
 
 use super::claim_lease::ClaimLease;
 use super::client::Client;
+use super::direct::Overdue;
 use super::error::{Error, Result};
 use super::executor::{self, Now};
 use super::runtime::{self, pid};
 use super::shared::Shared;
 use super::token::new_token;
-use super::waiting::{spawn_undo, Undo, UndoStep, Wait};
+use super::waiting::{self, undo_unknown, Undo, UndoStep, Wait};
 use crate::protocol::cache as steps;
 use crate::protocol::keys::Keys;
 use crate::protocol::lease;
@@ -329,19 +330,35 @@ impl Drop for Claim {
         if self.settled {
             return;
         }
-        // Sent again while Redis cannot be reached (a store or give-back lost in a blip), so
-        // that the waiters are not held up for the rest of the lease, which renewal no longer
-        // extends: after one lease the claim has lapsed by itself.
-        let (shared, keys) = (self.shared.clone(), self.keys.clone());
-        let token = std::mem::take(&mut self.token);
+        // A lookup that timed out may run after the first give-back: sent again once the
+        // node's timed-out calls have been answered (see `waiting::undo_unknown`).
+        undo_unknown(&self.shared, || self.undo());
+    }
+}
+
+impl Claim {
+    /// The give-back of this claim, token-checked: sent again while Redis cannot be reached (a
+    /// store or give-back lost in a blip), so that the waiters are not held up for the rest of
+    /// the lease, which renewal no longer extends: after one lease the claim has lapsed by
+    /// itself.
+    fn undo(&self) -> Undo {
+        let (shared, keys, token) = (self.shared.clone(), self.keys.clone(), self.token.clone());
         let step = move || -> UndoStep {
             let (shared, keys, token) = (shared.clone(), keys.clone(), token.clone());
             Box::pin(async move { abandon(&shared, &keys, &token).await.map(|_| ()) })
         };
-        spawn_undo(Undo {
+        Undo {
             step: Box::new(step),
             horizon: self.lease,
-        });
+        }
+    }
+
+    /// The lookup that could take this claim failed on a direct connection: it is given back
+    /// now, and again once that call has been answered if it timed out (it may run later than
+    /// the first give-back); the error goes on.
+    fn undo_failed(mut self, err: Error, overdue: Option<Overdue>) -> Error {
+        self.settled = true;
+        waiting::undo_failed(err, overdue, || self.undo())
     }
 }
 
@@ -431,7 +448,10 @@ fn first_look_direct(
     let claim = Claim::pending(shared.clone(), spec, new_token()?);
     let step = steps::get_or_claim(&spec.keys, &claim.token, spec.claim_lease, skip);
     let sent_at = Instant::now();
-    let found = executor::run_direct(shared, &step)?;
+    let found = match executor::invoke_direct(shared, executor::script_of(&step)?, None) {
+        Ok(reply) => step.parse(reply)?,
+        Err((err, overdue)) => return Err(claim.undo_failed(err, overdue)),
+    };
     Ok(first_step(claim, started, found, sent_at, wait))
 }
 

@@ -141,13 +141,31 @@ pub fn attempt_direct(
 }
 
 /// Gives back whatever a direct attempt that failed may have taken (see `attempt_direct`);
-/// the error goes on.
-fn undo_failed(err: Error, overdue: Option<Overdue>, undo: impl Fn() -> Undo) -> Error {
+/// the error goes on. For any primitive's direct call that may have taken something (the
+/// cache's first lookup too).
+pub fn undo_failed(err: Error, overdue: Option<Overdue>, undo: impl Fn() -> Undo) -> Error {
     spawn_undo(undo());
     if let Some(overdue) = overdue {
         undo_once_settled(overdue, undo());
     }
     err
+}
+
+/// Gives back whatever an attempt through the runtime may have taken when its outcome is
+/// unknown (cancelled, or failed), and once more after the calls that timed out on the node
+/// have been answered (or their connections ended): a timed-out attempt may run later than
+/// the first undo, which a new connection carried (a request stuck in the server's or the
+/// network's queue).
+pub fn undo_unknown(shared: &Shared, undo: impl Fn() -> Undo) {
+    spawn_undo(undo());
+    let overdue = shared.node.overdue_calls();
+    if !overdue.is_empty() {
+        let again = undo();
+        runtime::spawn(async move {
+            overdue.settle(again.horizon).await;
+            spawn_undo(again);
+        });
+    }
 }
 
 /// Sends `undo` again once a direct call that timed out has been answered (or its connection
@@ -472,18 +490,7 @@ impl<C: Contender> Cleanup<'_, C> {
 impl<C: Contender> Drop for Cleanup<'_, C> {
     fn drop(&mut self) {
         if self.armed {
-            spawn_undo(self.contender.undo());
-            // An attempt that timed out may run later than that undo, which a new connection
-            // carried (a request stuck in the server's or the network's queue): the undo is sent
-            // again once the timed-out calls have been answered (or their connections ended).
-            let overdue = self.shared.node.overdue_calls();
-            if !overdue.is_empty() {
-                let again = self.contender.undo();
-                runtime::spawn(async move {
-                    overdue.settle(again.horizon).await;
-                    spawn_undo(again);
-                });
-            }
+            undo_unknown(self.shared, || self.contender.undo());
         }
     }
 }
