@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import redmutex
 from _proxy import FaultProxy
+from _scale_servers import Masters
 from redmutex import aio
 from redmutex._core import CacheStore, FillClaim
 from redmutex._server import RedisServer
@@ -147,3 +148,29 @@ def test_aio_lookup_that_ran_after_its_give_back(
     finally:
         faulty.close()
         other.close()
+
+
+def test_redlock_lookup_that_ran_after_its_give_back() -> None:
+    """Redlock: every master's vote (lookup and claim) is held back, so no majority answers in
+    time (QuorumError); the round's give-backs wait for the votes that timed out, at most one
+    command timeout, and are not sent. The votes then run and claim the entry on every master."""
+    with Masters(3) as masters:
+        proxies = [FaultProxy(s.port).start() for s in masters.servers]
+        try:
+            faulty, other = clients([p.url for p in proxies], masters.urls)
+            try:
+                assert redmutex.get_or_fill(faulty, "warm", lambda: 1, ttl=30) == 1
+                key = f"redlock-{uuid.uuid4().hex[:8]}"
+                started = late_lookup(
+                    proxies,
+                    lambda: redmutex.get_or_fill(
+                        faulty, key, refuse_to_fill, ttl=30, lock_ttl=LOCK_TTL, timeout=0
+                    ),
+                )
+                another_caller_fills(other, key, started)
+            finally:
+                faulty.close()
+                other.close()
+        finally:
+            for proxy in proxies:
+                proxy.stop()

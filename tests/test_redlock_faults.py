@@ -362,6 +362,60 @@ def test_a_give_back_that_timed_out_never_lands_after_the_next_vote(
             p.stop()
 
 
+@pytest.mark.parametrize("primitive", ["lock", "semaphore"])
+def test_votes_held_up_past_the_timeout_are_given_back_once_they_ran(
+    masters: Masters, primitive: str
+) -> None:
+    """Every master's requests reach it 1 s late while the command timeout is 0.3 s: the
+    acquire raises QuorumError, and its round's give-backs wait at most one command timeout for
+    the votes that timed out, so they are not sent. The votes then run and take the name on
+    every master. The acquire is over, so it gives back once more after they ran; else nobody
+    owns the name for its whole ttl (10 s) and another caller waits that long (the cache's
+    lookup is tested in test_cache_late_lookup.py)."""
+    proxies = [FaultProxy(s.port).start() for s in masters.servers]
+    try:
+        c = redmutex.Client(
+            [p.url for p in proxies], prefix="t:", connect_timeout=1.0, command_timeout=0.3
+        )
+        other = redmutex.Client(masters.urls, prefix="t:", **FAST)
+        n = name()
+
+        def hold(client: redmutex.Client, ttl: float) -> redmutex.Lock | redmutex.Semaphore:
+            if primitive == "lock":
+                return redmutex.Lock(client, n, ttl=ttl)
+            return redmutex.Semaphore(client, n, 1, ttl=ttl)
+
+        warm = hold(c, 10)
+        assert warm.acquire(blocking=False)  # the scripts are loaded everywhere
+        warm.release()
+        for p in proxies:
+            p.set_latency(1.0, "c2s")
+
+        def fast_again() -> None:
+            for p in proxies:
+                p.set_latency(0.0, "c2s")
+
+        reset = threading.Timer(0.15, fast_again)
+        reset.start()
+        started = time.monotonic()
+        with pytest.raises(redmutex.QuorumError):
+            hold(c, 10).acquire(blocking=False)
+        reset.join()
+        time.sleep(max(0.0, started + 1.5 - time.monotonic()))  # the votes have run
+        looked_at = time.monotonic()
+        second = hold(other, 5)
+        got = second.acquire(timeout=6)
+        waited = time.monotonic() - looked_at
+        assert got, f"another caller waited {waited:.1f} s in vain: the late votes held the name"
+        assert waited < 3.0, f"another caller waited {waited:.1f} s for the late votes"
+        second.release()
+        c.close()
+        other.close()
+    finally:
+        for p in proxies:
+            p.stop()
+
+
 def test_a_value_on_too_few_masters_waits_for_the_silent_ones_before_a_refill(
     masters: Masters,
 ) -> None:

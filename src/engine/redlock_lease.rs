@@ -28,7 +28,7 @@ use super::redlock::{
     SPLIT_PAUSE_MAX,
 };
 use super::runtime;
-use super::waiting::Wait;
+use super::waiting::{undo_unknown, Undo, UndoStep, Wait};
 use crate::protocol::lease;
 use crate::protocol::quorum::{self, Outcome, Tally, Vote};
 use crate::protocol::step::Step;
@@ -561,8 +561,44 @@ pub(super) async fn acquire_won<C: QuorumContender>(
     }
     if !matches!(outcome, Ok(Some(_))) {
         wake_after_quiet_give_backs(redlock, contender.channel(), &mut give_backs);
+        if cleanup.held.is_none() {
+            give_back_after_late_votes(redlock, &give_back.waking, contender.lease());
+        }
     }
     outcome
+}
+
+/// An acquire of a drawn token that ended without a hold gives back once more, on every master
+/// with calls that timed out, after they have been answered (`waiting::undo_unknown`, as a
+/// lock on one server does). A vote that timed out may still run: the round's give-back there
+/// waited at most one command timeout for it (`Node::in_order`) and was then not sent, so a
+/// vote the network held back longer would otherwise hold its master for a whole lease. No
+/// later vote of the token follows (the acquire is over), and the step is token-checked.
+/// Not for a token the caller chose, which another call may hold (see `Held`).
+fn give_back_after_late_votes(redlock: &Arc<Redlock>, step: &Arc<Step<bool>>, lease: Duration) {
+    for (index, master) in redlock.masters.iter().enumerate() {
+        if master.shared.node.overdue_calls().is_empty() {
+            continue;
+        }
+        let undo = || {
+            let (redlock, step) = (redlock.clone(), step.clone());
+            let step = move || -> UndoStep {
+                let (redlock, step) = (redlock.clone(), step.clone());
+                Box::pin(async move {
+                    let (Some(m), Some(inv)) = (redlock.masters.get(index), step.invocation())
+                    else {
+                        return Ok(());
+                    };
+                    m.shared.node.invoke(inv, Retry::Once).await.map(|_| ())
+                })
+            };
+            Undo {
+                step: Box::new(step),
+                horizon: lease,
+            }
+        };
+        undo_unknown(&master.shared, undo);
+    }
 }
 
 /// An acquire that ends without a hold no longer competes: whoever found a master busy with
