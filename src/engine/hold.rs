@@ -24,7 +24,7 @@ use super::runtime::pid;
 use super::shared::Shared;
 use super::token::new_token;
 use super::waiting::{
-    self, attempt_direct, spawn_undo, Contender, Outcome, Plan, Undo, UndoStep, Wait,
+    self, attempt_direct, spawn_undo, undo_unknown, Contender, Outcome, Plan, Undo, UndoStep, Wait,
 };
 use crate::protocol::lease;
 use crate::protocol::step::Step;
@@ -366,6 +366,35 @@ struct Nesting {
     depth: u32,
 }
 
+/// Sets the count back (`Holder::count_back`) if dropped armed: a re-entry through the runtime
+/// that failed or whose caller stopped waiting before it settled.
+struct CountBack<'a, P: Leased> {
+    holder: &'a Holder<P>,
+    backend: &'a Backend,
+    nesting: &'a Nesting,
+    armed: bool,
+}
+
+impl<P: Leased> CountBack<'_, P> {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl<P: Leased> Drop for CountBack<'_, P> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (hold, backend) = (&self.nesting.hold, self.backend);
+        let undo = || self.holder.count_back(backend, &hold.token, &hold.status);
+        match backend {
+            Backend::Single(shared) => undo_unknown(shared, undo),
+            Backend::Redlock(_) => spawn_undo(undo()),
+        }
+    }
+}
+
 struct Hold<D> {
     pid: u32,
     token: String,
@@ -375,6 +404,14 @@ struct Hold<D> {
     /// How many acquires this hold stands for (1 unless the primitive is re-entrant); a release
     /// of a nested one (depth > 1) only counts down.
     depth: u32,
+}
+
+impl<D> Hold<D> {
+    /// Sets the hold count here and in the status, which a background give-back reads.
+    fn set_depth(&mut self, depth: u32) {
+        self.depth = depth;
+        self.status.set_depth(depth);
+    }
 }
 
 impl<D> Drop for Hold<D> {
@@ -633,7 +670,7 @@ impl<P: Leased> Holder<P> {
         // A re-entry given back: one count less, the hold itself stays.
         if let State::Held(hold) = &mut *state {
             if hold.depth > 1 {
-                hold.depth -= 1;
+                hold.set_depth(hold.depth - 1);
                 let depth = hold.depth;
                 drop(state);
                 if let Ok(backend) = self.client.backend() {
@@ -731,6 +768,29 @@ impl<P: Leased> Holder<P> {
         });
     }
 
+    /// Sets the hold count of `token`'s hold in Redis back to the count the hold has when this
+    /// runs (`HoldStatus::depth`): for a re-entry that went out but did not count (it raised, or
+    /// its caller stopped waiting), which may have set it one higher. A later re-entry or
+    /// release may have moved the count meanwhile, so it is read then, not now; a hold that
+    /// ended meanwhile is not touched (the step checks the token).
+    fn count_back(&self, backend: &Backend, token: &str, status: &Arc<HoldStatus>) -> Undo {
+        let primitive = self.primitive.clone();
+        let (backend, token, status) = (backend.clone(), token.to_string(), status.clone());
+        let step = move || -> UndoStep {
+            let (primitive, backend) = (primitive.clone(), backend.clone());
+            let (token, status) = (token.clone(), status.clone());
+            Box::pin(async move {
+                let step = primitive.nest(&token, status.depth(), None);
+                nest_on(&*primitive, &backend, &step).await?;
+                Ok(())
+            })
+        };
+        Undo {
+            step: Box::new(step),
+            horizon: self.primitive.lease(),
+        }
+    }
+
     /// A re-entry, when the primitive is re-entrant and this holder holds: the hold and its
     /// count after it. A hold already found lost is not re-entered (LockLostError).
     fn begin_reentry(&self) -> Result<Option<Nesting>> {
@@ -763,7 +823,21 @@ impl<P: Leased> Holder<P> {
             .primitive
             .nest(&nesting.hold.token, nesting.depth, Some(lease));
         let outcome = match self.client.backend() {
-            Ok(backend) => reenter_on(&*self.primitive, &backend, step, lease).await,
+            Ok(backend) => {
+                // Until it is answered, the re-entry may set the count in Redis although it
+                // will not count here: it fails, or its caller stops waiting (dropped).
+                let guard = CountBack {
+                    holder: self,
+                    backend: &backend,
+                    nesting: &nesting,
+                    armed: true,
+                };
+                let outcome = reenter_on(&*self.primitive, &backend, step, lease).await;
+                if outcome.is_ok() {
+                    guard.disarm();
+                }
+                outcome
+            }
             Err(err) => Err(err),
         };
         self.finish_reentry(nesting, lease, begun, outcome, ticket)
@@ -777,8 +851,13 @@ impl<P: Leased> Holder<P> {
             let step = self
                 .primitive
                 .nest(&nesting.hold.token, nesting.depth, Some(lease));
-            let sent_at = Instant::now();
-            Ok(executor::run_direct(&shared, &step)?.then_some(sent_at))
+            // Failed (unanswered, timed out, interrupted), it may still set the count in Redis
+            // (even later than an undo sent now): the count goes back as for a first attempt.
+            let backend = Backend::Single(shared.clone());
+            let undo = || self.count_back(&backend, &nesting.hold.token, &nesting.hold.status);
+            let script = executor::script_of(&step)?;
+            let (reply, sent_at) = attempt_direct(&shared, script, Wait::Forever, undo)?;
+            Ok(step.parse(reply)?.then_some(sent_at))
         });
         self.finish_reentry(nesting, lease, begun, outcome, None)
     }
@@ -817,7 +896,7 @@ impl<P: Leased> Holder<P> {
             }
             ticket.held = Some(hold.token.clone());
         }
-        hold.depth = nesting.depth;
+        hold.set_depth(nesting.depth);
         hold.status
             .answered_at_least(begun, lease::deadline(sent_at, lease));
         Ok(true)
@@ -835,7 +914,7 @@ impl<P: Leased> Holder<P> {
             return Ok(None);
         }
         if hold.status.is_lost() {
-            hold.depth -= 1;
+            hold.set_depth(hold.depth - 1);
             return Err(lost_error());
         }
         Ok(Some(Nesting {
@@ -856,7 +935,7 @@ impl<P: Leased> Holder<P> {
         let answered = outcome?;
         if let State::Held(hold) = &mut *self.state() {
             if hold.token == nesting.hold.token && hold.depth == nesting.depth + 1 {
-                hold.depth = nesting.depth;
+                hold.set_depth(nesting.depth);
             }
         }
         if answered {

@@ -18,7 +18,7 @@
 //! (`renewal_answered`), and the caller's extend, on its own thread, waits for that before it
 //! returns (`wait_for_renewal`), so that the lease it asked for is the one in Redis.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -185,6 +185,9 @@ pub struct HoldStatus {
     pub(super) masters_run_ids: Vec<Option<Arc<str>>>,
     /// Told when the caller moved the deadline (`extend`): the renewal task plans again.
     moved: tokio::sync::Notify,
+    /// The hold count (`Hold::depth`, kept in step with it): what a re-entry that did not count
+    /// sets the count in Redis back to, from the background, when that runs.
+    depth: AtomicU32,
 }
 
 impl HoldStatus {
@@ -207,6 +210,7 @@ impl HoldStatus {
             run_id: None,
             masters_run_ids: Vec::new(),
             moved: tokio::sync::Notify::new(),
+            depth: AtomicU32::new(1),
         }
     }
 
@@ -385,6 +389,15 @@ impl HoldStatus {
     /// Resolves once the caller moved the deadline (see `move_deadline`).
     pub async fn deadline_moved(&self) {
         self.moved.notified().await;
+    }
+
+    /// The hold count as the holder last set it (see `set_depth`).
+    pub fn depth(&self) -> u32 {
+        self.depth.load(Ordering::SeqCst)
+    }
+
+    pub(super) fn set_depth(&self, depth: u32) {
+        self.depth.store(depth, Ordering::SeqCst);
     }
 
     pub fn is_lost(&self) -> bool {

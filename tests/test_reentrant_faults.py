@@ -1,0 +1,219 @@
+"""A re-entry of `Lock(reentrant=True)` that raised or was cancelled did not count: the holder
+keeps its depth, and the hold count in Redis (`prefix{name}:lock:holds`, which the command line
+shows) must say the same once the request that went out has run.
+
+The re-entry's request reaches Redis after the caller gave up on it: held up past
+`command_timeout` by the proxy, its reply late, the caller interrupted (Ctrl-C) or its asyncio
+task cancelled while the server is paused (SIGSTOP, always SIGCONTinued). Before, Redis kept the
+count one level up (2 while the owner held 1) until the outermost release: 5 of 5 runs of each
+case in the fault audit.
+"""
+
+from __future__ import annotations
+
+import _thread
+import asyncio
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+import pytest
+import redis
+import redmutex
+import redmutex.aio
+from _helpers import wait_until
+from _proxy import FaultProxy
+from redmutex._server import RedisServer
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+LATE = 1.5  # how late the re-entry's request (or its reply) is, past the 0.5 s command_timeout
+# How soon after its request ran the count is back: the give-back is sent once the late call
+# was answered, well within this on a loaded machine (the lease is 30 s).
+SETTLES_WITHIN = 5.0
+
+
+def _keys(prefix: str, name: str) -> tuple[bytes, bytes]:
+    base = prefix + "{" + name + "}:lock"
+    return base.encode(), (base + ":holds").encode()
+
+
+@pytest.fixture
+def proxy(redis_server: RedisServer) -> Iterator[FaultProxy]:
+    with FaultProxy(redis_server.port) as p:
+        yield p
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("api", ["sync", "asyncio"])
+@pytest.mark.parametrize("late", ["request", "reply"])
+def test_a_reentry_that_timed_out_leaves_the_count_as_it_was(
+    proxy: FaultProxy, r: redis.Redis, prefix: str, api: str, late: str
+) -> None:
+    name = f"late-reentry-{api}-{late}"
+    lock_key, holds_key = _keys(prefix, name)
+    c = redmutex.Client(proxy.url, prefix=prefix, connect_timeout=1.0, command_timeout=0.5)
+    try:
+        if api == "sync":
+            lock = redmutex.Lock(c, name, ttl=30, reentrant=True)
+            assert lock.acquire(timeout=0)
+            assert lock.acquire(timeout=0)  # warm up: the re-entry's script is loaded
+            lock.release()
+            proxy.set_latency(LATE, "c2s" if late == "request" else "s2c")
+            with pytest.raises(redmutex.ConnectionError):
+                lock.acquire(timeout=0)
+            depth = lock._depth
+        else:
+
+            async def main() -> int:
+                lock = redmutex.aio.Lock(c, name, ttl=30, reentrant=True)
+                assert await lock.acquire(timeout=0)
+                assert await lock.acquire(timeout=0)
+                await lock.release()
+                proxy.set_latency(LATE, "c2s" if late == "request" else "s2c")
+                with pytest.raises(redmutex.ConnectionError):
+                    await lock.acquire(timeout=0)
+                depth = int(lock._core._depth)
+                await asyncio.sleep(LATE + 0.5)
+                proxy.set_latency(0.0)
+                await asyncio.to_thread(
+                    wait_until,
+                    lambda: r.get(holds_key) is None,
+                    SETTLES_WITHIN,
+                    "the count to be set back",
+                )
+                await lock.release()
+                return depth
+
+            depth = asyncio.run(main())
+            assert depth == 1
+            assert r.exists(lock_key, holds_key) == 0
+            return
+        assert depth == 1  # the re-entry did not count
+        time.sleep(LATE + 0.5)  # the late request has run by now
+        proxy.set_latency(0.0)
+        wait_until(lambda: r.get(holds_key) is None, SETTLES_WITHIN, "the count to be set back")
+        assert lock.owned()
+        lock.release()  # the one level held is the last
+        assert lock.token is None
+        assert r.exists(lock_key, holds_key) == 0
+    finally:
+        proxy.set_latency(0.0)
+        c.close()
+
+
+class _Paused:
+    """SIGSTOPs a server of ours for the block (SIGCONT whatever happens, also on resume())."""
+
+    def __init__(self, server: RedisServer) -> None:
+        assert server.process is not None
+        self.pid = server.process.pid
+        self.stopped = False
+
+    def __enter__(self) -> Self:
+        os.kill(self.pid, signal.SIGSTOP)
+        self.stopped = True
+        return self
+
+    def resume(self) -> None:
+        if self.stopped:
+            os.kill(self.pid, signal.SIGCONT)
+            self.stopped = False
+
+    def __exit__(self, *exc: object) -> None:
+        self.resume()
+
+
+def _interrupted(call: Callable[[], object]) -> str:
+    """Runs `call` while a timer interrupts this (main) thread 0.3 s in; what it ended with."""
+    timer = threading.Timer(0.3, _thread.interrupt_main)
+    outcome = "not ended"
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        timer.start()
+        try:
+            outcome = repr(call())
+        except KeyboardInterrupt:
+            outcome = "interrupt"
+        timer.join()
+        for _ in range(20):  # a late interrupt is raised here, not in pytest
+            time.sleep(0.01)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return outcome
+
+
+@pytest.mark.timeout(60)
+def test_an_interrupted_reentry_leaves_the_count_as_it_was(
+    make_server: Callable[..., RedisServer], prefix: str
+) -> None:
+    server = make_server()
+    name = "interrupted-reentry"
+    lock_key, holds_key = _keys(prefix, name)
+    r = redis.Redis(port=server.port)
+    c = redmutex.Client(server.url, prefix=prefix, command_timeout=5.0)
+    try:
+        lock = redmutex.Lock(c, name, ttl=30, reentrant=True)
+        assert lock.acquire(timeout=0)
+        assert lock.acquire(timeout=0)
+        lock.release()
+        with _Paused(server) as paused:
+            outcome = _interrupted(lambda: lock.acquire(timeout=10))
+            paused.resume()
+        assert outcome == "interrupt", outcome
+        assert lock._depth == 1
+        wait_until(lambda: r.get(holds_key) is None, SETTLES_WITHIN, "the count to be set back")
+        # the count stays right: it is not set back over a later re-entry that counted
+        assert lock.acquire(timeout=0)
+        time.sleep(0.3)
+        assert r.get(holds_key) == f"{lock.token} 2".encode()
+        lock.release()
+        lock.release()
+        assert r.exists(lock_key, holds_key) == 0
+    finally:
+        c.close()
+        r.close()
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.timeout is 3.11+")
+@pytest.mark.timeout(60)
+def test_a_reentry_cancelled_after_it_was_sent_leaves_the_count_as_it_was(
+    make_server: Callable[..., RedisServer], prefix: str
+) -> None:
+    server = make_server()
+    name = "cancelled-reentry"
+    lock_key, holds_key = _keys(prefix, name)
+    r = redis.Redis(port=server.port)
+    c = redmutex.Client(server.url, prefix=prefix, command_timeout=5.0)
+
+    async def main() -> None:
+        lock = redmutex.aio.Lock(c, name, ttl=30, reentrant=True)
+        assert await lock.acquire(timeout=0)
+        assert await lock.acquire(timeout=0)
+        await lock.release()
+        with _Paused(server) as paused:
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.3):
+                    await lock.acquire(timeout=10)
+            paused.resume()
+        assert lock._core._depth == 1
+        await asyncio.to_thread(
+            wait_until, lambda: r.get(holds_key) is None, SETTLES_WITHIN, "the count to be set back"
+        )
+        assert await lock.owned()
+        await lock.release()
+        assert lock.token is None
+
+    try:
+        asyncio.run(main())
+        assert r.exists(lock_key, holds_key) == 0
+    finally:
+        c.close()
+        r.close()
