@@ -12,7 +12,7 @@ import contextlib
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redmutex
@@ -167,3 +167,126 @@ def test_a_release_after_the_lease_ran_out_is_still_a_lost_lock(setup: Setup) ->
     time.sleep(0.5)
     assert setup.owners(name) == [None, None, None]
     assert _release_with_every_reply_lost(setup, name, "X") is False
+
+
+# A drawn identifier (`acquire_lock` without one, `redis_lock`) is nobody else's: on a Redlock
+# client it goes as a Lock's token, so a vote of unknown outcome (its reply lost, or late past
+# the command timeout) is given back by identifier, and a resend that finds it counts its grant.
+
+LTIME = 8.0  # the orphaned votes' lease: what another caller waited before the give-back
+SOON = 4.0  # how long another caller may wait instead (generous: a noisy 2-core machine)
+
+
+def _other_caller_waits(setup: Setup, name: str) -> float:
+    """Seconds another client waited for `name`; fails when it did not get it within SOON."""
+    started = time.monotonic()
+    identifier = redmutex.acquire_lock(setup.direct, name, atime=SOON, ltime=1)
+    waited = time.monotonic() - started
+    assert identifier, (
+        f"{name}: another caller waited {SOON} s in vain, owners {setup.owners(name)}"
+    )
+    assert redmutex.release_lock(setup.direct, name, identifier)
+    return waited
+
+
+def _acquire_lock(client: redmutex.Client, name: str) -> object:
+    return redmutex.acquire_lock(client, name, atime=0, ltime=LTIME)
+
+
+def _enter_redis_lock(client: redmutex.Client, name: str) -> object:
+    with redmutex.redis_lock(client, name, atime=0, ltime=LTIME) as identifier:
+        return identifier
+
+
+def _lock_acquire(client: redmutex.Client, name: str) -> object:
+    return redmutex.Lock(client, name, ttl=LTIME).acquire(blocking=False)
+
+
+@pytest.mark.parametrize("acquire", [_acquire_lock, _enter_redis_lock, _lock_acquire])
+def test_a_drawn_identifier_whose_votes_were_lost_is_given_back(
+    setup: Setup, acquire: Callable[[redmutex.Client, str], object]
+) -> None:
+    # Every master sets the identifier, its reply is lost and the resend black-holed: no
+    # majority answered (QuorumError). Before, a recipe's votes were not given back at all, and
+    # a Lock's give-back was sent once: lost too when it went out before the masters could be
+    # reached again (its new connection cut with the black hole), leaving the name held on a
+    # majority until the lease ended. Such a give-back is now sent again until it lands.
+    for i in range(4):
+        name = f"rl-drawn-lost-{i}-{uuid.uuid4().hex[:6]}"
+        for proxy in setup.proxies:
+            proxy.drop_reply_to(f"{{{name}}}".encode(), then_blackhole=True)
+        try:
+            with pytest.raises(redmutex.QuorumError):
+                acquire(setup.faulty, name)
+        finally:
+            for proxy in setup.proxies:
+                proxy.heal()
+                proxy.disarm()
+        assert all(p.reply_dropped.is_set() for p in setup.proxies), "the test proved nothing"
+        assert _other_caller_waits(setup, name) < SOON
+
+
+def test_a_drawn_identifier_whose_votes_came_too_late_is_given_back(setup: Setup) -> None:
+    # Every master ran the vote, but its reply comes after the command timeout.
+    for i in range(3):
+        name = f"rl-drawn-late-{i}-{uuid.uuid4().hex[:6]}"
+        for proxy in setup.proxies:
+            proxy.set_latency(1.5, "s2c")
+        try:
+            with pytest.raises(redmutex.QuorumError):
+                redmutex.acquire_lock(setup.faulty, name, atime=0, ltime=LTIME)
+        finally:
+            for proxy in setup.proxies:
+                proxy.set_latency(0, "s2c")
+        assert _other_caller_waits(setup, name) < SOON
+
+
+def test_a_drawn_identifier_whose_first_replies_were_lost_takes_its_own_grants(
+    setup: Setup,
+) -> None:
+    # Every master's reply is lost and its resend finds the drawn identifier in place, which
+    # only this call's first send can have set: the call holds the lock. Before, each master
+    # counted as busy: False at once, and the name held until `ltime` with nobody to release it.
+    for i in range(3):
+        name = f"rl-drawn-resent-{i}-{uuid.uuid4().hex[:6]}"
+        for proxy in setup.proxies:
+            proxy.drop_reply_to(f"{{{name}}}".encode())
+        try:
+            identifier = redmutex.acquire_lock(setup.faulty, name, atime=0, ltime=LTIME)
+        finally:
+            for proxy in setup.proxies:
+                proxy.disarm()
+        assert any(p.reply_dropped.is_set() for p in setup.proxies), "the test proved nothing"
+        assert isinstance(identifier, str)
+        setup.wait_held_everywhere(name, identifier.encode())
+        assert redmutex.release_lock(setup.faulty, name, identifier) is True
+        assert setup.owners(name) == [None, None, None]
+
+
+def test_a_drawn_identifiers_release_whose_replies_were_lost_is_a_release(setup: Setup) -> None:
+    # As for a chosen identifier above: each master's delete ran and its reply was lost; the
+    # resend finds the identifier gone, and the release went out while the lease was ours.
+    for i in range(3):
+        name = f"rl-drawn-release-lost-{i}-{uuid.uuid4().hex[:6]}"
+        identifier = redmutex.acquire_lock(setup.faulty, name, atime=1, ltime=10)
+        assert isinstance(identifier, str)
+        setup.wait_held_everywhere(name, identifier.encode())
+        assert _release_with_every_reply_lost(setup, name, identifier) is True
+        assert setup.owners(name) == [None, None, None]
+
+
+def test_a_chosen_identifiers_lost_votes_are_not_given_back(setup: Setup) -> None:
+    # The control: a caller-chosen identifier found in place may be another call's hold, so the
+    # votes whose replies were lost are left to lapse after `ltime`.
+    name = f"rl-chosen-lost-{uuid.uuid4().hex[:6]}"
+    for proxy in setup.proxies[:2]:
+        proxy.drop_reply_to(f"{{{name}}}".encode(), then_blackhole=True)
+    try:
+        with pytest.raises(redmutex.QuorumError):
+            redmutex.acquire_lock(setup.faulty, name, "X", atime=0, ltime=LTIME)
+    finally:
+        for proxy in setup.proxies:
+            proxy.heal()
+            proxy.disarm()
+    time.sleep(1.5)  # a give-back would have landed by now
+    assert setup.owners(name)[:2] == [b"X", b"X"]
