@@ -337,8 +337,8 @@ pub async fn release(shared: &Shared, keys: &Keys, token: &str) -> Result<bool> 
 /// after a dropped connection, and an attempt whose outcome is unknown is not given back (what
 /// it finds may be the other call's hold). A token the library drew is nobody else's: on one
 /// server it goes as a `Lock`'s (a resend that finds it found its own grant; an attempt whose
-/// outcome is unknown is given back in the background). On Redlock it stays a chosen one, whose
-/// kept votes let `release_lock` resend (see `Redlock::release_chosen`).
+/// outcome is unknown is given back in the background), on Redlock too, where `release_lock`
+/// then releases it as a Lock's hold (see `redlock_lock::acquire_recipe`).
 pub async fn acquire_on(
     backend: &Backend,
     spec: &LockSpec,
@@ -348,7 +348,7 @@ pub async fn acquire_on(
 ) -> Result<Option<Granted>> {
     match backend {
         Backend::Single(shared) => acquire_from(shared, spec, token, wait, None, chosen).await,
-        Backend::Redlock(r) => redlock_lock::acquire(r, spec, token, wait, true).await,
+        Backend::Redlock(r) => redlock_lock::acquire_recipe(r, spec, token, wait, chosen).await,
     }
 }
 

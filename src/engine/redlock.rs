@@ -105,6 +105,10 @@ type ReleasesUnderWay = Arc<Mutex<Vec<Vec<(u64, Releasing)>>>>;
 pub(super) enum Whose {
     /// One the library drew, never used again: decided by majority, the rest in the background.
     Drawn,
+    /// One the library drew for a recipe (`acquire_lock` without an identifier), whose hold this
+    /// client won: deleted and resent as `Drawn`'s, but every master's answer is awaited, as
+    /// `release_lock` does for any identifier: when it returns, no delete is still on its way.
+    DrawnRecipe,
     /// One the caller chose, which another call may take next (the recipes' identifier): every
     /// master's answer is awaited, so that no send still on its way can delete the next holder's
     /// copy after the release returned. `Some`: this client won the hold, and the release goes
@@ -129,9 +133,21 @@ pub struct Redlock {
     run_ids: Mutex<Vec<Option<String>>>,
     /// Set (for good) once two masters turned out to be one server.
     refused: OnceLock<String>,
-    /// Holds of caller-chosen tokens won through this client, per (lock key, token): the masters
-    /// where their own votes set the token, the only ones their release deletes (see `Held`).
-    holds: Mutex<HashMap<(Vec<u8>, String), Held>>,
+    /// The recipes' holds won through this client, per (lock key, token), for their release
+    /// (see `RecipeHold`).
+    holds: Mutex<HashMap<(Vec<u8>, String), RecipeHold>>,
+}
+
+/// A hold that a recipe (`acquire_lock`) won through this client, kept for `release_chosen`.
+pub(super) enum RecipeHold {
+    /// An identifier the caller chose: the masters where this hold's own votes set it, the only
+    /// ones its release deletes (see `Held`).
+    Chosen(Held),
+    /// An identifier the library drew, which went as a Lock's token (nobody else has it): its
+    /// release goes as a Lock hold's, by token on every master and resent after a broken
+    /// connection, a "not ours" then counting as its first send's work (see `Granted`); every
+    /// master's answer is awaited (`Whose::DrawnRecipe`).
+    Drawn(Arc<Granted>),
 }
 
 /// A hold's release as the hold knows it, so that a master's "not ours" that may be the work of
@@ -566,6 +582,7 @@ impl Redlock {
         // win; Some(Some(held)): one it won.
         let (early, chosen) = match whose {
             Whose::Drawn => (!refused, None),
+            Whose::DrawnRecipe => (false, None),
             Whose::Chosen(held) => (false, Some(held)),
         };
         let mut sends = Vec::with_capacity(self.masters.len());
@@ -674,11 +691,14 @@ impl Redlock {
             .unwrap_or_default()
     }
 
-    /// `release` of a token the caller chose: when this client won the hold, only on the masters
-    /// where its own votes set the token (a token on any other master belongs to another call
-    /// with the same identifier, and deleting it could let a third call in beside that one);
-    /// otherwise (released by another client) on every master. Waits for every master's answer
-    /// (see `Whose::Chosen`).
+    /// `release` of a recipe's token (`release_lock`). A caller-chosen one's hold that this
+    /// client won: only on the masters where its own votes set the token (a token on any other
+    /// master belongs to another call with the same identifier, and deleting it could let a
+    /// third call in beside that one); waits for every master's answer (see `Whose::Chosen`).
+    /// A drawn one's hold that this client won: as a Lock's hold, every answer awaited
+    /// (`RecipeHold::Drawn`). A hold
+    /// this client did not win (released by another client): on every master, not resent, every
+    /// answer awaited, since nothing tells whose the token is.
     pub async fn release_chosen(&self, keys: &Keys, token: &str) -> Result<bool> {
         let hold = self
             .holds
@@ -686,13 +706,25 @@ impl Redlock {
             .unwrap_or_else(|p| p.into_inner())
             .remove(&(keys.lock(), token.to_string()));
         let step = Arc::new(lock::release_chosen(keys, token));
-        self.release_where(token, step, Whose::Chosen(hold), None)
-            .await
+        match hold {
+            Some(RecipeHold::Drawn(granted)) => {
+                self.release_where(token, step, Whose::DrawnRecipe, Some(granted))
+                    .await
+            }
+            Some(RecipeHold::Chosen(held)) => {
+                self.release_where(token, step, Whose::Chosen(Some(held)), None)
+                    .await
+            }
+            None => {
+                self.release_where(token, step, Whose::Chosen(None), None)
+                    .await
+            }
+        }
     }
 
-    /// Keeps the hold of a caller-chosen `token` on the lock `key` that this client won: where
-    /// its votes set the token, for `release_chosen`.
-    pub(super) fn keep_hold(&self, key: Vec<u8>, token: &str, held: Held) {
+    /// Keeps the hold of a recipe's `token` on the lock `key` that this client won, for
+    /// `release_chosen`.
+    pub(super) fn keep_hold(&self, key: Vec<u8>, token: &str, held: RecipeHold) {
         self.holds
             .lock()
             .unwrap_or_else(|p| p.into_inner())

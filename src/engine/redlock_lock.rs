@@ -12,7 +12,7 @@ use futures_util::FutureExt;
 
 use super::error::{Error, Result};
 use super::node::Retry;
-use super::redlock::{Held, Redlock};
+use super::redlock::{self, Held, RecipeHold, Redlock};
 use super::redlock_held::HeldVotes;
 use super::redlock_lease::{self, send_step, Ballot, QuorumContender, Sent};
 use super::replicas::attempt_with_replicas;
@@ -218,11 +218,36 @@ pub async fn acquire(
     let won = redlock_lease::acquire_won(redlock, &contender, token, wait).await?;
     if let (Some(won), Some(held)) = (&won, held) {
         held.agreed(won.fence, lease::deadline(won.start, spec.lease));
-        redlock.keep_hold(spec.keys.lock(), token, held);
+        redlock.keep_hold(spec.keys.lock(), token, RecipeHold::Chosen(held));
     }
     Ok(won.map(|won| Granted {
         fence: won.fence,
         sent_at: won.start,
         lease: spec.lease,
     }))
+}
+
+/// A recipe's acquire (`acquire_lock`) of `token`; `chosen`: the caller chose it (`acquire`'s
+/// `shared_token`). One the library drew is nobody else's, so it goes as a Lock's token: a vote
+/// resent after a broken connection that finds it in place counts its own first send's grant,
+/// and a round not won (or an acquire cancelled) gives it back by token on every master that
+/// did not say busy, those whose vote was lost or late included, where a chosen one's votes can
+/// only be given back where their grant was heard. Either hold won is kept for `release_lock`
+/// (`RecipeHold`).
+pub async fn acquire_recipe(
+    redlock: &Arc<Redlock>,
+    spec: &LockSpec,
+    token: &str,
+    wait: Wait,
+    chosen: bool,
+) -> Result<Option<Granted>> {
+    let granted = acquire(redlock, spec, token, wait, chosen).await?;
+    if let (false, Some(g)) = (chosen, &granted) {
+        let hold = redlock::Granted {
+            deadline: lease::deadline(g.sent_at, g.lease),
+            run_ids: redlock.run_ids(),
+        };
+        redlock.keep_hold(spec.keys.lock(), token, RecipeHold::Drawn(Arc::new(hold)));
+    }
+    Ok(granted)
 }
