@@ -28,7 +28,7 @@ use super::redlock::{
     SPLIT_PAUSE_MAX,
 };
 use super::runtime;
-use super::waiting::{undo_unknown, Undo, UndoStep, Wait};
+use super::waiting::{self, undo_unknown, Undo, Wait};
 use crate::protocol::lease;
 use crate::protocol::quorum::{self, Outcome, Tally, Vote};
 use crate::protocol::step::Step;
@@ -137,9 +137,13 @@ type SharedVote<R> = SharedFuture<BoxFuture<'static, LeaseVote<R>>>;
 type GiveBacks = Vec<Option<GiveBackUnderWay>>;
 
 struct GiveBackUnderWay {
-    handle: tokio::task::JoinHandle<()>,
+    /// Done once sent; false when its master could not be reached (see `give_back_on`).
+    handle: tokio::task::JoinHandle<bool>,
     /// It wakes nobody: if the acquire ends without a hold, a wake-up follows it (`acquire_won`).
     quiet: bool,
+    /// It deletes by token (one the library drew, no `Held`), so once the acquire has ended
+    /// without a hold it may be sent again until it lands (see `settle_give_backs`).
+    by_token: bool,
 }
 
 /// Waits for the give-backs still under way.
@@ -209,7 +213,7 @@ async fn vote<R: Send + 'static>(
     redlock: Arc<Redlock>,
     index: usize,
     send: Sent<R>,
-    before: Option<tokio::task::JoinHandle<()>>,
+    before: Option<tokio::task::JoinHandle<bool>>,
     releases: Vec<Releasing>,
 ) -> LeaseVote<R> {
     if let Some(give_back) = before {
@@ -236,7 +240,8 @@ async fn vote<R: Send + 'static>(
 /// Sends `step` (`quiet`: the give-back that wakes nobody) to master `index` in the
 /// background, after `late` (its vote still out); for a token the caller chose, only where this
 /// call's own vote set it, and resent after a broken connection only as the delete of that
-/// grant (see `HeldVotes`).
+/// grant (see `HeldVotes`). The task ends false when the master could not be reached (nothing
+/// may have run there).
 fn give_back_on(
     redlock: &Arc<Redlock>,
     index: usize,
@@ -245,7 +250,7 @@ fn give_back_on(
     late: Option<PendingVote>,
     held: Option<Held>,
     token: &str,
-) -> Option<tokio::task::JoinHandle<()>> {
+) -> Option<tokio::task::JoinHandle<bool>> {
     let redlock = redlock.clone();
     let token = token.to_string();
     runtime::handle().ok().map(|h| {
@@ -254,16 +259,17 @@ fn give_back_on(
                 vote.await;
             }
             let (Some(m), Some(inv)) = (redlock.masters.get(index), step.invocation()) else {
-                return;
+                return true;
             };
             let node = &m.shared.node;
-            let _ = match &held {
+            let sent = match &held {
                 None => node.invoke(inv, Retry::Once).await,
                 Some(held) => match held.take(index, &token, quiet) {
                     Some(resend) => node.invoke_or_resend(inv, &resend).await,
-                    None => return,
+                    None => return true,
                 },
             };
+            !matches!(sent, Err(err) if err.is_connection())
         })
     })
 }
@@ -416,8 +422,13 @@ async fn round<C: QuorumContender>(
             continue;
         }
         let late = still_out.get_mut(i).and_then(Option::take);
-        *slot = give_back_on(redlock, i, step.clone(), quiet, late, held.clone(), token)
-            .map(|handle| GiveBackUnderWay { handle, quiet });
+        *slot = give_back_on(redlock, i, step.clone(), quiet, late, held.clone(), token).map(
+            |handle| GiveBackUnderWay {
+                handle,
+                quiet,
+                by_token: held.is_none(),
+            },
+        );
     }
     if let Err(err) = distinct {
         // Two masters are one server: refused for good, so the acquire ends here, and what
@@ -560,9 +571,10 @@ pub(super) async fn acquire_won<C: QuorumContender>(
         cleanup.leave();
     }
     if !matches!(outcome, Ok(Some(_))) {
-        wake_after_quiet_give_backs(redlock, contender.channel(), &mut give_backs);
+        let (channel, lease) = (contender.channel(), contender.lease());
+        settle_give_backs(redlock, channel, &give_back.waking, lease, &mut give_backs);
         if cleanup.held.is_none() {
-            give_back_after_late_votes(redlock, &give_back.waking, contender.lease());
+            give_back_after_late_votes(redlock, &give_back.waking, lease);
         }
     }
     outcome
@@ -580,46 +592,74 @@ fn give_back_after_late_votes(redlock: &Arc<Redlock>, step: &Arc<Step<bool>>, le
         if master.shared.node.overdue_calls().is_empty() {
             continue;
         }
-        let undo = || {
-            let (redlock, step) = (redlock.clone(), step.clone());
-            let step = move || -> UndoStep {
-                let (redlock, step) = (redlock.clone(), step.clone());
-                Box::pin(async move {
-                    let (Some(m), Some(inv)) = (redlock.masters.get(index), step.invocation())
-                    else {
-                        return Ok(());
-                    };
-                    m.shared.node.invoke(inv, Retry::Once).await.map(|_| ())
-                })
-            };
-            Undo {
-                step: Box::new(step),
-                horizon: lease,
-            }
-        };
-        undo_unknown(&master.shared, undo);
+        undo_unknown(&master.shared, || {
+            give_back_again(redlock.clone(), index, step.clone(), lease)
+        });
     }
 }
 
-/// An acquire that ends without a hold no longer competes: whoever found a master busy with
-/// one of its grants given back quietly (see `round`) is woken there, once the give-back landed.
-fn wake_after_quiet_give_backs(
+/// An acquire that ends without a hold no longer competes:
+/// - a give-back by token that could not reach its master (the vote's reply lost and the
+///   master cut off for a moment, or the connection it opened for the give-back lost with it)
+///   is sent again with backoff until `lease` has passed, as a give-back on one server is
+///   (`waiting::spawn_undo`), rather than leaving the name held there for that lease. No later
+///   grant can be deleted so: every later vote of the acquire has been sent, and a token the
+///   library drew is never asked for again. It goes in its waking form, so whoever found that
+///   master busy is woken once it lands; a chosen token's give-back is not sent again (which
+///   grant it may delete is known only to its first try, see `Held`);
+/// - whoever found a master busy with one of its grants given back quietly (see `round`) is
+///   woken there, once the give-back landed.
+fn settle_give_backs(
     redlock: &Arc<Redlock>,
     channel: Vec<u8>,
+    waking: &Arc<Step<bool>>,
+    lease: Duration,
     give_backs: &mut GiveBacks,
 ) {
     for (i, slot) in give_backs.iter_mut().enumerate() {
-        let Some(under_way) = slot.take_if(|g| g.quiet) else {
+        let Some(under_way) = slot.take_if(|g| g.quiet || g.by_token) else {
             continue;
         };
-        let (redlock, channel) = (redlock.clone(), channel.clone());
+        let (redlock, channel, waking) = (redlock.clone(), channel.clone(), waking.clone());
         runtime::spawn(async move {
-            let _ = under_way.handle.await;
+            let landed = under_way.handle.await.unwrap_or(true);
+            if !landed && under_way.by_token {
+                waiting::spawn_undo(give_back_again(redlock, i, waking, lease));
+                return;
+            }
+            if !under_way.quiet {
+                return;
+            }
             if let Some(master) = redlock.masters.get(i) {
                 let publish = redis::cmd("PUBLISH").arg(channel).arg("").clone();
                 let _: Result<i64> = master.shared.node.query(&publish, Retry::Once).await;
             }
         });
+    }
+}
+
+/// The give-back `step` on master `index`, tried until the master answers or `horizon` ends.
+fn give_back_again(
+    redlock: Arc<Redlock>,
+    index: usize,
+    step: Arc<Step<bool>>,
+    horizon: Duration,
+) -> Undo {
+    Undo {
+        step: Box::new(move || {
+            let (redlock, step) = (redlock.clone(), step.clone());
+            async move {
+                let (Some(m), Some(inv)) = (redlock.masters.get(index), step.invocation()) else {
+                    return Ok(());
+                };
+                match m.shared.node.invoke(inv, Retry::Once).await {
+                    Err(err) if err.is_connection() => Err(err),
+                    _ => Ok(()),
+                }
+            }
+            .boxed()
+        }),
+        horizon,
     }
 }
 
