@@ -18,6 +18,7 @@ import pytest
 import redmutex
 from _proxy import FaultProxy
 from _scale_servers import Masters
+from test_faults_interrupt import _interrupted, _Paused, _sigint
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -290,3 +291,22 @@ def test_a_chosen_identifiers_lost_votes_are_not_given_back(setup: Setup) -> Non
             proxy.disarm()
     time.sleep(1.5)  # a give-back would have landed by now
     assert setup.owners(name)[:2] == [b"X", b"X"]
+
+
+def test_an_interrupted_acquire_lock_is_given_back(setup: Setup) -> None:
+    # Masters 0 and 1 are paused, so their votes are out when Ctrl-C ends the call; once they
+    # run, the drawn identifier holds the name on a majority. Before, the cancelled acquire gave
+    # back only where a grant had been heard (none), leaving it there for `ltime`.
+    for i in range(3):
+        name = f"rl-drawn-interrupted-{i}-{uuid.uuid4().hex[:6]}"
+        servers = setup.masters.servers
+        with _Paused(servers[0]) as first, _Paused(servers[1]) as second:
+
+            def call(name: str = name) -> object:
+                return redmutex.acquire_lock(setup.direct, name, atime=10, ltime=LTIME)
+
+            outcome, _ = _interrupted(call, _sigint)
+            first.resume()
+            second.resume()
+        assert outcome == "interrupt", outcome
+        assert _other_caller_waits(setup, name) < SOON
