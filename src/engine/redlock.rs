@@ -696,9 +696,8 @@ impl Redlock {
     /// master belongs to another call with the same identifier, and deleting it could let a
     /// third call in beside that one); waits for every master's answer (see `Whose::Chosen`).
     /// A drawn one's hold that this client won: as a Lock's hold, every answer awaited
-    /// (`RecipeHold::Drawn`). A hold
-    /// this client did not win (released by another client): on every master, not resent, every
-    /// answer awaited, since nothing tells whose the token is.
+    /// (`RecipeHold::Drawn`). A hold this client did not win (released by another client): on
+    /// every master, not resent, every answer awaited, since nothing tells whose the token is.
     pub async fn release_chosen(&self, keys: &Keys, token: &str) -> Result<bool> {
         let hold = self
             .holds
