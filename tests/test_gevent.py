@@ -224,3 +224,57 @@ def test_patching_after_the_client_was_made(procs: PyProcs, redis_url: str, pref
     # patching, kept its fills per OS thread, so they were refused as asking from their own
     # fill.)
     assert (result["fills"], result["values"]) == (1, [42] * 4), result
+
+
+# A signal whose handler raises (Ctrl-C's KeyboardInterrupt) lands in whatever Python code runs
+# next; here, by a profile hook, in a given helper of `redmutex._greenlets` the core calls (the
+# checks for gevent's patching and for the thread's hub before a wait, the greenlet as an owner).
+INTERRUPTED_HELPER = """
+import os, signal
+target = sys.argv[3]
+fired = []
+def hook(frame, event, arg):
+    code = frame.f_code
+    if (event == "call" and not fired and code.co_name == target
+            and code.co_filename.endswith("_greenlets.py")):
+        fired.append(now())
+        os.kill(os.getpid(), signal.SIGINT)
+if target == "has_hub":
+    redmutex._core._caller()  # the patching is known: a wait asks only for the hub
+def holder():
+    with redmutex.Lock(client, "g-int", ttl=30):
+        gevent.sleep(3)
+h = gevent.spawn(holder)
+gevent.sleep(0.1)
+lock = redmutex.Lock(client, "g-int", ttl=30, reentrant=target == "current")
+sys.setprofile(hook)
+try:
+    outcome = lock.acquire(timeout=10)
+except KeyboardInterrupt:
+    outcome = "KeyboardInterrupt"
+sys.setprofile(None)
+at = now()
+h.join()
+again = lock.acquire(timeout=0)
+print(json.dumps({"fired": bool(fired), "outcome": outcome, "after": at - fired[0] if fired else None,
+                  "again": again}))
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("helper", ["patched", "has_hub", "current"])
+def test_a_signal_in_a_gevent_check_interrupts_the_call(
+    procs: PyProcs, redis_url: str, prefix: str, helper: str
+) -> None:
+    """Ctrl-C that lands while the core asks gevent about the caller ends the call with
+    KeyboardInterrupt, and the object is usable again. Before: the exception was dropped, taken
+    for "no gevent" (or "no hub"), so the wait blocked the OS thread, the holder greenlet with
+    it, until its 10 s ran out (and the KeyboardInterrupt was lost); in `current`, the lost
+    KeyboardInterrupt left the acquire to go on, the OS thread taken for its owner."""
+    code, out, err = procs.run(PRELUDE + INTERRUPTED_HELPER, redis_url, prefix, helper, timeout=90)
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["fired"] is True, result
+    assert result["outcome"] == "KeyboardInterrupt", result
+    assert result["after"] < 2.0, result
+    assert result["again"] is True, result

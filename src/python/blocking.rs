@@ -28,7 +28,7 @@ where
     F::Output: Send,
 {
     let handle = runtime::handle()?;
-    if greenlets::cooperative(py) {
+    if greenlets::cooperative(py)? {
         return wait_cooperatively(py, handle, fut);
     }
     let mut fut = std::pin::pin!(fut);

@@ -45,12 +45,14 @@ static MODULES: PyOnceLock<(Py<PyDict>, Py<PyString>)> = PyOnceLock::new();
 /// Whether gevent has monkey-patched `threading` in this process. Asked on each use until it
 /// has (a dictionary lookup while gevent's `monkey` module is not loaded): a program may patch
 /// after it made its Clients (gunicorn's gevent worker patches in the forked worker, after
-/// `--preload` imported the application).
-fn patched(py: Python<'_>) -> bool {
+/// `--preload` imported the application). An error of the Python side is the caller's: a
+/// signal handler's exception (Ctrl-C's KeyboardInterrupt) may land in it, and must not be
+/// taken for "not patched".
+fn patched(py: Python<'_>) -> PyResult<bool> {
     if PATCHED.load(Ordering::Relaxed) {
-        return true;
+        return Ok(true);
     }
-    let Ok((modules, monkey)) = MODULES.get_or_try_init(py, || -> PyResult<_> {
+    let (modules, monkey) = MODULES.get_or_try_init(py, || -> PyResult<_> {
         let modules = py
             .import("sys")?
             .getattr("modules")?
@@ -59,58 +61,45 @@ fn patched(py: Python<'_>) -> bool {
             modules.unbind(),
             PyString::intern(py, "gevent.monkey").unbind(),
         ))
-    }) else {
-        return false;
-    };
-    if !matches!(modules.bind(py).get_item(monkey.bind(py)), Ok(Some(_))) {
-        return false;
+    })?;
+    if modules.bind(py).get_item(monkey.bind(py))?.is_none() {
+        return Ok(false);
     }
-    let now = helpers(py)
-        .and_then(|m| m.call_method0("patched"))
-        .and_then(|p| p.is_truthy())
-        .unwrap_or(false);
+    let now = helpers(py)?.call_method0("patched")?.is_truthy()?;
     if now {
         PATCHED.store(true, Ordering::Relaxed);
     }
-    now
+    Ok(now)
 }
 
 /// The caller as an owner: the OS thread, or under gevent's patching the greenlet. A number
-/// never reused within the process.
-pub fn context() -> u64 {
+/// never reused within the process. Fails only with what the Python side raised (a signal
+/// handler's exception: see `patched`).
+pub fn context() -> PyResult<u64> {
     let thread = THREAD.with(|t| *t);
     Python::attach(|py| {
-        if !patched(py) {
-            return thread;
+        if !patched(py)? {
+            return Ok(thread);
         }
-        // (`current` cannot fail once gevent is imported; if it did, the thread is the owner,
-        // as without gevent.)
-        helpers(py)
-            .and_then(|m| m.call_method0("current"))
-            .and_then(|id| id.extract::<u64>())
-            .unwrap_or(thread)
+        helpers(py)?.call_method0("current")?.extract::<u64>()
     })
 }
 
 /// Whether a wait on this thread should let its other greenlets run: gevent patched
 /// `threading` and this thread runs a hub (a thread of gevent's threadpool, or a runtime
-/// callback's, has none and blocks as without gevent).
-pub fn cooperative(py: Python<'_>) -> bool {
-    if !patched(py) {
-        return false;
+/// callback's, has none and blocks as without gevent). An error is the caller's (see
+/// `patched`): taken for "no hub", it would block the thread, its other greenlets with it.
+pub fn cooperative(py: Python<'_>) -> PyResult<bool> {
+    if !patched(py)? {
+        return Ok(false);
     }
-    if let Some(known) = HUB.with(Cell::get) {
-        if known {
-            return true;
-        }
+    if HUB.with(Cell::get) == Some(true) {
+        return Ok(true);
     }
     // Asked again until a hub exists: a thread makes its hub on its first gevent call.
-    let has_hub = helpers(py)
-        .and_then(|m| m.call_method0("has_hub"))
-        .and_then(|h| h.is_truthy())
-        .unwrap_or(false);
+    let has_hub = helpers(py)?.call_method0("has_hub")?.is_truthy()?;
     HUB.with(|h| h.set(Some(has_hub)));
-    has_hub
+    Ok(has_hub)
 }
 
 /// What a cooperative wait sleeps on: a socket pair whose writing end is the future's waker
@@ -178,6 +167,6 @@ impl Wakeup {
 /// `_caller()`: the calling thread (or greenlet, under gevent's patching) as `context` numbers
 /// it, for the cache's record of the fills each caller runs.
 #[pyfunction]
-pub fn _caller() -> u64 {
+pub fn _caller() -> PyResult<u64> {
     context()
 }

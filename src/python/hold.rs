@@ -454,14 +454,15 @@ pub trait LockLike: PyClass<Frozen = True> + Sync {
     type Handle: Held;
     fn core(&self) -> &HoldCore<Self::Handle>;
     /// The core that acquire, release, extend and `owned` act on: the object's own, unless the
-    /// object keeps one hold per owner (a re-entrant Lock: the calling thread's).
-    fn owner_core(&self) -> CoreRef<'_, Self::Handle> {
-        CoreRef::Own(self.core())
+    /// object keeps one hold per owner (a re-entrant Lock: the calling thread's; telling the
+    /// caller fails only with what a signal handler raised, see `greenlets::context`).
+    fn owner_core(&self) -> PyResult<CoreRef<'_, Self::Handle>> {
+        Ok(CoreRef::Own(self.core()))
     }
-    /// The core an asyncio call acts on (the owner is the task): `owner_core` unless the object
-    /// keeps one hold per owner (a re-entrant Lock: never another object's, see `PyLock`).
+    /// The core an asyncio call acts on (the owner is the task): the object's own unless the
+    /// object keeps one hold per owner (a re-entrant Lock: never another object's, see `PyLock`).
     fn task_core(&self) -> CoreRef<'_, Self::Handle> {
-        self.owner_core()
+        CoreRef::Own(self.core())
     }
     /// The core whose hold has `token`, whichever thread calls: a token names one hold, and a
     /// call naming it may come from another thread than its owner (an event loop closed there).
@@ -470,12 +471,12 @@ pub trait LockLike: PyClass<Frozen = True> + Sync {
         self.task_core()
     }
     /// The core that `token`, `lost` and `remaining()` describe (see `owner_core`).
-    fn view(&self) -> CoreRef<'_, Self::Handle> {
+    fn view(&self) -> PyResult<CoreRef<'_, Self::Handle>> {
         self.owner_core()
     }
     /// What a blocking acquire tells the primitive of its caller (the read and write locks: the
-    /// calling thread).
-    fn blocking_context() -> Context<Self::Handle>;
+    /// calling thread, or greenlet: see `greenlets::context`).
+    fn blocking_context() -> PyResult<Context<Self::Handle>>;
 }
 
 /// Renewal's listener for the object, when anything may extend its hold in the background
@@ -498,10 +499,10 @@ fn listener_for<C: LockLike>(
 /// The blocking acquire: the engine makes one direct attempt on this thread when the hold
 /// offers it; the runtime (interruptible by signals) only to wait.
 fn acquire_with<C: LockLike>(slf: &Bound<'_, C>, wait: Wait) -> PyResult<bool> {
-    let core = slf.get().owner_core();
+    let core = slf.get().owner_core()?;
     let listener = listener_for(slf, &core)?;
     let holder = core.holder();
-    let context = C::blocking_context();
+    let context = C::blocking_context()?;
     core.call(slf.py(), || {
         holder.acquire_blocking(wait, listener, &context)
     })
@@ -519,7 +520,7 @@ pub fn acquire<C: LockLike>(
 
 /// `__enter__`: acquires within the object's timeout, else LockTimeoutError.
 pub fn enter<'py, C: LockLike>(slf: &Bound<'py, C>) -> PyResult<Bound<'py, C>> {
-    let core = slf.get().owner_core();
+    let core = slf.get().owner_core()?;
     if acquire_with(slf, Wait::from_timeout(core.default_timeout))? {
         return Ok(slf.clone());
     }
@@ -675,33 +676,33 @@ macro_rules! lock_like_methods {
 
             $(#[$release_doc])*
             fn release(&self, py: Python<'_>) -> PyResult<()> {
-                self.owner_core().release(py)
+                self.owner_core()?.release(py)
             }
 
             $(#[$extend_doc])*
             #[pyo3(signature = (ttl=None))]
             fn extend(&self, py: Python<'_>, ttl: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-                self.owner_core().extend(py, ttl)
+                self.owner_core()?.extend(py, ttl)
             }
 
             $(#[$owned_doc])*
             fn owned(&self, py: Python<'_>) -> PyResult<bool> {
-                self.owner_core().owned(py)
+                self.owner_core()?.owned(py)
             }
 
             /// Seconds left on this object's lease; None if not held, 0.0 once the local deadline passed.
-            fn remaining(&self) -> Option<f64> {
-                self.view().remaining()
+            fn remaining(&self) -> PyResult<Option<f64>> {
+                Ok(self.view()?.remaining())
             }
 
             #[getter]
-            fn token(&self) -> Option<String> {
-                self.view().token()
+            fn token(&self) -> PyResult<Option<String>> {
+                Ok(self.view()?.token())
             }
 
             #[getter]
-            fn lost(&self) -> bool {
-                self.view().lost()
+            fn lost(&self) -> PyResult<bool> {
+                Ok(self.view()?.lost())
             }
 
             #[getter]
@@ -720,7 +721,7 @@ macro_rules! lock_like_methods {
 
             #[pyo3(signature = (*exc))]
             fn __exit__(&self, py: Python<'_>, exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
-                self.owner_core().exit(py, exc)
+                self.owner_core()?.exit(py, exc)
             }
 
             // The asyncio side (`redmutex.aio`) awaits these; same semantics as the blocking ones.

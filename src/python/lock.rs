@@ -88,9 +88,9 @@ impl Owners {
         self.by_thread.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The calling thread's core, made (and unused ones of other threads dropped) on first use.
-    fn mine(&self, template: &HoldCore<LockHandle>) -> PyResult<Arc<HoldCore<LockHandle>>> {
-        let me = greenlets::context();
+    /// The core of the calling thread `me` (`greenlets::context`), made (and unused ones of
+    /// other threads dropped) on first use.
+    fn mine(&self, me: u64, template: &HoldCore<LockHandle>) -> PyResult<Arc<HoldCore<LockHandle>>> {
         let mut map = self.map();
         if let Some(core) = map.get(&me) {
             return Ok(core.clone());
@@ -129,12 +129,16 @@ impl Owners {
     /// The calling thread's hold of this name through any re-entrant Lock object of the same
     /// client (see `ThreadHolds`), else this object's core for the thread (`mine`), which is
     /// listed there for the other objects.
-    fn thread_owner(&self, template: &HoldCore<LockHandle>) -> PyResult<Arc<HoldCore<LockHandle>>> {
-        let own = self.mine(template)?;
+    fn thread_owner(
+        &self,
+        me: u64,
+        template: &HoldCore<LockHandle>,
+    ) -> PyResult<Arc<HoldCore<LockHandle>>> {
+        let own = self.mine(me, template)?;
         if own.holder().token().is_some() {
             return Ok(own);
         }
-        let key = self.thread_key(greenlets::context());
+        let key = self.thread_key(me);
         let mut holds = thread_holds();
         if !holds.cores.contains_key(&key) && holds.cores.len() >= holds.sweep_at {
             holds
@@ -162,24 +166,23 @@ impl Owners {
             .cloned()
     }
 
-    /// The calling thread's hold of this name through another object (see `ThreadHolds`).
-    fn held_elsewhere(&self) -> Option<Arc<HoldCore<LockHandle>>> {
-        let key = self.thread_key(greenlets::context());
-        holding(thread_holds().cores.get(&key)?)
+    /// The hold of this name the calling thread `me` has through another object (see
+    /// `ThreadHolds`).
+    fn held_elsewhere(&self, me: u64) -> Option<Arc<HoldCore<LockHandle>>> {
+        holding(thread_holds().cores.get(&self.thread_key(me))?)
     }
 
     /// What the object's state shows to the calling thread: its own hold (or the loss of its
     /// last one), or the one it has through another object; else the hold another thread has
     /// (at most one holds at a time), else a lost one; None when there is nothing to show.
-    fn shown(&self) -> Option<Arc<HoldCore<LockHandle>>> {
-        let me = greenlets::context();
+    fn shown(&self, me: u64) -> Option<Arc<HoldCore<LockHandle>>> {
         let shows = |core: &Arc<HoldCore<LockHandle>>| {
             core.holder().token().is_some() || core.holder().lost()
         };
         let own = self.map().get(&me).filter(|c| shows(c)).cloned();
         // (The map's lock is not held while the registry's is taken: `thread_owner` takes them
         // one after the other too.)
-        if let Some(core) = own.or_else(|| self.held_elsewhere()) {
+        if let Some(core) = own.or_else(|| self.held_elsewhere(me)) {
             return Some(core);
         }
         let map = self.map();
@@ -194,22 +197,23 @@ impl LockLike for PyLock {
     fn core(&self) -> &HoldCore<LockHandle> {
         &self.core
     }
-    fn owner_core(&self) -> CoreRef<'_, LockHandle> {
-        match &self.owners {
+    fn owner_core(&self) -> PyResult<CoreRef<'_, LockHandle>> {
+        Ok(match &self.owners {
             // Making a core fails only when the client cannot name the lock, which it did
-            // already for the object's own core: that one is then as good as any.
+            // already for the object's own core: that one is then as good as any. (Telling the
+            // caller may fail, with what a signal handler raised: that is the call's outcome.)
             Some(owners) => owners
-                .thread_owner(&self.core)
+                .thread_owner(greenlets::context()?, &self.core)
                 .map_or(CoreRef::Own(&self.core), CoreRef::Owner),
             None => CoreRef::Own(&self.core),
-        }
+        })
     }
     /// redmutex.aio keeps one object per task (the owner): a task's calls never act on a hold
     /// of another object, even one of the same thread.
     fn task_core(&self) -> CoreRef<'_, LockHandle> {
         match &self.owners {
-            Some(owners) => owners
-                .mine(&self.core)
+            Some(owners) => greenlets::context()
+                .and_then(|me| owners.mine(me, &self.core))
                 .map_or(CoreRef::Own(&self.core), CoreRef::Owner),
             None => CoreRef::Own(&self.core),
         }
@@ -225,20 +229,24 @@ impl LockLike for PyLock {
             None => self.task_core(),
         }
     }
-    fn view(&self) -> CoreRef<'_, LockHandle> {
-        let shown = self.owners.as_ref().and_then(|owners| {
-            let mine = owners.mine(&self.core).ok();
-            match mine.filter(|c| c.holder().token().is_some() || c.holder().lost()) {
-                Some(core) => Some(core),
-                None => owners.held_elsewhere().or_else(|| owners.shown()),
-            }
-        });
-        match shown {
+    fn view(&self) -> PyResult<CoreRef<'_, LockHandle>> {
+        let Some(owners) = &self.owners else {
+            return Ok(CoreRef::Own(&self.core));
+        };
+        let me = greenlets::context()?;
+        let mine = owners.mine(me, &self.core).ok();
+        let shown = match mine.filter(|c| c.holder().token().is_some() || c.holder().lost()) {
+            Some(core) => Some(core),
+            None => owners.held_elsewhere(me).or_else(|| owners.shown(me)),
+        };
+        Ok(match shown {
             Some(core) => CoreRef::Owner(core),
             None => CoreRef::Own(&self.core),
-        }
+        })
     }
-    fn blocking_context() {}
+    fn blocking_context() -> PyResult<()> {
+        Ok(())
+    }
 }
 
 lock_like_methods! {
@@ -309,8 +317,8 @@ lock_like_methods! {
     }
 
     #[getter]
-    fn fence(&self) -> Option<i64> {
-        self.view().handle.fence()
+    fn fence(&self) -> PyResult<Option<i64>> {
+        Ok(self.view()?.handle.fence())
     }
 
     /// Whether the lock is re-entrant (`reentrant=True`).
@@ -322,8 +330,8 @@ lock_like_methods! {
     /// How many acquires the calling thread's hold stands for (0 when it holds none; more than
     /// 1 only on a re-entrant lock).
     #[getter]
-    fn _depth(&self) -> u32 {
-        self.owner_core().holder().depth()
+    fn _depth(&self) -> PyResult<u32> {
+        Ok(self.owner_core()?.holder().depth())
     }
 
     #[getter]
@@ -336,12 +344,12 @@ lock_like_methods! {
         hold::query_async(py, async move { handle.locked().await }, self.core.about.clone())
     }
 
-    fn __repr__(&self) -> String {
-        format!(
+    fn __repr__(&self) -> PyResult<String> {
+        Ok(format!(
             "Lock('{}', ttl={}, held={})",
             self.core.name,
             self.core.ttl(),
-            self.view().held_repr()
-        )
+            self.view()?.held_repr()
+        ))
     }
 }

@@ -36,7 +36,9 @@ impl LockLike for PyMultiLock {
     fn core(&self) -> &HoldCore<MultiLockHandle> {
         &self.core
     }
-    fn blocking_context() {}
+    fn blocking_context() -> PyResult<()> {
+        Ok(())
+    }
 }
 
 /// The `names` argument: an iterable of non-empty str (not a str itself), each once.

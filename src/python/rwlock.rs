@@ -178,7 +178,7 @@ impl LockLike for PyRwSide {
     fn core(&self) -> &HoldCore<RwHandle> {
         &self.core
     }
-    fn blocking_context() -> u64 {
+    fn blocking_context() -> PyResult<u64> {
         // The calling thread (or greenlet, under gevent), as the deadlock guard tells contexts
         // apart.
         greenlets::context()

@@ -30,7 +30,9 @@ impl LockLike for PySemaphore {
     fn core(&self) -> &HoldCore<SemaphoreHandle> {
         &self.core
     }
-    fn blocking_context() {}
+    fn blocking_context() -> PyResult<()> {
+        Ok(())
+    }
 }
 
 lock_like_methods! {
