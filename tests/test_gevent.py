@@ -278,3 +278,47 @@ def test_a_signal_in_a_gevent_check_interrupts_the_call(
     assert result["outcome"] == "KeyboardInterrupt", result
     assert result["after"] < 2.0, result
     assert result["again"] is True, result
+
+
+# The redis-py shim imported before the patching (gunicorn's `--preload`), one Lock object shared
+# by greenlets, as redis-py's own Lock is (`thread_local=True`: the token is the acquiring
+# thread's; under the patching, greenlet's).
+SHIM_PATCHED_LATER = """
+import json, sys
+import redis
+from redmutex.compat.redis_py import Lock
+from gevent import monkey
+monkey.patch_all()
+import gevent
+r = redis.Redis.from_url(sys.argv[1])
+lock = Lock(r, sys.argv[2] + "g-shim", timeout=30)
+seen = {}
+def holder():
+    seen["acquired"] = lock.acquire(blocking_timeout=5)
+    gevent.sleep(0.3)
+    seen["owned_at_end"] = lock.owned()
+    lock.release()
+def other():
+    gevent.sleep(0.1)
+    seen["other_owned"] = lock.owned()
+    seen["other_token"] = lock.local.token and lock.local.token.decode()
+gevent.joinall([gevent.spawn(holder), gevent.spawn(other)], raise_error=True)
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_the_redis_py_shim_imported_before_the_patching_keeps_tokens_per_greenlet(
+    procs: PyProcs, redis_url: str, prefix: str
+) -> None:
+    """Before: the token lived in a `threading.local` subclass made at import, per OS thread,
+    so another greenlet saw the holder's token: its `owned()` was True and its `release()`
+    released the holder's lock (the holder's own release then raised LockError)."""
+    code, out, err = procs.run(SHIM_PATCHED_LATER, redis_url, prefix, timeout=90)
+    assert code == 0, err
+    assert json.loads(out) == {
+        "acquired": True,
+        "other_owned": False,
+        "other_token": None,
+        "owned_at_end": True,
+    }

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from redis.exceptions import LockError, LockNotOwnedError
 
-from ..._core import _CompatHold
 from .._common import encode, token_text
 from ._base import LockBase, Number, extend_ms, poll_of
 
@@ -31,13 +30,27 @@ __all__ = ["Lock", "LockError", "LockNotOwnedError", "lock"]
 logger = logging.getLogger("redis.lock")
 
 
-class _ThreadLocal(threading.local):
-    """Per-thread token, None in every thread that did not acquire (redis-py's plain
-    threading.local raises AttributeError there)."""
+def _init_local(local: Any) -> None:
+    local.token = None
+    local.hold = None
 
-    def __init__(self) -> None:
-        self.token: bytes | None = None
-        self.hold: _CompatHold | None = None
+
+# One class per `threading.local` seen (gevent's patching replaces it with its greenlet-local).
+_local_classes: dict[type[Any], type[Any]] = {}
+
+
+def _thread_local() -> Any:
+    """Per-thread token, None in every thread that did not acquire (redis-py's plain
+    threading.local raises AttributeError there). Made from `threading.local` as it is when the
+    Lock is made, as redis-py's is: under gevent's patching, after this module was imported
+    too (gunicorn's ``--preload``), a greenlet's."""
+    base: type[Any] = threading.local
+    made = _local_classes.get(base)
+    if made is None:
+        made = _local_classes.setdefault(
+            base, type("_ThreadLocal", (base,), {"__init__": _init_local})
+        )
+    return made()
 
 
 class Lock(LockBase):
@@ -50,7 +63,8 @@ class Lock(LockBase):
     ``raise_on_release_error`` mean what they mean in redis-py.
     """
 
-    _local_class = _ThreadLocal
+    def _new_local(self) -> Any:
+        return _thread_local()
 
     # -- with ------------------------------------------------------------------------------
 

@@ -62,7 +62,8 @@ class LockBase:
     """redis-py's Lock attributes and the bookkeeping of a hold; the sync and asyncio classes
     add the calls."""
 
-    #: What keeps the token and hold per thread (per task) when ``thread_local``.
+    #: What keeps the token and hold per thread (per task) when ``thread_local``
+    #: (see `_new_local`).
     _local_class: ClassVar[type[Any]]
 
     # redis-py's scripts and their registered objects, for code that reads or runs them itself
@@ -73,6 +74,10 @@ class LockBase:
     lua_release: ClassVar[Any] = None
     lua_extend: ClassVar[Any] = None
     lua_reacquire: ClassVar[Any] = None
+
+    def _new_local(self) -> Any:
+        """A new per-thread (per-task) keeper of the token and hold: a `_local_class`."""
+        return self._local_class()
 
     def __init__(
         self,
@@ -93,7 +98,7 @@ class LockBase:
         self.blocking_timeout = blocking_timeout
         self.thread_local = bool(thread_local)
         self.raise_on_release_error = raise_on_release_error
-        self.local: Any = self._local_class() if self.thread_local else SimpleNamespace()
+        self.local: Any = self._new_local() if self.thread_local else SimpleNamespace()
         self.local.token = None
         self._key = encode(redis, name)
         client = client_of(redis)
