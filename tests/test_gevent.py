@@ -246,7 +246,8 @@ def holder():
         gevent.sleep(3)
 h = gevent.spawn(holder)
 gevent.sleep(0.1)
-lock = redmutex.Lock(client, "g-int", ttl=30, reentrant=target == "current")
+# (A re-entrant lock asks for its owner, which asks for the patching first.)
+lock = redmutex.Lock(client, "g-int", ttl=30, reentrant=target in ("patched", "current"))
 sys.setprofile(hook)
 try:
     outcome = lock.acquire(timeout=10)
@@ -322,3 +323,76 @@ def test_the_redis_py_shim_imported_before_the_patching_keeps_tokens_per_greenle
         "other_token": None,
         "owned_at_end": True,
     }
+
+
+# Many greenlets waiting at once under a low limit of open files: the waits of a thread share
+# one socket (before, each wait opened a socket pair, two descriptors per waiting greenlet).
+MANY_WAITERS = """
+import os, resource
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+inside, overlaps, done, errors = 0, 0, 0, []
+holder = redmutex.Lock(client, "g-many", ttl=30)
+holder.acquire()
+def worker():
+    global inside, overlaps, done
+    try:
+        with redmutex.Lock(client, "g-many", ttl=30, timeout=60):
+            inside += 1
+            overlaps += inside > 1
+            inside -= 1
+            done += 1
+    except Exception as exc:
+        errors.append(repr(exc))
+workers = [gevent.spawn(worker) for _ in range(300)]
+gevent.sleep(0.5)  # every worker waits now
+fds_waiting = len(os.listdir("/proc/self/fd"))
+holder.release()
+gevent.joinall(workers, raise_error=True)
+print(json.dumps({"done": done, "overlaps": overlaps, "errors": errors[:3],
+                  "fds_waiting": fds_waiting}))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_three_hundred_waiting_greenlets_fit_in_256_file_descriptors(
+    procs: PyProcs, redis_url: str, prefix: str
+) -> None:
+    result = run(procs, MANY_WAITERS, redis_url, prefix)
+    assert result["errors"] == [] and result["done"] == 300, result
+    assert result["overlaps"] == 0, result
+    assert result["fds_waiting"] < 64, result
+
+
+# `patch_all(thread=False)`: threads stay native, but the greenlets of the main thread still
+# take turns on it, so a wait must still let the others run (before: the waiter blocked the
+# thread, the holder could not release, and the waiter timed out).
+UNPATCHED_THREADS = """
+from gevent import monkey
+monkey.patch_all(thread=False)
+import json, sys, time
+import gevent, redmutex
+client = redmutex.Client(sys.argv[1], prefix=sys.argv[2])
+seen = {}
+def holder():
+    with redmutex.Lock(client, "g-native", ttl=30):
+        gevent.sleep(0.3)
+        seen["released"] = time.monotonic()
+def waiter():
+    gevent.sleep(0.05)
+    lock = redmutex.Lock(client, "g-native", ttl=30)
+    seen["acquired"] = lock.acquire(timeout=10)
+    seen["at"] = time.monotonic()
+    lock.release()
+gevent.joinall([gevent.spawn(holder), gevent.spawn(waiter)], raise_error=True)
+print(json.dumps({"acquired": seen["acquired"], "gap": seen["at"] - seen["released"]}))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_greenlets_take_turns_with_threads_left_unpatched(
+    procs: PyProcs, redis_url: str, prefix: str
+) -> None:
+    code, out, err = procs.run(UNPATCHED_THREADS, redis_url, prefix, timeout=90)
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["acquired"] is True and 0 <= result["gap"] < 2.0, result

@@ -43,6 +43,7 @@ __all__ = [
     "_script_source",
     "_split_key",
     "_waiting_attempts",
+    "_woken_waits",
     "acquire_token",
     "release_token",
 ]
@@ -632,6 +633,9 @@ def _aio_calls() -> tuple[int, int]:
 
 def _waiting_attempts() -> int:
     """Attempts made by waiting acquires so far (first attempts not counted)."""
+
+def _woken_waits() -> list[int]:
+    """The cooperative waits of this thread woken since the last call (gevent)."""
 
 def _caller() -> int:
     """The calling thread (or greenlet, once gevent patched `threading`) as a number never

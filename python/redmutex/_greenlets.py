@@ -1,7 +1,8 @@
-"""gevent, for the core (`src/python/greenlets.rs`). Once gevent has monkey-patched `threading`,
-its greenlets are what `threading` calls threads: the core tells callers apart by greenlet
-(`current`) and lets a blocking wait sleep through gevent (`wait_readable`), so the other
-greenlets of its thread run meanwhile. Nothing here is called without that patching."""
+"""gevent, for the core (`src/python/greenlets.rs`). A blocking wait on a thread that runs a
+gevent hub sleeps through gevent (`Wakeups`), so the other greenlets of its thread run
+meanwhile. Once gevent has monkey-patched `threading`, its greenlets are also what `threading`
+calls threads, and the core tells callers apart by greenlet (`current`). Nothing here is called
+unless gevent is loaded."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import itertools
 import sys
 import weakref
 from typing import Any
+
+from . import _core
 
 _ids: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 # Above the core's thread numbers, below asyncio task ids (`aio._next_task_id`, 1 << 62).
@@ -40,7 +43,54 @@ def has_hub() -> bool:
     return hub_local.get_hub_if_exists() is not None
 
 
-def wait_readable(fd: int, timeout: float) -> None:
-    """Sleeps this greenlet until `fd` is readable or `timeout` seconds passed; the thread's
-    other greenlets run meanwhile."""
-    importlib.import_module("gevent.select").select([fd], [], [], timeout)
+class Wakeups:
+    """One OS thread's cooperative waits (the core's `greenlets::Wakeup`): their wakers write to
+    one socket (`fd`), which the thread's hub watches; each sleeping wait waits on an Event of
+    its own, set when the core lists it as woken (`_core._woken_waits`)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._sleeping: dict[int, Any] = {}  # wait -> its gevent Event while it sleeps
+        self._active: set[int] = set()
+        self._woken: set[int] = set()  # woken while not asleep: its next sleep returns at once
+        self._hub: Any = None
+        self._watcher: Any = None
+
+    def begin(self, wait: int) -> None:
+        self._active.add(wait)
+
+    def end(self, wait: int) -> None:
+        self._active.discard(wait)
+        self._woken.discard(wait)
+
+    def sleep(self, wait: int, timeout: float) -> None:
+        """Sleeps this greenlet until `wait` is woken or `timeout` seconds passed."""
+        if wait in self._woken:
+            self._woken.discard(wait)
+            return
+        self._watch()
+        event = self._sleeping[wait] = importlib.import_module("gevent.event").Event()
+        try:
+            event.wait(timeout)
+        finally:
+            del self._sleeping[wait]
+
+    def _watch(self) -> None:
+        """Watches the socket on this thread's hub (anew if the hub was replaced)."""
+        hub = importlib.import_module("gevent").get_hub()
+        if hub is self._hub:
+            return
+        if self._watcher is not None:
+            self._watcher.close()
+        watcher = hub.loop.io(self._fd, 1)
+        watcher.ref = False  # it must not keep `gevent.wait()` or the hub's loop alive
+        watcher.start(self._readable)
+        self._hub, self._watcher = hub, watcher
+
+    def _readable(self) -> None:
+        for wait in _core._woken_waits():
+            event = self._sleeping.get(wait)
+            if event is not None:
+                event.set()
+            elif wait in self._active:
+                self._woken.add(wait)

@@ -90,7 +90,11 @@ impl Owners {
 
     /// The core of the calling thread `me` (`greenlets::context`), made (and unused ones of
     /// other threads dropped) on first use.
-    fn mine(&self, me: u64, template: &HoldCore<LockHandle>) -> PyResult<Arc<HoldCore<LockHandle>>> {
+    fn mine(
+        &self,
+        me: u64,
+        template: &HoldCore<LockHandle>,
+    ) -> PyResult<Arc<HoldCore<LockHandle>>> {
         let mut map = self.map();
         if let Some(core) = map.get(&me) {
             return Ok(core.clone());

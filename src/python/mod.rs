@@ -119,6 +119,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_interpreter_exiting, m)?)?;
     m.add_function(wrap_pyfunction!(blocking::_waiting_attempts, m)?)?;
     m.add_function(wrap_pyfunction!(greenlets::_caller, m)?)?;
+    m.add_function(wrap_pyfunction!(greenlets::_woken_waits, m)?)?;
     m.add_function(wrap_pyfunction!(loop_conn::_aio_calls, m)?)?;
     m.add_function(wrap_pyfunction!(loop_hold::_loop_cancelled, m)?)?;
     admin::register(m)?;
