@@ -671,10 +671,10 @@ impl<P: Leased> Holder<P> {
         if let State::Held(hold) = &mut *state {
             if hold.depth > 1 {
                 hold.set_depth(hold.depth - 1);
-                let depth = hold.depth;
+                let status = hold.status.clone();
                 drop(state);
                 if let Ok(backend) = self.client.backend() {
-                    self.nest_in_background(&backend, token.to_string(), depth);
+                    spawn_undo(self.count_back(&backend, token, &status));
                 }
                 return true;
             }
@@ -749,30 +749,14 @@ impl<P: Leased> Holder<P> {
         });
     }
 
-    /// Sets the hold count of `token`'s hold to `depth` in Redis from the runtime (a re-entry
-    /// given back), retrying while Redis cannot be reached (until the lease would have ended).
-    fn nest_in_background(&self, backend: &Backend, token: String, depth: u32) {
-        let primitive = self.primitive.clone();
-        let backend = backend.clone();
-        let step = move || -> UndoStep {
-            let (primitive, backend, token) = (primitive.clone(), backend.clone(), token.clone());
-            Box::pin(async move {
-                let step = primitive.nest(&token, depth, None);
-                nest_on(&*primitive, &backend, &step).await?;
-                Ok(())
-            })
-        };
-        spawn_undo(Undo {
-            step: Box::new(step),
-            horizon: self.primitive.lease(),
-        });
-    }
-
     /// Sets the hold count of `token`'s hold in Redis back to the count the hold has when this
     /// runs (`HoldStatus::depth`): for a re-entry that went out but did not count (it raised, or
     /// its caller stopped waiting), which may have set it one higher. A later re-entry or
-    /// release may have moved the count meanwhile, so it is read then, not now; a hold that
-    /// ended meanwhile is not touched (the step checks the token).
+    /// release may have moved the count meanwhile, so it is read then, not now, and only once
+    /// no such step is under way (`HoldStatus::nest_turn`): read while one was, it would undo
+    /// that step when landing after it. A hold that ended meanwhile is not touched (the step
+    /// checks the token). Also for a nested level given back without asking the caller
+    /// (`give_back`): the count then is already the one to set.
     fn count_back(&self, backend: &Backend, token: &str, status: &Arc<HoldStatus>) -> Undo {
         let primitive = self.primitive.clone();
         let (backend, token, status) = (backend.clone(), token.to_string(), status.clone());
@@ -780,6 +764,7 @@ impl<P: Leased> Holder<P> {
             let (primitive, backend) = (primitive.clone(), backend.clone());
             let (token, status) = (token.clone(), status.clone());
             Box::pin(async move {
+                let _turn = status.nest_turn().await;
                 let step = primitive.nest(&token, status.depth(), None);
                 nest_on(&*primitive, &backend, &step).await?;
                 Ok(())
@@ -817,6 +802,8 @@ impl<P: Leased> Holder<P> {
     /// Takes the hold once more (one step: the count in Redis, the lease at least the
     /// primitive's from now). `ticket`: the caller may stop waiting (see `Ticket`).
     async fn reenter(&self, nesting: Nesting, ticket: Option<&Ticket>) -> Result<bool> {
+        let status = nesting.hold.status.clone();
+        let _turn = status.nest_turn().await;
         let begun = Instant::now();
         let lease = self.primitive.lease();
         let step = self
@@ -845,6 +832,8 @@ impl<P: Leased> Holder<P> {
 
     /// `reenter` on the caller's thread (only when `has_direct`).
     fn reenter_direct(&self, nesting: Nesting) -> Result<bool> {
+        let status = nesting.hold.status.clone();
+        let _turn = status.nest_turn_blocking();
         let begun = Instant::now();
         let lease = self.primitive.lease();
         let outcome = self.client.shared().and_then(|shared| {
@@ -885,12 +874,13 @@ impl<P: Leased> Holder<P> {
         if let Some(ticket) = ticket {
             let mut ticket = ticket.lock();
             if ticket.abandoned {
-                // Nobody waits for this re-entry any more: the count goes back.
-                let (token, depth) = (hold.token.clone(), hold.depth);
+                // Nobody waits for this re-entry any more: the count goes back (once this
+                // step's turn is over).
+                let (token, status) = (hold.token.clone(), hold.status.clone());
                 drop(ticket);
                 drop(state);
                 if let Ok(backend) = self.client.backend() {
-                    self.nest_in_background(&backend, token, depth);
+                    spawn_undo(self.count_back(&backend, &token, &status));
                 }
                 return Ok(false);
             }
@@ -962,6 +952,8 @@ impl<P: Leased> Holder<P> {
     }
 
     async fn leave(&self, nesting: Nesting) -> Result<()> {
+        let status = nesting.hold.status.clone();
+        let _turn = status.nest_turn().await;
         let step = self
             .primitive
             .nest(&nesting.hold.token, nesting.depth, None);
@@ -973,6 +965,8 @@ impl<P: Leased> Holder<P> {
     }
 
     fn leave_direct(&self, nesting: Nesting) -> Result<()> {
+        let status = nesting.hold.status.clone();
+        let _turn = status.nest_turn_blocking();
         let outcome = self.client.shared().and_then(|shared| {
             let step = self
                 .primitive

@@ -188,6 +188,25 @@ pub struct HoldStatus {
     /// The hold count (`Hold::depth`, kept in step with it): what a re-entry that did not count
     /// sets the count in Redis back to, from the background, when that runs.
     depth: AtomicU32,
+    /// Set while a step that sets the hold count in Redis is under way (`NestTurn`).
+    nesting: Mutex<bool>,
+    /// Told when `nesting` is cleared: a blocked caller's thread, and the runtime's waiters.
+    nesting_over: Condvar,
+    nesting_over_async: tokio::sync::Notify,
+}
+
+/// One step that sets the hold count in Redis (a re-entry, a nested release, a count set back):
+/// one at a time per hold, from its send until the holder's count says what it did. A count
+/// set back reads the holder's count once no step is under way, so it never overwrites the
+/// count of a step whose answer had not come yet, and a step never overtakes it.
+pub struct NestTurn<'a>(&'a HoldStatus);
+
+impl Drop for NestTurn<'_> {
+    fn drop(&mut self) {
+        *self.0.nesting.lock().unwrap_or_else(|p| p.into_inner()) = false;
+        self.0.nesting_over.notify_all();
+        self.0.nesting_over_async.notify_waiters();
+    }
 }
 
 impl HoldStatus {
@@ -211,6 +230,9 @@ impl HoldStatus {
             masters_run_ids: Vec::new(),
             moved: tokio::sync::Notify::new(),
             depth: AtomicU32::new(1),
+            nesting: Mutex::new(false),
+            nesting_over: Condvar::new(),
+            nesting_over_async: tokio::sync::Notify::new(),
         }
     }
 
@@ -398,6 +420,36 @@ impl HoldStatus {
 
     pub(super) fn set_depth(&self, depth: u32) {
         self.depth.store(depth, Ordering::SeqCst);
+    }
+
+    /// The turn of a step that sets the hold count, waited for on the caller's own thread.
+    pub(super) fn nest_turn_blocking(&self) -> NestTurn<'_> {
+        let mut busy = self.nesting.lock().unwrap_or_else(|p| p.into_inner());
+        while *busy {
+            busy = self
+                .nesting_over
+                .wait(busy)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+        *busy = true;
+        NestTurn(self)
+    }
+
+    /// `nest_turn_blocking`, waited for without blocking the thread.
+    pub(super) async fn nest_turn(&self) -> NestTurn<'_> {
+        loop {
+            let over = self.nesting_over_async.notified();
+            tokio::pin!(over);
+            over.as_mut().enable();
+            {
+                let mut busy = self.nesting.lock().unwrap_or_else(|p| p.into_inner());
+                if !*busy {
+                    *busy = true;
+                    return NestTurn(self);
+                }
+            }
+            over.await;
+        }
     }
 
     pub fn is_lost(&self) -> bool {
