@@ -8,6 +8,7 @@ Every redis-server here is started by the test (`Masters`) and stopped by its PI
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
@@ -16,6 +17,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import redmutex
+import redmutex.aio
 from _proxy import FaultProxy
 from _scale_servers import Masters
 from test_faults_interrupt import _interrupted, _Paused, _sigint
@@ -219,6 +221,32 @@ def test_a_drawn_identifier_whose_votes_were_lost_is_given_back(
         try:
             with pytest.raises(redmutex.QuorumError):
                 acquire(setup.faulty, name)
+        finally:
+            for proxy in setup.proxies:
+                proxy.heal()
+                proxy.disarm()
+        assert all(p.reply_dropped.is_set() for p in setup.proxies), "the test proved nothing"
+        assert _other_caller_waits(setup, name) < SOON
+
+
+def test_a_cancelled_acquire_whose_votes_were_lost_is_given_back(setup: Setup) -> None:
+    # As above, but the acquire is cancelled (its asyncio task) while the resends wait in the
+    # black hole: its give-back goes out while no master can be reached. Before, it was sent
+    # once (lost), and the drawn token held the name on every master for the whole ttl: 3 of 3
+    # probe runs.
+    for i in range(2):
+        name = f"rl-drawn-cancelled-{i}-{uuid.uuid4().hex[:6]}"
+        for proxy in setup.proxies:
+            proxy.drop_reply_to(f"{{{name}}}".encode(), then_blackhole=True)
+
+        async def cancelled(name: str = name) -> None:
+            lock = redmutex.aio.Lock(setup.faulty, name, ttl=LTIME)
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(lock.acquire(timeout=5), 0.5)
+
+        try:
+            asyncio.run(cancelled())
+            time.sleep(1.0)  # the give-back has gone out, into the black hole
         finally:
             for proxy in setup.proxies:
                 proxy.heal()

@@ -469,6 +469,7 @@ struct Cleanup {
     give_back: Arc<Step<bool>>,
     held: Option<Held>,
     leave: Option<Arc<Step<()>>>,
+    lease: Duration,
     armed: bool,
 }
 
@@ -512,9 +513,31 @@ impl Drop for Cleanup {
         let token = std::mem::take(&mut self.token);
         let give_back = self.give_back.clone();
         let held = self.held.take();
+        let lease = self.lease;
         runtime::spawn(async move {
+            let drawn = held.is_none();
             let whose = held.map_or(Whose::Drawn, |held| Whose::Chosen(Some(held)));
-            let _ = redlock.release_where(&token, give_back, whose, None).await;
+            let released = redlock
+                .release_where(&token, give_back.clone(), whose, None)
+                .await;
+            if !drawn {
+                return;
+            }
+            // A drawn token, as when the acquire ends without a hold (`settle_give_backs`,
+            // `give_back_after_late_votes`): no vote of it follows, so its give-back is sent
+            // again until it lands where too few masters could be reached, and once more
+            // after the calls that timed out have been answered.
+            if released.is_err() {
+                for index in 0..redlock.len() {
+                    waiting::spawn_undo(give_back_again(
+                        redlock.clone(),
+                        index,
+                        give_back.clone(),
+                        lease,
+                    ));
+                }
+            }
+            give_back_after_late_votes(&redlock, &give_back, lease);
         });
     }
 }
@@ -550,6 +573,7 @@ pub(super) async fn acquire_won<C: QuorumContender>(
         give_back: give_back.waking.clone(),
         held: contender.held(),
         leave: contender.leave().map(Arc::new),
+        lease: contender.lease(),
         armed: true,
     };
     let mut give_backs: GiveBacks = (0..redlock.len()).map(|_| None).collect();
