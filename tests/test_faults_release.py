@@ -28,6 +28,7 @@ import redis
 import redmutex
 from _helpers import ResultThread as _Thread
 from _proxy import FaultProxy
+from redmutex._core import _aio_calls
 from redmutex._server import RedisServer
 
 # How late an event that the contract ties to a moment may come on a shared, loaded 2-core box.
@@ -464,6 +465,60 @@ def test_undo_of_timed_out_replicated_attempt_follows_the_attempt(
             # The attempt reaches Redis about 2.5 s after it was sent; look after that.
             time.sleep(max(0.0, started + 3.0 - time.monotonic()))
             _another_gets_it("lock", other_client, name, "the late attempt ran")
+        finally:
+            c.close()
+            other_client.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["aio-lock", "aio-multilock"])
+def test_undo_of_timed_out_loop_attempt_follows_the_attempt(
+    make_server: Callable[..., RedisServer], prefix: str, kind: str
+) -> None:
+    """As above, for a first attempt on the event loop's own connection (`loop_conn`: the loop
+    has used the client before, so the connection is open). The attempt is delayed 1 s on its
+    way to Redis and times out (0.3 s). The connection used to close at once when only that
+    timed-out call was left in its line, and the give-back ran then, before the attempt reached
+    Redis: the names stayed held by a token nobody knows for the whole 10 s ttl. (The loop
+    keeps running meanwhile, as an application's does.)"""
+    from redmutex import aio
+
+    server = make_server()
+    names = [f"late-loop-attempt-{kind}-a", f"late-loop-attempt-{kind}-b"]
+    with FaultProxy(server.port) as proxy:
+        c = redmutex.Client(proxy.url, prefix=prefix, connect_timeout=1.0, command_timeout=0.3)
+        other_client = redmutex.Client(server.url, prefix=prefix)
+
+        def make() -> aio.Lock | aio.MultiLock:
+            if kind == "aio-lock":
+                return aio.Lock(c, names[0], ttl=10)
+            return aio.MultiLock(c, names, ttl=10)
+
+        async def main() -> None:
+            warm = make()  # on this loop: its connection is open, the script loaded
+            assert await warm.acquire(timeout=0)
+            await warm.release()
+            assert _aio_calls()[0] > 0, "the loop's connection served nothing"
+            loop_calls = _aio_calls()[0]
+            hold = make()
+            proxy.set_latency(1.0, "c2s")
+            reset = threading.Timer(0.15, lambda: proxy.set_latency(0.0, "c2s"))
+            reset.start()
+            started = time.monotonic()
+            with pytest.raises(redmutex.ConnectionError):
+                await hold.acquire(timeout=0)
+            assert _aio_calls()[0] == loop_calls + 1, "not sent on the loop's connection"
+            await asyncio.to_thread(reset.join)
+            assert hold.token is None
+            # The attempt reaches Redis about 1 s after it was sent; look after that.
+            await asyncio.sleep(max(0.0, started + 1.5 - time.monotonic()))
+            for name in names[: 1 if kind == "aio-lock" else 2]:
+                await asyncio.to_thread(
+                    _another_gets_it, "lock", other_client, name, "the late attempt ran"
+                )
+
+        try:
+            asyncio.run(main())
         finally:
             c.close()
             other_client.close()

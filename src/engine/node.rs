@@ -359,7 +359,7 @@ pub struct Node {
 
 /// How long a connection whose call timed out is kept for `Node::overdue_calls`: the undo of a
 /// timed-out attempt takes its snapshot at once, and its own copy keeps the connection open.
-pub(super) const OVERDUE_KEEP: Duration = Duration::from_secs(10);
+pub(crate) const OVERDUE_KEEP: Duration = Duration::from_secs(10);
 /// At most this many such connections are kept per node (the oldest closes first).
 const OVERDUE_KEPT: usize = 8;
 

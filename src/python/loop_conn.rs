@@ -14,7 +14,9 @@
 //! Faults: a call unanswered after the client's command timeout fails with the runtime path's
 //! timeout error; its reply may still come, so it stays in line as a ghost whose `Late` hook
 //! runs when it is answered or the connection ends (an acquire gives back what it may have
-//! taken), and the connection takes no new calls and closes once its line is empty. A
+//! taken), and the connection takes no new calls (the runtime serves the loop meanwhile) and
+//! closes once its line is empty, ghosts included: a ghost's request may still be on its way, and
+//! the hook must run after it. A ghost unanswered for `OVERDUE_KEEP` is given up. A
 //! connection that breaks fails every call in line with `resend` (the caller sends it again
 //! through the runtime, which retries as its own calls do); the next call opens a new one.
 //! Only one server reached over plain TCP or a unix socket is served here; TLS, Sentinel,
@@ -34,6 +36,7 @@ use redis::{ConnectionAddr, Value};
 use super::awaitable::RUNTIME_CALLS;
 use crate::engine::client::{Client, Deployment};
 use crate::engine::error::{timed_out, Error};
+use crate::engine::node::OVERDUE_KEEP;
 use crate::protocol::resp::{self, Packed};
 use crate::protocol::url::Endpoint;
 
@@ -62,8 +65,12 @@ enum Entry {
     /// A SCRIPT LOAD sent before a call's second EVALSHA: the EVALSHA's reply tells.
     Load,
     Call(Call),
-    /// A call that timed out, still to be answered.
-    Ghost(Option<Late>),
+    /// A call that timed out, still to be answered: its request may still run, so the
+    /// connection waits for its answer (its hook runs then) until `until` (see `OVERDUE_KEEP`).
+    Ghost {
+        late: Option<Late>,
+        until: Instant,
+    },
 }
 
 struct Call {
@@ -266,7 +273,7 @@ impl LoopConn {
                     }
                 }
                 Entry::Load => {}
-                Entry::Ghost(late) => then.extend(late.map(Then::Late)),
+                Entry::Ghost { late, .. } => then.extend(late.map(Then::Late)),
                 Entry::Call(mut call) => {
                     if resp::is_noscript(&value) {
                         if let (Some(again), Some(transport)) =
@@ -343,7 +350,7 @@ impl LoopConn {
                     then.extend(call.late.map(Then::Late));
                     Some(then)
                 }
-                Entry::Ghost(late) => late.map(|late| vec![Then::Late(late)]),
+                Entry::Ghost { late, .. } => late.map(|late| vec![Then::Late(late)]),
                 Entry::Handshake | Entry::Load => None,
             })
             .flatten()
@@ -487,9 +494,19 @@ impl LoopConn {
         inner.timer = false;
         let mut next = None;
         let mut overdue = false;
+        let mut given_up = false;
         for entry in inner.line.iter_mut() {
-            let Entry::Call(call) = entry else {
-                continue;
+            let call = match entry {
+                Entry::Call(call) => call,
+                Entry::Ghost { until, .. } => {
+                    if *until <= now {
+                        given_up = true;
+                    } else {
+                        next = Some(next.map_or(*until, |n: Instant| n.min(*until)));
+                    }
+                    continue;
+                }
+                Entry::Handshake | Entry::Load => continue,
             };
             let due = call.sent_at + this.timeout;
             if due > now {
@@ -498,7 +515,9 @@ impl LoopConn {
             }
             overdue = true;
             let late = call.late.take();
-            if let Entry::Call(call) = std::mem::replace(entry, Entry::Ghost(late)) {
+            let until = now + OVERDUE_KEEP;
+            next = Some(next.map_or(until, |n: Instant| n.min(until)));
+            if let Entry::Call(call) = std::mem::replace(entry, Entry::Ghost { late, until }) {
                 let err = this.error(timed_out(this.timeout, "waiting for an answer"));
                 then.push(Then::Finish(call.finish, Err((err, false))));
             }
@@ -507,11 +526,17 @@ impl LoopConn {
             inner.phase = Phase::Draining;
         }
         let mut close = None;
-        if inner.phase == Phase::Draining && !inner.line.iter().any(|e| matches!(e, Entry::Call(_)))
-        {
-            // Nothing left that waits for its answer: the ghosts' hooks run now.
+        // A timed-out request may still be on its way to the server and run there: the
+        // connection stays open until it is answered (`buffer_updated` runs its hook and closes
+        // the drained connection then), so that what its hook sends (an acquire's give-back)
+        // runs after it. Closing now would run the hook at once, before the request: an orphan
+        // for a whole lease. Unanswered for `OVERDUE_KEEP`, it is given up (as the runtime's
+        // nodes forget a timed-out call then), and the hooks run.
+        let empty = inner.line.is_empty();
+        if inner.phase == Phase::Draining && (empty || given_up) {
             then.extend(this.close_line(&mut inner, "timed out"));
             close = inner.transport.take();
+            next = None;
         }
         if let Some(due) = next {
             inner.timer = true;
