@@ -1101,7 +1101,9 @@ impl<P: Leased> Holder<P> {
         args: &'a P::Args,
     ) -> Now<Result<bool>, impl Future<Output = Result<bool>> + Send + 'a> {
         let later = match self.begin_reentry() {
-            Ok(Some(nesting)) if self.has_direct() => {
+            // (Not while a count step is under way: its turn is waited for through the runtime,
+            // which Ctrl-C interrupts and gevent's other greenlets run beside.)
+            Ok(Some(nesting)) if self.has_direct() && !nesting.hold.status.nest_busy() => {
                 return Now::Done(self.reenter_direct(nesting));
             }
             Ok(Some(nesting)) => Later::Reenter(nesting),
@@ -1497,11 +1499,18 @@ impl<P: Leased> Holder<P> {
     pub fn release_blocking(
         &self,
     ) -> Now<Result<()>, impl Future<Output = Result<()>> + Send + '_> {
-        if self.has_direct() {
+        // (A nested release while a count step is under way waits for its turn through the
+        // runtime, as a re-entry does.)
+        if self.has_direct() && !self.nest_busy() {
             Now::Done(self.release_direct())
         } else {
             Now::Later(self.release())
         }
+    }
+
+    /// Whether a step that sets this hold's count in Redis is under way (`HoldStatus::nest_busy`).
+    fn nest_busy(&self) -> bool {
+        matches!(&*self.state(), State::Held(hold) if hold.depth > 1 && hold.status.nest_busy())
     }
 
     /// `pending`: begun before the extend was sent (`HoldStatus::begin_extend`); an extend that

@@ -422,7 +422,14 @@ impl HoldStatus {
         self.depth.store(depth, Ordering::SeqCst);
     }
 
-    /// The turn of a step that sets the hold count, waited for on the caller's own thread.
+    /// Whether a step that sets the hold count is under way: a blocking caller then waits for
+    /// its turn through the runtime rather than on its own thread (`nest_turn_blocking`).
+    pub(super) fn nest_busy(&self) -> bool {
+        *self.nesting.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The turn of a step that sets the hold count, waited for on the caller's own thread (only
+    /// after `nest_busy` said no: a step that began since is the wait, one call at most).
     pub(super) fn nest_turn_blocking(&self) -> NestTurn<'_> {
         let mut busy = self.nesting.lock().unwrap_or_else(|p| p.into_inner());
         while *busy {
