@@ -1,6 +1,6 @@
 """Small helpers shared by the test modules (threads that keep their outcome, waiting for a
 condition, a check run in a forked child, how soon a release wakes a waiter, counting Redis
-commands)."""
+commands, a server paused by SIGSTOP)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,12 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
 import redis
+
+if TYPE_CHECKING:
+    from redmutex._server import RedisServer
 
 
 class ResultThread(threading.Thread):
@@ -121,3 +124,26 @@ def command_calls(conn: redis.Redis) -> dict[str, int]:
 def calls_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     out = {k: n - before.get(k, 0) for k, n in after.items()}
     return {k: n for k, n in out.items() if n}
+
+
+class Paused:
+    """SIGSTOPs a server process of ours for the block; SIGCONT on leaving, whatever happens
+    (or earlier, with `resume()`)."""
+
+    def __init__(self, server: RedisServer) -> None:
+        assert server.process is not None
+        self.pid = server.process.pid
+        self.stopped = False
+
+    def __enter__(self) -> Self:
+        os.kill(self.pid, signal.SIGSTOP)
+        self.stopped = True
+        return self
+
+    def resume(self) -> None:
+        if self.stopped:
+            os.kill(self.pid, signal.SIGCONT)
+            self.stopped = False
+
+    def __exit__(self, *exc: object) -> None:
+        self.resume()

@@ -19,16 +19,12 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
 import pytest
 import redis
 import redmutex
-from _helpers import wait_until
+from _helpers import Paused, wait_until
 from redmutex._server import RedisServer
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
 
 # Far longer than an interrupt may take to land, so that the two cannot be confused.
 COMMAND_TIMEOUT = 5.0
@@ -78,28 +74,6 @@ def _interrupted(call: Callable[[], object], interrupt: Callable[[], None]) -> t
     return outcome, took
 
 
-class _Paused:
-    """SIGSTOP a server process of ours; SIGCONT on leaving (also `resume()` earlier)."""
-
-    def __init__(self, server: RedisServer) -> None:
-        assert server.process is not None
-        self.pid = server.process.pid
-        self.stopped = False
-
-    def __enter__(self) -> Self:
-        os.kill(self.pid, signal.SIGSTOP)
-        self.stopped = True
-        return self
-
-    def resume(self) -> None:
-        if self.stopped:
-            os.kill(self.pid, signal.SIGCONT)
-            self.stopped = False
-
-    def __exit__(self, *exc: object) -> None:
-        self.resume()
-
-
 @pytest.fixture
 def server(make_server: Callable[..., RedisServer]) -> RedisServer:
     return make_server()
@@ -129,7 +103,7 @@ def test_interrupted_first_acquire_lands_at_once_and_is_given_back(
         lock = redmutex.Lock(c, "intr", ttl=TTL)
         # The direct connection is open already: the acquire itself is what goes unanswered.
         assert lock.locked() is False
-        with _Paused(server) as paused:
+        with Paused(server) as paused:
             outcome, took = _interrupted(lambda: lock.acquire(timeout=10), INTERRUPTS[how])
             paused.resume()
         assert outcome == "interrupt", (outcome, took)
@@ -156,7 +130,7 @@ def test_interrupted_acquire_lock_is_given_back(
     try:
         assert redmutex.acquire_lock(c, "intr-recipe", "warm") == "warm"  # the path is open
         assert redmutex.release_lock(c, "intr-recipe", "warm")
-        with _Paused(server) as paused:
+        with Paused(server) as paused:
             call = lambda: redmutex.acquire_lock(c, "intr-recipe", atime=10, ltime=TTL)
             outcome, took = _interrupted(call, _sigint)
             paused.resume()
@@ -186,7 +160,7 @@ def test_interrupted_first_acquire_of_other_primitives_is_given_back(
         held = make(c)
         assert held.acquire(timeout=5) is True  # the direct connection is open
         held.release()
-        with _Paused(server) as paused:
+        with Paused(server) as paused:
             outcome, took = _interrupted(lambda: held.acquire(timeout=10), _sigint)
             paused.resume()
         assert outcome == "interrupt", (outcome, took)
@@ -206,7 +180,7 @@ def test_interrupted_first_call_of_a_client_lands_at_once(server: RedisServer, p
     c = _client(server, prefix)
     try:
         lock = redmutex.Lock(c, "cold", ttl=TTL)
-        with _Paused(server):
+        with Paused(server):
             outcome, took = _interrupted(lambda: lock.acquire(timeout=10), _sigint)
         assert outcome == "interrupt", (outcome, took)
         assert took < LANDS_WITHIN, took
@@ -225,7 +199,7 @@ def test_interrupted_one_round_trip_call_lands_at_once(
     try:
         lock = redmutex.Lock(c, "intr1", ttl=TTL)
         assert lock.acquire(timeout=5) is True
-        with _Paused(server):
+        with Paused(server):
             outcome, took = _interrupted(getattr(lock, call), _sigint)
         assert outcome == "interrupt", (outcome, took)
         assert took < LANDS_WITHIN, took

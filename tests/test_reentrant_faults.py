@@ -13,24 +13,19 @@ from __future__ import annotations
 
 import _thread
 import asyncio
-import os
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
 import pytest
 import redis
 import redmutex
 import redmutex.aio
-from _helpers import wait_until
+from _helpers import Paused, wait_until
 from _proxy import FaultProxy
 from redmutex._server import RedisServer
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
 
 LATE = 1.5  # how late the re-entry's request (or its reply) is, past the 0.5 s command_timeout
 # How soon after its request ran the count is back: the give-back is sent once the late call
@@ -107,28 +102,6 @@ def test_a_reentry_that_timed_out_leaves_the_count_as_it_was(
         c.close()
 
 
-class _Paused:
-    """SIGSTOPs a server of ours for the block (SIGCONT whatever happens, also on resume())."""
-
-    def __init__(self, server: RedisServer) -> None:
-        assert server.process is not None
-        self.pid = server.process.pid
-        self.stopped = False
-
-    def __enter__(self) -> Self:
-        os.kill(self.pid, signal.SIGSTOP)
-        self.stopped = True
-        return self
-
-    def resume(self) -> None:
-        if self.stopped:
-            os.kill(self.pid, signal.SIGCONT)
-            self.stopped = False
-
-    def __exit__(self, *exc: object) -> None:
-        self.resume()
-
-
 def _interrupted(call: Callable[[], object]) -> str:
     """Runs `call` while a timer interrupts this (main) thread 0.3 s in; what it ended with."""
     timer = threading.Timer(0.3, _thread.interrupt_main)
@@ -164,7 +137,7 @@ def test_an_interrupted_reentry_leaves_the_count_as_it_was(
         assert lock.acquire(timeout=0)
         assert lock.acquire(timeout=0)
         lock.release()
-        with _Paused(server) as paused:
+        with Paused(server) as paused:
             outcome = _interrupted(lambda: lock.acquire(timeout=10))
             paused.resume()
         assert outcome == "interrupt", outcome
@@ -198,7 +171,7 @@ def test_a_reentry_cancelled_after_it_was_sent_leaves_the_count_as_it_was(
         assert await lock.acquire(timeout=0)
         assert await lock.acquire(timeout=0)
         await lock.release()
-        with _Paused(server) as paused:
+        with Paused(server) as paused:
             with pytest.raises(TimeoutError):
                 async with asyncio.timeout(0.3):
                     await lock.acquire(timeout=10)
