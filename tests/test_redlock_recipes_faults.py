@@ -18,9 +18,10 @@ from collections.abc import Callable, Iterator
 import pytest
 import redmutex
 import redmutex.aio
+from _helpers import Paused
 from _proxy import FaultProxy
 from _scale_servers import Masters
-from test_faults_interrupt import _interrupted, _Paused, _sigint
+from test_faults_interrupt import _interrupted, _sigint
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -328,7 +329,7 @@ def test_an_interrupted_acquire_lock_is_given_back(setup: Setup) -> None:
     for i in range(3):
         name = f"rl-drawn-interrupted-{i}-{uuid.uuid4().hex[:6]}"
         servers = setup.masters.servers
-        with _Paused(servers[0]) as first, _Paused(servers[1]) as second:
+        with Paused(servers[0]) as first, Paused(servers[1]) as second:
 
             def call(name: str = name) -> object:
                 return redmutex.acquire_lock(setup.direct, name, atime=10, ltime=LTIME)
