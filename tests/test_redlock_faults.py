@@ -416,6 +416,38 @@ def test_votes_held_up_past_the_timeout_are_given_back_once_they_ran(
             p.stop()
 
 
+def test_a_release_that_could_not_reach_a_master_deletes_there_once_it_answers(
+    masters: Masters,
+) -> None:
+    """The release's delete on one master is lost (its requests black-holed past the command
+    timeout); the majority released, so `release()` returns. The token there is the lock's own
+    (drawn, never asked for again), so the delete is sent again until it lands; else the token
+    stays there for the whole ttl (30 s), a vote short for everyone else."""
+    proxies = [FaultProxy(s.port).start() for s in masters.servers]
+    try:
+        c = redmutex.Client(
+            [p.url for p in proxies], prefix="t:", connect_timeout=0.5, command_timeout=0.3
+        )
+        n = name()
+        key = f"t:{{{n}}}:lock"
+        lock = redmutex.Lock(c, n, ttl=30)
+        assert lock.acquire(blocking=False)
+        token = lock.token
+        proxies[0].blackhole("c2s")
+        lock.release()
+        time.sleep(0.5)
+        proxies[0].heal()
+        with masters.conn(0) as r:
+            deadline = time.monotonic() + 5.0
+            while r.get(key) == (token or "").encode() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert r.get(key) != (token or "").encode(), "the released token stayed on master 0"
+        c.close()
+    finally:
+        for p in proxies:
+            p.stop()
+
+
 def test_a_value_on_too_few_masters_waits_for_the_silent_ones_before_a_refill(
     masters: Masters,
 ) -> None:

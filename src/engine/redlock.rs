@@ -42,7 +42,7 @@ use super::node::{Identity, Retry};
 use super::redlock_held::HeldVotes;
 use super::runtime;
 use super::shared::Shared;
-use super::waiting::Gate;
+use super::waiting::{self, Gate, Undo};
 use crate::protocol::keys::Keys;
 use crate::protocol::lease;
 use crate::protocol::lock;
@@ -585,6 +585,11 @@ impl Redlock {
             Whose::DrawnRecipe => (false, None),
             Whose::Chosen(held) => (false, Some(held)),
         };
+        // How long a drawn token's delete that could not be sent is tried again (`delete_again`):
+        // until its lease would have lapsed anyway.
+        let horizon = granted.as_ref().map_or(self.max_lease(), |g| {
+            g.deadline.saturating_duration_since(Instant::now())
+        });
         let mut sends = Vec::with_capacity(self.masters.len());
         let answers: FuturesUnordered<_> = self
             .masters
@@ -601,6 +606,7 @@ impl Redlock {
                     granted.clone(),
                 );
                 let token = token.to_string();
+                let drawn = chosen.is_none();
                 let send = async move {
                     join_all(earlier).await;
                     let (epoch, sent_at, before) =
@@ -609,7 +615,11 @@ impl Redlock {
                     // that the first send deleted it (see `HeldVotes`).
                     let (sent, held) = match (chosen, step.invocation()) {
                         (None, _) | (_, None) => {
-                            (executor::send_identified(&shared.node, &step).await, None)
+                            let sent = executor::send_identified(&shared.node, &step).await;
+                            if drawn && matches!(&sent, Err(err) if err.is_connection()) {
+                                delete_again(shared.clone(), step.clone(), horizon);
+                            }
+                            (sent, None)
                         }
                         // Resent after a broken connection only as the delete of this hold's
                         // own grant (see `HeldVotes`).
@@ -906,4 +916,28 @@ impl std::fmt::Debug for Redlock {
         let labels: Vec<&str> = self.masters.iter().map(|m| m.label.as_str()).collect();
         f.debug_struct("Redlock").field("masters", &labels).finish()
     }
+}
+
+/// A drawn token's delete on one master that could not be sent (the master unreachable, or a
+/// call that timed out there still unanswered, which the delete must not overtake): sent again
+/// with backoff until `horizon` (the lease's end) has passed, as an acquire's give-back is
+/// (`waiting::spawn_undo`). The token is never asked for again, so the delete removes nothing
+/// else; without it, a vote of the token that runs late there would keep it for the lease.
+fn delete_again(shared: Arc<Shared>, step: Arc<Step<bool>>, horizon: Duration) {
+    waiting::spawn_undo(Undo {
+        step: Box::new(move || {
+            let (shared, step) = (shared.clone(), step.clone());
+            async move {
+                let Some(inv) = step.invocation() else {
+                    return Ok(());
+                };
+                match shared.node.invoke(inv, Retry::Once).await {
+                    Err(err) if err.is_connection() => Err(err),
+                    _ => Ok(()),
+                }
+            }
+            .boxed()
+        }),
+        horizon,
+    });
 }
