@@ -10,6 +10,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::thread::LocalKey;
 
 use redis::{ScriptInvocation, Value};
 
@@ -124,18 +125,8 @@ thread_local! {
 /// between polls (gevent's greenlets): its wait is then served as a runtime task's would be
 /// (no listening or attempts on the caller's own connections, which block the thread).
 pub fn cooperatively<R>(poll: impl FnOnce() -> R) -> R {
-    let before = COOPERATIVE.with(|c| c.replace(true));
-    let _restore = Restore(before);
+    let _restore = Flag::set(&COOPERATIVE, true);
     poll()
-}
-
-/// Puts `COOPERATIVE` back as it was when dropped.
-struct Restore(bool);
-
-impl Drop for Restore {
-    fn drop(&mut self) {
-        COOPERATIVE.with(|c| c.set(self.0));
-    }
 }
 
 /// Whether the future being polled now runs on its blocking caller's own thread (see
@@ -168,17 +159,31 @@ impl<F: Future> Future for CallerDriven<F> {
         // A runtime task is polled on a runtime thread, which must never block.
         // (A caller that must not block its thread is served as a runtime task.)
         let caller = self.direct && tokio::task::try_id().is_none() && !COOPERATIVE.with(Cell::get);
-        let _flag = Flag(CALLER_DRIVEN.with(|flag| flag.replace(caller)));
+        let _flag = Flag::set(&CALLER_DRIVEN, caller);
         self.fut.as_mut().poll(cx)
     }
 }
 
-/// Puts `CALLER_DRIVEN` back as it was when dropped (after a poll, even one that panicked).
-struct Flag(bool);
+/// Puts a thread-local flag (`CALLER_DRIVEN`, `COOPERATIVE`) back as it was when dropped (after
+/// a poll, even one that panicked).
+struct Flag {
+    key: &'static LocalKey<Cell<bool>>,
+    was: bool,
+}
+
+impl Flag {
+    fn set(key: &'static LocalKey<Cell<bool>>, value: bool) -> Flag {
+        Flag {
+            key,
+            was: key.with(|flag| flag.replace(value)),
+        }
+    }
+}
 
 impl Drop for Flag {
     fn drop(&mut self) {
-        CALLER_DRIVEN.with(|flag| flag.set(self.0));
+        let was = self.was;
+        self.key.with(|flag| flag.set(was));
     }
 }
 
