@@ -17,7 +17,7 @@ import sys
 import weakref
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, SupportsIndex, cast
 
 from . import _aio_bridge, _core
 from ._aio_cache import AsyncCachedFunction, cached, get_or_fill
@@ -39,6 +39,14 @@ __all__ = [
     "get_or_fill",
     "locked",
 ]
+
+
+def _refuse_copy(obj: object) -> NoReturn:
+    """Like the core objects (and ``threading.Lock``): a copy or an unpickled twin would share
+    the object's hold, so two objects would each believe they hold the lock, and either could
+    release it."""
+    kind = type(obj)
+    raise TypeError(f"cannot pickle '{kind.__module__}.{kind.__qualname__}' object")
 
 
 def _relay_on_lost(on_lost: Callable[[Any], None] | None, owner: Any) -> Any:
@@ -187,6 +195,10 @@ class _Hold:
 
     def __repr__(self) -> str:
         return f"aio.{self._core!r}"
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        # pickle, copy.copy and copy.deepcopy all come here.
+        _refuse_copy(self)
 
 
 #: Every re-entrant aio.Lock's core of each task, by (client, name): the owner is the task, so
@@ -590,6 +602,9 @@ class RWLock:
     def name(self) -> str:
         """The RWLock's name."""
         return str(self._core.name)
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        _refuse_copy(self)
 
 
 def locked(
