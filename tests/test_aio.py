@@ -4,6 +4,7 @@ through coroutines, plus what only asyncio has: the loop never blocks, cancellat
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import multiprocessing
@@ -354,6 +355,29 @@ def test_locked_async_generator_holds_the_lock_across_the_iteration(
         assert order in (["a"] * 3 + ["b"] * 3, ["b"] * 3 + ["a"] * 3)
 
     run(main())
+
+
+@pytest.mark.timeout(60)
+def test_locked_refuses_asynccontextmanager_functions(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
+    """Before: accepted (its __wrapped__ is an async generator function), so calling it gave an
+    async generator, and `async with` on that raised an unrelated TypeError."""
+    decorate = aio.locked(client, "acm", ttl=5, timeout=5)
+
+    async def body() -> AsyncIterator[bool]:
+        yield r.exists(f"{prefix}{{acm}}:lock") == 1
+
+    with pytest.raises(TypeError, match=r"@contextlib\.asynccontextmanager function.*Put "):
+        decorate(contextlib.asynccontextmanager(body))
+
+    async def main() -> None:
+        # The order the message points to: the lock held from entering to leaving.
+        async with contextlib.asynccontextmanager(decorate(body))() as inside:
+            assert inside is True
+
+    run(main())
+    assert r.exists(f"{prefix}{{acm}}:lock") == 0
 
 
 @pytest.mark.timeout(60)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import inspect
@@ -552,6 +553,73 @@ def test_locked_generator_holds_the_lock_across_the_iteration(
         it2.send(5)
     assert stop.value.value == "got 5"
     assert not held()
+
+
+@pytest.mark.timeout(30)
+def test_locked_generators_in_disguise_hold_the_lock_or_are_refused(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
+    """Before: each of these ran its generator body after the lock was released, unguarded."""
+
+    def held() -> bool:
+        return r.exists(_key(prefix, "disguised")) == 1
+
+    decorate = redmutex.locked(client, "disguised", ttl=5, timeout=5)
+
+    # An object whose __call__ is a generator function: held across the iteration, like one.
+    class Steps:
+        def __call__(self) -> Iterator[bool]:
+            yield held()
+
+    assert list(decorate(Steps())()) == [True]
+    assert not held()
+
+    # A plain wrapper (functools.wraps) around a generator function, and a generator
+    # expression: what they return has not started, its body would run unlocked. Refused.
+    def passthrough(func: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return func(*args, **kwargs)
+
+        return wrapper
+
+    def steps() -> Iterator[bool]:
+        yield held()
+
+    wrapped = decorate(passthrough(steps))
+
+    @decorate
+    def lazy() -> Iterator[bool]:
+        return (held() for _ in range(1))
+
+    for func in (wrapped, lazy):
+        with pytest.raises(TypeError, match=r"returned a generator that had not started"):
+            func()
+        assert not held()
+
+    # Values computed under the lock pass through.
+    @decorate
+    def eager() -> list[bool]:
+        return [held()]
+
+    assert eager() == [True]
+
+    # @contextmanager: its body runs on entering, after the call. Refused at decoration,
+    # pointing to the order that holds the lock from entering the block to leaving it.
+    def body() -> Iterator[bool]:
+        yield held()
+
+    with pytest.raises(TypeError, match=r"@contextlib\.contextmanager function.*Put "):
+        decorate(contextlib.contextmanager(body))
+    with pytest.raises(TypeError, match=r"@contextlib\.asynccontextmanager function"):
+        decorate(contextlib.asynccontextmanager(_async_body))
+    with contextlib.contextmanager(decorate(body))() as inside:
+        assert inside is True and held()
+    assert not held()
+
+
+async def _async_body() -> AsyncIterator[None]:
+    yield
 
 
 LOCKED_WORKER = r"""

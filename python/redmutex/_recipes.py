@@ -22,7 +22,7 @@ from collections.abc import (
     Generator,
     Iterator,
 )
-from contextlib import contextmanager, suppress
+from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar, cast, final, overload
 
 from . import _core, metrics
@@ -37,7 +37,23 @@ R = TypeVar("R")
 
 _log = logging.getLogger("redmutex")
 # What a plain function must not return under @locked (its body would run unlocked, later).
-_ASYNC_RESULTS = (types.CoroutineType, types.AsyncGeneratorType)
+_LATER_RESULTS = (types.CoroutineType, types.AsyncGeneratorType, types.GeneratorType)
+
+
+def _generate() -> Iterator[None]:
+    yield
+
+
+async def _agenerate() -> AsyncIterator[None]:
+    yield
+
+
+# Every function that @contextmanager / @asynccontextmanager makes runs one shared helper code:
+# what it returns runs the decorated body later, on entering, after a lock around the call ended.
+_CONTEXT_MANAGER_CODES = {
+    contextmanager(_generate).__code__: "@contextlib.contextmanager",
+    asynccontextmanager(_agenerate).__code__: "@contextlib.asynccontextmanager",
+}
 
 
 def _shown(name: str) -> str:
@@ -190,9 +206,20 @@ def _refuse_async(func: Callable[..., Any]) -> None:
     )
 
 
-def _refuse_async_result(func: Callable[..., Any], result: object) -> None:
-    """A plain function that returned a coroutine (or async generator): its body runs later,
+def _refuse_later_result(func: Callable[..., Any], result: object) -> None:
+    """A plain function that returned a coroutine, an async generator or an unstarted generator
+    (a wrapper around a generator function, a generator expression): its body runs later,
     unlocked. The result is closed unrun and the call refused."""
+    if inspect.isgenerator(result):
+        if inspect.getgeneratorstate(result) != inspect.GEN_CREATED:
+            return  # ran (or finished) under the lock: the function's own business
+        result.close()
+        raise TypeError(
+            f"@redmutex.locked: {getattr(func, '__qualname__', func)!r} returned a generator "
+            "that had not started, whose body would run after the lock was released; put "
+            "@redmutex.locked directly on the generator function (it then holds the lock "
+            "across the iteration), or return a list"
+        )
     if inspect.iscoroutine(result) or inspect.isasyncgen(result):
         if inspect.iscoroutine(result):
             result.close()  # unrun: no "never awaited" warning
@@ -200,6 +227,19 @@ def _refuse_async_result(func: Callable[..., Any], result: object) -> None:
             f"@redmutex.locked: {getattr(func, '__qualname__', func)!r} returned "
             f"{type(result).__name__} object, which would run after the lock was released; "
             "use @redmutex.aio.locked on an async def"
+        )
+
+
+def _refuse_context_manager(func: Callable[..., Any], label: str) -> None:
+    """A ``@contextmanager`` function returns a context manager whose body runs when it is
+    entered, after a lock around the call was released: refused, pointing to the order that
+    works (the generator function under the lock holds it from entering to leaving)."""
+    maker = _CONTEXT_MANAGER_CODES.get(getattr(func, "__code__", None))  # type: ignore[arg-type]
+    if maker is not None:
+        raise TypeError(
+            f"{label}: {getattr(func, '__qualname__', func)!r} is a {maker} function; a lock "
+            f"around the call would be released before its body runs. Put {label} under "
+            f"{maker} (then the lock is held from entering the block to leaving it)"
         )
 
 
@@ -237,7 +277,9 @@ def _wrap_blocking(
     """The wrapper of ``@locked``: each call (or a generator's whole iteration) holds a lock
     of its own, measured when metrics hooks are set."""
     _refuse_async(func)
-    if inspect.isgeneratorfunction(func):
+    _refuse_context_manager(func, "@redmutex.locked")
+    call = inspect.getattr_static(type(func), "__call__", None)
+    if inspect.isgeneratorfunction(func) or inspect.isgeneratorfunction(call):
         generate = cast(Callable[..., Generator[Any, Any, Any]], func)
 
         @functools.wraps(func)
@@ -257,8 +299,8 @@ def _wrap_blocking(
         else:
             with metrics.measured(lock):
                 result = func(*args, **kwargs)
-        if type(result) in _ASYNC_RESULTS:
-            _refuse_async_result(func, result)
+        if type(result) in _LATER_RESULTS:
+            _refuse_later_result(func, result)
         return result
 
     return wrapper
@@ -297,6 +339,7 @@ def wrap_async(
 ) -> Callable[..., Any]:
     """The wrapper of ``@redmutex.aio.locked``: each call (or an async generator's whole
     iteration) holds an ``aio.Lock`` of its own, measured when metrics hooks are set."""
+    _refuse_context_manager(func, "@redmutex.aio.locked")
     kind = _async_kind(func)
     if kind is None:
         _refuse_sync(func)
@@ -353,10 +396,13 @@ def locked(
     nor ``__repr__``) raises ``TypeError``: it would name another lock for every object and
     process, so calls about one thing would not exclude each other; use ``{param.attr}``.
 
-    A generator function holds the lock from its first ``next()`` until it finishes, raises or
-    is closed (so close a generator you stop iterating early, e.g. with ``contextlib.closing``).
-    An ``async def`` or async generator function is refused with ``TypeError``: use
-    ``redmutex.aio.locked``."""
+    A generator function (or an object whose ``__call__`` is one) holds the lock from its first
+    ``next()`` until it finishes, raises or is closed (so close a generator you stop iterating
+    early, e.g. with ``contextlib.closing``). A call that returns a generator that has not
+    started (a plain wrapper around a generator function, a generator expression) raises
+    ``TypeError``, as its body would run after the release. An ``async def`` or async generator
+    function is refused with ``TypeError``: use ``redmutex.aio.locked``; so is a
+    ``@contextlib.contextmanager`` function: put ``@locked`` under ``@contextmanager``."""
     decorate = lock_decorator(
         client,
         name,

@@ -621,7 +621,8 @@ def locked(
     An async generator function holds the lock from its first ``__anext__()`` until it
     finishes, raises or is closed (so close one you stop iterating early, e.g. with
     ``contextlib.aclosing``). A plain function is refused with ``TypeError``: use
-    ``redmutex.locked``."""
+    ``redmutex.locked``; so is an ``@asynccontextmanager`` function: put ``@aio.locked`` under
+    ``@asynccontextmanager``."""
     decorate = lock_decorator(
         client,
         name,
