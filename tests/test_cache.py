@@ -667,6 +667,11 @@ def module_cached(x: int) -> int:
     return x
 
 
+def module_cached_on(key: str | None = None) -> Any:
+    """@cached on a client that is never called (for what needs no server)."""
+    return redmutex.cached(redmutex.Client("redis://127.0.0.1:1"), ttl=30, key=key)
+
+
 def derived(url: str, retries: int = 3, *, tags: tuple[str, ...] = ()) -> str:
     return f"{url}/{retries}/{tags}"
 
@@ -782,6 +787,33 @@ def test_cached_function_pickles_by_reference() -> None:
     import pickle
 
     assert pickle.loads(pickle.dumps(module_cached)) is module_cached
+
+
+class PickledRepo:
+    """Module-level, so that pickle finds it by name."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    @module_cached_on(key="picklerepo:{self.n}:{x}")
+    def load(self, x: int) -> int:
+        return self.n * x
+
+    @module_cached_on()
+    @classmethod
+    def make(cls, x: int) -> int:
+        return x
+
+
+def test_a_bound_cached_method_pickles_like_a_bound_method() -> None:
+    """``executor.submit(obj.load, 5)`` pickles ``obj.load``. Before: unpickling it recursed
+    (RecursionError; a ProcessPoolExecutor's worker died of it, BrokenProcessPool), and a
+    @cached classmethod raised PicklingError ("not the same object")."""
+    import pickle
+
+    bound = pickle.loads(pickle.dumps(PickledRepo(3).load))
+    assert bound.__self__.n == 3 and bound.__func__ is PickledRepo.__dict__["load"]
+    assert pickle.loads(pickle.dumps(PickledRepo.make)) == PickledRepo.make
 
 
 def test_a_key_function_must_return_a_str(client: redmutex.Client) -> None:

@@ -162,7 +162,14 @@ class _Bound:
         return self.__func__.invalidate(self.__self__, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
+        if name in ("__func__", "__self__"):  # unset slots (a half-made copy): no recursion
+            raise AttributeError(name)
         return getattr(self.__func__, name)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # As a bound method pickles (``obj.load`` to a ProcessPoolExecutor): looked up again on
+        # its instance or class, by name.
+        return getattr, (self.__self__, self.__func__.__name__)
 
     def __eq__(self, other: object) -> bool:
         return (
