@@ -622,6 +622,56 @@ async def _async_body() -> AsyncIterator[None]:
     yield
 
 
+@pytest.mark.timeout(30)
+def test_redis_lock_as_a_decorator_follows_the_rules_of_locked(
+    client: redmutex.Client, r: redis.Redis, prefix: str
+) -> None:
+    """Before: as a @contextmanager object, redis_lock(...) decorated anything with a plain
+    call, so an async def's or a generator's body ran after the lock was released."""
+
+    def held() -> bool:
+        return r.exists(_key(prefix, "deco")) == 1
+
+    decorate = redis_lock(client, "deco", atime=5, ltime=5)
+
+    @decorate
+    def plain() -> bool:
+        return held()
+
+    assert plain() is True and plain() is True  # each call a block of its own
+    assert not held()
+
+    @decorate
+    def steps() -> Iterator[bool]:
+        yield held()
+        yield held()
+
+    assert list(steps()) == [True, True]
+    assert not held()
+
+    async def job() -> bool:
+        return held()
+
+    refused: list[Any] = [job, _async_body, functools.partial(job)]
+    for func in refused:
+        with pytest.raises(TypeError, match=r"redis_lock.*redmutex\.aio\.locked"):
+            decorate(func)
+    with pytest.raises(TypeError, match=r"@contextlib\.contextmanager function"):
+        decorate(contextlib.contextmanager(steps.__wrapped__))  # type: ignore[attr-defined]
+
+    @decorate
+    def lazy() -> Iterator[bool]:
+        return (held() for _ in range(1))
+
+    with pytest.raises(TypeError, match=r"returned a generator that had not started"):
+        lazy()
+
+    # The object is still one `with` block, as before.
+    with redis_lock(client, "deco", atime=5, ltime=5) as identifier:
+        assert isinstance(identifier, str) and held()
+    assert not held()
+
+
 LOCKED_WORKER = r"""
 import sys
 import time

@@ -116,15 +116,76 @@ def release_lock(conn: ClientLike, lockname: str, identifier: str) -> bool:
     return released
 
 
-@contextmanager
 def redis_lock(
     conn: ClientLike, lockname: str, atime: float = 10, ltime: float = 10
-) -> Iterator[str]:
+) -> RedisLockBlock:
     """`with redis_lock(conn, name) as identifier:` — raises LockError("could not acquire lock")
     when not acquired within `atime`, and LockLostError("lock was lost") on leaving if the lease
     ended meanwhile; both say the lock's name and carry it as `.name`. As with `with Lock`: when
     the block itself raised, its exception propagates and a loss (or a failed release) is logged
-    as a WARNING on the `redmutex` logger."""
+    as a WARNING on the `redmutex` logger.
+
+    Like any ``@contextmanager`` object it also decorates a function (each call holds the lock),
+    with ``@redmutex.locked``'s rules: a generator function holds it across the iteration, and
+    an ``async def``, an async generator or a ``@contextmanager`` function is refused with
+    ``TypeError``, as its body would run after the release."""
+    return RedisLockBlock(conn, lockname, atime, ltime)
+
+
+class RedisLockBlock:
+    """What ``redis_lock(...)`` returns: one ``with`` block (its identifier bound by ``as``), or
+    a decorator whose every call holds the lock in a block of its own."""
+
+    __slots__ = ("_args", "_block")
+
+    def __init__(self, conn: ClientLike, lockname: str, atime: float, ltime: float) -> None:
+        self._args = (conn, lockname, atime, ltime)
+        self._block = _redis_lock_block(conn, lockname, atime, ltime)
+
+    def __enter__(self) -> str:
+        return self._block.__enter__()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> bool | None:
+        return self._block.__exit__(exc_type, exc, tb)
+
+    def __call__(self, func: Callable[P, R]) -> Callable[P, R]:
+        # contextlib's ContextDecorator would wrap an async def or a generator function in a
+        # plain call: the lock released before the body runs. These are @locked's rules.
+        label = "@redmutex.redis_lock(...)"
+        _refuse_async(func, label)
+        _refuse_context_manager(func, label)
+        args = self._args
+        if _is_generator_function(func):
+            generate = cast(Callable[..., Generator[Any, Any, Any]], func)
+
+            @functools.wraps(func)
+            def iterate(*a: Any, **kw: Any) -> Generator[Any, Any, Any]:
+                with _redis_lock_block(*args):
+                    return (yield from generate(*a, **kw))
+
+            return cast(Callable[P, R], iterate)
+
+        @functools.wraps(func)
+        def wrapper(*a: P.args, **kw: P.kwargs) -> R:
+            with _redis_lock_block(*args):
+                result = func(*a, **kw)
+            if type(result) in _LATER_RESULTS:
+                _refuse_later_result(func, result, label)
+            return result
+
+        return wrapper
+
+
+@contextmanager
+def _redis_lock_block(
+    conn: ClientLike, lockname: str, atime: float = 10, ltime: float = 10
+) -> Iterator[str]:
+    """One ``with redis_lock(...)`` block."""
     identifier = acquire_lock(conn, lockname, atime=atime, ltime=ltime)
     if not identifier:
         raise LockError(f"lock {_shown(lockname)}: could not acquire lock", name=lockname)
@@ -190,7 +251,7 @@ class AioLockedDecorator(Protocol):
     def __call__(self, func: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]: ...
 
 
-def _refuse_async(func: Callable[..., Any]) -> None:
+def _refuse_async(func: Callable[..., Any], label: str = "@redmutex.locked") -> None:
     """``@locked`` around a coroutine would hold the lock only while the coroutine object is
     created, not while it runs: no exclusion at all. Refused, pointing to the asyncio decorator."""
     call = inspect.getattr_static(type(func), "__call__", None)  # `async def __call__`
@@ -201,12 +262,14 @@ def _refuse_async(func: Callable[..., Any]) -> None:
     else:
         return
     raise TypeError(
-        f"@redmutex.locked: {getattr(func, '__qualname__', func)!r} is {what}; a blocking lock "
+        f"{label}: {getattr(func, '__qualname__', func)!r} is {what}; a blocking lock "
         "around it would be released before its body runs. Use @redmutex.aio.locked"
     )
 
 
-def _refuse_later_result(func: Callable[..., Any], result: object) -> None:
+def _refuse_later_result(
+    func: Callable[..., Any], result: object, label: str = "@redmutex.locked"
+) -> None:
     """A plain function that returned a coroutine, an async generator or an unstarted generator
     (a wrapper around a generator function, a generator expression): its body runs later,
     unlocked. The result is closed unrun and the call refused."""
@@ -215,7 +278,7 @@ def _refuse_later_result(func: Callable[..., Any], result: object) -> None:
             return  # ran (or finished) under the lock: the function's own business
         result.close()
         raise TypeError(
-            f"@redmutex.locked: {getattr(func, '__qualname__', func)!r} returned a generator "
+            f"{label}: {getattr(func, '__qualname__', func)!r} returned a generator "
             "that had not started, whose body would run after the lock was released; put "
             "@redmutex.locked directly on the generator function (it then holds the lock "
             "across the iteration), or return a list"
@@ -224,10 +287,16 @@ def _refuse_later_result(func: Callable[..., Any], result: object) -> None:
         if inspect.iscoroutine(result):
             result.close()  # unrun: no "never awaited" warning
         raise TypeError(
-            f"@redmutex.locked: {getattr(func, '__qualname__', func)!r} returned "
+            f"{label}: {getattr(func, '__qualname__', func)!r} returned "
             f"{type(result).__name__} object, which would run after the lock was released; "
             "use @redmutex.aio.locked on an async def"
         )
+
+
+def _is_generator_function(func: Callable[..., Any]) -> bool:
+    """A generator function, or an object whose ``__call__`` is one."""
+    call = inspect.getattr_static(type(func), "__call__", None)
+    return inspect.isgeneratorfunction(func) or inspect.isgeneratorfunction(call)
 
 
 def _refuse_context_manager(func: Callable[..., Any], label: str) -> None:
@@ -278,8 +347,7 @@ def _wrap_blocking(
     of its own, measured when metrics hooks are set."""
     _refuse_async(func)
     _refuse_context_manager(func, "@redmutex.locked")
-    call = inspect.getattr_static(type(func), "__call__", None)
-    if inspect.isgeneratorfunction(func) or inspect.isgeneratorfunction(call):
+    if _is_generator_function(func):
         generate = cast(Callable[..., Generator[Any, Any, Any]], func)
 
         @functools.wraps(func)
