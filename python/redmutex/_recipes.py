@@ -280,8 +280,8 @@ def _refuse_later_result(
         raise TypeError(
             f"{label}: {getattr(func, '__qualname__', func)!r} returned a generator "
             "that had not started, whose body would run after the lock was released; put "
-            "@redmutex.locked directly on the generator function (it then holds the lock "
-            "across the iteration), or return a list"
+            f"{label} directly on the generator function (it then holds the lock across the "
+            "iteration), or return a list"
         )
     if inspect.iscoroutine(result) or inspect.isasyncgen(result):
         if inspect.iscoroutine(result):
