@@ -278,6 +278,26 @@ def test_rwlock_readers_overlap_writer_excludes_and_upgrade_raises(
 
 
 @pytest.mark.timeout(60)
+def test_rwlock_guard_holds_across_objects_of_the_client(client: redmutex.Client) -> None:
+    """A coroutine that makes its own aio.RWLock(client, name) per call nests like one object."""
+
+    async def main() -> None:
+        async with aio.RWLock(client, "rw", ttl=5).read():
+            t0 = time.monotonic()
+            with pytest.raises(redmutex.LockError, match="upgrade"):
+                await aio.RWLock(client, "rw", ttl=5).write().acquire(timeout=3)
+            assert time.monotonic() - t0 < 2
+        async with aio.RWLock(client, "rw", ttl=5).write():
+            t0 = time.monotonic()
+            with pytest.raises(redmutex.LockError, match="holds the write lock"):
+                await aio.RWLock(client, "rw", ttl=5).read().acquire(timeout=3)
+            assert time.monotonic() - t0 < 2
+        assert await aio.RWLock(client, "rw").locked() is False
+
+    run(main())
+
+
+@pytest.mark.timeout(60)
 def test_locked_decorator_fills_the_name(client: redmutex.Client, r: redis.Redis) -> None:
     seen: list[bool] = []
 

@@ -241,7 +241,7 @@ STUCK_KINDS: dict[str, Callable[[redmutex.Client, str], Any]] = {
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("kind", list(STUCK_KINDS))
 def test_a_waiter_cancelled_as_its_busy_reply_lands_can_acquire_again(
-    kind: str, client: redmutex.Client
+    kind: str, client: redmutex.Client, other_client: redmutex.Client
 ) -> None:
     """The cancel lands in the loop iteration that read the first attempt's "busy" reply: the
     acquire was handed to the runtime to wait, and its task aborted before it ever ran. The
@@ -251,7 +251,10 @@ def test_a_waiter_cancelled_as_its_busy_reply_lands_can_acquire_again(
 
     async def trial(i: int) -> list[str]:
         errors: list[str] = []
-        holder, waiter = make(client, f"stuck-{kind}-{i}"), make(client, f"stuck-{kind}-{i}")
+        # An RWLock's holder through another client: this task, holding the write lock through
+        # an RWLock of the client, would be refused the waiter's side (the deadlock guard).
+        holding = other_client if kind.startswith("rw") else client
+        holder, waiter = make(holding, f"stuck-{kind}-{i}"), make(client, f"stuck-{kind}-{i}")
         assert await holder.acquire()
         task = asyncio.ensure_future(waiter.acquire())
         await asyncio.sleep(0)  # its first attempt goes out on the loop's connection

@@ -209,7 +209,9 @@ def test_semaphore_and_rwlock_on_every_node(
     second.release()
     third.release()
 
-    rw = redmutex.RWLock(client, n + ":rw", ttl=10)
+    # The readers through another client: one client's RWLock objects of a name share the
+    # deadlock guard, so this thread's write acquire would raise instead of waiting.
+    rw = redmutex.RWLock(cluster.client(PREFIX), n + ":rw", ttl=10)
     r1, r2 = rw.read(), rw.read()
     assert r1.acquire(blocking=False) and r2.acquire(blocking=False)
     writer = redmutex.RWLock(client, n + ":rw", ttl=10).write()

@@ -285,7 +285,8 @@ def test_a_waiter_gives_up_in_time_while_the_slot_migrates(
         holder = redmutex.Semaphore(client, name, 1, ttl=30)
         waiter: Any = redmutex.Semaphore(client, name, 1, ttl=30)
     elif kind == "read":
-        holder = redmutex.RWLock(client, name, ttl=30).write()
+        # another client's: this thread's read through the same client would raise
+        holder = redmutex.RWLock(cluster.client(PREFIX), name, ttl=30).write()
         waiter = redmutex.RWLock(client, name, ttl=30).read()
     else:
         holder = redmutex.Lock(client, name, ttl=30, fair=kind == "fair")

@@ -289,9 +289,10 @@ def test_semaphore_never_more_than_limit_across_6_processes_with_2_masters_cut(
 
 def test_rwlock_basics(rl: Proxied) -> None:
     c, n = client(rl), name()
-    rw = redmutex.RWLock(c, n, ttl=5)
+    rw = redmutex.RWLock(client(rl), n, ttl=5)
     r1, r2 = rw.read(), rw.read()
-    w = redmutex.RWLock(c, n, ttl=5).write()  # another RWLock: the deadlock guard is per object
+    # Another client's RWLock: the deadlock guard covers one client's RWLock objects of a name.
+    w = redmutex.RWLock(c, n, ttl=5).write()
     assert r1.acquire(blocking=False) and r2.acquire(blocking=False)
     assert not w.acquire(blocking=False)
     r1.release()
@@ -492,7 +493,7 @@ def test_asyncio_semaphore_rwlock_and_cache(rl: Proxied) -> None:
         await other.release()
         rw = redmutex.aio.RWLock(c, n + "rw", ttl=5)
         async with rw.read():
-            other = redmutex.aio.RWLock(c, n + "rw", ttl=5)
+            other = redmutex.aio.RWLock(client(rl), n + "rw", ttl=5)  # another client's
             assert not await other.write().acquire(blocking=False)
         async with rw.write():
             pass

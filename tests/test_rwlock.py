@@ -272,6 +272,45 @@ def test_upgrade_raises_instead_of_deadlocking(rw: redmutex.RWLock) -> None:
 
 
 @pytest.mark.timeout(30)
+def test_the_guard_holds_across_rwlock_objects_of_the_client(
+    client: redmutex.Client, other_rw: redmutex.RWLock
+) -> None:
+    """A function that makes its own RWLock(client, name) on each call nests like one object: a
+    read->write upgrade raises at once (it waited for itself: a timeout, or for ever without
+    one), and a nested read gets past a waiting writer (it waited behind that writer, who waits
+    for the outer read)."""
+    outer = redmutex.RWLock(client, "rw", ttl=10).read()
+    assert outer.acquire()
+    t0 = time.monotonic()
+    with pytest.raises(redmutex.LockError, match="upgrade"):
+        redmutex.RWLock(client, "rw", ttl=10).write().acquire(timeout=3)
+    assert time.monotonic() - t0 < 2
+    writer = other_rw.write()  # another client: another process, as far as it goes
+    th = Worker(lambda: writer.acquire(timeout=10))
+    th.start()
+    time.sleep(0.3)
+    assert other_rw.read().acquire(timeout=0.2) is False  # held back by the waiting writer
+    nested = redmutex.RWLock(client, "rw", ttl=10).read()
+    assert nested.acquire(timeout=2) is True
+    nested.release()
+    outer.release()
+    assert th.outcome(10) is True
+    writer.release()
+    # and any lock while this thread holds the write lock through another object
+    held = redmutex.RWLock(client, "rw", ttl=10).write()
+    assert held.acquire()
+    t0 = time.monotonic()
+    for side in ("read", "write"):
+        with pytest.raises(redmutex.LockError, match="holds the write lock"):
+            getattr(redmutex.RWLock(client, "rw", ttl=10), side)().acquire(timeout=3)
+    assert time.monotonic() - t0 < 2
+    held.release()
+    # another name of the client is not guarded by this one's holds
+    with redmutex.RWLock(client, "rw", ttl=10).read(), redmutex.RWLock(client, "rw-x").write():
+        pass
+
+
+@pytest.mark.timeout(30)
 def test_other_threads_wait_instead_of_raising(rw: redmutex.RWLock) -> None:
     reader = rw.read()
     assert reader.acquire()
@@ -302,8 +341,6 @@ def test_reader_reenters_past_a_waiting_writer(
     second = rw.read()
     assert second.acquire(timeout=2) is True
     second.release()
-    # ...through this RWLock object only: another one of the name is a new reader (documented)
-    assert redmutex.RWLock(client, "rw", ttl=10).read().acquire(timeout=0.2) is False
     first.release()
     assert th.outcome(10) is True
     writer.release()

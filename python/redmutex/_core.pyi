@@ -430,10 +430,12 @@ class RWLock:
 
     `ttl: float = 10.0`: each side's lease. `timeout: float | None = None`: the default wait;
     None waits forever, 0 tries once. `auto_renew=False`, `on_lost=None` (called with the
-    RWLockSide): as for Lock. A read->write upgrade through one RWLock raises LockError.
-    A thread that holds a read lock gets another read through the same RWLock at once, even
-    while a writer waits; through another RWLock object of the name it is a new reader and
-    waits behind that writer (without a timeout, for ever): nest reads through one RWLock.
+    RWLockSide): as for Lock. A thread that holds a read lock gets another read at once, even
+    while a writer waits, and a read->write upgrade (or any acquire while it holds the write
+    lock) raises LockError instead of waiting for itself: through this RWLock object or any
+    other of the same client and name (a function that makes its own `RWLock(client, name)`
+    on each call). Through another client it is another reader, who waits behind that writer
+    (without a timeout, for ever).
     A writer that dies while waiting stops holding readers back within its ttl (at least 1 s,
     at most 6 s; on Redlock 6 s).
     """

@@ -3,20 +3,23 @@
 //! holds back new readers, so readers arriving continuously cannot starve it. Every reader and
 //! writer has a lease of its own: a dead one stops counting when its lease ends.
 //!
-//! Deadlock guard: an RWLock object remembers which of its locks each context (a thread, or an
-//! asyncio task: the binding says which) of this process holds. Taking the write lock while the
-//! same context holds a read or the write lock of the same RWLock, or a read lock while it holds
-//! the write lock, would wait for itself forever, so it raises instead. A context that holds a
-//! read lock may take another one even while a writer waits (the writer waits for it).
+//! Deadlock guard: the RWLock objects of one client and name remember which of their locks each
+//! context (a thread, or an asyncio task: the binding says which) of this process holds. Taking
+//! the write lock while the same context holds a read or the write lock of the name, or a read
+//! lock while it holds the write lock, would wait for itself forever, so it raises instead. A
+//! context that holds a read lock may take another one even while a writer waits (the writer
+//! waits for it). The guard is shared by every RWLock object of the client and name, since a
+//! function that makes its own `RWLock(client, name)` per call is the usual way to nest.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use super::client::Client;
 use super::error::{Error, Result};
 use super::executor;
 use super::hold::{Holder, Leased, Naming};
+use super::name_map::NameMap;
 use super::redlock::Redlock;
 use super::redlock_rwlock;
 use super::runtime::pid;
@@ -38,7 +41,7 @@ pub struct HeldMark {
     mode: Mode,
 }
 
-/// Which contexts hold which locks of one RWLock object.
+/// Which contexts hold which locks of one name, through any RWLock object of one client.
 #[derive(Default)]
 struct Registry {
     holds: Mutex<HashMap<Context, Vec<Weak<HeldMark>>>>,
@@ -61,6 +64,16 @@ pub fn writer_place(lease: Duration) -> Duration {
 const REGISTRY_SWEEP_AT: usize = 64;
 
 impl Registry {
+    /// The guard shared by every RWLock object of `client` and `name` alive now (keyed by the
+    /// client's address: the objects keep the client alive, so no other client reuses it while
+    /// the entry is live).
+    fn of(client: &Arc<Client>, name: &[u8]) -> Arc<Registry> {
+        static REGISTRIES: OnceLock<NameMap<Registry>> = OnceLock::new();
+        let mut key = (Arc::as_ptr(client) as usize).to_ne_bytes().to_vec();
+        key.extend_from_slice(name);
+        REGISTRIES.get_or_init(NameMap::new).get(&key)
+    }
+
     /// The modes `context` holds now.
     fn held_by(&self, context: Context) -> (bool, bool) {
         let mut holds = self.holds.lock().unwrap_or_else(|p| p.into_inner());
@@ -188,13 +201,15 @@ impl RwSide {
         let (reading, writing) = self.registry.held_by(context);
         match self.mode {
             Mode::Write if reading => Err(Error::Usage(
-                "read->write upgrade: this thread (or task) holds a read lock of this RWLock, \
-                 so waiting for its write lock would deadlock; release the read lock first"
+                "read->write upgrade: this thread (or task) holds a read lock of this RWLock's name \
+                 (through this RWLock object or another of the client), so waiting for its \
+                 write lock would deadlock; release the read lock first"
                     .into(),
             )),
             _ if writing => Err(Error::Usage(format!(
-                "this thread (or task) holds the write lock of this RWLock, so waiting for its {} \
-                 lock would deadlock; release the write lock first",
+                "this thread (or task) holds the write lock of this RWLock's name (through this \
+                 RWLock object or another of the client), so waiting for its {} lock would \
+                 deadlock; release the write lock first",
                 match self.mode {
                     Mode::Read => "read",
                     Mode::Write => "write",
@@ -308,7 +323,8 @@ pub async fn state(shared: &Shared, keys: &Keys) -> Result<RwState> {
     executor::run(shared, &steps::state(keys)).await
 }
 
-/// One RWLock object: hands out read and write lock objects that share its deadlock guard.
+/// One RWLock object: hands out read and write lock objects that share the deadlock guard of
+/// its client and name.
 pub struct RwLock {
     client: Arc<Client>,
     spec: RwSpec,
@@ -329,11 +345,12 @@ impl RwLock {
             keys: client.keys(name)?,
             lease,
         };
+        let registry = Registry::of(&client, name);
         Ok(RwLock {
             client,
             spec,
             auto_renew,
-            registry: Arc::new(Registry::default()),
+            registry,
         })
     }
 

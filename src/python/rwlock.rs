@@ -27,6 +27,11 @@ use crate::engine::rwlock::{Mode, RwHandle, RwLock};
 /// release for longer than the other writers hold), give readers a timeout and a fallback, or
 /// use one `Lock(..., fair=True)` for both to serve them in arrival order (readers then do not
 /// share).
+///
+/// Nesting: a thread that holds a read lock gets another read at once, even while a writer
+/// waits; a read->write upgrade, or any acquire while it holds the write lock, raises LockError
+/// instead of waiting for itself. Both hold through any RWLock object of the same client and
+/// name (a function that makes its own `RWLock(client, name)` on each call nests too).
 #[pyclass(frozen, module = "redmutex", name = "RWLock")]
 pub struct PyRwLock {
     client: Py<PyClient>,
@@ -198,7 +203,8 @@ lock_like_methods! {
     PyRwSide;
     /// Takes the lock; False when not acquired in time (`blocking=False` tries once).
     /// Raises LockError where waiting would deadlock on this thread's own holds of the same
-    /// RWLock (a read->write upgrade, or any lock while holding its write lock).
+    /// name, through any RWLock of the client (a read->write upgrade, or any lock while holding
+    /// its write lock).
     fn acquire;
     /// Releases the hold (LockNotOwnedError when none, LockLostError when the lease was lost).
     fn release;
