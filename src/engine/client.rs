@@ -20,7 +20,7 @@ use super::redlock::Redlock;
 use super::runtime::pid;
 use super::sentinel::Sentinel;
 pub use super::shared::Shared;
-use super::slots::{SlotTable, SlotWatch};
+use super::slots::SlotTable;
 use super::tls::{self, Tls};
 use crate::protocol::keys::{Keys, DEFAULT_FENCE_TTL_MS};
 use crate::protocol::url::{Endpoint, TlsOptions};
@@ -145,10 +145,9 @@ fn cluster_target(
             .certs(tls.certificates())
             .danger_accept_invalid_hostnames(!tls.check_hostname());
     }
+    // No read routing strategy: with one the client sends READONLY on every connection, and a
+    // demoted master would answer reads from its old data (see `slots.rs`).
     let client = builder
-        // Only to hear of every slot map the client learns (the direct path routes by it);
-        // reads still go to the primaries.
-        .read_routing_strategy(SlotWatch(slots.clone()))
         .connection_timeout(timeouts.connect)
         .response_timeout(timeouts.command)
         // Every call is bounded by its caller (a WAIT's connection waits longer than the

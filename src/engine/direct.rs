@@ -8,8 +8,8 @@
 //!
 //! On a single server every call is served here. Through Sentinel the calls go to the master
 //! the sentinels name (looked up again after a failover), and on a Redis Cluster to the primary
-//! that owns the slot of the call's first key, in the slot map the cluster client keeps
-//! (`SlotTable`). There, whatever the runtime handles better is left to it (`Miss::Elsewhere`):
+//! that owns the slot of the call's first key, in the cluster's slot map (`SlotTable`, asked
+//! for again when a call misses). There, whatever the runtime handles better is left to it (`Miss::Elsewhere`):
 //! a redirect (MOVED, ASK), a slot being moved, a failover, an unreachable server or a
 //! connection that broke under the call; the executor then sends the call through the runtime
 //! (`executor::run_direct`). A call that timed out is not sent again: like on one server, it
@@ -292,8 +292,12 @@ impl DirectPool {
         }
     }
 
-    /// Forgets `server` as the master, unless another one has replaced it already.
+    /// Forgets `server` as the master, unless another one has replaced it already; on a
+    /// cluster, the slot map that named it is asked for again.
     fn forget_master(&self, server: &Arc<Server>) {
+        if let Route::Cluster { slots, .. } = &self.route {
+            slots.mark_stale();
+        }
         if let Route::Sentinel { master, .. } = &self.route {
             let mut master = master.lock().unwrap_or_else(|p| p.into_inner());
             if master
@@ -324,7 +328,10 @@ impl DirectPool {
                 nodes,
             } => {
                 let slot = key_slot(key.ok_or(Miss::Elsewhere)?);
-                let (host, port) = slots.primary(slot).ok_or(Miss::Elsewhere)?;
+                let (host, port) = slots.primary(slot).ok_or_else(|| {
+                    slots.mark_stale();
+                    Miss::Elsewhere
+                })?;
                 let mut nodes = nodes.lock().unwrap_or_else(|p| p.into_inner());
                 if let Some(server) = nodes.get(&(host.clone(), port)) {
                     return Ok((server.clone(), true));
@@ -526,6 +533,9 @@ impl DirectPool {
                     if err.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly) {
                         self.forget_master(server);
                     } else {
+                        if slot_moved(&err) {
+                            self.forget_master(server);
+                        }
                         server.give_back(conn);
                     }
                     return Err(Miss::Elsewhere);
@@ -620,6 +630,15 @@ fn not_run_here(err: &redis::RedisError) -> bool {
                 | ServerErrorKind::BusyLoading
                 | ServerErrorKind::ReadOnly
         )
+    )
+}
+
+/// Replies that say the slot map is out of date: the slot has another owner now (MOVED), or
+/// its owner is down (CLUSTERDOWN), not a slot in migration (ASK, TRYAGAIN).
+fn slot_moved(err: &redis::RedisError) -> bool {
+    matches!(
+        err.kind(),
+        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::ClusterDown)
     )
 }
 

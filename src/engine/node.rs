@@ -42,7 +42,7 @@ pub enum Target {
         client: Box<ClusterClient>,
         seeds: Vec<redis::Client>,
         next_seed: AtomicUsize,
-        /// The primaries by slot, as the cluster client last saw them (the direct path's map).
+        /// The primaries by slot, as the cluster last told (the direct path's map).
         slots: Arc<SlotTable>,
     },
 }
@@ -961,6 +961,12 @@ impl Node {
                     reconnected = true;
                     continue;
                 }
+            }
+            if let (Target::Cluster { slots, .. }, Conn::Cluster(conn)) =
+                (&*self.target, &live.conn)
+            {
+                // The direct path routes by this map; it marked it stale when it missed.
+                slots.refresh_if_stale(conn, self.timeouts.command);
             }
             let call = tokio::time::timeout(self.timeouts.command, op(live.conn.clone()));
             let answered = match failover_until {

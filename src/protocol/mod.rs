@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod cache;
+pub mod cluster_slots;
 pub mod compat;
 pub mod keys;
 pub mod lease;
