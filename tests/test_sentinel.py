@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -14,7 +15,9 @@ import pytest
 import redis
 import redis.sentinel
 import redmutex
+from _helpers import ResultThread
 from _scale_servers import SentinelGroup, wait_for
+from redmutex import aio
 from redmutex._client import url_of_redis_py
 
 pytestmark = pytest.mark.timeout(120)
@@ -212,6 +215,61 @@ def test_replicas_waiters_ride_out_a_failover() -> None:
         with redis.Redis(port=group.master_port(), socket_timeout=5) as r:
             assert r.info("replication")["role"] == "master"
             assert not [name for name in names if r.exists(f"s:{{{name}}}:lock")]
+
+
+def test_waiters_and_a_fill_across_a_sentinel_failover() -> None:
+    # SENTINEL FAILOVER while a hold (replicas=1: it survives) has a blocking and an asyncio
+    # waiter on another client, and while a fill runs with a caller waiting for it. After the
+    # promotion the hold is released on the new master: both waiters get it at once, not when
+    # its 30 s lease ends or their 20 s timeout; the fill ran once and every caller has it.
+    with SentinelGroup(down_after_ms=1000, failover_timeout_ms=5000) as group:
+        holders = redmutex.Client(group.url, prefix="s:", connect_timeout=1, command_timeout=5)
+        waiters = redmutex.Client(group.url, prefix="s:", connect_timeout=1, command_timeout=5)
+        holder = redmutex.Lock(holders, "across", ttl=30, replicas=1)
+        assert holder.acquire(timeout=5)
+
+        def blocking() -> float:
+            lock = redmutex.Lock(waiters, "across", ttl=5)
+            assert lock.acquire(timeout=20)
+            got = time.monotonic()
+            lock.release()
+            return got
+
+        async def in_asyncio() -> float:
+            lock = aio.Lock(waiters, "across", ttl=5)
+            assert await lock.acquire(timeout=20)
+            got = time.monotonic()
+            await lock.release()
+            return got
+
+        fills: list[int] = []
+
+        def fill() -> str:
+            fills.append(1)
+            time.sleep(2)
+            return "filled"
+
+        callers = [
+            ResultThread(blocking),
+            ResultThread(lambda: asyncio.run(in_asyncio())),
+            ResultThread(lambda: redmutex.get_or_fill(holders, "k", fill, ttl=30, timeout=20)),
+            ResultThread(lambda: redmutex.get_or_fill(waiters, "k", fill, ttl=30, timeout=20)),
+        ]
+        for caller in callers:
+            caller.start()
+            time.sleep(0.1)
+        new = group.replica
+        group.failover()
+        wait_for("Sentinel to name the new master", lambda: group.master_port() == new.port)
+        assert [c.outcome(20) for c in callers[2:]] == ["filled"] * 2
+        assert fills == [1]
+        assert holder.owned()
+        released = time.monotonic()
+        holder.release()
+        for waiter in callers[:2]:
+            got = waiter.outcome(20)
+            assert isinstance(got, float) and got - released < 3, got - released  # type: ignore[operator]
+        assert lock_value(new.port, "across") is None
 
 
 def test_a_waiter_rides_out_a_hung_master() -> None:
