@@ -87,11 +87,16 @@ impl SlotTable {
         {
             return;
         }
+        // Not on a runtime (never so on its calls' path): left stale for a call that is.
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            self.refreshing.store(false, Ordering::Release);
+            return;
+        };
         // Cleared first: a miss while the answer is on its way asks again after it.
         self.stale.store(false, Ordering::Release);
         let table = self.clone();
         let mut conn = conn.clone();
-        tokio::spawn(async move {
+        handle.spawn(async move {
             let mut learned = false;
             for _ in 0..REFRESH_TRIES {
                 let asked = conn.route_command(
