@@ -15,6 +15,8 @@ pub mod hold_status;
 pub mod interrupt;
 pub mod listener;
 pub mod lock;
+#[cfg(unix)]
+pub mod loop_leftover;
 pub mod multilock;
 pub mod name_map;
 pub mod node;

@@ -335,6 +335,69 @@ impl LoopConn {
         Ok(())
     }
 
+    /// Hands a duplicate of the socket to the runtime with the hooks of the calls in line, to
+    /// run as their replies come (`engine::loop_leftover`); the calls themselves still fail as
+    /// the line closes. Nothing to do when no call in line has a hook.
+    #[cfg(unix)]
+    fn leave_to_runtime(&self, py: Python<'_>, inner: &mut Inner) -> PyResult<()> {
+        use crate::engine::loop_leftover::{self, Family, Leftover};
+        use std::os::fd::{BorrowedFd, RawFd};
+
+        let hooked = inner.line.iter().any(|entry| match entry {
+            Entry::Call(call) => call.late.is_some(),
+            Entry::Ghost { late, .. } => late.is_some(),
+            Entry::Handshake | Entry::Load => false,
+        });
+        let Some(transport) = inner.transport.as_ref().filter(|_| hooked) else {
+            return Ok(());
+        };
+        let sock = transport.call_method1(py, "get_extra_info", ("socket",))?;
+        let sock = sock.bind(py);
+        if sock.is_none() {
+            return Ok(());
+        }
+        let fd: RawFd = sock.call_method0("fileno")?.extract()?;
+        if fd < 0 {
+            return Ok(());
+        }
+        let family = if sock
+            .getattr("family")?
+            .eq(py.import("socket")?.getattr("AF_UNIX")?)?
+        {
+            Family::Unix
+        } else {
+            Family::Tcp
+        };
+        // SAFETY: `fd` is the open transport's socket: it stays open while this runs (the GIL
+        // is held, and only the transport closes it). The duplicate is ours to close.
+        let socket = unsafe { BorrowedFd::borrow_raw(fd) }.try_clone_to_owned()?;
+        let now = Instant::now();
+        let mut until = now;
+        let line = inner
+            .line
+            .iter_mut()
+            .map(|entry| match entry {
+                Entry::Call(call) => {
+                    until = until.max(call.sent_at + self.timeout + OVERDUE_KEEP);
+                    call.late.take()
+                }
+                Entry::Ghost { late, until: kept } => {
+                    until = until.max(*kept);
+                    late.take()
+                }
+                Entry::Handshake | Entry::Load => None,
+            })
+            .collect();
+        loop_leftover::finish(Leftover {
+            socket,
+            family,
+            read: std::mem::take(&mut inner.buf),
+            line,
+            until,
+        });
+        Ok(())
+    }
+
     /// Ends the connection: every call in line fails (to be sent again through the runtime),
     /// every ghost's hook runs.
     fn close_line(&self, inner: &mut Inner, why: &str) -> Vec<Then> {
@@ -479,9 +542,23 @@ impl LoopConn {
         self.shut(py, inner, "its client was closed")
     }
 
-    /// Closes the connection (its event loop is closing).
+    /// Closes the connection (its event loop is closing). A call still unanswered whose hook
+    /// gives back (an acquire that timed out, or that the closing runner cancelled) may have its
+    /// request still on its way: the runtime takes the connection over and runs each hook after
+    /// its call's reply (`leave_to_runtime`); the loop closes at once all the same.
     fn _close(&self, py: Python<'_>) -> PyResult<()> {
-        self.shut(py, self.inner(), "its event loop closed")
+        let mut inner = self.inner();
+        #[cfg(unix)]
+        if let Err(err) = self.leave_to_runtime(py, &mut inner) {
+            // The hooks left run as the line closes, at once, as they did before.
+            crate::python::log::warning(
+                py,
+                &format!(
+                    "redmutex.aio: the closing event loop's connection was not handed over: {err}"
+                ),
+            );
+        }
+        self.shut(py, inner, "its event loop closed")
     }
 
     /// The command timeout's check: calls unanswered for that long fail.
