@@ -764,6 +764,11 @@ impl<P: Leased> Holder<P> {
             let (primitive, backend) = (primitive.clone(), backend.clone());
             let (token, status) = (token.clone(), status.clone());
             Box::pin(async move {
+                // Connected before its turn: a re-entry or release waiting for the turn must
+                // not wait out this step's connect as well as its own (twice the timeout).
+                if let Backend::Single(shared) = &backend {
+                    shared.node.connected().await?;
+                }
                 let _turn = status.nest_turn().await;
                 let step = primitive.nest(&token, status.depth(), None);
                 nest_on(&*primitive, &backend, &step).await?;

@@ -330,6 +330,8 @@ pub struct Node {
     current: Mutex<(u64, Option<Live>)>,
     /// Serialises (re)connecting so a burst of callers opens one connection, not many.
     connecting: tokio::sync::Mutex<()>,
+    /// How many connects ended, and the last one's error if it failed (see `connection`).
+    connects: Mutex<(u64, Option<Error>)>,
     drops: std::sync::atomic::AtomicU64,
     /// Where an `identified` node records the run_id of each connection it opens.
     seen: Arc<ServerSeen>,
@@ -556,6 +558,7 @@ impl Node {
             identity_required: false,
             current: Mutex::new((0, None)),
             connecting: tokio::sync::Mutex::new(()),
+            connects: Mutex::new((0, None)),
             drops: std::sync::atomic::AtomicU64::new(0),
             seen: Arc::default(),
             overdue: Arc::default(),
@@ -627,10 +630,24 @@ impl Node {
         guard.1.clone().map(|live| (guard.0, live))
     }
 
+    /// Makes sure the node has a connection (opens one, or fails as `connection` does), for a
+    /// step that must not wait for one while it holds a turn others wait for.
+    pub async fn connected(&self) -> Result<()> {
+        self.connection()
+            .await
+            .map(|_| ())
+            .map_err(|err| err.at(&self.endpoint))
+    }
+
+    fn connects(&self) -> std::sync::MutexGuard<'_, (u64, Option<Error>)> {
+        self.connects.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     async fn connection(&self) -> Result<(u64, Live)> {
         if let Some(found) = self.cached() {
             return Ok(found);
         }
+        let ended_before = self.connects().0;
         let _one_at_a_time = tokio::time::timeout(self.timeouts.connect, self.connecting.lock())
             .await
             .map_err(|_| {
@@ -642,11 +659,27 @@ impl Node {
         if let Some(found) = self.cached() {
             return Ok(found);
         }
+        // A connect that ended while this caller waited for its turn failed: its error is this
+        // caller's too. Opening another at once would wait the connect timeout out a second
+        // time (a call that came while a background give-back was connecting to a server that
+        // does not answer failed after twice its timeout).
+        if let (ended, Some(err)) = &*self.connects() {
+            if *ended != ended_before {
+                return Err(err.clone());
+            }
+        }
         // Opening (and identifying) a connection takes at most connect + command timeouts.
         let limit = self.timeouts.connect + self.timeouts.command;
-        let live = tokio::time::timeout(limit, self.open())
+        let opened = tokio::time::timeout(limit, self.open())
             .await
-            .map_err(|_| timed_out(limit, "waiting for the connection"))??;
+            .map_err(|_| timed_out(limit, "waiting for the connection"))
+            .and_then(|opened| opened);
+        {
+            let mut connects = self.connects();
+            connects.0 += 1;
+            connects.1 = opened.as_ref().err().cloned();
+        }
+        let live = opened?;
         let mut guard = self.current.lock().unwrap_or_else(|p| p.into_inner());
         guard.0 += 1;
         guard.1 = Some(live.clone());
