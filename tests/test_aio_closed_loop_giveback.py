@@ -102,3 +102,54 @@ def test_give_back_follows_a_late_attempt_after_the_loop_closed(
         finally:
             c.close()
             other_client.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["aio-lock", "aio-multilock"])
+def test_give_back_follows_a_cancelled_attempt_after_the_loop_closed(
+    make_server: Callable[..., RedisServer], prefix: str, kind: str
+) -> None:
+    """As above, for an acquire still out when `asyncio.run()` ends: the runner cancels its
+    task, then closes the loop, while the request is still held back."""
+    make_aio, make_other = KINDS[kind]
+    server = make_server()
+    names = [f"closed-loop-cancelled-{kind}-a", f"closed-loop-cancelled-{kind}-b"]
+    with FaultProxy(server.port) as proxy:
+        c = redmutex.Client(proxy.url, prefix=prefix, connect_timeout=1.0, command_timeout=5.0)
+        other_client = redmutex.Client(server.url, prefix=prefix)
+        sent: list[float] = []
+        kept: list[asyncio.Task[bool]] = []
+
+        async def main() -> None:
+            warm = make_aio(c, names)
+            assert await warm.acquire(timeout=0)
+            await warm.release()
+            loop_calls = _aio_calls()[0]
+            hold = make_aio(c, names)
+            proxy.set_latency(HELD, "c2s")
+            sent.append(time.monotonic())
+            kept.append(asyncio.ensure_future(hold.acquire(timeout=0)))
+            await asyncio.sleep(0.05)
+            assert _aio_calls()[0] == loop_calls + 1, "not sent on the loop's connection"
+            # Only that request is held back: a give-back sent from now on is not.
+            proxy.set_latency(0.0, "c2s")
+            # Returns with the acquire still out: the runner cancels it, then closes the loop.
+
+        try:
+            asyncio.run(main())
+            returned = time.monotonic() - sent[0]
+            assert kept[0].cancelled()
+            assert returned < HELD - 0.3, f"asyncio.run() returned after {returned:.3f} s"
+            time.sleep(max(0.0, sent[0] + HELD + 0.5 - time.monotonic()))
+            for name in names[: 2 if kind == "aio-multilock" else 1]:
+                looked_at = time.monotonic()
+                other = make_other(other_client, [name])
+                got = other.acquire(timeout=6)
+                waited = time.monotonic() - looked_at
+                print(f"\n{name}: another holder got it {waited:.3f} s after the late attempt")
+                assert got, "the cancelled attempt's names stayed held by nobody"
+                assert waited < 2 * LATE
+                other.release()
+        finally:
+            c.close()
+            other_client.close()
