@@ -37,6 +37,7 @@ use futures_util::stream::{FuturesUnordered, Stream, StreamExt};
 
 use super::error::{Error, Result};
 use super::executor;
+use super::kept_holds::KeptHolds;
 use super::name_map::NameMap;
 use super::node::{Identity, Retry};
 use super::redlock_held::HeldVotes;
@@ -134,9 +135,21 @@ pub struct Redlock {
     /// Set (for good) once two masters turned out to be one server.
     refused: OnceLock<String>,
     /// The recipes' holds won through this client, per (lock key, token), for their release
-    /// (see `RecipeHold`).
-    holds: Mutex<HashMap<(Vec<u8>, String), RecipeHold>>,
+    /// (see `RecipeHold`); swept of those surely over (see `keep_hold`).
+    holds: Mutex<KeptHolds<Kept>>,
 }
+
+/// A recipe's hold kept for its release, with what tells when it is surely over.
+struct Kept {
+    hold: RecipeHold,
+    lease: Duration,
+    /// When the hold was kept: every vote counted in its won round was heard before then.
+    at: Instant,
+}
+
+/// Scheduling slack on top of a lease and its drift allowance before a kept hold counts as
+/// surely over.
+const KEPT_SLACK: Duration = Duration::from_secs(1);
 
 /// A hold that a recipe (`acquire_lock`) won through this client, kept for `release_chosen`.
 pub(super) enum RecipeHold {
@@ -236,7 +249,7 @@ impl Redlock {
             next_round: AtomicU64::new(0),
             next_release: AtomicU64::new(0),
             refused: OnceLock::new(),
-            holds: Mutex::new(HashMap::new()),
+            holds: Mutex::new(KeptHolds::new()),
         }
     }
 
@@ -713,7 +726,8 @@ impl Redlock {
             .holds
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&(keys.lock(), token.to_string()));
+            .remove(keys.lock(), token)
+            .map(|kept| kept.hold);
         let step = Arc::new(lock::release_chosen(keys, token));
         match hold {
             Some(RecipeHold::Drawn(granted)) => {
@@ -731,13 +745,76 @@ impl Redlock {
         }
     }
 
-    /// Keeps the hold of a recipe's `token` on the lock `key` that this client won, for
-    /// `release_chosen`.
-    pub(super) fn keep_hold(&self, key: Vec<u8>, token: &str, held: RecipeHold) {
+    /// Keeps the hold of a recipe's `token` on the lock `key` that this client won (for a lease
+    /// of `lease`), for `release_chosen`. A recipe hold is never extended, and one that is never
+    /// released (its caller lets `ltime` run out) must not stay here for the life of the
+    /// process: as the record grows, the holds surely over on every master are dropped
+    /// (`surely_over`). A release of a dropped hold goes as one this client did not win
+    /// (`Whose::Chosen(None)`), which for each kind of hold deletes nothing it would have spared:
+    ///
+    /// - A drawn token is nobody else's: its release with or without the record deletes it by
+    ///   token on every master, and once the lease is over every master answers "not ours"
+    ///   either way (a "not ours" counts as the first send's work only before the deadline).
+    /// - A caller's identifier: the record keeps the release to the masters where this hold's
+    ///   votes set it, so that it cannot delete another call's votes elsewhere while this hold
+    ///   is live there. Once every key its votes set has expired, a release deletes only other
+    ///   calls' keys, record or not, and any other call that holds the identifier by then
+    ///   holds a majority, which shares a master with this hold's: the restricted release
+    ///   deletes its key there and leaves it short of a majority all the same (as a late
+    ///   release does on one server). What the record still spares then is a round of another
+    ///   call under way at that moment whose votes so far avoid this hold's masters. Surely
+    ///   expired means: no vote of the token still out (a late grant would set the key later),
+    ///   and a lease, its drift allowance and a slack past the latest grant heard (each key was
+    ///   set before its grant was heard and expires a lease after, by the master's clock).
+    pub(super) fn keep_hold(&self, key: Vec<u8>, token: &str, hold: RecipeHold, lease: Duration) {
+        let now = Instant::now();
+        let kept = Kept {
+            hold,
+            lease,
+            at: now,
+        };
+        self.holds.lock().unwrap_or_else(|p| p.into_inner()).insert(
+            key,
+            token,
+            kept,
+            |token, kept| self.surely_over(token, kept, now),
+        );
+    }
+
+    /// Whether every key that the votes of `kept` (a hold of `token`) set has expired by `now`
+    /// (see `keep_hold`).
+    fn surely_over(&self, token: &str, kept: &Kept, now: Instant) -> bool {
+        let heard = match &kept.hold {
+            RecipeHold::Drawn(_) => kept.at,
+            RecipeHold::Chosen(held) => {
+                let still_out = self
+                    .pending
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .contains_key(token);
+                if still_out {
+                    return false;
+                }
+                held.last_grant().map_or(kept.at, |t| t.max(kept.at))
+            }
+        };
+        let lapse = kept.lease + quorum::drift(kept.lease) + KEPT_SLACK;
+        heard.checked_add(lapse).is_some_and(|end| now >= end)
+    }
+
+    /// How many recipe holds this client keeps.
+    #[cfg(test)]
+    pub(super) fn kept_holds(&self) -> usize {
+        self.holds.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Whether this client keeps a recipe hold of `token` on the lock `key`.
+    #[cfg(test)]
+    pub(super) fn keeps(&self, key: &[u8], token: &str) -> bool {
         self.holds
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert((key, token.to_string()), held);
+            .contains(key, token)
     }
 
     /// Compare-and-pexpire on every master: `Ok(Some(start))` when a majority extended (the

@@ -36,6 +36,9 @@ pub(super) struct HeldVotes {
     /// Until when the won round's lease is surely ours (counted from before its votes were
     /// sent, less the drift allowance); unset while the round is not won.
     deadline: OnceLock<Instant>,
+    /// When the latest grant was heard: each key its votes set was set before then, so it is
+    /// gone a lease after it (see `Redlock::keep_hold`).
+    last_grant: Mutex<Option<Instant>>,
 }
 
 impl HeldVotes {
@@ -45,6 +48,7 @@ impl HeldVotes {
             grants: Mutex::new(vec![None; masters]),
             agreed: OnceLock::new(),
             deadline: OnceLock::new(),
+            last_grant: Mutex::new(None),
         }
     }
 
@@ -53,6 +57,14 @@ impl HeldVotes {
         if let Some(slot) = self.lock().get_mut(index) {
             *slot = Some(fence);
         }
+        let now = Instant::now();
+        let mut last = self.last_grant.lock().unwrap_or_else(|p| p.into_inner());
+        *last = Some(last.map_or(now, |t| t.max(now)));
+    }
+
+    /// When the latest grant of this hold was heard (None: none was).
+    pub(super) fn last_grant(&self) -> Option<Instant> {
+        *self.last_grant.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The round was won with `fence`, its lease surely ours until `deadline`.

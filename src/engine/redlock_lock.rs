@@ -218,7 +218,12 @@ pub async fn acquire(
     let won = redlock_lease::acquire_won(redlock, &contender, token, wait).await?;
     if let (Some(won), Some(held)) = (&won, held) {
         held.agreed(won.fence, lease::deadline(won.start, spec.lease));
-        redlock.keep_hold(spec.keys.lock(), token, RecipeHold::Chosen(held));
+        redlock.keep_hold(
+            spec.keys.lock(),
+            token,
+            RecipeHold::Chosen(held),
+            spec.lease,
+        );
     }
     Ok(won.map(|won| Granted {
         fence: won.fence,
@@ -247,7 +252,12 @@ pub async fn acquire_recipe(
             deadline: lease::deadline(g.sent_at, g.lease),
             run_ids: redlock.run_ids(),
         };
-        redlock.keep_hold(spec.keys.lock(), token, RecipeHold::Drawn(Arc::new(hold)));
+        redlock.keep_hold(
+            spec.keys.lock(),
+            token,
+            RecipeHold::Drawn(Arc::new(hold)),
+            spec.lease,
+        );
     }
     Ok(granted)
 }

@@ -870,6 +870,55 @@ fn redlock_votes_for_a_caller_chosen_token_never_take_it_found_in_place() {
     });
 }
 
+/// Recipe holds on Redlock that are never released (the caller lets `ltime` run out) do not stay
+/// in the client's record for good; one still live is kept, for a release that deletes only
+/// where its own votes set the identifier.
+#[test]
+fn redlock_recipe_holds_never_released_are_dropped_once_surely_over() {
+    use super::client::Backend;
+    let servers = [Server::start(), Server::start(), Server::start()];
+    let client = redlock_client(&[&servers[0], &servers[1], &servers[2]], "rlk:");
+    let backend = client.backend().unwrap();
+    let Backend::Redlock(redlock) = &backend else {
+        panic!("a Redlock backend")
+    };
+    let live = spec(&client, "live", 60_000, false);
+    const ROUNDS: usize = 4;
+    const PER_ROUND: usize = 200;
+    block_on(async {
+        assert!(
+            lock::acquire_on(&backend, &live, "worker-1", Wait::Once, true)
+                .await
+                .unwrap()
+                .is_some()
+        );
+        for round in 0..ROUNDS {
+            for i in 0..PER_ROUND {
+                let s = spec(&client, &format!("n{round}-{i}"), 20, false);
+                // Half with a caller's identifier, half with a drawn one.
+                let (token, chosen) = match i % 2 {
+                    0 => ("worker-1".to_string(), true),
+                    _ => (super::token::new_token().unwrap(), false),
+                };
+                assert!(lock::acquire_on(&backend, &s, &token, Wait::Once, chosen)
+                    .await
+                    .unwrap()
+                    .is_some());
+            }
+            // Past the 20 ms lease, its drift allowance and the slack.
+            tokio::time::sleep(Duration::from_millis(1_300)).await;
+        }
+    });
+    let kept = redlock.kept_holds();
+    assert!(
+        kept <= 2 * PER_ROUND + 64,
+        "{kept} of {} recipe holds still kept",
+        ROUNDS * PER_ROUND + 1
+    );
+    assert!(redlock.keeps(&live.keys.lock(), "worker-1"));
+    assert!(block_on(lock::release_on(&backend, &live.keys, "worker-1")).unwrap());
+}
+
 /// The server's clock in µs, as `fence_next.lua` reads it.
 fn server_time_us(shared: &super::client::Shared) -> i64 {
     let (secs, micros): (i64, i64) =
