@@ -13,7 +13,7 @@ pub mod executor;
 pub mod hold;
 pub mod hold_status;
 pub mod interrupt;
-mod kept_holds;
+pub mod kept_holds;
 pub mod listener;
 pub mod lock;
 #[cfg(unix)]

@@ -4,19 +4,16 @@
 //! object, so the record cannot live on an object. Touched only with the GIL held, so a fork
 //! never finds a map locked by another thread.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use crate::engine::kept_holds::KeptHolds;
 use crate::engine::Shared;
 
-/// (the server's `Shared`, the lock key, the token)
-type HoldKey = (usize, Vec<u8>, String);
-
-/// Past this many holds, the ones `live` says are over are dropped on the next insert.
-const SWEEP_AT: usize = 1024;
-
 pub struct HoldsByToken<H> {
-    holds: Mutex<Option<HashMap<HoldKey, H>>>,
+    /// By (the server's `Shared` and the lock key, the token); swept of the holds that are over
+    /// as it doubles (a sweep on every insert past a fixed size made each `acquire_lock` scan
+    /// every live hold).
+    holds: Mutex<Option<KeptHolds<H>>>,
 }
 
 impl<H> HoldsByToken<H> {
@@ -26,13 +23,13 @@ impl<H> HoldsByToken<H> {
         }
     }
 
-    fn with<R>(&self, f: impl FnOnce(&mut HashMap<HoldKey, H>) -> R) -> R {
+    fn with<R>(&self, f: impl FnOnce(&mut KeptHolds<H>) -> R) -> R {
         let mut holds = self.holds.lock().unwrap_or_else(|p| p.into_inner());
-        f(holds.get_or_insert_with(HashMap::new))
+        f(holds.get_or_insert_with(KeptHolds::new))
     }
 
-    /// Notes `hold` of `token` on `lock_key`, granted by the server `shared` is on; past
-    /// SWEEP_AT holds, first drops those that `live` says are over.
+    /// Notes `hold` of `token` on `lock_key`, granted by the server `shared` is on; as the
+    /// record grows, first drops the holds that `live` says are over.
     pub fn insert(
         &self,
         shared: &Arc<Shared>,
@@ -41,12 +38,7 @@ impl<H> HoldsByToken<H> {
         hold: H,
         live: impl Fn(&H) -> bool,
     ) {
-        self.with(|holds| {
-            if holds.len() >= SWEEP_AT {
-                holds.retain(|_, h| live(h));
-            }
-            holds.insert(key(shared, lock_key, token), hold);
-        })
+        self.with(|holds| holds.insert(key(shared, lock_key), token, hold, |_, h| !live(h)))
     }
 
     /// What `read` makes of the hold noted for `token` on `lock_key`, if any.
@@ -57,19 +49,18 @@ impl<H> HoldsByToken<H> {
         token: &str,
         read: impl FnOnce(&H) -> R,
     ) -> Option<R> {
-        self.with(|holds| holds.get(&key(shared, lock_key, token)).map(read))
+        self.with(|holds| holds.get(key(shared, lock_key), token).map(read))
     }
 
     /// Forgets the hold noted for `token` on `lock_key` and returns it.
     pub fn remove(&self, shared: &Arc<Shared>, lock_key: &[u8], token: &str) -> Option<H> {
-        self.with(|holds| holds.remove(&key(shared, lock_key, token)))
+        self.with(|holds| holds.remove(key(shared, lock_key), token))
     }
 }
 
-fn key(shared: &Arc<Shared>, lock_key: &[u8], token: &str) -> HoldKey {
-    (
-        Arc::as_ptr(shared) as usize,
-        lock_key.to_vec(),
-        token.to_string(),
-    )
+/// The server's `Shared` (its address) and the lock key, as one key of the record.
+fn key(shared: &Arc<Shared>, lock_key: &[u8]) -> Vec<u8> {
+    let mut key = (Arc::as_ptr(shared) as usize).to_ne_bytes().to_vec();
+    key.extend_from_slice(lock_key);
+    key
 }
