@@ -83,17 +83,7 @@ def test_give_back_follows_a_late_attempt_after_the_loop_closed(
             reset.join()
             # The closing loop waits for nothing: the late request is still held back.
             assert returned < HELD - 0.3, f"asyncio.run() returned after {returned:.3f} s"
-            # The request reaches Redis about HELD s after it was sent; look after that.
-            time.sleep(max(0.0, sent[0] + HELD + 0.5 - time.monotonic()))
-            for name in names[: 2 if kind == "aio-multilock" else 1]:
-                looked_at = time.monotonic()
-                other = make_other(other_client, [name])
-                got = other.acquire(timeout=6)
-                waited = time.monotonic() - looked_at
-                print(f"\n{name}: another holder got it {waited:.3f} s after the late attempt")
-                assert got, "the late attempt's names stayed held by nobody"
-                assert waited < 2 * LATE
-                other.release()
+            names_come_free(sent[0], names, kind, make_other, other_client, "late")
             # The loop's connection, handed over, is closed once its late call was answered.
             deadline = time.monotonic() + LATE
             while proxy.connections() >= conns[0] and time.monotonic() < deadline:
@@ -102,6 +92,28 @@ def test_give_back_follows_a_late_attempt_after_the_loop_closed(
         finally:
             c.close()
             other_client.close()
+
+
+def names_come_free(
+    sent: float,
+    names: list[str],
+    kind: str,
+    make_other: Callable[..., Any],
+    other_client: redmutex.Client,
+    attempt: str,
+) -> None:
+    """Once the held-back request has reached Redis (about HELD s after it was `sent`), another
+    client gets each name the attempt took, soon: the give-back followed the request."""
+    time.sleep(max(0.0, sent + HELD + 0.5 - time.monotonic()))
+    for name in names[: 2 if kind == "aio-multilock" else 1]:
+        looked_at = time.monotonic()
+        other = make_other(other_client, [name])
+        got = other.acquire(timeout=6)
+        waited = time.monotonic() - looked_at
+        print(f"\n{name}: another holder got it {waited:.3f} s after the {attempt} attempt")
+        assert got, f"the {attempt} attempt's names stayed held by nobody"
+        assert waited < 2 * LATE
+        other.release()
 
 
 @pytest.mark.timeout(60)
@@ -140,16 +152,7 @@ def test_give_back_follows_a_cancelled_attempt_after_the_loop_closed(
             returned = time.monotonic() - sent[0]
             assert kept[0].cancelled()
             assert returned < HELD - 0.3, f"asyncio.run() returned after {returned:.3f} s"
-            time.sleep(max(0.0, sent[0] + HELD + 0.5 - time.monotonic()))
-            for name in names[: 2 if kind == "aio-multilock" else 1]:
-                looked_at = time.monotonic()
-                other = make_other(other_client, [name])
-                got = other.acquire(timeout=6)
-                waited = time.monotonic() - looked_at
-                print(f"\n{name}: another holder got it {waited:.3f} s after the late attempt")
-                assert got, "the cancelled attempt's names stayed held by nobody"
-                assert waited < 2 * LATE
-                other.release()
+            names_come_free(sent[0], names, kind, make_other, other_client, "cancelled")
         finally:
             c.close()
             other_client.close()
